@@ -1,0 +1,23 @@
+"""esmshard: sharded, multi-GPU ESM-2 protein embeddings."""
+import logging
+import sys
+
+__version__ = "0.1.0"
+
+
+def run_step(log_path, step, **kwargs):
+    """Run one workflow step with its log file; input problems end it with their message alone."""
+    from .fasta import FastaError
+    from .merge import MergeError
+    from .model import ModelError
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
+    )
+    try:
+        return step(**kwargs)
+    except (FastaError, ModelError, MergeError, ValueError) as err:
+        logging.getLogger("esmshard").error("%s", err)
+        sys.exit(1)

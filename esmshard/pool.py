@@ -1,0 +1,113 @@
+"""The GPU pool: one lock file per device, held by the job using it.
+
+Snakemake's `--resources gpu=N` limits how many embed jobs run at once but never says which
+device a job got, so each job takes the first free slot here. `flock` locks die with their
+process, so a killed job frees its slot without any clean-up.
+"""
+import fcntl
+import itertools
+import logging
+import os
+import socket
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Set by cluster schedulers inside a job; with CUDA_VISIBLE_DEVICES they mean "this GPU is yours".
+SCHEDULER_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID")
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int | str  # pool slot number, or "scheduler" when the cluster chose the device
+    cuda_visible_devices: str  # what the job's CUDA_VISIBLE_DEVICES is set to ("" = CPU)
+
+
+def visible_devices(env=os.environ) -> list[str]:
+    """The devices CUDA would see from this environment, as CUDA_VISIBLE_DEVICES entries."""
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        entries = [d.strip() for d in listed.split(",") if d.strip()]
+        # CUDA stops at the first invalid entry, e.g. "-1" for "no GPU".
+        return list(itertools.takewhile(lambda d: not d.startswith("-"), entries))
+    return [str(i) for i in range(nvml_device_count())]
+
+
+def nvml_device_count() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no driver, no library: no GPUs to pool
+        return 0
+
+
+def pool_devices(gpus, env=os.environ) -> list[str]:
+    """The CUDA_VISIBLE_DEVICES value of each pool slot, from the `gpus` config value.
+
+    Indices count CUDA's visible devices in the environment Snakemake runs in.
+    """
+    visible = visible_devices(env)
+    if gpus == "auto":
+        return visible
+    if not visible:
+        # No GPU here (e.g. a CPU-only test machine): keep one slot per listed index.
+        return [str(i) for i in gpus]
+    missing = [i for i in gpus if i >= len(visible)]
+    if missing:
+        raise ValueError(f"gpus: {gpus} lists devices {missing}, but only {len(visible)} are visible")
+    return [visible[i] for i in gpus]
+
+
+def default_pool_dir() -> Path:
+    """Host-wide, so that separate runs on one machine never share a GPU."""
+    base = os.environ.get("ESMSHARD_POOL_DIR") or Path(tempfile.gettempdir()) / f"esmshard-gpu-pool-{os.getuid()}"
+    return Path(base) / socket.gethostname()
+
+
+def scheduler_assigned(env=os.environ) -> bool:
+    return "CUDA_VISIBLE_DEVICES" in env and any(v in env for v in SCHEDULER_JOB_VARS)
+
+
+@contextmanager
+def acquire(devices: list[str], pool_dir: Path | None = None, poll_seconds: float = 0.5, env=os.environ):
+    """Hold a slot for the life of the block and point CUDA_VISIBLE_DEVICES at its device.
+
+    Without devices the slots are CPU slots, as many as jobs ask for, so overlapping jobs
+    still get distinct slot numbers.
+    """
+    if scheduler_assigned(env):
+        yield Slot("scheduler", env["CUDA_VISIBLE_DEVICES"])
+        return
+    pool_dir = pool_dir or default_pool_dir()
+    pool_dir.mkdir(parents=True, exist_ok=True)
+    label = "gpu" if devices else "cpu"
+    waited = False
+    while True:
+        candidates = range(len(devices)) if devices else itertools.count()
+        for index in candidates:
+            fh = open(pool_dir / f"{label}{devices[index] if devices else index}.lock", "a")
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.close()
+                continue
+            try:
+                slot = Slot(index, devices[index] if devices else "")
+                env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
+                yield slot
+            finally:
+                fh.close()
+            return
+        if not waited:
+            log.info("all %d GPU slots are busy; waiting for one to free up", len(devices))
+            waited = True
+        time.sleep(poll_seconds)

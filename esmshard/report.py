@@ -1,0 +1,175 @@
+"""The scaling report: how well the run used its devices, from the shards' metrics."""
+import base64
+import heapq
+import html
+import io
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MODELLED_GPUS = (1, 2, 4, 8)
+# Speedups that multi-GPU guides promise for data-parallel inference.
+GUIDE_SPEEDUP = {2: (1.8, 2.0), 4: (3.5, 4.0), 8: (7.0, 8.0)}
+
+
+def load_metrics(paths) -> list[dict]:
+    return sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda m: (m["started_at"], m["shard"]))
+
+
+def replay(durations: list[float], n_devices: int) -> float:
+    """Makespan of running the shards, in the given order, each on the first device to free up."""
+    free_at = [0.0] * n_devices
+    for seconds in durations:
+        heapq.heappush(free_at, heapq.heappop(free_at) + seconds)
+    return max(free_at)
+
+
+def scaling(metrics: list[dict]) -> dict:
+    start = min(m["started_at"] for m in metrics)
+    wall = max(m["finished_at"] for m in metrics) - start
+    durations = [m["seconds"] for m in metrics]
+    busy = sum(durations)
+    residues = sum(m["n_residues"] for m in metrics)
+    slots = sorted({str(m["gpu_slot"]) for m in metrics})
+    one_device = replay(durations, 1)
+    modelled = []
+    for k in MODELLED_GPUS:
+        makespan = replay(durations, k)
+        speedup = one_device / makespan
+        modelled.append({
+            "gpus": k, "makespan_seconds": makespan, "speedup": speedup, "efficiency": speedup / k,
+            "guide_speedup": list(GUIDE_SPEEDUP.get(k, (1.0, 1.0))),
+        })
+    measured = busy / wall if wall > 0 else None
+    return {
+        "model": metrics[0]["model"],
+        "weights": metrics[0]["weights"],
+        "n_shards": len(metrics),
+        "n_sequences": sum(m["n_sequences"] for m in metrics),
+        "n_residues": residues,
+        "n_failed": sum(m.get("n_failed", 0) for m in metrics),
+        "wall_seconds": wall,
+        "busy_seconds": busy,
+        "residues_per_second": residues / wall if wall > 0 else None,
+        "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
+        "slots": slots,
+        "measured": {
+            "gpus": len(slots), "speedup": measured,
+            "efficiency": measured / len(slots) if measured is not None else None,
+        },
+        "modelled": modelled,
+        "shards": [
+            {k: m[k] for k in ("shard", "gpu_slot", "device", "started_at", "finished_at", "seconds",
+                               "n_sequences", "n_residues")}
+            | {"residues_per_second": m["n_residues"] / m["seconds"] if m["seconds"] > 0 else None,
+               "started_offset": m["started_at"] - start}
+            for m in metrics
+        ],
+    }
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _timeline(result) -> str:
+    slots = result["slots"]
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(slots) + 1.5))
+    for shard in result["shards"]:
+        y = slots.index(str(shard["gpu_slot"]))
+        ax.broken_barh([(shard["started_offset"], shard["seconds"])], (y - 0.4, 0.8), edgecolor="black")
+        ax.text(shard["started_offset"] + shard["seconds"] / 2, y, shard["shard"].split("_")[-1],
+                ha="center", va="center", fontsize=7)
+    ax.set_yticks(range(len(slots)), [f"slot {s}" for s in slots])
+    ax.set_xlabel("seconds since the first shard started")
+    ax.set_title("Shard jobs per device slot")
+    return _png(fig)
+
+
+def _throughput(result) -> str:
+    shards = result["shards"]
+    fig, ax = plt.subplots(figsize=(9, 3))
+    ax.bar(range(len(shards)), [s["residues_per_second"] or 0 for s in shards])
+    ax.set_xticks(range(len(shards)), [s["shard"].split("_")[-1] for s in shards], fontsize=7)
+    ax.set_xlabel("shard (in start order)")
+    ax.set_ylabel("residues / s")
+    ax.set_title("Throughput per shard")
+    return _png(fig)
+
+
+def _speedup(result) -> str:
+    gpus = [m["gpus"] for m in result["modelled"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(gpus, gpus, "k:", label="ideal")
+    ax.fill_between(gpus, [m["guide_speedup"][0] for m in result["modelled"]],
+                    [m["guide_speedup"][1] for m in result["modelled"]], alpha=0.2, label="guides' promise")
+    ax.plot(gpus, [m["speedup"] for m in result["modelled"]], "o-", label="modelled from this run's shards")
+    if result["measured"]["speedup"]:
+        ax.plot([result["measured"]["gpus"]], [result["measured"]["speedup"]], "r*", ms=14, label="measured")
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("speedup")
+    ax.set_xticks(gpus)
+    ax.legend()
+    ax.set_title("Speedup")
+    return _png(fig)
+
+
+def _table(rows, columns) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in columns) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.2f}"
+    if isinstance(value, list):
+        return "–".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def render_html(result: dict) -> str:
+    warning = ""
+    if result["weights"] == "random":
+        warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
+    summary = [
+        {"figure": "model", "value": f'{result["model"]} ({result["weights"]} weights)'},
+        {"figure": "shards", "value": result["n_shards"]},
+        {"figure": "sequences / residues", "value": f'{result["n_sequences"]:,} / {result["n_residues"]:,}'},
+        {"figure": "failed sequences", "value": result["n_failed"]},
+        {"figure": "wall time of the embed jobs (s)", "value": result["wall_seconds"]},
+        {"figure": "residues/s overall", "value": result["residues_per_second"]},
+        {"figure": "load imbalance (slowest shard / mean)", "value": result["load_imbalance"]},
+        {"figure": "measured speedup on this run's slots",
+         "value": f'{_fmt(result["measured"]["speedup"])}× on {result["measured"]["gpus"]} slot(s)'},
+    ]
+    images = "".join(f'<img src="data:image/png;base64,{png}">' for png in
+                     (_timeline(result), _throughput(result), _speedup(result)))
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>esmshard scaling report</title>
+<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}table{{border-collapse:collapse;margin:1em 0}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00;font-weight:bold}}img{{display:block;margin:1em 0}}</style>
+</head><body><h1>esmshard scaling report</h1>{warning}
+{_table(summary, ["figure", "value"])}
+<h2>Speedup and efficiency</h2>
+<p>Modelled by replaying the measured shard times, in their start order, on that many devices.</p>
+{_table(result["modelled"], ["gpus", "makespan_seconds", "speedup", "efficiency", "guide_speedup"])}
+{images}
+<h2>Shards</h2>
+{_table(result["shards"], ["shard", "gpu_slot", "device", "started_offset", "seconds", "n_sequences", "n_residues", "residues_per_second"])}
+</body></html>
+"""
+
+
+def write_report(metric_files, out_json, out_html) -> dict:
+    result = scaling(load_metrics(metric_files))
+    Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
+    Path(out_html).write_text(render_html(result))
+    return result

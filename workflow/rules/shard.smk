@@ -1,0 +1,17 @@
+rule shard:
+    input:
+        INPUTS,
+    output:
+        shards=expand(f"{OUT}/shards/{{shard}}.tsv", shard=SHARDS),
+        records=f"{OUT}/shards/records.tsv",
+        plan=f"{OUT}/shards/plan.tsv",
+    params:
+        n_shards=N_SHARDS,
+        model=config["model"],
+        truncation_seq_length=config["truncation_seq_length"],
+    log:
+        f"{OUT}/logs/shard.log",
+    conda:
+        "../../envs/esmshard.yaml"
+    script:
+        "../scripts/shard.py"
