@@ -1,0 +1,74 @@
+import numpy as np
+import pytest
+import torch
+
+from esmshard import embed, model
+
+from conftest import PROTEINS, TINY_MODEL, read_records
+
+SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    net, alphabet = model.load(model.parse_spec(f"random:{TINY_MODEL}"))
+    torch.set_num_threads(2)
+    return embed.Embedder(net, alphabet, [6], ["mean", "per_tok"], torch.device("cpu"), "fp32")
+
+
+def test_batches_respect_token_budget_and_cover_everything():
+    lengths = [len(s) for s in SEQUENCES]
+    batches = embed.make_batches(lengths, 4096)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for batch in batches:
+        width = max(lengths[i] for i in batch) + 2
+        assert width * len(batch) <= 4096 or len(batch) == 1
+    assert embed.make_batches([5000], 1024) == [[0]]
+
+
+def test_absolute_layers_follow_fair_esm():
+    assert embed.absolute_layers([-1], 33) == [33]
+    assert embed.absolute_layers([0, -2, 5], 6) == [0, 5]
+    with pytest.raises(ValueError, match="layer 7"):
+        embed.absolute_layers([7], 6)
+
+
+def test_precision_auto_is_fp32_on_cpu():
+    assert embed.resolve_precision("auto", torch.device("cpu")) == "fp32"
+    assert embed.resolve_precision("bf16", torch.device("cpu")) == "bf16"
+
+
+def collect(embedder, indices, sequences):
+    failed, out = [], {}
+    for done, reps in embedder.embed(indices, sequences, failed):
+        for k, i in enumerate(done):
+            out[i] = (reps["mean"][6][k], reps["per_tok"][6][k])
+    return out, failed
+
+
+def test_injected_out_of_memory_halves_batches_with_identical_results(embedder, monkeypatch, caplog):
+    batch = list(range(8))
+    sequences = [SEQUENCES[i] for i in batch]
+    whole, failed = collect(embedder, batch, sequences)
+    assert not failed
+    longest = max(len(s) for s in sequences) + 2
+    monkeypatch.setattr(embedder, "inject_oom_tokens", 2 * longest)
+    halved, failed = collect(embedder, batch, sequences)
+    assert not failed and sorted(halved) == batch
+    assert "retrying as two halves" in caplog.text
+    for i in batch:
+        np.testing.assert_allclose(halved[i][0], whole[i][0], atol=1e-5)
+        assert halved[i][1].shape == (len(sequences[i]), 320)
+
+
+def test_sequence_that_cannot_fit_alone_is_listed_as_failed(embedder, monkeypatch):
+    batch = [i for i, s in enumerate(SEQUENCES) if len(s) < 1000][:3]
+    sequences = [SEQUENCES[i] for i in batch]
+    too_long = max(batch, key=lambda i: len(SEQUENCES[i]))
+    fits_alone = sorted(len(s) for s in sequences)[-2] + 2  # tokens of the second longest
+    assert len(SEQUENCES[too_long]) + 2 > fits_alone
+    monkeypatch.setattr(embedder, "inject_oom_tokens", fits_alone)
+    out, failed = collect(embedder, batch, sequences)
+    assert sorted(out) == sorted(set(batch) - {too_long})
+    assert len(failed) == 1 and failed[0][0] == too_long
+    assert "out of memory even alone" in failed[0][1]

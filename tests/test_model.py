@@ -1,0 +1,63 @@
+import os
+
+import pytest
+import torch
+
+from esmshard import model
+
+from conftest import TINY_MODEL
+
+
+def test_local_checkpoint_in_fair_esm_format_loads_safely(checkpoint):
+    assert checkpoint.name == f"{TINY_MODEL}.pt"
+    assert (checkpoint.parent / f"{TINY_MODEL}-contact-regression.pt").is_file()
+    raw = model.safe_load(checkpoint)
+    assert type(raw["cfg"]["model"]).__name__ == "Namespace"
+    loaded, _ = model.load(model.parse_spec(str(checkpoint)))
+    reference = model.random_model(TINY_MODEL)
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo unpickled",))
+
+
+def test_checkpoint_with_arbitrary_object_is_refused(tmp_path, checkpoint):
+    data = torch.load(checkpoint, weights_only=False)
+    data["extra"] = Payload()
+    bad = tmp_path / "esm2_t6_8M_UR50D.pt"
+    torch.save(data, bad)
+    (tmp_path / "esm2_t6_8M_UR50D-contact-regression.pt").write_bytes(
+        (checkpoint.parent / "esm2_t6_8M_UR50D-contact-regression.pt").read_bytes()
+    )
+    with pytest.raises(model.ModelError, match="refusing to load .*posix.system"):
+        model.load(model.parse_spec(str(bad)))
+
+
+def test_hub_name_without_network_says_where_to_put_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")  # nothing listens: no network
+    with pytest.raises(model.ModelError) as err:
+        model.ensure_available(model.parse_spec("esm2_t33_650M_UR50D"))
+    message = str(err.value)
+    assert "esm2_t33_650M_UR50D.pt" in message and str(tmp_path / "torch") in message
+    assert "local .pt checkpoint" in message
+
+
+def test_hub_model_found_in_cache_is_loaded_without_network(tmp_path, monkeypatch, checkpoint):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    cached, regression = model.hub_paths(TINY_MODEL)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(checkpoint.read_bytes())
+    regression.write_bytes(model.regression_path(checkpoint).read_bytes())
+    loaded, _ = model.load(model.parse_spec(TINY_MODEL))
+    assert loaded.num_layers == 6 and loaded.embed_dim == 320
+
+
+@pytest.mark.parametrize("name", ["esm1b_t33_650M_UR50S", "random:esm2_t99", "weights/my_model.pt"])
+def test_non_esm2_models_are_rejected(name):
+    with pytest.raises(model.ModelError):
+        model.parse_spec(name)

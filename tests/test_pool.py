@@ -1,0 +1,61 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from esmshard import pool
+
+
+def test_overlapping_jobs_get_distinct_slots(tmp_path):
+    env = {}
+    with pool.acquire(["0", "1"], tmp_path, env=env) as first:
+        assert (first.index, env["CUDA_VISIBLE_DEVICES"]) == (0, "0")
+        with pool.acquire(["0", "1"], tmp_path, env=env) as second:
+            assert (second.index, env["CUDA_VISIBLE_DEVICES"]) == (1, "1")
+    with pool.acquire(["0", "1"], tmp_path, env=env) as again:
+        assert again.index == 0
+
+
+def test_cpu_slots_grow_with_demand(tmp_path):
+    with pool.acquire([], tmp_path, env={}) as a, pool.acquire([], tmp_path, env={}) as b:
+        assert (a.index, b.index) == (0, 1)
+        assert a.cuda_visible_devices == ""
+
+
+def test_killed_job_frees_its_slot(tmp_path):
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pathlib import Path; from esmshard import pool\n"
+         f"with pool.acquire(['0'], Path({str(tmp_path)!r}), env={{}}):\n"
+         "    print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    env = {}
+    waiter = pool.acquire(["0"], tmp_path, poll_seconds=0.05, env=env)
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.wait()
+    started = time.time()
+    with waiter as slot:
+        assert slot.index == 0 and time.time() - started < 5
+
+
+def test_scheduler_assigned_device_is_used_as_given(tmp_path):
+    env = {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "3"}
+    with pool.acquire(["0", "1"], tmp_path, env=env) as slot:
+        assert slot == pool.Slot("scheduler", "3")
+    assert not list(tmp_path.iterdir())
+
+
+def test_pool_devices_follow_cuda_visible_devices():
+    env = {"CUDA_VISIBLE_DEVICES": "2,3,5"}
+    assert pool.pool_devices("auto", env) == ["2", "3", "5"]
+    assert pool.pool_devices([0, 2], env) == ["2", "5"]
+    with pytest.raises(ValueError, match="only 3 are visible"):
+        pool.pool_devices([4], env)
+    assert pool.visible_devices({"CUDA_VISIBLE_DEVICES": "-1"}) == []
+    # No GPU at all: the listed indices still form the pool's slots.
+    assert pool.pool_devices([0, 1, 2, 3], {"CUDA_VISIBLE_DEVICES": ""}) == ["0", "1", "2", "3"]

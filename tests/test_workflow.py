@@ -1,0 +1,156 @@
+"""End to end through the `snakemake` command line, on real proteins with a tiny random ESM-2."""
+import argparse
+import json
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import yaml
+from esm.pretrained import load_model_and_alphabet_core
+
+from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake
+
+RECORDS = read_records(PROTEINS)
+IDS = [header[1:].split()[0] for header, _ in RECORDS]
+
+
+def max_overlap(metrics) -> int:
+    events = sorted([(m["started_at"], 1) for m in metrics] + [(m["finished_at"], -1) for m in metrics])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def load_metrics(outdir):
+    return [json.loads(p.read_text()) for p in sorted((outdir / "metrics").glob("*.json"))]
+
+
+def read_means(outdir, layer=6):
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        return h5["ids"].asstr()[:].tolist(), h5[f"mean/{layer}"][:]
+
+
+@pytest.fixture(scope="module")
+def four_gpu_run(tmp_path_factory, checkpoint):
+    workdir = tmp_path_factory.mktemp("four_gpus")
+    config = {"input": str(PROTEINS), "model": str(checkpoint), "shards": 8, "gpus": [0, 1, 2, 3],
+              "include": ["mean", "per_tok", "bos"], "repr_layers": [0, -1]}
+    result = snakemake(workdir, config, "--resources", "gpu=4")
+    return workdir / "results", result
+
+
+def test_four_slot_run_gives_every_output(four_gpu_run):
+    outdir, result = four_gpu_run
+    assert (outdir / "embeddings.h5").is_file()
+    assert len(list((outdir / "metrics").glob("*.json"))) == 8
+    assert (outdir / "report" / "scaling.json").is_file()
+    html = (outdir / "report" / "scaling_report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "Random-weight" not in html
+    assert (outdir / "failed_sequences.tsv").read_text() == "id\tsource\treason\n"
+    assert "0 sequences failed" in result.stderr
+    scaling = json.loads((outdir / "report" / "scaling.json").read_text())
+    assert scaling["n_shards"] == 8 and scaling["n_sequences"] == 40
+    assert [m["gpus"] for m in scaling["modelled"]] == [1, 2, 4, 8]
+    for metrics in load_metrics(outdir):
+        for key in ("shard", "n_sequences", "n_residues", "seconds", "started_at", "finished_at", "device", "gpu_slot"):
+            assert key in metrics
+        assert metrics["device"] == "cpu" and metrics["gpu_slot"] in range(4)
+    log = (outdir / "logs" / "embed" / "shard_0000.log").read_text()
+    assert "computing on the CPU" in log
+
+
+def test_overlapping_shard_jobs_hold_different_slots(four_gpu_run):
+    metrics = load_metrics(four_gpu_run[0])
+    assert max_overlap(metrics) > 1, "the jobs never ran at the same time"
+    for a in metrics:
+        for b in metrics:
+            if a is not b and a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"]:
+                assert a["gpu_slot"] != b["gpu_slot"], (a["shard"], b["shard"])
+
+
+def fair_esm_reference(checkpoint):
+    """fair-esm's own loader and batch converter, one sequence at a time (no batching)."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        data = torch.load(checkpoint, weights_only=True)
+        regression = torch.load(str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True)
+    net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
+    net.eval()
+    convert = alphabet.get_batch_converter(truncation_seq_length=1022)
+    for name, seq in zip(IDS, (s for _, s in RECORDS)):
+        _, _, toks = convert([(name, seq)])
+        with torch.no_grad():
+            reps = net(toks, repr_layers=[0, 6])["representations"]
+        n = min(len(seq), 1022)
+        yield name, {layer: rep[0, 1:n + 1].numpy() for layer, rep in reps.items()}, reps[6][0, 0].numpy()
+
+
+def test_embeddings_equal_plain_fair_esm_forward(four_gpu_run, checkpoint):
+    outdir, _ = four_gpu_run
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == IDS
+        assert h5.attrs["weights"] == "pretrained" and h5.attrs["precision"] == "fp32"
+        assert h5.attrs["truncation_seq_length"] == 1022
+        offsets = h5["per_tok/offsets"][:]
+        assert offsets[-1] == h5["per_tok/6"].shape[0] == sum(min(len(s), 1022) for _, s in RECORDS)
+        for row, (name, per_tok, bos) in enumerate(fair_esm_reference(checkpoint)):
+            for layer in (0, 6):
+                np.testing.assert_allclose(h5[f"mean/{layer}"][row], per_tok[layer].mean(0), atol=1e-4, err_msg=name)
+            np.testing.assert_allclose(h5["per_tok/6"][offsets[row]:offsets[row + 1]], per_tok[6], atol=1e-4)
+            np.testing.assert_allclose(h5["bos/6"][row], bos, atol=1e-4)
+        assert h5["truncated"][:].sum() == 3
+
+
+def test_shard_count_does_not_change_embeddings_and_gpu_limit_holds(tmp_path, four_gpu_run):
+    config = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "gpus": [0, 1, 2, 3]}
+    snakemake(tmp_path / "one", {**config, "shards": 1}, "--resources", "gpu=4")
+    snakemake(tmp_path / "seven", {**config, "shards": 7}, "--resources", "gpu=2")
+    ids_one, one = read_means(tmp_path / "one" / "results")
+    ids_seven, seven = read_means(tmp_path / "seven" / "results")
+    assert ids_one == ids_seven == IDS
+    np.testing.assert_allclose(one, seven, atol=1e-5)
+    metrics = load_metrics(tmp_path / "seven" / "results")
+    assert len(metrics) == 7 and max_overlap(metrics) == 2
+    with h5py.File(tmp_path / "one" / "results" / "embeddings.h5") as h5:
+        assert h5.attrs["weights"] == "random"
+    assert "Random-weight" in (tmp_path / "one" / "results" / "report" / "scaling_report.html").read_text()
+
+
+def test_duplicate_ids_across_files_stop_the_run(tmp_path):
+    second = tmp_path / "more.fasta"
+    second.write_text("".join(f"{h}\n{s}\n" for h, s in RECORDS[10:12]))
+    result = snakemake(tmp_path, {"input": [str(PROTEINS), str(second)], "model": f"random:{TINY_MODEL}",
+                                  "shards": 2}, check=False)
+    assert result.returncode != 0
+    assert f"duplicate ID '{IDS[10]}'" in result.stderr
+    assert f"{PROTEINS}:" in result.stderr and f"{second}:1" in result.stderr
+    assert not (tmp_path / "results" / "embeddings.h5").exists()
+    assert not (tmp_path / "results" / "embeddings").exists()
+
+
+def test_hub_model_without_network_fails_before_shard_work(tmp_path):
+    env = {"TORCH_HOME": str(tmp_path / "torch"), "https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
+    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": "esm2_t33_650M_UR50D"}, env=env, check=False)
+    assert result.returncode != 0
+    assert "cannot download esm2_t33_650M_UR50D" in result.stderr
+    assert str(tmp_path / "torch") in result.stderr and "local .pt checkpoint" in result.stderr
+    assert not (tmp_path / "results" / "shards").exists() or not list((tmp_path / "results" / "shards").glob("*.tsv"))
+
+
+def test_lint_reports_nothing():
+    result = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+
+
+def test_config_file_documents_every_key_with_its_default():
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert set(config) == set(schema["properties"])
+    for key, value in config.items():
+        if key != "input":
+            assert schema["properties"][key]["default"] == value, key
