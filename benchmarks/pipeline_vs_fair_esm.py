@@ -1,0 +1,85 @@
+"""Residues/s of a whole esmshard run against fair-esm's own batched loop, same model and threads.
+
+    python benchmarks/pipeline_vs_fair_esm.py --model random:esm2_t6_8M_UR50D --threads 2
+
+Both sides read the same FASTA, use the same weights, token budget and thread count, and keep
+the mean of the last layer. The esmshard side is the `snakemake` command line with one shard
+(model loading, sharding, merging and the report included); the fair-esm side is the loop of
+fair-esm's extract script in memory (model loading included, no file writing).
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from esm.data import BatchConverter, FastaBatchedDataset
+
+from esmshard.model import load, parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
+
+
+def fair_esm_loop(fasta, model, threads, toks_per_batch, truncation=1022) -> tuple[float, int]:
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    net, alphabet = load(parse_spec(model))
+    dataset = FastaBatchedDataset.from_file(fasta)
+    batches = dataset.get_batch_indices(toks_per_batch, extra_toks_per_seq=1)
+    loader = torch.utils.data.DataLoader(
+        dataset, collate_fn=BatchConverter(alphabet, truncation), batch_sampler=batches
+    )
+    layer = net.num_layers
+    residues = 0
+    with torch.no_grad():
+        for _, strs, toks in loader:
+            reps = net(toks, repr_layers=[layer])["representations"][layer]
+            for i, s in enumerate(strs):
+                n = min(truncation, len(s))
+                reps[i, 1:n + 1].mean(0).clone()
+                residues += n
+    return time.perf_counter() - started, residues
+
+
+def esmshard_run(fasta, model, threads, toks_per_batch, workdir) -> float:
+    started = time.perf_counter()
+    subprocess.run(
+        ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", str(threads),
+         "--set-threads", f"embed={threads}", "--resources", "gpu=1", "--quiet", "all",
+         "--config", f"input={fasta}", f"model={model}", "shards=1", f"toks_per_batch={toks_per_batch}"],
+        check=True, cwd=REPO, env={**os.environ, "ESMSHARD_POOL_DIR": str(Path(workdir) / "pool")},
+    )
+    return time.perf_counter() - started
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fasta", default=str(DEFAULT_FASTA))
+    parser.add_argument("--model", default="random:esm2_t6_8M_UR50D")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--toks-per-batch", type=int, default=4096)
+    args = parser.parse_args()
+
+    loop_seconds, residues = fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch)
+    with tempfile.TemporaryDirectory() as workdir:
+        run_seconds = esmshard_run(args.fasta, args.model, args.threads, args.toks_per_batch, workdir)
+    result = {
+        "fasta": args.fasta, "model": args.model, "threads": args.threads,
+        "toks_per_batch": args.toks_per_batch, "residues": residues,
+        "fair_esm_seconds": loop_seconds, "fair_esm_residues_per_second": residues / loop_seconds,
+        "esmshard_seconds": run_seconds, "esmshard_residues_per_second": residues / run_seconds,
+        "ratio": loop_seconds / run_seconds,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+    }
+    json.dump(result, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
