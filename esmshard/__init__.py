@@ -1,5 +1,6 @@
 """esmshard: sharded, multi-GPU ESM-2 protein embeddings."""
 import logging
+import signal
 import sys
 
 __version__ = "0.1.0"
@@ -16,6 +17,9 @@ def run_step(log_path, step, **kwargs):
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
     )
+    # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
+    # removed and the GPU slot's lock is released on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         return step(**kwargs)
     except (FastaError, ModelError, MergeError, ValueError) as err:

@@ -12,7 +12,7 @@ import torch
 
 from . import model as esm_model
 from . import pool
-from .shard import read_tsv
+from .shard import chunk_spans, embedded_residues, read_tsv
 
 log = logging.getLogger(__name__)
 
@@ -83,24 +83,19 @@ class Embedder:
             toks[row, len(seq) + 1] = self.alphabet.eos_idx
         return toks
 
-    def forward(self, sequences: list[str]) -> dict:
-        """Representations per kind and layer, one float32 CPU array per sequence."""
+    def forward(self, sequences: list[str]) -> list[dict]:
+        """Per sequence, {layer: (per-residue array, BOS array)}, float32 on the CPU."""
         toks = self.tokens(sequences)
         if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
         dtype = AUTOCAST_DTYPES.get(self.precision)
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
             out = self.model(toks.to(self.device, non_blocking=True), repr_layers=self.layers)
-        result = {kind: {} for kind in self.include}
-        for layer, rep in out["representations"].items():
-            rep = rep.float().cpu()
-            for kind in self.include:
-                rows = []
-                for row, seq in enumerate(sequences):
-                    residues = rep[row, 1:len(seq) + 1]
-                    rows.append({"mean": residues.mean(0), "per_tok": residues, "bos": rep[row, 0]}[kind].numpy())
-                result[kind][layer] = rows
-        return result
+        reps = {layer: rep.float().cpu().numpy() for layer, rep in out["representations"].items()}
+        return [
+            {layer: (rep[row, 1:len(seq) + 1], rep[row, 0]) for layer, rep in reps.items()}
+            for row, seq in enumerate(sequences)
+        ]
 
     def embed(self, indices: list[int], sequences: list[str], failed: list):
         """Yield (indices, representations) for the batch, halving it on out-of-memory.
@@ -120,18 +115,32 @@ class Embedder:
             yield from self.embed(indices[:half], sequences[:half], failed)
             yield from self.embed(indices[half:], sequences[half:], failed)
             return
-        finite = [
-            all(np.isfinite(reps[kind][layer][row]).all() for kind in reps for layer in reps[kind])
-            for row in range(len(sequences))
-        ]
-        for row in np.flatnonzero(~np.array(finite)):
-            failed.append((indices[row], "non-finite values in the representations"))
-        if all(finite):
-            yield indices, reps
-            return
-        keep = np.flatnonzero(finite)
-        yield [indices[r] for r in keep], {
-            kind: {layer: [rows[r] for r in keep] for layer, rows in layers.items()} for kind, layers in reps.items()
+        kept = []
+        for index, rep in zip(indices, reps):
+            if all(np.isfinite(per_tok).all() and np.isfinite(bos).all() for per_tok, bos in rep.values()):
+                kept.append((index, rep))
+            else:
+                failed.append((index, "non-finite values in the representations"))
+        if kept:
+            yield [i for i, _ in kept], [r for _, r in kept]
+
+    def embed_chunked(self, index: int, sequence: str, window: int, failed: list) -> dict | None:
+        """One long sequence through overlapping windows, stitched; None (and `failed` noted) if a window fails."""
+        spans = chunk_spans(len(sequence), window)
+        pieces, window_failures = {}, []
+        for done, reps in self.embed(list(range(len(spans))), [sequence[a:b] for a, b, _, _ in spans], window_failures):
+            pieces.update(zip(done, reps))
+        if window_failures:
+            k, reason = window_failures[0]
+            failed.append((index, f"window {k + 1} of {len(spans)} failed: {reason}"))
+            return None
+        return {
+            layer: (
+                np.concatenate([pieces[k][layer][0][keep_from - a:keep_to - a]
+                                for k, (a, _, keep_from, keep_to) in enumerate(spans)]),
+                pieces[0][layer][1],
+            )
+            for layer in pieces[0]
         }
 
 
@@ -140,6 +149,7 @@ class ShardWriter:
 
     def __init__(self, h5: h5py.File, layers, include, dim):
         self.h5 = h5
+        self.include = include
         for name, dtype in (("index", np.int64), ("length", np.int64)):
             h5.create_dataset(name, (0,), dtype=dtype, maxshape=(None,), chunks=True)
         h5.create_dataset("ids", (0,), dtype=STR_DTYPE, maxshape=(None,), chunks=True)
@@ -153,14 +163,19 @@ class ShardWriter:
         dset.resize(start + len(rows), axis=0)
         dset[start:] = rows
 
-    def write(self, indices, ids, lengths, reps):
+    def write(self, indices, ids, reps):
         self._append(self.h5["index"], np.asarray(indices, dtype=np.int64))
         self._append(self.h5["ids"], np.asarray(ids, dtype=object))
-        self._append(self.h5["length"], np.asarray(lengths, dtype=np.int64))
-        for kind, layers in reps.items():
-            for layer, rows in layers.items():
-                data = np.concatenate(rows) if kind == "per_tok" else np.stack(rows)
-                self._append(self.h5[f"{kind}/{layer}"], data)
+        self._append(self.h5["length"], np.asarray([len(next(iter(r.values()))[0]) for r in reps], dtype=np.int64))
+        for layer in reps[0]:
+            per_tok = [r[layer][0] for r in reps]
+            summaries = {
+                "mean": lambda: np.stack([p.mean(0) for p in per_tok]),
+                "per_tok": lambda: np.concatenate(per_tok),
+                "bos": lambda: np.stack([r[layer][1] for r in reps]),
+            }
+            for kind in self.include:
+                self._append(self.h5[f"{kind}/{layer}"], summaries[kind]())
 
     def write_failed(self, failed, ids_by_index):
         failed = sorted(failed)
@@ -175,14 +190,25 @@ def write_json_atomically(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, include,
-              toks_per_batch, truncation_seq_length, precision, gpus, threads):
+def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, include, toks_per_batch,
+              truncation_seq_length, long_sequences, precision, gpus, threads):
     """Embed one shard's sequences on a pooled device and write its outputs atomically."""
     out_h5, metrics_json = Path(out_h5), Path(metrics_json)
     rows = read_tsv(shard_tsv)
     indices = [int(r["index"]) for r in rows]
     ids = [r["id"] for r in rows]
-    sequences = [r["sequence"][:truncation_seq_length] for r in rows]
+    limit = truncation_seq_length
+    failed, chunked, batched, sequences = [], [], [], []
+    for k, r in enumerate(rows):
+        kept = embedded_residues(len(r["sequence"]), limit, long_sequences)
+        if kept == 0:
+            failed.append((k, f"longer than truncation_seq_length ({len(r['sequence'])} > {limit} residues); "
+                              f"skipped (long_sequences: {long_sequences})"))
+        elif kept > limit:
+            chunked.append(k)
+        else:
+            batched.append(k)
+        sequences.append(r["sequence"][:kept])
     spec = esm_model.parse_spec(model)
     torch.set_num_threads(threads)
 
@@ -204,24 +230,30 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         embedder = Embedder(net, alphabet, layers, include, device, resolved)
         loaded = time.time()
 
-        failed = []
         tmp = out_h5.with_name(f".{out_h5.name}.tmp")
-        batches = make_batches([len(s) for s in sequences], toks_per_batch)
-        with h5py.File(tmp, "w") as h5:
-            writer = ShardWriter(h5, layers, include, net.embed_dim)
-            for batch in batches:
-                for done, reps in embedder.embed(batch, [sequences[i] for i in batch], failed):
-                    writer.write([indices[i] for i in done], [ids[i] for i in done],
-                                 [len(sequences[i]) for i in done], reps)
-            writer.write_failed([(indices[i], reason) for i, reason in failed], dict(zip(indices, ids)))
-            h5.attrs.update(
-                shard=shard, n_records=len(rows), model=model, weights=spec.weights, precision=resolved,
-                device=str(device), truncation_seq_length=truncation_seq_length,
-            )
-        os.replace(tmp, out_h5)
+        batches = make_batches([len(sequences[k]) for k in batched], toks_per_batch)
+        try:
+            with h5py.File(tmp, "w") as h5:
+                writer = ShardWriter(h5, layers, include, net.embed_dim)
+                for batch in batches:
+                    members = [batched[b] for b in batch]
+                    for done, reps in embedder.embed(members, [sequences[k] for k in members], failed):
+                        writer.write([indices[k] for k in done], [ids[k] for k in done], reps)
+                for k in chunked:
+                    rep = embedder.embed_chunked(k, sequences[k], limit, failed)
+                    if rep is not None:
+                        writer.write([indices[k]], [ids[k]], [rep])
+                writer.write_failed([(indices[k], reason) for k, reason in failed], dict(zip(indices, ids)))
+                h5.attrs.update(
+                    shard=shard, n_records=len(rows), model=model, weights=spec.weights, precision=resolved,
+                    device=str(device), truncation_seq_length=limit, long_sequences=long_sequences,
+                )
+            os.replace(tmp, out_h5)
+        finally:
+            tmp.unlink(missing_ok=True)
         finished = time.time()
 
-    n_residues = sum(len(s) for s in sequences)
+    n_residues = sum(len(sequences[k]) for k in batched + chunked)
     metrics = {
         "shard": shard,
         "n_sequences": len(rows),

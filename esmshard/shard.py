@@ -44,6 +44,27 @@ def estimated_cost(n_residues: int, embed_dim: int) -> float:
     return tokens * (1.0 + tokens / (6.0 * embed_dim))
 
 
+def chunk_spans(length: int, window: int) -> list[tuple[int, int, int, int]]:
+    """Overlapping windows (start, end, keep_from, keep_to) covering `length` residues.
+
+    Consecutive windows overlap by at least a quarter window; each residue is taken from the
+    window in which it lies farther from an edge, i.e. each overlap is split at its middle.
+    """
+    if length <= window:
+        return [(0, length, 0, length)]
+    step = window - window // 4
+    starts = list(range(0, length - window, step)) + [length - window]
+    spans = []
+    for a in starts:
+        keep_from = 0
+        if spans:
+            prev_a, prev_b, prev_from, _ = spans[-1]
+            keep_from = (a + prev_b) // 2
+            spans[-1] = (prev_a, prev_b, prev_from, keep_from)
+        spans.append((a, a + window, keep_from, a + window))
+    return spans
+
+
 def assign(costs: list[float], n_shards: int) -> list[int]:
     """Longest-processing-time-first: each record, costliest first, goes to the least-loaded shard.
 
@@ -63,7 +84,21 @@ def _replace_atomically(tmp_paths: dict[Path, Path]) -> None:
         os.replace(tmp, final)
 
 
-def write_shards(inputs, shard_dir, n_shards: int, truncation_seq_length: int, embed_dim: int) -> list[dict]:
+def embedded_residues(length: int, truncation_seq_length: int, long_sequences: str) -> int:
+    """Residues of a record that the embed job will compute, under the long-sequence policy."""
+    if length <= truncation_seq_length or long_sequences == "chunk":
+        return length
+    return truncation_seq_length if long_sequences == "truncate" else 0
+
+
+def record_cost(length: int, truncation_seq_length: int, long_sequences: str, embed_dim: int) -> float:
+    if length > truncation_seq_length and long_sequences == "chunk":
+        return sum(estimated_cost(b - a, embed_dim) for a, b, _, _ in chunk_spans(length, truncation_seq_length))
+    return estimated_cost(embedded_residues(length, truncation_seq_length, long_sequences), embed_dim)
+
+
+def write_shards(inputs, shard_dir, n_shards: int, truncation_seq_length: int, embed_dim: int,
+                 long_sequences: str = "truncate") -> list[dict]:
     """Read every input once, check IDs, and write the shard files, the record table and the plan.
 
     The sequences go to a spool file on the first pass so that the assignment can see all
@@ -73,7 +108,7 @@ def write_shards(inputs, shard_dir, n_shards: int, truncation_seq_length: int, e
     shard_dir.mkdir(parents=True, exist_ok=True)
     names = shard_names(n_shards)
     spool_path = shard_dir / ".spool.tmp"
-    records, first_seen, costs = [], {}, []
+    records, first_seen, costs, too_long = [], {}, [], []
     with open(spool_path, "w") as spool:
         for path in inputs:
             for record in read_fasta(path):
@@ -83,14 +118,24 @@ def write_shards(inputs, shard_dir, n_shards: int, truncation_seq_length: int, e
                         "IDs (the first word of each header) must be unique across all inputs"
                     )
                 first_seen[record.id] = record.source
-                kept = min(len(record.sequence), truncation_seq_length)
+                length = len(record.sequence)
+                if length > truncation_seq_length and long_sequences == "fail":
+                    too_long.append(f"{record.id} ({length} residues, {record.source})")
+                kept = embedded_residues(length, truncation_seq_length, long_sequences)
                 records.append(
-                    [len(records), record.id, None, len(record.sequence), kept,
-                     int(kept < len(record.sequence)), record.n_replaced, record.source, record.header]
+                    [len(records), record.id, None, length, kept, int(long_sequences == "truncate" and kept < length),
+                     record.n_replaced, record.source, record.header]
                 )
-                costs.append(estimated_cost(kept, embed_dim))
+                costs.append(record_cost(length, truncation_seq_length, long_sequences, embed_dim))
                 spool.write(record.sequence + "\n")
     del first_seen
+    if too_long:
+        spool_path.unlink()
+        raise FastaError(
+            f"{len(too_long)} sequences are longer than truncation_seq_length ({truncation_seq_length}) "
+            f"and long_sequences is 'fail': {'; '.join(too_long)}. Set long_sequences to truncate, "
+            "chunk or skip, or remove them"
+        )
 
     shard_of = assign(costs, n_shards)
     plan = [{"shard": name, "n_sequences": 0, "n_residues": 0, "estimated_cost": 0.0} for name in names]

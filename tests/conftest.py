@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,8 @@ PROTEINS = DATA / "ecoli_k12_40.fasta"
 TINY_MODEL = "esm2_t6_8M_UR50D"
 
 
-def snakemake(workdir: Path, config: dict, *args, env: dict | None = None, check: bool = True):
-    """Run the workflow through the `snakemake` command line, as users do (the profile applies)."""
+def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = None):
+    """The `snakemake` command line and environment of a run in `workdir` (the profile applies)."""
     workdir.mkdir(parents=True, exist_ok=True)
     cfg = workdir / "config.yaml"
     cfg.write_text(yaml.safe_dump(config))
@@ -25,10 +26,23 @@ def snakemake(workdir: Path, config: dict, *args, env: dict | None = None, check
     }
     cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile", str(cfg),
            "--cores", "8", "--set-threads", "embed=1", *args]
+    return cmd, full_env
+
+
+def snakemake(workdir: Path, config: dict, *args, env: dict | None = None, check: bool = True):
+    """Run the workflow through the `snakemake` command line, as users do."""
+    cmd, full_env = snakemake_command(workdir, config, *args, env=env)
     result = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(f"snakemake failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def jobs_run(result) -> dict[str, int]:
+    """Snakemake's job table ("Job stats") of a run: rule -> number of jobs."""
+    text = result.stdout + result.stderr
+    table = text[text.index("Job stats:"):].split("\n\n")[0]
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
 @pytest.fixture(scope="session")

@@ -41,8 +41,9 @@ def test_precision_auto_is_fp32_on_cpu():
 def collect(embedder, indices, sequences):
     failed, out = [], {}
     for done, reps in embedder.embed(indices, sequences, failed):
-        for k, i in enumerate(done):
-            out[i] = (reps["mean"][6][k], reps["per_tok"][6][k])
+        for i, rep in zip(done, reps):
+            per_tok, _ = rep[6]
+            out[i] = (per_tok.mean(0), per_tok)
     return out, failed
 
 

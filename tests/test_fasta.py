@@ -1,5 +1,3 @@
-import gzip
-
 import pytest
 
 from esmshard.fasta import FastaError, normalise, read_fasta
@@ -23,24 +21,6 @@ def test_reads_real_proteome_slice():
     assert records[0].id == RECORDS[0][0][1:].split()[0]
     second_header_line = 2 + (len(RECORDS[0][1]) + 59) // 60
     assert records[1].source == f"{PROTEINS}:{second_header_line}"
-
-
-def test_gzip_crlf_blank_lines_and_no_final_newline(tmp_path):
-    text = "\r\n\r\n".join(f"{h}\r\n{s}" for h, s in RECORDS[:3])  # blank line between records, no final newline
-    gz = tmp_path / "x.fasta.gz"
-    with gzip.open(gz, "wt", newline="") as fh:
-        fh.write(text)
-    assert [r.sequence for r in read_fasta(gz)] == [s for _, s in RECORDS[:3]]
-
-
-def test_lowercase_terminal_stop_and_letters_outside_alphabet():
-    seq = RECORDS[0][1]
-    out, replaced = normalise(seq[:10].lower() + seq[10:] + "*", "f:1")
-    assert (out, replaced) == (seq, 0)
-    out, replaced = normalise(seq[:5] + "J" + seq[6:], "f:1")
-    assert out == seq[:5] + "X" + seq[6:] and replaced == 1
-    out, replaced = normalise("MK-V.LJ*", "f:1")
-    assert (out, replaced) == ("MKVLX", 1)
 
 
 def test_internal_stop_becomes_x():

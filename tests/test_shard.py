@@ -55,3 +55,16 @@ def test_duplicate_ids_across_files_name_both_places(tmp_path):
     assert "duplicate" in message and header[1:].split()[0] in message
     assert f"{PROTEINS}:" in message and f"{second}:1" in message
     assert not (tmp_path / "shards" / "records.tsv").exists()
+
+
+@pytest.mark.parametrize("length", [5, 1022, 1023, 2358, 7096, 30000])
+def test_chunk_windows_cover_every_residue_once(length):
+    from esmshard.shard import chunk_spans
+
+    spans = chunk_spans(length, 1022)
+    assert spans[0][2] == 0 and spans[-1][3] == length
+    for (a, b, keep_from, keep_to), following in zip(spans, spans[1:] + [None]):
+        assert b - a <= 1022 and a <= keep_from < keep_to <= b
+        if following:
+            assert keep_to == following[2]  # kept parts tile the sequence
+            assert b - following[0] >= 1022 // 4  # windows overlap by at least a quarter

@@ -35,6 +35,7 @@ EMBEDDING_PARAMS = {
     "repr_layers": config["repr_layers"],
     "include": config["include"],
     "truncation_seq_length": config["truncation_seq_length"],
+    "long_sequences": config["long_sequences"],
     "precision": config["precision"],
 }
 

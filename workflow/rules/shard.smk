@@ -9,6 +9,7 @@ rule shard:
         n_shards=N_SHARDS,
         model=config["model"],
         truncation_seq_length=config["truncation_seq_length"],
+        long_sequences=config["long_sequences"],
     log:
         f"{OUT}/logs/shard.log",
     conda:

@@ -3,11 +3,11 @@ from esmshard.model import ensure_available, parse_spec
 from esmshard.shard import write_shards
 
 
-def shard(inputs, shard_dir, n_shards, model, truncation_seq_length):
+def shard(inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences):
     spec = parse_spec(model)
     # Weights first: a model that cannot be had stops the run before any shard work.
     ensure_available(spec)
-    write_shards(inputs, shard_dir, n_shards, truncation_seq_length, spec.embed_dim or 1280)
+    write_shards(inputs, shard_dir, n_shards, truncation_seq_length, spec.embed_dim or 1280, long_sequences)
 
 
 run_step(
@@ -18,4 +18,5 @@ run_step(
     n_shards=snakemake.params.n_shards,
     model=snakemake.params.model,
     truncation_seq_length=snakemake.params.truncation_seq_length,
+    long_sequences=snakemake.params.long_sequences,
 )
