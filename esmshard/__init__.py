@@ -12,10 +12,12 @@ def run_step(log_path, step, **kwargs):
     from .merge import MergeError
     from .model import ModelError
 
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)  # the job log gets everything; the run's output only problems
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[logging.FileHandler(log_path, mode="w"), logging.StreamHandler(sys.stderr)],
+        handlers=[logging.FileHandler(log_path, mode="w"), console],
     )
     # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
     # removed and the GPU slot's lock is released on the way out.

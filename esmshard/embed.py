@@ -3,6 +3,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import numpy as np
 import torch
 
 from . import model as esm_model
-from . import pool
+from . import pool, telemetry
 from .shard import chunk_spans, embedded_residues, read_tsv
+from .status import rate
 
 log = logging.getLogger(__name__)
 
@@ -43,23 +45,48 @@ def absolute_layers(repr_layers, num_layers: int) -> list[int]:
     return sorted(set(layers))
 
 
-def make_batches(lengths, toks_per_batch: int) -> list[list[int]]:
+def make_batches(lengths, toks_per_batch) -> list[list[int]]:
     """Longest first, each batch as many sequences as fit the token budget once padded.
 
+    `toks_per_batch` is a number or a function of the batch's longest sequence (in tokens).
     A sequence longer than the budget gets a batch of its own.
     """
+    budget_for = toks_per_batch if callable(toks_per_batch) else (lambda _: toks_per_batch)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches, current, width = [], [], 0
+    batches, current, width, budget = [], [], 0, 0
     for i in order:
         tokens = lengths[i] + 2  # BOS and EOS
+        if not current:
+            budget = budget_for(tokens)
         width = max(width, tokens)
-        if current and width * (len(current) + 1) > toks_per_batch:
+        if current and width * (len(current) + 1) > budget:
             batches.append(current)
-            current, width = [], tokens
+            current, width, budget = [], tokens, budget_for(tokens)
         current.append(i)
     if current:
         batches.append(current)
     return batches
+
+
+# ESM-2 was trained on at most 1022 residues plus BOS and EOS.
+MODEL_MAX_TOKENS = 1024
+CPU_TOKENS_PER_BATCH = 4096  # on a CPU larger batches do not run faster
+MAX_AUTO_TOKENS = 1 << 20
+BYTES_PER_VALUE = {"fp32": 4, "bf16": 3, "fp16": 3}  # autocast keeps norms and softmax in fp32
+
+
+def auto_token_budget(free_bytes: int, model_bytes: int, embed_dim: int, heads: int, longest_tokens: int,
+                      precision: str = "fp32") -> int:
+    """Tokens per batch that fit the device's free memory next to the model.
+
+    Per token a layer holds about 16·D activations (residual, norms, q/k/v, output, the 4·D
+    feed-forward in and out) and, as fair-esm materialises attention, 3·H·L scores for the
+    batch's longest sequence L (clamped to the model's maximum length). 20% is kept in reserve.
+    """
+    longest = min(longest_tokens, MODEL_MAX_TOKENS)
+    per_token = BYTES_PER_VALUE[precision] * (16 * embed_dim + 3 * heads * longest)
+    usable = 0.8 * free_bytes - model_bytes
+    return int(max(longest, min(MAX_AUTO_TOKENS, usable // per_token)))
 
 
 class Embedder:
@@ -190,59 +217,114 @@ def write_json_atomically(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def split_records(rows, limit: int, long_sequences: str):
+    """The residues each record is embedded with, and which records go batched, chunked or skipped."""
+    sequences, batched, chunked, skipped = [], [], [], []
+    for k, r in enumerate(rows):
+        kept = embedded_residues(len(r["sequence"]), limit, long_sequences)
+        if kept == 0:
+            skipped.append((k, f"longer than truncation_seq_length ({len(r['sequence'])} > {limit} residues); "
+                               f"skipped (long_sequences: {long_sequences})"))
+        elif kept > limit:
+            chunked.append(k)
+        else:
+            batched.append(k)
+        sequences.append(r["sequence"][:kept])
+    return sequences, batched, chunked, skipped
+
+
+def pick_device(slot: pool.Slot, threads: int) -> tuple[torch.device, str]:
+    if torch.cuda.is_available():
+        device = torch.device("cuda", 0)
+        return device, torch.cuda.get_device_name(device)
+    if slot.cuda_visible_devices:
+        log.warning("slot %s is GPU %s, but this torch cannot use CUDA (a CPU-only build, or no driver): "
+                    "computing on the CPU", slot.index, slot.cuda_visible_devices)
+    log.info("no CUDA device available: computing on the CPU with %d threads", threads)
+    return torch.device("cpu"), "cpu"
+
+
+def token_budget(toks_per_batch, device, net, precision):
+    """The budget make_batches uses: the configured number, or one sized to the device's memory.
+
+    Called before the model moves to the device, so free memory still includes its place.
+    """
+    if toks_per_batch != "auto":
+        return toks_per_batch
+    if device.type != "cuda":
+        return CPU_TOKENS_PER_BATCH
+    free = torch.cuda.mem_get_info(device)[0]
+    model_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    heads = net.layers[0].self_attn.num_heads
+    return lambda longest: auto_token_budget(free, model_bytes, net.embed_dim, heads, longest, precision)
+
+
+class Progress:
+    """`running/<shard>.json`, rewritten after each batch for `esmshard status`; removed at the end."""
+
+    def __init__(self, path, **fields):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fields = {**fields, "residues_done": 0}
+
+    def update(self, residues: int, sampler=None):
+        self.fields["residues_done"] += residues
+        self.fields["updated_at"] = time.time()
+        if sampler is not None and sampler.samples:
+            self.fields["memory_used_bytes"] = sampler.samples[-1]["memory_used_bytes"]
+            self.fields["memory_total_bytes"] = sampler.samples[-1]["memory_total_bytes"]
+        write_json_atomically(self.path, self.fields)
+
+    def close(self):
+        self.path.unlink(missing_ok=True)
+
+
 def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, include, toks_per_batch,
-              truncation_seq_length, long_sequences, precision, gpus, threads):
+              truncation_seq_length, long_sequences, precision, gpus, threads, progress_json, telemetry_tsv):
     """Embed one shard's sequences on a pooled device and write its outputs atomically."""
     out_h5, metrics_json = Path(out_h5), Path(metrics_json)
     rows = read_tsv(shard_tsv)
     indices = [int(r["index"]) for r in rows]
     ids = [r["id"] for r in rows]
     limit = truncation_seq_length
-    failed, chunked, batched, sequences = [], [], [], []
-    for k, r in enumerate(rows):
-        kept = embedded_residues(len(r["sequence"]), limit, long_sequences)
-        if kept == 0:
-            failed.append((k, f"longer than truncation_seq_length ({len(r['sequence'])} > {limit} residues); "
-                              f"skipped (long_sequences: {long_sequences})"))
-        elif kept > limit:
-            chunked.append(k)
-        else:
-            batched.append(k)
-        sequences.append(r["sequence"][:kept])
+    sequences, batched, chunked, failed = split_records(rows, limit, long_sequences)
+    n_residues = sum(len(sequences[k]) for k in batched + chunked)
     spec = esm_model.parse_spec(model)
     torch.set_num_threads(threads)
+    Path(telemetry_tsv).parent.mkdir(parents=True, exist_ok=True)
 
-    with pool.acquire(pool.pool_devices(gpus)) as slot:
+    with pool.acquire(pool.pool_devices(gpus)) as slot, \
+            telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler:
         started = time.time()
-        if torch.cuda.is_available():
-            device = torch.device("cuda", 0)
-            device_name = torch.cuda.get_device_name(device)
-        else:
-            if slot.cuda_visible_devices:
-                log.warning("slot %s names GPU %s, but torch cannot use CUDA here", slot.index, slot.cuda_visible_devices)
-            log.info("no CUDA device available: computing on the CPU with %d threads", threads)
-            device, device_name = torch.device("cpu"), "cpu"
+        device, device_name = pick_device(slot, threads)
         resolved = resolve_precision(precision, device)
         log.info("shard %s: %d sequences on %s (%s, slot %s, CUDA_VISIBLE_DEVICES=%r), precision %s",
                  shard, len(rows), device, device_name, slot.index, slot.cuda_visible_devices, resolved)
+        progress = Progress(progress_json, shard=shard, gpu_slot=slot.index, device=str(device),
+                            device_name=sampler.name or device_name, host=socket.gethostname(),
+                            started_at=started, n_sequences=len(rows), n_residues=n_residues)
         net, alphabet = esm_model.load(spec)
         layers = absolute_layers(repr_layers, net.num_layers)
+        budget = token_budget(toks_per_batch, device, net, resolved)
         embedder = Embedder(net, alphabet, layers, include, device, resolved)
+        batches = make_batches([len(sequences[k]) for k in batched], budget)
         loaded = time.time()
 
         tmp = out_h5.with_name(f".{out_h5.name}.tmp")
-        batches = make_batches([len(sequences[k]) for k in batched], toks_per_batch)
         try:
+            progress.update(0, sampler)
             with h5py.File(tmp, "w") as h5:
                 writer = ShardWriter(h5, layers, include, net.embed_dim)
                 for batch in batches:
                     members = [batched[b] for b in batch]
                     for done, reps in embedder.embed(members, [sequences[k] for k in members], failed):
                         writer.write([indices[k] for k in done], [ids[k] for k in done], reps)
+                    progress.update(sum(len(sequences[k]) for k in members), sampler)
                 for k in chunked:
                     rep = embedder.embed_chunked(k, sequences[k], limit, failed)
                     if rep is not None:
                         writer.write([indices[k]], [ids[k]], [rep])
+                    progress.update(len(sequences[k]), sampler)
                 writer.write_failed([(indices[k], reason) for k, reason in failed], dict(zip(indices, ids)))
                 h5.attrs.update(
                     shard=shard, n_records=len(rows), model=model, weights=spec.weights, precision=resolved,
@@ -251,9 +333,10 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
             os.replace(tmp, out_h5)
         finally:
             tmp.unlink(missing_ok=True)
+            progress.close()
         finished = time.time()
 
-    n_residues = sum(len(sequences[k]) for k in batched + chunked)
+    widths = [max(len(sequences[batched[b]]) for b in batch) + 2 for batch in batches]
     metrics = {
         "shard": shard,
         "n_sequences": len(rows),
@@ -261,6 +344,9 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         "n_failed": len(failed),
         "n_batches": len(batches),
         "toks_per_batch": toks_per_batch,
+        "token_budget": budget(widths[0]) if callable(budget) and widths else budget,
+        "padded_fraction": 1 - sum(len(sequences[k]) + 2 for k in batched) / sum(
+            w * len(b) for w, b in zip(widths, batches)) if batches else 0.0,
         "seconds": finished - started,
         "load_seconds": loaded - started,
         "compute_seconds": finished - loaded,
@@ -276,8 +362,19 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         "model": model,
         "weights": spec.weights,
         "precision": resolved,
+        "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        **sampler.summary(),
     }
     write_json_atomically(metrics_json, metrics)
-    log.info("shard %s done: %d residues in %.1f s (%.0f residues/s), %d failed",
-             shard, n_residues, metrics["seconds"], n_residues / max(metrics["seconds"], 1e-9), len(failed))
+    log.info("shard %s done: %d residues in %.1f s, %d failed", shard, n_residues, metrics["seconds"], len(failed))
+    done = len(list(metrics_json.parent.glob("*.json")))
+    total = len(read_tsv(Path(shard_tsv).parent / "plan.tsv"))
+    console(f"shard {done}/{total} done on {device}: {shard}, {rate(metrics['residues_per_second'])} residues/s"
+            + (f", {len(failed)} failed" if failed else ""))
     return metrics
+
+
+def console(message: str) -> None:
+    """A line for the run's own output (Snakemake shows a local job's stderr), not just the job log."""
+    log.info("%s", message)
+    print(message, file=sys.stderr, flush=True)

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from .telemetry import nvml_device_count
+
 log = logging.getLogger(__name__)
 
 # Set by cluster schedulers inside a job; with CUDA_VISIBLE_DEVICES they mean "this GPU is yours".
@@ -37,23 +39,11 @@ def visible_devices(env=os.environ) -> list[str]:
     return [str(i) for i in range(nvml_device_count())]
 
 
-def nvml_device_count() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return pynvml.nvmlDeviceGetCount()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # no driver, no library: no GPUs to pool
-        return 0
-
-
 def pool_devices(gpus, env=os.environ) -> list[str]:
     """The CUDA_VISIBLE_DEVICES value of each pool slot, from the `gpus` config value.
 
-    Indices count CUDA's visible devices in the environment Snakemake runs in.
+    Indices count the visible devices in the environment Snakemake runs in, in PCI bus order
+    (as nvidia-smi numbers them).
     """
     visible = visible_devices(env)
     if gpus == "auto":
@@ -103,6 +93,8 @@ def acquire(devices: list[str], pool_dir: Path | None = None, poll_seconds: floa
             try:
                 slot = Slot(index, devices[index] if devices else "")
                 env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
+                # Device indices are nvidia-smi's and NVML's: PCI bus order.
+                env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
                 yield slot
             finally:
                 fh.close()

@@ -1,5 +1,6 @@
 """The scaling report: how well the run used its devices, from the shards' metrics."""
 import base64
+import csv
 import heapq
 import html
 import io
@@ -10,6 +11,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from .status import per_slot, slot_key  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
 # Speedups that multi-GPU guides promise for data-parallel inference.
@@ -26,6 +29,28 @@ def replay(durations: list[float], n_devices: int) -> float:
     for seconds in durations:
         heapq.heappush(free_at, heapq.heappop(free_at) + seconds)
     return max(free_at)
+
+
+def devices(metrics: list[dict]) -> list[dict]:
+    """One entry per device slot: what NVML saw while its shards ran, and its throughput."""
+    out = []
+    for key, s in per_slot(metrics).items():
+        ran = [m for m in metrics if slot_key(m) == key]
+
+        def weighted(field):
+            pairs = [(m[field], m["telemetry_samples"]) for m in ran if m.get(field) is not None]
+            n = sum(w for _, w in pairs)
+            return sum(v * w for v, w in pairs) / n if n else None
+
+        out.append({
+            "slot": key, "device": s["device"], "name": s["device_name"],
+            "memory_total_bytes": s["memory_total_bytes"],
+            "mean_memory_used_bytes": weighted("mean_memory_used_bytes"),
+            "peak_memory_used_bytes": s["peak_memory_used_bytes"],
+            "mean_utilization_percent": weighted("mean_utilization_percent"),
+            "shards": s["shards"], "residues_per_second": s["residues_per_second"],
+        })
+    return out
 
 
 def scaling(metrics: list[dict]) -> dict:
@@ -62,6 +87,8 @@ def scaling(metrics: list[dict]) -> dict:
             "efficiency": measured / len(slots) if measured is not None else None,
         },
         "modelled": modelled,
+        "devices": devices(metrics),
+        "telemetry": any(m.get("telemetry_samples") for m in metrics),
         "shards": [
             {k: m[k] for k in ("shard", "gpu_slot", "device", "started_at", "finished_at", "seconds",
                                "n_sequences", "n_residues")}
@@ -121,10 +148,45 @@ def _speedup(result) -> str:
     return _png(fig)
 
 
+def read_telemetry(metric_files) -> dict[str, list[dict]]:
+    """Telemetry samples per device slot, from `telemetry/<shard>.tsv` beside `metrics/`."""
+    series = {}
+    for path in metric_files:
+        metrics = json.loads(Path(path).read_text())
+        tsv = Path(path).parent.parent / "telemetry" / f"{metrics['shard']}.tsv"
+        if not tsv.is_file():
+            continue
+        with open(tsv, newline="") as fh:
+            rows = [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(fh, delimiter="\t")]
+        series.setdefault(slot_key(metrics), []).extend(rows)
+    return {k: sorted(v, key=lambda r: r["time"]) for k, v in series.items()}
+
+
+def _device_plots(result, series) -> str:
+    start = min(s["started_at"] for s in result["shards"])
+    fig, (util, memory) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
+    for key, rows in sorted(series.items()):
+        t = [r["time"] - start for r in rows]
+        util.plot(t, [r["utilization_percent"] for r in rows], ".-", ms=3, label=f"slot {key}")
+        memory.plot(t, [r["memory_used_bytes"] / (1 << 30) if r["memory_used_bytes"] is not None else None
+                        for r in rows], ".-", ms=3, label=f"slot {key}")
+    util.set_ylabel("GPU utilization (%)")
+    util.set_ylim(0, 105)
+    memory.set_ylabel("memory used (GiB)")
+    memory.set_xlabel("seconds since the first shard started")
+    util.legend(fontsize=7)
+    util.set_title("Devices over time (NVML, one sample per second)")
+    return _png(fig)
+
+
 def _table(rows, columns) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in columns) + "</tr>" for r in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _gib(value):
+    return value / (1 << 30) if value is not None else None
 
 
 def _fmt(value) -> str:
@@ -132,10 +194,10 @@ def _fmt(value) -> str:
         return f"{value:,.2f}"
     if isinstance(value, list):
         return "–".join(_fmt(v) for v in value)
-    return str(value)
+    return "–" if value is None else str(value)
 
 
-def render_html(result: dict) -> str:
+def render_html(result: dict, series: dict) -> str:
     warning = ""
     if result["weights"] == "random":
         warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
@@ -152,6 +214,15 @@ def render_html(result: dict) -> str:
     ]
     images = "".join(f'<img src="data:image/png;base64,{png}">' for png in
                      (_timeline(result), _throughput(result), _speedup(result)))
+    if series:
+        device_section = f'<img src="data:image/png;base64,{_device_plots(result, series)}">'
+    else:
+        device_section = "<p>No GPU telemetry: NVML was not available to the jobs.</p>"
+    device_rows = [
+        {**d, "memory_total_GiB": _gib(d["memory_total_bytes"]), "mean_memory_used_GiB": _gib(d["mean_memory_used_bytes"]),
+         "peak_memory_used_GiB": _gib(d["peak_memory_used_bytes"])}
+        for d in result["devices"]
+    ]
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>esmshard scaling report</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}table{{border-collapse:collapse;margin:1em 0}}
@@ -162,6 +233,10 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 <p>Modelled by replaying the measured shard times, in their start order, on that many devices.</p>
 {_table(result["modelled"], ["gpus", "makespan_seconds", "speedup", "efficiency", "guide_speedup"])}
 {images}
+<h2>Devices</h2>
+{_table(device_rows, ["slot", "device", "name", "shards", "residues_per_second", "mean_utilization_percent",
+                      "mean_memory_used_GiB", "peak_memory_used_GiB", "memory_total_GiB"])}
+{device_section}
 <h2>Shards</h2>
 {_table(result["shards"], ["shard", "gpu_slot", "device", "started_offset", "seconds", "n_sequences", "n_residues", "residues_per_second"])}
 </body></html>
@@ -171,5 +246,5 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 def write_report(metric_files, out_json, out_html) -> dict:
     result = scaling(load_metrics(metric_files))
     Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
-    Path(out_html).write_text(render_html(result))
+    Path(out_html).write_text(render_html(result, read_telemetry(metric_files)))
     return result

@@ -24,6 +24,7 @@ def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = Non
         "ESMSHARD_POOL_DIR": str(workdir / "gpu-pool"),
         **(env or {}),
     }
+    full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
     cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile", str(cfg),
            "--cores", "8", "--set-threads", "embed=1", *args]
     return cmd, full_env

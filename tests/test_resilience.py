@@ -11,6 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
+from esmshard import status
+
 from conftest import DATA, PROTEINS, REPO, TINY_MODEL, jobs_run, read_records, snakemake, snakemake_command
 
 CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 6}
@@ -53,11 +55,16 @@ def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseli
     shard_files = [tmp_path / "results" / "embeddings" / f"{s}.h5" for s in finished]
     before = stamps(shard_files)
     assert 2 <= len(finished) < 6
+    midway = status.render(status.read_state(tmp_path / "results"))
+    assert f"shards {len(finished)}/6 ({100 * len(finished) / 6:.0f}%)" in midway and "finished" not in midway
 
     again = snakemake(tmp_path, CONFIG, "--resources", "gpu=1")
     assert jobs_run(again)["embed"] == 6 - len(finished)
     assert "shard" not in jobs_run(again)
     assert stamps(shard_files) == before
+    done = subprocess.run(["esmshard", "status", str(tmp_path / "results")], env=env,
+                          capture_output=True, text=True, check=True).stdout
+    assert "shards 6/6 (100%)" in done and "finished" in done and "idle" in done
     result = means(tmp_path / "results")
     assert list(result) == IDS
     for name in IDS:
@@ -154,7 +161,8 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
         f"run_step({str(tmp_path / 'job.log')!r}, run_shard, shard_tsv={str(tmp_path / 'shards' / 'shard_0000.tsv')!r},\n"
         f"    out_h5={str(out)!r}, metrics_json={str(tmp_path / 'm.json')!r}, shard='shard_0000',\n"
         f"    model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'], toks_per_batch=1100,\n"
-        "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', gpus=[0], threads=1)\n"
+        "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', gpus=[0], threads=1,\n"
+        f"    progress_json={str(tmp_path / 'running.json')!r}, telemetry_tsv={str(tmp_path / 't.tsv')!r})\n"
     )
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     job = subprocess.Popen([sys.executable, "-c", script], env=env)
@@ -167,5 +175,6 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     assert job.wait(timeout=30) == 128 + signal.SIGTERM
     assert time.time() - started < 30
     assert not out.exists() and not (tmp_path / ".shard_0000.h5.tmp").exists()
+    assert not (tmp_path / "running.json").exists()
     with pool.acquire(["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}) as slot:
         assert slot.index == 0

@@ -51,6 +51,8 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
     assert (outdir / "report" / "scaling.json").is_file()
     html = (outdir / "report" / "scaling_report.html").read_text()
     assert html.count("data:image/png;base64,") == 3 and "Random-weight" not in html
+    # No NVML on this machine: one note per job log, no telemetry, and the report says so.
+    assert "No GPU telemetry: NVML was not available" in html
     assert (outdir / "failed_sequences.tsv").read_text() == "id\tsource\treason\n"
     assert "0 sequences failed" in result.stderr
     scaling = json.loads((outdir / "report" / "scaling.json").read_text())
@@ -62,6 +64,10 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
         assert metrics["device"] == "cpu" and metrics["gpu_slot"] in range(4)
     log = (outdir / "logs" / "embed" / "shard_0000.log").read_text()
     assert "computing on the CPU" in log
+    assert log.count("NVML is not available") == 1
+    assert scaling["telemetry"] is False and not list((outdir / "telemetry").glob("*.tsv"))
+    assert len(scaling["devices"]) == len({m["gpu_slot"] for m in load_metrics(outdir)})
+    assert result.stderr.count(" done on cpu: shard_") == 8 and "shard 8/8 done" in result.stderr
 
 
 def test_overlapping_shard_jobs_hold_different_slots(four_gpu_run):

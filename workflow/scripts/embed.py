@@ -11,5 +11,7 @@ run_step(
     gpus=snakemake.config["gpus"],
     toks_per_batch=snakemake.config["toks_per_batch"],
     threads=snakemake.threads,
+    progress_json=f"{snakemake.config['outdir']}/running/{snakemake.wildcards.shard}.json",
+    telemetry_tsv=f"{snakemake.config['outdir']}/telemetry/{snakemake.wildcards.shard}.tsv",
     **dict(snakemake.params.items()),
 )

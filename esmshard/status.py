@@ -1,0 +1,150 @@
+"""`esmshard status OUTDIR`: a dashboard of a run, read from its files alone.
+
+It needs no access to the jobs themselves, so it works during and after a run, and on a
+cluster where the jobs ran on other nodes of a shared filesystem.
+"""
+import argparse
+import csv
+import json
+import sys
+import time
+from pathlib import Path
+
+GIB = 1 << 30
+
+
+def rate(per_second) -> str:
+    """41200.3 -> '41.2k'."""
+    if per_second is None:
+        return "?"
+    return f"{per_second / 1000:.1f}k" if per_second >= 1000 else f"{per_second:.0f}"
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _memory(used, total) -> str:
+    if used is None or total is None:
+        return "-"
+    return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
+
+
+def _read_json(paths) -> list[dict]:
+    out = []
+    for path in sorted(paths):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):  # replaced or removed while we read: skip it this time
+            continue
+    return out
+
+
+def slot_key(m: dict) -> str:
+    return f"{m['host']}:{m['gpu_slot']}"
+
+
+def per_slot(metrics: list[dict]) -> dict[str, dict]:
+    """Finished shards grouped by device slot: what each device did, and how fast."""
+    slots = {}
+    for m in sorted(metrics, key=lambda m: m["started_at"]):
+        s = slots.setdefault(slot_key(m), {"host": m["host"], "gpu_slot": m["gpu_slot"], "device": m["device"],
+                                           "device_name": m.get("gpu_name") or m["device_name"], "shards": 0,
+                                           "residues": 0, "compute_seconds": 0.0, "memory_total_bytes": None,
+                                           "peak_memory_used_bytes": None})
+        s["shards"] += 1
+        s["residues"] += m["n_residues"]
+        s["compute_seconds"] += m["compute_seconds"]
+        s["memory_total_bytes"] = m.get("memory_total_bytes") or s["memory_total_bytes"]
+        peaks = [p for p in (s["peak_memory_used_bytes"], m.get("peak_memory_used_bytes")) if p is not None]
+        s["peak_memory_used_bytes"] = max(peaks) if peaks else None
+    for s in slots.values():
+        s["residues_per_second"] = s["residues"] / s["compute_seconds"] if s["compute_seconds"] > 0 else None
+    return slots
+
+
+def read_state(outdir: Path, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    plan_path = outdir / "shards" / "plan.tsv"
+    if not plan_path.is_file():
+        return {"outdir": str(outdir), "planned": False}
+    with open(plan_path, newline="") as fh:
+        plan = list(csv.DictReader(fh, delimiter="\t"))
+    done = _read_json((outdir / "metrics").glob("*.json"))
+    finished = {m["shard"] for m in done}
+    running = [r for r in _read_json((outdir / "running").glob("*.json")) if r["shard"] not in finished]
+    total_residues = sum(int(p["n_residues"]) for p in plan)
+    done_residues = sum(m["n_residues"] for m in done) + sum(r["residues_done"] for r in running)
+    starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
+    complete = len(done) == len(plan)
+    end = max(m["finished_at"] for m in done) if complete and done else now
+    elapsed = end - min(starts) if starts else 0.0
+    speed = done_residues / elapsed if elapsed > 0 else None
+    if complete:
+        eta = 0.0
+    else:
+        eta = (total_residues - done_residues) / speed if speed else None
+    return {
+        "outdir": str(outdir), "planned": True, "complete": complete,
+        "shards_total": len(plan), "shards_done": len(done),
+        "residues_total": total_residues, "residues_done": done_residues,
+        "residues_per_second": speed, "elapsed_seconds": elapsed,
+        "eta_seconds": eta,
+        "failed": sum(m.get("n_failed", 0) for m in done),
+        "slots": per_slot(done), "running": running,
+    }
+
+
+def render(state: dict) -> str:
+    if not state["planned"]:
+        return f"esmshard status {state['outdir']}: not sharded yet (no shards/plan.tsv)"
+    rows = [("slot", "device", "shard", "done", "residues/s", "memory")]
+    slots = state["slots"]
+    current = {slot_key(r): r for r in state["running"]}
+    for key in sorted(set(slots) | set(current)):
+        s, r = slots.get(key, {}), current.get(key)
+        name = (r or s)["device_name"]
+        device = (r or s)["device"]
+        if r is not None:
+            shard = f"{r['shard']} ({100 * r['residues_done'] / max(r['n_residues'], 1):.0f}%)"
+            memory = _memory(r.get("memory_used_bytes"), r.get("memory_total_bytes"))
+        else:
+            shard, memory = "idle", _memory(s.get("peak_memory_used_bytes"), s.get("memory_total_bytes"))
+        rows.append((key, f"{device} {name}" if name != device else device, shard, str(s.get("shards", 0)),
+                     rate(s.get("residues_per_second")), memory))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"esmshard status {state['outdir']}"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    percent = 100 * state["shards_done"] / state["shards_total"]
+    eta = "finished" if state["complete"] else (
+        f"ETA {_duration(state['eta_seconds'])}" if state["eta_seconds"] is not None else "ETA ?")
+    lines.append(
+        f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
+        f"residues {state['residues_done']:,}/{state['residues_total']:,}  "
+        f"{rate(state['residues_per_second'])} residues/s  elapsed {_duration(state['elapsed_seconds'])}  {eta}"
+        + (f"  {state['failed']} failed" if state["failed"] else "")
+    )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="esmshard", description="esmshard run tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    status = commands.add_parser("status", help="dashboard of a run: per device slot, progress, ETA")
+    status.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
+    status.add_argument("--watch", nargs="?", const=5.0, type=float, metavar="SECONDS",
+                        help="refresh every SECONDS (default 5) until interrupted")
+    args = parser.parse_args(argv)
+    while True:
+        text = render(read_state(args.outdir))
+        if not args.watch:
+            print(text)
+            return 0
+        sys.stdout.write("\033[H\033[J" + text + "\n")
+        sys.stdout.flush()
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
