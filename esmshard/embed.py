@@ -302,6 +302,7 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
                  shard, len(rows), device, device_name, slot.index, slot.cuda_visible_devices, resolved)
         progress = Progress(progress_json, shard=shard, gpu_slot=slot.index, device=str(device),
                             device_name=sampler.name or device_name, host=socket.gethostname(),
+                            cuda_visible_devices=slot.cuda_visible_devices, gpu_bus_id=sampler.bus_id,
                             started_at=started, n_sequences=len(rows), n_residues=n_residues)
         net, alphabet = esm_model.load(spec)
         layers = absolute_layers(repr_layers, net.num_layers)

@@ -3,6 +3,10 @@
 Snakemake's `--resources gpu=N` limits how many embed jobs run at once but never says which
 device a job got, so each job takes the first free slot here. `flock` locks die with their
 process, so a killed job frees its slot without any clean-up.
+
+Inside a cluster job whose scheduler set CUDA_VISIBLE_DEVICES, the pool is what the scheduler
+gave (one GPU per job: that GPU), and its locks are the allocation's own: other allocations on
+the node may see their GPUs under the same numbers.
 """
 import fcntl
 import itertools
@@ -19,14 +23,24 @@ from .telemetry import nvml_device_count
 
 log = logging.getLogger(__name__)
 
-# Set by cluster schedulers inside a job; with CUDA_VISIBLE_DEVICES they mean "this GPU is yours".
+# Set by cluster schedulers inside a job; with CUDA_VISIBLE_DEVICES they mean "these GPUs are yours".
 SCHEDULER_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID")
 
 
 @dataclass(frozen=True)
 class Slot:
-    index: int | str  # pool slot number, or "scheduler" when the cluster chose the device
+    index: int  # pool slot number
     cuda_visible_devices: str  # what the job's CUDA_VISIBLE_DEVICES is set to ("" = CPU)
+
+
+def scheduler_allocation(env=os.environ) -> str | None:
+    """'slurm-123' inside a scheduler job that assigned the GPUs, else None."""
+    if "CUDA_VISIBLE_DEVICES" not in env:
+        return None
+    for var in SCHEDULER_JOB_VARS:
+        if var in env:
+            return f"{var.split('_')[0].lower()}-{env[var]}"
+    return None
 
 
 def visible_devices(env=os.environ) -> list[str]:
@@ -46,7 +60,7 @@ def pool_devices(gpus, env=os.environ) -> list[str]:
     (as nvidia-smi numbers them).
     """
     visible = visible_devices(env)
-    if gpus == "auto":
+    if gpus == "auto" or scheduler_allocation(env):
         return visible
     if not visible:
         # No GPU here (e.g. a CPU-only test machine): keep one slot per listed index.
@@ -57,14 +71,10 @@ def pool_devices(gpus, env=os.environ) -> list[str]:
     return [visible[i] for i in gpus]
 
 
-def default_pool_dir() -> Path:
-    """Host-wide, so that separate runs on one machine never share a GPU."""
-    base = os.environ.get("ESMSHARD_POOL_DIR") or Path(tempfile.gettempdir()) / f"esmshard-gpu-pool-{os.getuid()}"
-    return Path(base) / socket.gethostname()
-
-
-def scheduler_assigned(env=os.environ) -> bool:
-    return "CUDA_VISIBLE_DEVICES" in env and any(v in env for v in SCHEDULER_JOB_VARS)
+def default_pool_dir(env=os.environ) -> Path:
+    """Host-wide, so that separate runs on one machine never share a GPU; per allocation under a scheduler."""
+    base = env.get("ESMSHARD_POOL_DIR") or Path(tempfile.gettempdir()) / f"esmshard-gpu-pool-{os.getuid()}"
+    return Path(base) / socket.gethostname() / (scheduler_allocation(env) or "")
 
 
 @contextmanager
@@ -74,10 +84,7 @@ def acquire(devices: list[str], pool_dir: Path | None = None, poll_seconds: floa
     Without devices the slots are CPU slots, as many as jobs ask for, so overlapping jobs
     still get distinct slot numbers.
     """
-    if scheduler_assigned(env):
-        yield Slot("scheduler", env["CUDA_VISIBLE_DEVICES"])
-        return
-    pool_dir = pool_dir or default_pool_dir()
+    pool_dir = pool_dir or default_pool_dir(env)
     pool_dir.mkdir(parents=True, exist_ok=True)
     label = "gpu" if devices else "cpu"
     waited = False

@@ -59,7 +59,7 @@ def scaling(metrics: list[dict]) -> dict:
     durations = [m["seconds"] for m in metrics]
     busy = sum(durations)
     residues = sum(m["n_residues"] for m in metrics)
-    slots = sorted({str(m["gpu_slot"]) for m in metrics})
+    slots = sorted({slot_key(m) for m in metrics})
     one_device = replay(durations, 1)
     modelled = []
     for k in MODELLED_GPUS:
@@ -93,7 +93,7 @@ def scaling(metrics: list[dict]) -> dict:
             {k: m[k] for k in ("shard", "gpu_slot", "device", "started_at", "finished_at", "seconds",
                                "n_sequences", "n_residues")}
             | {"residues_per_second": m["n_residues"] / m["seconds"] if m["seconds"] > 0 else None,
-               "started_offset": m["started_at"] - start}
+               "started_offset": m["started_at"] - start, "slot": slot_key(m)}
             for m in metrics
         ],
     }
@@ -110,11 +110,11 @@ def _timeline(result) -> str:
     slots = result["slots"]
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(slots) + 1.5))
     for shard in result["shards"]:
-        y = slots.index(str(shard["gpu_slot"]))
+        y = slots.index(shard["slot"])
         ax.broken_barh([(shard["started_offset"], shard["seconds"])], (y - 0.4, 0.8), edgecolor="black")
         ax.text(shard["started_offset"] + shard["seconds"] / 2, y, shard["shard"].split("_")[-1],
                 ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(len(slots)), [f"slot {s}" for s in slots])
+    ax.set_yticks(range(len(slots)), slots)
     ax.set_xlabel("seconds since the first shard started")
     ax.set_title("Shard jobs per device slot")
     return _png(fig)
@@ -238,7 +238,7 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
                       "mean_memory_used_GiB", "peak_memory_used_GiB", "memory_total_GiB"])}
 {device_section}
 <h2>Shards</h2>
-{_table(result["shards"], ["shard", "gpu_slot", "device", "started_offset", "seconds", "n_sequences", "n_residues", "residues_per_second"])}
+{_table(result["shards"], ["shard", "slot", "device", "started_offset", "seconds", "n_sequences", "n_residues", "residues_per_second"])}
 </body></html>
 """
 

@@ -14,6 +14,25 @@ MIN_SHARDS_FOR_BALANCE = 64  # many more shards than GPUs, while shards stay abo
 RESIDUES_PER_BYTE = 0.7  # FASTA headers and newlines take ~30% of a file's bytes
 GZIP_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 
+# Cluster requests (SLURM `runtime`, minutes; `mem_mb`), from the cost model above.
+ASSUMED_FLOPS = 5e12  # sustained by fair-esm's fp32 forward on a modest datacenter GPU
+DEFAULT_ARCH = (33, 1280)  # layers, D: for checkpoints of unknown architecture, assume the 650M model
+
+
+def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt: int = 1) -> int:
+    """10 minutes for start-up and model loading plus twice the predicted compute; doubled per retry.
+
+    A cost unit is one token of a short sequence: about 24·layers·D² FLOPs.
+    """
+    seconds = 24 * layers * dim**2 * estimated_cost / ASSUMED_FLOPS
+    return math.ceil((10 + 2 * seconds / 60) * 2 ** (attempt - 1))
+
+
+def embed_mem_mb(layers: int, dim: int) -> int:
+    """4 GB plus three copies of the fp32 weights (12·layers·D² parameters) while loading."""
+    return 4096 + math.ceil(3 * 4 * 12 * layers * dim**2 / 2**20)
+
+
 RECORD_COLUMNS = ["index", "id", "shard", "length", "n_residues", "truncated", "n_replaced", "source", "header"]
 SHARD_COLUMNS = ["index", "id", "sequence"]
 PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]

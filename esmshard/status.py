@@ -43,7 +43,12 @@ def _read_json(paths) -> list[dict]:
 
 
 def slot_key(m: dict) -> str:
-    return f"{m['host']}:{m['gpu_slot']}"
+    """host:device, the device named by its PCI bus ID where NVML knew it.
+
+    Cluster jobs on one node may all see their own GPU as device 0; the bus ID tells them apart.
+    """
+    device = m.get("gpu_bus_id") or m.get("cuda_visible_devices") or f"cpu{m['gpu_slot']}"
+    return f"{m['host']}:{device}"
 
 
 def per_slot(metrics: list[dict]) -> dict[str, dict]:

@@ -67,7 +67,7 @@ class Sampler:
     def __init__(self, cuda_visible_device: str, path, interval: float = 1.0):
         self.path, self.interval = path, interval
         self.samples: list[dict] = []
-        self.name = self.memory_total = self.handle = None
+        self.name = self.memory_total = self.bus_id = self.handle = None
         self._stop = threading.Event()
         self._thread = None
         self.nvml = _nvml() if cuda_visible_device else None
@@ -75,6 +75,8 @@ class Sampler:
             self.handle = self._handle(cuda_visible_device)
         if self.handle is not None:
             self.name = _text(_query(self.nvml.nvmlDeviceGetName, self.handle))
+            pci = _query(self.nvml.nvmlDeviceGetPciInfo, self.handle)
+            self.bus_id = _text(pci.busId) if pci else None
             memory = _query(self.nvml.nvmlDeviceGetMemoryInfo, self.handle)
             self.memory_total = memory.total if memory else None
 
@@ -139,6 +141,7 @@ class Sampler:
         util, used = values("utilization_percent"), values("memory_used_bytes")
         return {
             "gpu_name": self.name,
+            "gpu_bus_id": self.bus_id,
             "memory_total_bytes": self.memory_total,
             "telemetry_samples": len(self.samples),
             "mean_utilization_percent": sum(util) / len(util) if util else None,

@@ -44,10 +44,16 @@ def test_killed_job_frees_its_slot(tmp_path):
 
 
 def test_scheduler_assigned_device_is_used_as_given(tmp_path):
-    env = {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "3"}
-    with pool.acquire(["0", "1"], tmp_path, env=env) as slot:
-        assert slot == pool.Slot("scheduler", "3")
-    assert not list(tmp_path.iterdir())
+    env = {"SLURM_JOB_ID": "42", "CUDA_VISIBLE_DEVICES": "3", "ESMSHARD_POOL_DIR": str(tmp_path)}
+    devices = pool.pool_devices([0, 1], env)  # the scheduler's choice overrides the config's
+    assert devices == ["3"]
+    with pool.acquire(devices, env=env) as slot:
+        assert slot == pool.Slot(0, "3") and env["CUDA_VISIBLE_DEVICES"] == "3"
+        # Another allocation on the node sees its own GPU as device 0 too: no contention.
+        other = {"SLURM_JOB_ID": "43", "CUDA_VISIBLE_DEVICES": "3", "ESMSHARD_POOL_DIR": str(tmp_path)}
+        with pool.acquire(["3"], env=other, poll_seconds=60) as theirs:
+            assert theirs == pool.Slot(0, "3")
+    assert pool.default_pool_dir(env).name == "slurm-42"
 
 
 def test_pool_devices_follow_cuda_visible_devices():

@@ -93,17 +93,18 @@ def test_status_of_a_run_in_progress(tmp_path):
     common = {"host": "node7", "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"}
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "shard_0000.json").write_text(json.dumps({
-        **common, "shard": "shard_0000", "gpu_slot": 0, "n_residues": 1000, "n_failed": 1, "started_at": 100.0,
+        **common, "shard": "shard_0000", "gpu_slot": 0, "cuda_visible_devices": "", "n_residues": 1000, "n_failed": 1, "started_at": 100.0,
         "finished_at": 110.0, "compute_seconds": 8.0, "peak_memory_used_bytes": 5 << 30,
         "memory_total_bytes": 80 << 30}))
     (tmp_path / "running").mkdir()
     (tmp_path / "running" / "shard_0001.json").write_text(json.dumps({
         **common, "shard": "shard_0001", "gpu_slot": 1, "started_at": 105.0, "n_residues": 3000,
-        "residues_done": 1000, "memory_used_bytes": 12 << 30, "memory_total_bytes": 80 << 30}))
+        "residues_done": 1000, "memory_used_bytes": 12 << 30, "memory_total_bytes": 80 << 30,
+        "cuda_visible_devices": "1", "gpu_bus_id": "00000000:43:00.0"}))
     state = status.read_state(tmp_path, now=120.0)
     assert state["residues_done"] == 2000 and state["residues_per_second"] == 100.0
     assert state["eta_seconds"] == 20.0
     text = status.render(state)
-    assert "node7:1" in text and "shard_0001 (33%)" in text and "12.0/80.0 GiB" in text
-    assert "node7:0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
+    assert "node7:00000000:43:00.0" in text and "shard_0001 (33%)" in text and "12.0/80.0 GiB" in text
+    assert "node7:cpu0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
     assert "shards 1/2 (50%)" in text and "ETA 0m20s" in text and "1 failed" in text

@@ -1,10 +1,21 @@
+import math
 import os
+from pathlib import Path
 
+from snakemake.common.tbdstring import TBDString
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from esmshard.model import ModelError, parse_spec
-from esmshard.shard import auto_shard_count, estimated_residues, shard_names
+from esmshard.shard import (
+    DEFAULT_ARCH,
+    auto_shard_count,
+    embed_mem_mb,
+    embed_runtime_minutes,
+    estimated_residues,
+    read_tsv,
+    shard_names,
+)
 
 validate(config, schema="../schemas/config.schema.yaml")
 
@@ -42,6 +53,23 @@ EMBEDDING_PARAMS = {
 
 wildcard_constraints:
     shard=r"shard_\d+",
+
+
+# Cluster resources (used by profiles/slurm; a profile's set-resources overrides them).
+ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
+
+
+def embed_runtime(wildcards, input, attempt):
+    plan_tsv = Path(input[0]).parent / "plan.tsv"
+    if not plan_tsv.is_file():
+        return TBDString()  # before sharding; Snakemake evaluates it again once the input exists
+    plan = {row["shard"]: row for row in read_tsv(plan_tsv)}
+    return embed_runtime_minutes(float(plan[wildcards.shard]["estimated_cost"]), *ARCH, attempt)
+
+
+def io_runtime(wildcards, input, attempt):
+    """Minutes for a step that streams its inputs once: 10 plus a minute per 200 MB."""
+    return math.ceil(10 + input.size_mb / 200) * attempt
 
 
 def report_failures():

@@ -8,6 +8,8 @@ rule embed:
         **EMBEDDING_PARAMS,
     resources:
         gpu=1,
+        runtime=embed_runtime,
+        mem_mb=embed_mem_mb(*ARCH),
     threads: 2
     log:
         f"{OUT}/logs/embed/{{shard}}.log",

@@ -5,6 +5,9 @@ rule merge:
     output:
         embeddings=EMBEDDINGS,
         failed=FAILED,
+    resources:
+        runtime=io_runtime,
+        mem_mb=4096,
     log:
         f"{OUT}/logs/merge.log",
     conda:

@@ -1,0 +1,139 @@
+"""The workflow on a real SLURM (slurmctld + slurmd + munged on this machine), through profiles/slurm."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+import slurm_cluster
+from conftest import PROTEINS, REPO, TINY_MODEL, jobs_run, snakemake
+
+CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
+
+
+def ensure_slurm_installed():
+    if slurm_cluster.available():
+        return
+    if os.geteuid() != 0 and not os.environ.get("CI"):
+        pytest.skip("needs root, or the Debian packages slurm-wlm and munge")
+    subprocess.run(["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"], check=True,
+                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    ensure_slurm_installed()
+    with slurm_cluster.cluster(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
+
+
+def filled_profile(tmp_path) -> str:
+    """profiles/slurm with its placeholders filled for the test cluster, plus quick polling."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"]["slurm_partition"] = "esmshard-test"
+    del profile["default-resources"]["slurm_account"]
+    profile.update({
+        "slurm-no-account": True,
+        "slurm-status-command": "squeue",  # no accounting daemon: sacct cannot answer
+        "slurm-init-seconds-before-status-checks": 1,
+        "seconds-between-status-checks": 1,
+    })
+    folder = tmp_path / "profile"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return str(folder)
+
+
+def slurm_command(workdir, profile, env):
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    cmd = ["snakemake", "--profile", profile, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+           "--configfile", str(workdir / "config.yaml")]
+    run_env = {**env, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}",
+               "ESMSHARD_POOL_DIR": str(workdir / "gpu-pool")}
+    return cmd, run_env
+
+
+def queue_empty(env) -> bool:
+    return not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip()
+
+
+def means(outdir):
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        return h5["ids"].asstr()[:].tolist(), h5["mean/6"][:]
+
+
+def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slurm, tmp_path):
+    profile = filled_profile(tmp_path)
+    cmd, env = slurm_command(tmp_path / "cluster", profile, slurm)
+    run = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "cluster" / "results" / "metrics"
+    deadline = time.time() + 300
+    while not list(metrics.glob("*.json")):
+        assert run.poll() is None and time.time() < deadline, "the SLURM run ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(run.pid, signal.SIGKILL)  # the Snakemake process; its SLURM jobs run on
+    run.wait()
+    deadline = time.time() + 300
+    while not queue_empty(slurm):
+        assert time.time() < deadline, "SLURM jobs did not finish"
+        time.sleep(0.5)
+    finished = sorted(p.stem for p in metrics.glob("*.json"))
+    assert len(finished) >= 1
+
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+    ran = jobs_run(again)
+    assert ran.get("embed", 0) == 3 - len(finished) and "shard" not in ran
+
+    # The scheduler's own records: every job came through sbatch; embed jobs held one GPU each.
+    records = slurm_cluster.jobs(slurm)
+    by_rule = {}
+    for job in records:
+        rule = job.get("Comment", "").split("_wildcards_")[0].removeprefix("rule_")
+        by_rule.setdefault(rule, []).append(job)
+    assert {"shard", "embed", "merge", "report"} <= set(by_rule)
+    assert all(j["JobState"] == "COMPLETED" for rule in ("shard", "embed", "merge", "report") for j in by_rule[rule])
+    assert all("gpu:1" in j.get("TresPerJob", "") for j in by_rule["embed"])
+    assert not any("gpu" in j.get("TresPerJob", "") for r in ("shard", "merge", "report") for j in by_rule[r])
+    embedded = {j["Comment"].split("_wildcards_")[1] for j in by_rule["embed"]}
+    assert embedded == {"shard_0000", "shard_0001", "shard_0002"}
+
+    # SLURM chose the GPU of every embed job (CUDA_VISIBLE_DEVICES), and the pool used it.
+    for path in sorted(metrics.glob("*.json")):
+        m = json.loads(path.read_text())
+        assert m["cuda_visible_devices"] in {"0", "1", "2", "3"}
+
+    snakemake(tmp_path / "local", CONFIG, "--resources", "gpu=1")
+    ids_cluster, cluster_means = means(tmp_path / "cluster" / "results")
+    ids_local, local_means = means(tmp_path / "local" / "results")
+    assert ids_cluster == ids_local
+    np.testing.assert_allclose(cluster_means, local_means, atol=1e-5)
+
+
+def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
+    if shutil.which("sbatch") is None:
+        ensure_slurm_installed()
+    profile = filled_profile(tmp_path)
+    cmd, env = slurm_command(tmp_path / "dry", profile, dict(os.environ))
+    result = subprocess.run([*cmd, "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = result.stdout + result.stderr
+    blocks = {}
+    for block in text.split("\n\n"):
+        lines = block.strip().splitlines()
+        rule = next((line.split()[-1].rstrip(":") for line in lines if line.startswith(("rule ", "localrule "))), None)
+        resources = next((line for line in lines if line.strip().startswith("resources:")), "")
+        if rule:
+            blocks.setdefault(rule, []).append(resources)
+    assert len(blocks["embed"]) == 3
+    assert all("gpu=1" in r and "slurm_partition=esmshard-test" in r for r in blocks["embed"])
+    assert all("gpu=" not in r for rule in ("shard", "merge", "report") for r in blocks[rule])
