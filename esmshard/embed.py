@@ -5,6 +5,7 @@ import os
 import socket
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
@@ -13,6 +14,7 @@ import torch
 
 from . import model as esm_model
 from . import pool, telemetry
+from .forward import FastESM2
 from .shard import chunk_spans, embedded_residues, read_tsv
 from .status import rate
 
@@ -92,8 +94,9 @@ def auto_token_budget(free_bytes: int, model_bytes: int, embed_dim: int, heads: 
 class Embedder:
     """fair-esm's ESM-2 forward pass with fair-esm's token layout, on one device."""
 
-    def __init__(self, model, alphabet, layers, include, device, precision):
+    def __init__(self, model, alphabet, layers, include, device, precision, fast_path=True):
         self.model = model.to(device)
+        self.net = FastESM2(self.model) if fast_path else self.model
         self.alphabet = alphabet
         self.layers = layers
         self.include = include
@@ -113,11 +116,13 @@ class Embedder:
     def forward(self, sequences: list[str]) -> list[dict]:
         """Per sequence, {layer: (per-residue array, BOS array)}, float32 on the CPU."""
         toks = self.tokens(sequences)
+        if self.device.type == "cuda":
+            toks = toks.pin_memory()  # lets the copy below overlap with queued GPU work
         if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
         dtype = AUTOCAST_DTYPES.get(self.precision)
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-            out = self.model(toks.to(self.device, non_blocking=True), repr_layers=self.layers)
+            out = self.net(toks.to(self.device, non_blocking=True), repr_layers=self.layers)
         reps = {layer: rep.float().cpu().numpy() for layer, rep in out["representations"].items()}
         return [
             {layer: (rep[row, 1:len(seq) + 1], rep[row, 0]) for layer, rep in reps.items()}
@@ -280,7 +285,8 @@ class Progress:
 
 
 def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, include, toks_per_batch,
-              truncation_seq_length, long_sequences, precision, gpus, threads, progress_json, telemetry_tsv):
+              truncation_seq_length, long_sequences, precision, fast_path, gpus, threads, progress_json,
+              telemetry_tsv):
     """Embed one shard's sequences on a pooled device and write its outputs atomically."""
     out_h5, metrics_json = Path(out_h5), Path(metrics_json)
     rows = read_tsv(shard_tsv)
@@ -307,25 +313,35 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         net, alphabet = esm_model.load(spec)
         layers = absolute_layers(repr_layers, net.num_layers)
         budget = token_budget(toks_per_batch, device, net, resolved)
-        embedder = Embedder(net, alphabet, layers, include, device, resolved)
+        embedder = Embedder(net, alphabet, layers, include, device, resolved, fast_path)
         batches = make_batches([len(sequences[k]) for k in batched], budget)
         loaded = time.time()
 
         tmp = out_h5.with_name(f".{out_h5.name}.tmp")
         try:
             progress.update(0, sampler)
-            with h5py.File(tmp, "w") as h5:
+            with h5py.File(tmp, "w") as h5, ThreadPoolExecutor(1) as background:
                 writer = ShardWriter(h5, layers, include, net.embed_dim)
+                written = []  # one batch's results are written while the next one computes
+
+                def write(done, reps):
+                    if written:
+                        written.pop().result()
+                    written.append(background.submit(writer.write, [indices[k] for k in done],
+                                                     [ids[k] for k in done], reps))
+
                 for batch in batches:
                     members = [batched[b] for b in batch]
                     for done, reps in embedder.embed(members, [sequences[k] for k in members], failed):
-                        writer.write([indices[k] for k in done], [ids[k] for k in done], reps)
+                        write(done, reps)
                     progress.update(sum(len(sequences[k]) for k in members), sampler)
                 for k in chunked:
                     rep = embedder.embed_chunked(k, sequences[k], limit, failed)
                     if rep is not None:
-                        writer.write([indices[k]], [ids[k]], [rep])
+                        write([k], [rep])
                     progress.update(len(sequences[k]), sampler)
+                if written:
+                    written.pop().result()
                 writer.write_failed([(indices[k], reason) for k, reason in failed], dict(zip(indices, ids)))
                 h5.attrs.update(
                     shard=shard, n_records=len(rows), model=model, weights=spec.weights, precision=resolved,
@@ -363,6 +379,7 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         "model": model,
         "weights": spec.weights,
         "precision": resolved,
+        "fast_path": fast_path,
         "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         **sampler.summary(),
     }

@@ -161,7 +161,8 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
         f"run_step({str(tmp_path / 'job.log')!r}, run_shard, shard_tsv={str(tmp_path / 'shards' / 'shard_0000.tsv')!r},\n"
         f"    out_h5={str(out)!r}, metrics_json={str(tmp_path / 'm.json')!r}, shard='shard_0000',\n"
         f"    model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'], toks_per_batch=1100,\n"
-        "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', gpus=[0], threads=1,\n"
+        "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', fast_path=True, gpus=[0],\n"
+        "    threads=1,\n"
         f"    progress_json={str(tmp_path / 'running.json')!r}, telemetry_tsv={str(tmp_path / 't.tsv')!r})\n"
     )
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}

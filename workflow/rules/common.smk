@@ -48,6 +48,7 @@ EMBEDDING_PARAMS = {
     "truncation_seq_length": config["truncation_seq_length"],
     "long_sequences": config["long_sequences"],
     "precision": config["precision"],
+    "fast_path": config["fast_path"],
 }
 
 

@@ -1,0 +1,74 @@
+"""A faster ESM-2 forward pass for embeddings, on fair-esm's own weights.
+
+Same arithmetic as fair-esm's `ESM2.forward` (token dropout scaling, rotary embeddings, pre-norm
+layers, the final layer norm on the last layer only) with three changes that leave the
+representations as they were: attention runs through `scaled_dot_product_attention` (fused,
+with the padded keys masked) instead of two `bmm`s and a softmax over materialised weights; the
+language-model and contact heads are skipped; layers above the highest requested one are not run.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class FastESM2(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model  # fair-esm's ESM2: its modules and weights, used as they are
+        self.num_layers = model.num_layers
+        self.embed_dim = model.embed_dim
+        self.heads = model.attention_heads
+        self.head_dim = model.embed_dim // model.attention_heads
+
+    def rotary(self, length: int, device):
+        inv_freq = self.model.layers[0].self_attn.rot_emb.inv_freq  # moves with the model
+        t = torch.arange(length, device=device).type_as(inv_freq)
+        freqs = torch.einsum("i,j->ij", t, inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos()[None, None], emb.sin()[None, None]
+
+    def attention(self, layer, x, cos, sin, mask):
+        attn = layer.self_attn
+        batch, length, _ = x.shape
+
+        def heads(t):
+            return t.view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+
+        q = heads(attn.q_proj(x)) * attn.scaling
+        k = heads(attn.k_proj(x))
+        v = heads(attn.v_proj(x))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # q is already scaled, as fair-esm scales it before the rotation.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
+        return attn.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
+
+    def forward(self, tokens, repr_layers):
+        m = self.model
+        padding = tokens.eq(m.padding_idx)
+        x = m.embed_scale * m.embed_tokens(tokens)
+        if m.token_dropout:
+            masked = tokens == m.mask_idx
+            x = x.masked_fill(masked.unsqueeze(-1), 0.0)
+            mask_ratio_train = 0.15 * 0.8
+            observed = masked.sum(-1).to(x.dtype) / (~padding).sum(-1)
+            x = x * (1 - mask_ratio_train) / (1 - observed)[:, None, None]
+        x = x * (1 - padding.unsqueeze(-1).type_as(x))
+
+        wanted = set(repr_layers)
+        representations = {0: x} if 0 in wanted else {}
+        cos, sin = self.rotary(tokens.shape[1], tokens.device)
+        # Boolean mask, True where attention is allowed: every query sees the real keys only.
+        mask = ~padding[:, None, None, :] if padding.any() else None
+        for index, layer in enumerate(m.layers[:max(wanted)]):
+            x = x + self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask)
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+            if index + 1 == self.num_layers:
+                x = m.emb_layer_norm_after(x)  # fair-esm normalises the last layer's output only
+            if index + 1 in wanted:
+                representations[index + 1] = x
+        return {"representations": representations}
