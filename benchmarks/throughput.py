@@ -1,0 +1,161 @@
+"""Forward-pass throughput: fair-esm's model with its own batching (the peer) against esmshard's
+fast path, same proteins, device, weights and threads, in one process, alternating repetitions.
+
+    python benchmarks/throughput.py --models esm2_t6_8M_UR50D esm2_t12_35M_UR50D --threads 2
+    python benchmarks/throughput.py --device cuda --precision bf16 --every 1 --toks-per-batch 65536
+
+Reports residues/s, tokens/s (real tokens, BOS/EOS included) and achieved FLOP/s against the
+measured matrix-product peak of the device in the same precision, plus the padded-token fraction
+of each shard of the whole proteome as `shards: auto` cuts it. Weights are random (`random:`),
+which does not change the arithmetic.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from esm.data import BatchConverter, FastaBatchedDataset
+
+from esmshard.fasta import read_fasta
+from esmshard.embed import AUTOCAST_DTYPES, Embedder, make_batches
+from esmshard.model import ESM2_ARCHS, random_model
+from esmshard.shard import auto_shard_count, estimated_residues, read_tsv, write_shards
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
+TRUNCATION = 1022
+
+
+def subset(fasta: Path, every: int, out: Path) -> Path:
+    """Every `every`-th record of `fasta` (all when 1), as a FASTA file."""
+    text, index = [], -1
+    for line in fasta.read_text().splitlines(keepends=True):
+        if line.startswith(">"):
+            index += 1
+        if index % every == 0:
+            text.append(line)
+    out.write_text("".join(text))
+    return out
+
+
+def flops(lengths, layers, dim) -> float:
+    """Dense layers 24·D² per token, attention scores and mixing 4·D per token pair."""
+    return sum(layers * (24 * dim**2 * n + 4 * dim * n * n) for n in lengths)
+
+
+def matmul_peak(dim, precision, device) -> float:
+    dtype = AUTOCAST_DTYPES.get(precision, torch.float32)
+    a = torch.randn(4096, dim, device=device, dtype=dtype)
+    b = torch.randn(dim, 4 * dim, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(5):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / 10)
+    return 2 * 4096 * dim * 4 * dim / best
+
+
+def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
+    """fair-esm's extract loop: its dataset, batching, converter and model, means kept."""
+    dataset = FastaBatchedDataset.from_file(str(fasta))
+    batches = dataset.get_batch_indices(toks_per_batch, extra_toks_per_seq=1)
+    loader = torch.utils.data.DataLoader(dataset, collate_fn=BatchConverter(alphabet, TRUNCATION),
+                                         batch_sampler=batches)
+    layer = net.num_layers
+    start = time.perf_counter()
+    with torch.no_grad():
+        for _, strs, toks in loader:
+            reps = net(toks.to(device, non_blocking=True), repr_layers=[layer])["representations"][layer]
+            for i, s in enumerate(strs):
+                reps[i, 1:min(TRUNCATION, len(s)) + 1].mean(0).cpu()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
+    embedder = Embedder(net, alphabet, [net.num_layers], ["mean"], device, precision, fast_path=True)
+    batches = make_batches([len(s) for s in sequences], toks_per_batch)
+    start = time.perf_counter()
+    for batch in batches:
+        for rep in embedder.forward([sequences[i] for i in batch]):
+            rep[net.num_layers][0].mean(0)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def padding(fasta: Path, toks_per_batch: int) -> list[float]:
+    """Padded fraction of each shard's batches, shards as `shards: auto` cuts the file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        n = auto_shard_count(estimated_residues([fasta]))
+        plan = write_shards([fasta], tmp, n, TRUNCATION, 1280)
+        fractions = []
+        for p in plan:
+            lengths = [min(len(r["sequence"]), TRUNCATION) for r in read_tsv(Path(tmp) / f"{p['shard']}.tsv")]
+            batches = make_batches(lengths, toks_per_batch)
+            real = sum(n + 2 for n in lengths)
+            padded = sum((max(lengths[i] for i in b) + 2) * len(b) for b in batches)
+            fractions.append(1 - real / padded)
+        return fractions
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fasta", type=Path, default=DEFAULT_FASTA)
+    parser.add_argument("--every", type=int, default=10, help="use every N-th record (1: all)")
+    parser.add_argument("--models", nargs="+", default=["esm2_t6_8M_UR50D", "esm2_t12_35M_UR50D"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="the fast path's precision; the peer runs fp32, as fair-esm does")
+    parser.add_argument("--toks-per-batch", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        fasta = subset(args.fasta, args.every, Path(tmp) / "subset.fasta")
+        sequences = [r.sequence[:TRUNCATION] for r in read_fasta(fasta)]
+        lengths = [len(s) + 2 for s in sequences]
+        for name in args.models:
+            layers, dim, _ = ESM2_ARCHS[name]
+            net = random_model(name).eval().to(device)
+            alphabet = net.alphabet
+            times = {"fair-esm": [], "esmshard": []}
+            for _ in range(args.repeats):  # alternating, so drifts hit both sides alike
+                times["fair-esm"].append(peer(net, alphabet, fasta, args.toks_per_batch, device))
+                times["esmshard"].append(fast(net, alphabet, sequences, args.toks_per_batch, device, args.precision))
+            work = flops(lengths, layers, dim)
+            for side, precision in (("fair-esm", "fp32"), ("esmshard", args.precision)):
+                seconds = statistics.median(times[side])
+                peak = matmul_peak(dim, precision, device)
+                print(json.dumps({
+                    "model": name, "side": side, "precision": precision, "device": str(device),
+                    "threads": args.threads, "sequences": len(sequences), "residues": sum(map(len, sequences)),
+                    "seconds": seconds, "runs": times[side],
+                    "residues_per_second": sum(map(len, sequences)) / seconds,
+                    "tokens_per_second": sum(lengths) / seconds,
+                    "achieved_gflops": work / seconds / 1e9, "matmul_peak_gflops": peak / 1e9,
+                    "fraction_of_peak": work / seconds / peak,
+                    "speedup_vs_fair_esm": statistics.median(times["fair-esm"]) / seconds,
+                    "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+                }), flush=True)
+    fractions = padding(args.fasta, args.toks_per_batch)
+    print(json.dumps({"padded_fraction_per_shard": fractions, "max": max(fractions),
+                      "fasta": str(args.fasta), "toks_per_batch": args.toks_per_batch}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
