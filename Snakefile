@@ -1,10 +1,13 @@
 # esmshard: FASTA -> size-balanced shards -> one GPU job per shard -> merged HDF5 -> scaling report.
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# Found beside this Snakefile also when the run's working directory is elsewhere (-d).
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 include: "workflow/rules/common.smk"

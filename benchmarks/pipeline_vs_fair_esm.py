@@ -65,6 +65,7 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--toks-per-batch", type=int, default=4096)
     args = parser.parse_args()
+    args.fasta = str(Path(args.fasta).resolve())  # the run's working directory is elsewhere
 
     loop_seconds, residues = fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch)
     with tempfile.TemporaryDirectory() as workdir:

@@ -5,7 +5,7 @@ import pytest
 
 from esmshard.fasta import normalise, read_fasta
 
-from conftest import DATA, PROTEINS, read_records
+from conftest import DATA, PROTEINS, REPO, read_records
 
 ECOLI = read_records(PROTEINS)[:5]
 
@@ -107,3 +107,12 @@ def test_ids_with_quotes_shell_metacharacters_and_slashes(tmp_path):
     names = ["it's\"q\"", "$HOME;rm", "a|b`c`", "../../etc/x"]
     records = [(f">{n} {h[1:]}", s) for n, (h, s) in zip(names, ECOLI)]
     assert [r.id for r in read_fasta(write(tmp_path / "p.fa", fasta_text(records)))] == names
+
+
+def test_record_of_tens_of_thousands_of_residues(tmp_path):
+    """No natural protein that long is in the test data: the real E. coli records joined end to end."""
+    joined = "".join(seq for _, seq in read_records(REPO / "config" / "example" / "ecoli_k12_sample.fasta"))[:35_000]
+    assert len(joined) == 35_000
+    path = write(tmp_path / "long.fa", fasta_text([(">joined_ecoli_records", joined)], width=60)
+                 + fasta_text([(">unwrapped", joined)], width=10**6))
+    assert [len(s) for s in sequences(path)] == [len(joined), len(joined)]
