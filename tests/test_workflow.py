@@ -160,3 +160,12 @@ def test_config_file_documents_every_key_with_its_default():
     for key, value in config.items():
         if key != "input":
             assert schema["properties"][key]["default"] == value, key
+
+
+def test_runs_from_another_working_directory_with_the_default_config(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--dry-run",
+         "--config", f"input={PROTEINS}", f"model=random:{TINY_MODEL}"],
+        cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "embed" in result.stdout
