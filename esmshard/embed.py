@@ -15,6 +15,7 @@ import torch
 from . import model as esm_model
 from . import pool, telemetry
 from .forward import FastESM2
+from .merge import STR_DTYPE
 from .shard import chunk_spans, embedded_residues, read_tsv
 from .status import rate
 
@@ -23,7 +24,6 @@ log = logging.getLogger(__name__)
 INCLUDE_KINDS = ("mean", "per_tok", "bos")
 # Test hook: batches of more tokens than this raise an out-of-memory error, as CUDA would.
 INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
-STR_DTYPE = h5py.string_dtype("utf-8")
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

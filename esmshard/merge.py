@@ -6,10 +6,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .embed import STR_DTYPE
 from .shard import read_tsv
 
 FAILED_COLUMNS = ["id", "source", "reason"]
+STR_DTYPE = h5py.string_dtype("utf-8")
 
 
 class MergeError(RuntimeError):
