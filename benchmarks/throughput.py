@@ -84,7 +84,7 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
 
 
 def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
-    embedder = Embedder(net, alphabet, [net.num_layers], ["mean"], device, precision, fast_path=True)
+    embedder = Embedder(net, alphabet, [net.num_layers], device, precision, fast_path=True)
     batches = make_batches([len(s) for s in sequences], toks_per_batch)
     start = time.perf_counter()
     for batch in batches:

@@ -94,12 +94,11 @@ def auto_token_budget(free_bytes: int, model_bytes: int, embed_dim: int, heads: 
 class Embedder:
     """fair-esm's ESM-2 forward pass with fair-esm's token layout, on one device."""
 
-    def __init__(self, model, alphabet, layers, include, device, precision, fast_path=True):
+    def __init__(self, model, alphabet, layers, device, precision, fast_path=True):
         self.model = model.to(device)
         self.net = FastESM2(self.model) if fast_path else self.model
         self.alphabet = alphabet
         self.layers = layers
-        self.include = include
         self.device = device
         self.precision = precision
         self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
@@ -313,7 +312,7 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         net, alphabet = esm_model.load(spec)
         layers = absolute_layers(repr_layers, net.num_layers)
         budget = token_budget(toks_per_batch, device, net, resolved)
-        embedder = Embedder(net, alphabet, layers, include, device, resolved, fast_path)
+        embedder = Embedder(net, alphabet, layers, device, resolved, fast_path)
         batches = make_batches([len(sequences[k]) for k in batched], budget)
         loaded = time.time()
 

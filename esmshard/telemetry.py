@@ -104,10 +104,6 @@ class Sampler:
             "power_w": power / 1000 if power is not None else None,
         }
 
-    def free_memory(self) -> int | None:
-        memory = _query(self.nvml.nvmlDeviceGetMemoryInfo, self.handle) if self.handle is not None else None
-        return memory.free if memory else None
-
     def _run(self):
         with open(self.path, "w", newline="") as fh:
             writer = csv.DictWriter(fh, FIELDS, delimiter="\t", lineterminator="\n")

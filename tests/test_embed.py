@@ -13,7 +13,7 @@ SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 def embedder():
     net, alphabet = model.load(model.parse_spec(f"random:{TINY_MODEL}"))
     torch.set_num_threads(2)
-    return embed.Embedder(net, alphabet, [6], ["mean", "per_tok"], torch.device("cpu"), "fp32")
+    return embed.Embedder(net, alphabet, [6], torch.device("cpu"), "fp32")
 
 
 def test_batches_respect_token_budget_and_cover_everything():

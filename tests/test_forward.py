@@ -20,7 +20,7 @@ def model():
 
 
 def embedder(model, fast, precision="fp32"):
-    return Embedder(model, model.alphabet, [0, 3, 6], ["mean"], torch.device("cpu"), precision, fast_path=fast)
+    return Embedder(model, model.alphabet, [0, 3, 6], torch.device("cpu"), precision, fast_path=fast)
 
 
 @pytest.mark.parametrize("budget", [600, 2048, 6000])
@@ -64,8 +64,8 @@ def test_bf16_on_cpu_stays_close(model):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_on_gpu_cosine_at_least_0999(model):
     device = torch.device("cuda")
-    fast = Embedder(model, model.alphabet, [6], ["mean"], device, "bf16")
-    reference = Embedder(random_model("esm2_t6_8M_UR50D").eval(), model.alphabet, [6], ["mean"], device, "fp32",
+    fast = Embedder(model, model.alphabet, [6], device, "bf16")
+    reference = Embedder(random_model("esm2_t6_8M_UR50D").eval(), model.alphabet, [6], device, "fp32",
                          fast_path=False)
     for got, want in zip(fast.forward(SEQUENCES), reference.forward(SEQUENCES)):
         a, b = got[6][0].mean(0), want[6][0].mean(0)
