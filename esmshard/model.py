@@ -98,8 +98,9 @@ def ensure_available(spec: ModelSpec) -> None:
         except Exception as err:  # any network failure means the same advice
             raise ModelError(
                 f"cannot download {spec.name} weights from {url} ({err}). Without network access, "
-                f"put {path.name} into {path.parent} (the torch hub cache; TORCH_HOME moves it), "
-                "or set `model:` to the path of a local .pt checkpoint"
+                f"put {spec.name}.pt and {spec.name}-contact-regression.pt into {path.parent} "
+                "(the torch hub cache; TORCH_HOME moves it), or set `model:` to the path of a local "
+                ".pt checkpoint"
             ) from err
 
 
