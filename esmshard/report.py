@@ -148,17 +148,16 @@ def _speedup(result) -> str:
     return _png(fig)
 
 
-def read_telemetry(metric_files) -> dict[str, list[dict]]:
-    """Telemetry samples per device slot, from `telemetry/<shard>.tsv` beside `metrics/`."""
+def read_telemetry(metrics: list[dict], telemetry_dir: Path) -> dict[str, list[dict]]:
+    """Telemetry samples per device slot, from `telemetry/<shard>.tsv`."""
     series = {}
-    for path in metric_files:
-        metrics = json.loads(Path(path).read_text())
-        tsv = Path(path).parent.parent / "telemetry" / f"{metrics['shard']}.tsv"
+    for m in metrics:
+        tsv = telemetry_dir / f"{m['shard']}.tsv"
         if not tsv.is_file():
             continue
         with open(tsv, newline="") as fh:
             rows = [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(fh, delimiter="\t")]
-        series.setdefault(slot_key(metrics), []).extend(rows)
+        series.setdefault(slot_key(m), []).extend(rows)
     return {k: sorted(v, key=lambda r: r["time"]) for k, v in series.items()}
 
 
@@ -244,7 +243,10 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 
 
 def write_report(metric_files, out_json, out_html) -> dict:
-    result = scaling(load_metrics(metric_files))
+    metrics = load_metrics(metric_files)
+    result = scaling(metrics)
     Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
-    Path(out_html).write_text(render_html(result, read_telemetry(metric_files)))
+    # telemetry/ lies beside metrics/ in the run's outdir
+    telemetry_dir = Path(metric_files[0]).parent.parent / "telemetry"
+    Path(out_html).write_text(render_html(result, read_telemetry(metrics, telemetry_dir)))
     return result
