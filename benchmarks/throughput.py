@@ -22,7 +22,7 @@ import torch
 from esm.data import BatchConverter, FastaBatchedDataset
 
 from esmshard.fasta import read_fasta
-from esmshard.embed import AUTOCAST_DTYPES, Embedder, make_batches
+from esmshard.embed import AUTOCAST_DTYPES, Embedder, make_batches, padded_fraction
 from esmshard.model import ESM2_ARCHS, random_model
 from esmshard.shard import auto_shard_count, estimated_residues, read_tsv, write_shards
 
@@ -103,10 +103,7 @@ def padding(fasta: Path, toks_per_batch: int) -> list[float]:
         fractions = []
         for p in plan:
             lengths = [min(len(r["sequence"]), TRUNCATION) for r in read_tsv(Path(tmp) / f"{p['shard']}.tsv")]
-            batches = make_batches(lengths, toks_per_batch)
-            real = sum(n + 2 for n in lengths)
-            padded = sum((max(lengths[i] for i in b) + 2) * len(b) for b in batches)
-            fractions.append(1 - real / padded)
+            fractions.append(padded_fraction(lengths, make_batches(lengths, toks_per_batch)))
         return fractions
 
 

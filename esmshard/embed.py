@@ -70,6 +70,12 @@ def make_batches(lengths, toks_per_batch) -> list[list[int]]:
     return batches
 
 
+def padded_fraction(lengths, batches) -> float:
+    """Share of the batches' tokens that are padding (BOS/EOS count as real tokens)."""
+    padded = sum((max(lengths[i] for i in batch) + 2) * len(batch) for batch in batches)
+    return 1 - sum(lengths[i] + 2 for batch in batches for i in batch) / padded if padded else 0.0
+
+
 # ESM-2 was trained on at most 1022 residues plus BOS and EOS.
 MODEL_MAX_TOKENS = 1024
 CPU_TOKENS_PER_BATCH = 4096  # on a CPU larger batches do not run faster
@@ -313,7 +319,8 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         layers = absolute_layers(repr_layers, net.num_layers)
         budget = token_budget(toks_per_batch, device, net, resolved)
         embedder = Embedder(net, alphabet, layers, device, resolved, fast_path)
-        batches = make_batches([len(sequences[k]) for k in batched], budget)
+        batch_lengths = [len(sequences[k]) for k in batched]
+        batches = make_batches(batch_lengths, budget)
         loaded = time.time()
 
         tmp = out_h5.with_name(f".{out_h5.name}.tmp")
@@ -352,7 +359,6 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
             progress.close()
         finished = time.time()
 
-    widths = [max(len(sequences[batched[b]]) for b in batch) + 2 for batch in batches]
     metrics = {
         "shard": shard,
         "n_sequences": len(rows),
@@ -360,9 +366,8 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
         "n_failed": len(failed),
         "n_batches": len(batches),
         "toks_per_batch": toks_per_batch,
-        "token_budget": budget(widths[0]) if callable(budget) and widths else budget,
-        "padded_fraction": 1 - sum(len(sequences[k]) + 2 for k in batched) / sum(
-            w * len(b) for w, b in zip(widths, batches)) if batches else 0.0,
+        "token_budget": budget(batch_lengths[batches[0][0]] + 2) if callable(budget) and batches else budget,
+        "padded_fraction": padded_fraction(batch_lengths, batches),
         "seconds": finished - started,
         "load_seconds": loaded - started,
         "compute_seconds": finished - loaded,

@@ -24,6 +24,8 @@ def test_batches_respect_token_budget_and_cover_everything():
         width = max(lengths[i] for i in batch) + 2
         assert width * len(batch) <= 4096 or len(batch) == 1
     assert embed.make_batches([5000], 1024) == [[0]]
+    # two 8- and 10-residue sequences share a 12-token width: 2 padded tokens of 34
+    assert embed.padded_fraction([10, 8, 8], [[0, 1], [2]]) == pytest.approx(2 / 34)
 
 
 def test_absolute_layers_follow_fair_esm():
