@@ -1,13 +1,38 @@
 """A faster ESM-2 forward pass for embeddings, on fair-esm's own weights.
 
 Same arithmetic as fair-esm's `ESM2.forward` (token dropout scaling, rotary embeddings, pre-norm
-layers, the final layer norm on the last layer only) with three changes that leave the
-representations as they were: attention runs through `scaled_dot_product_attention` (fused,
-with the padded keys masked) instead of two `bmm`s and a softmax over materialised weights; the
-language-model and contact heads are skipped; layers above the highest requested one are not run.
+layers, the final layer norm on the last layer only) with changes that leave the representations
+as they were: attention runs through `scaled_dot_product_attention` (fused, with the padded keys
+masked) instead of two `bmm`s and a softmax over materialised weights; the language-model and
+contact heads are skipped; layers above the highest requested one are not run; on CPUs in fp32
+the dense layers run through oneDNN (see `onednn_linear`).
 """
+import functools
+
 import torch
 import torch.nn.functional as F
+
+
+@functools.cache
+def onednn_linear():
+    """oneDNN's fused linear (+ GELU) for fp32 on CPUs, or None where this torch lacks it.
+
+    torch hands fp32 matrix products on CPUs to MKL, which takes its AVX2 path on AMD processors;
+    oneDNN, also inside torch, picks its kernel from the CPU's features and runs ESM-2's dense
+    layers about 2.5× faster there (docs/benchmarks.md), at fp32 accuracy. The op is internal to
+    torch (its compiler's CPU backend calls it), so it is checked against `F.linear` once and left
+    unused if missing or different.
+    """
+    try:
+        op = torch.ops.mkldnn._linear_pointwise
+        x, w, b = torch.randn(2, 3, 16), torch.randn(8, 16), torch.randn(8)
+        plain = F.linear(x, w, b)
+        if (torch.allclose(op(x, w, b, "none", [], ""), plain, atol=1e-5)
+                and torch.allclose(op(x, w, b, "gelu", [], "none"), F.gelu(plain), atol=1e-5)):
+            return op
+    except (AttributeError, RuntimeError):
+        pass
+    return None
 
 
 def rotate_half(x):
@@ -31,21 +56,21 @@ class FastESM2(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos()[None, None], emb.sin()[None, None]
 
-    def attention(self, layer, x, cos, sin, mask):
+    def attention(self, layer, x, cos, sin, mask, linear):
         attn = layer.self_attn
         batch, length, _ = x.shape
 
         def heads(t):
             return t.view(batch, length, self.heads, self.head_dim).transpose(1, 2)
 
-        q = heads(attn.q_proj(x)) * attn.scaling
-        k = heads(attn.k_proj(x))
-        v = heads(attn.v_proj(x))
+        q = heads(linear(x, attn.q_proj))
+        k = heads(linear(x, attn.k_proj))
+        v = heads(linear(x, attn.v_proj))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        # q is already scaled, as fair-esm scales it before the rotation.
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
-        return attn.out_proj(out.transpose(1, 2).reshape(batch, length, self.embed_dim))
+        # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+        return linear(out.transpose(1, 2).reshape(batch, length, self.embed_dim), attn.out_proj)
 
     def forward(self, tokens, repr_layers):
         m = self.model
@@ -59,14 +84,23 @@ class FastESM2(torch.nn.Module):
             x = x * (1 - mask_ratio_train) / (1 - observed)[:, None, None]
         x = x * (1 - padding.unsqueeze(-1).type_as(x))
 
+        op = onednn_linear() if x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
+        if op is not None and x.dtype == torch.float32:
+            def linear(t, module, gelu=False):
+                return op(t, module.weight, module.bias, *(("gelu", [], "none") if gelu else ("none", [], "")))
+        else:
+            def linear(t, module, gelu=False):
+                out = module(t)
+                return F.gelu(out) if gelu else out
+
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
         cos, sin = self.rotary(tokens.shape[1], tokens.device)
         # Boolean mask, True where attention is allowed: every query sees the real keys only.
         mask = ~padding[:, None, None, :] if padding.any() else None
         for index, layer in enumerate(m.layers[:max(wanted)]):
-            x = x + self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask)
-            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+            x = x + self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, linear)
+            x = x + linear(linear(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2)
             if index + 1 == self.num_layers:
                 x = m.emb_layer_norm_after(x)  # fair-esm normalises the last layer's output only
             if index + 1 in wanted:

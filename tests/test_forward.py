@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from esmshard.embed import Embedder, make_batches
+from esmshard import forward
 from esmshard.forward import FastESM2
 from esmshard.model import random_model
 
@@ -23,8 +24,11 @@ def embedder(model, fast, precision="fp32"):
     return Embedder(model, model.alphabet, [0, 3, 6], torch.device("cpu"), precision, fast_path=fast)
 
 
+@pytest.mark.parametrize("dense", ["onednn", "torch"])
 @pytest.mark.parametrize("budget", [600, 2048, 6000])
-def test_fast_path_equals_fair_esm_with_padding(model, budget):
+def test_fast_path_equals_fair_esm_with_padding(model, budget, dense, monkeypatch):
+    if dense == "torch":  # the path GPUs, autocast and torch builds without oneDNN take
+        monkeypatch.setattr(forward, "onednn_linear", lambda: None)
     fast, reference = embedder(model, True), embedder(model, False)
     lengths = [len(s) for s in SEQUENCES]
     batches = make_batches(lengths, budget)[:4] + make_batches(lengths, budget)[-2:]
@@ -37,9 +41,14 @@ def test_fast_path_equals_fair_esm_with_padding(model, budget):
                 assert np.abs(got[layer][1] - want[layer][1]).max() <= 1e-4
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_onednn_dense_layers_are_used_on_cpu():
+    assert forward.onednn_linear() is not None
+
+
 def test_layers_above_the_highest_requested_are_not_run(model):
     ran = []
-    hooks = [layer.fc1.register_forward_pre_hook(lambda *_, i=i: ran.append(i)) for i, layer in enumerate(model.layers)]
+    hooks = [layer.final_layer_norm.register_forward_pre_hook(lambda *_, i=i: ran.append(i)) for i, layer in enumerate(model.layers)]
     toks = embedder(model, True).tokens(SEQUENCES[:2])
     try:
         with torch.inference_mode():
