@@ -5,7 +5,7 @@ layers, the final layer norm on the last layer only) with changes that leave the
 as they were: attention runs through `scaled_dot_product_attention` (fused, with the padded keys
 masked) instead of two `bmm`s and a softmax over materialised weights; the language-model and
 contact heads are skipped; layers above the highest requested one are not run; on CPUs in fp32
-the dense layers run through oneDNN (see `onednn_linear`).
+the dense layers run through oneDNN (see `onednn_available`).
 """
 import functools
 
@@ -13,26 +13,41 @@ import torch
 import torch.nn.functional as F
 
 
+def torch_dense(x, linear, gelu=False, residual=None):
+    """`linear(x)`, then GELU or a residual added, as fair-esm's layers do."""
+    out = linear(x)
+    if gelu:
+        out = F.gelu(out)
+    return out if residual is None else residual + out
+
+
+def onednn_dense(x, linear, gelu=False, residual=None):
+    """`torch_dense` as one oneDNN call, the GELU or the residual addition fused into the product."""
+    op = torch.ops.mkldnn._linear_pointwise
+    if residual is not None:
+        return op.binary(x, residual, linear.weight, linear.bias, "add")
+    return op(x, linear.weight, linear.bias, *(("gelu", [], "none") if gelu else ("none", [], "")))
+
+
 @functools.cache
-def onednn_linear():
-    """oneDNN's fused linear (+ GELU) for fp32 on CPUs, or None where this torch lacks it.
+def onednn_available() -> bool:
+    """Whether `onednn_dense` works in this torch and gives `torch_dense`'s numbers.
 
     torch hands fp32 matrix products on CPUs to MKL, which takes its AVX2 path on AMD processors;
     oneDNN, also inside torch, picks its kernel from the CPU's features and runs ESM-2's dense
-    layers about 2.5× faster there (docs/benchmarks.md), at fp32 accuracy. The op is internal to
-    torch (its compiler's CPU backend calls it), so it is checked against `F.linear` once and left
-    unused if missing or different.
+    layers about 2.5× faster there (docs/benchmarks.md), at fp32 accuracy. Its op is internal to
+    torch (torch's compiler calls it for CPUs), hence this check, run once, before it is used.
     """
+    linear, x = torch.nn.Linear(16, 8), torch.randn(2, 3, 16)
+    residual = torch.randn(2, 3, 8)
     try:
-        op = torch.ops.mkldnn._linear_pointwise
-        x, w, b = torch.randn(2, 3, 16), torch.randn(8, 16), torch.randn(8)
-        plain = F.linear(x, w, b)
-        if (torch.allclose(op(x, w, b, "none", [], ""), plain, atol=1e-5)
-                and torch.allclose(op(x, w, b, "gelu", [], "none"), F.gelu(plain), atol=1e-5)):
-            return op
+        with torch.inference_mode():
+            return all(
+                torch.allclose(onednn_dense(x, linear, **kw), torch_dense(x, linear, **kw), atol=1e-5)
+                for kw in ({}, {"gelu": True}, {"residual": residual})
+            )
     except (AttributeError, RuntimeError):
-        pass
-    return None
+        return False
 
 
 def rotate_half(x):
@@ -56,21 +71,21 @@ class FastESM2(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos()[None, None], emb.sin()[None, None]
 
-    def attention(self, layer, x, cos, sin, mask, linear):
+    def attention(self, layer, x, cos, sin, mask, dense):
         attn = layer.self_attn
         batch, length, _ = x.shape
 
         def heads(t):
             return t.view(batch, length, self.heads, self.head_dim).transpose(1, 2)
 
-        q = heads(linear(x, attn.q_proj))
-        k = heads(linear(x, attn.k_proj))
-        v = heads(linear(x, attn.v_proj))
+        q = heads(dense(x, attn.q_proj))
+        k = heads(dense(x, attn.k_proj))
+        v = heads(dense(x, attn.v_proj))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
-        return linear(out.transpose(1, 2).reshape(batch, length, self.embed_dim), attn.out_proj)
+        return out.transpose(1, 2).reshape(batch, length, self.embed_dim)
 
     def forward(self, tokens, repr_layers):
         m = self.model
@@ -84,14 +99,8 @@ class FastESM2(torch.nn.Module):
             x = x * (1 - mask_ratio_train) / (1 - observed)[:, None, None]
         x = x * (1 - padding.unsqueeze(-1).type_as(x))
 
-        op = onednn_linear() if x.device.type == "cpu" and not torch.is_autocast_enabled("cpu") else None
-        if op is not None and x.dtype == torch.float32:
-            def linear(t, module, gelu=False):
-                return op(t, module.weight, module.bias, *(("gelu", [], "none") if gelu else ("none", [], "")))
-        else:
-            def linear(t, module, gelu=False):
-                out = module(t)
-                return F.gelu(out) if gelu else out
+        cpu_fp32 = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        dense = onednn_dense if cpu_fp32 and onednn_available() else torch_dense
 
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
@@ -99,8 +108,9 @@ class FastESM2(torch.nn.Module):
         # Boolean mask, True where attention is allowed: every query sees the real keys only.
         mask = ~padding[:, None, None, :] if padding.any() else None
         for index, layer in enumerate(m.layers[:max(wanted)]):
-            x = x + self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, linear)
-            x = x + linear(linear(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2)
+            attended = self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
+            x = dense(attended, layer.self_attn.out_proj, residual=x)
+            x = dense(dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x)
             if index + 1 == self.num_layers:
                 x = m.emb_layer_norm_after(x)  # fair-esm normalises the last layer's output only
             if index + 1 in wanted:
