@@ -1,11 +1,13 @@
-"""Finding and loading ESM-2 models: hub names, local fair-esm checkpoints, random weights."""
+"""Finding and loading ESM-2 models: hub names, local fair-esm checkpoints, random weights.
+
+torch and fair-esm are imported by the functions that need them, so that the Snakefile and the
+jobs that run no model (shard, merge, report) read model names without a second spent importing
+torch.
+"""
 import argparse
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from esm.pretrained import load_model_and_alphabet_core
 
 # (layers, embedding dim, attention heads) of the published ESM-2 models.
 ESM2_ARCHS = {
@@ -71,6 +73,8 @@ def parse_spec(model: str) -> ModelSpec:
 
 def hub_paths(name: str) -> tuple[Path, Path]:
     """Where torch's hub cache keeps a model and its contact-regression weights."""
+    import torch
+
     checkpoints = Path(torch.hub.get_dir()) / "checkpoints"
     return checkpoints / f"{name}.pt", checkpoints / f"{name}-contact-regression.pt"
 
@@ -88,6 +92,8 @@ def ensure_available(spec: ModelSpec) -> None:
             if not path.is_file():
                 raise ModelError(f"model checkpoint '{path}' does not exist")
         return
+    import torch
+
     targets = zip(hub_paths(spec.name), (MODEL_URL.format(spec.name), REGRESSION_URL.format(spec.name)))
     for path, url in targets:
         if path.is_file():
@@ -106,6 +112,8 @@ def ensure_available(spec: ModelSpec) -> None:
 
 def safe_load(path: Path) -> dict:
     """torch.load that unpickles tensors and fair-esm's argparse.Namespace config, nothing else."""
+    import torch
+
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(str(path), map_location="cpu", weights_only=True)
@@ -117,8 +125,9 @@ def safe_load(path: Path) -> dict:
         ) from err
 
 
-def random_model(name: str) -> torch.nn.Module:
+def random_model(name: str):
     """The ESM-2 architecture `name` with seeded random weights (tests and benchmarks only)."""
+    import torch
     from esm.model.esm2 import ESM2
 
     layers, dim, heads = ESM2_ARCHS[name]
@@ -129,6 +138,8 @@ def random_model(name: str) -> torch.nn.Module:
 
 def load(spec: ModelSpec):
     """Return (model, alphabet) in eval mode on the CPU."""
+    from esm.pretrained import load_model_and_alphabet_core
+
     if spec.kind == "random":
         model = random_model(spec.name)
         alphabet = model.alphabet
@@ -141,8 +152,10 @@ def load(spec: ModelSpec):
     return model.eval(), alphabet
 
 
-def write_checkpoint(model: torch.nn.Module, directory: Path, name: str) -> Path:
+def write_checkpoint(model, directory: Path, name: str) -> Path:
     """Save `model` in fair-esm's on-disk format: `<name>.pt` plus its contact-regression file."""
+    import torch
+
     directory.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
     regression_keys = [k for k in state if k.startswith("contact_head.regression.")]

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -61,3 +63,10 @@ def test_hub_model_found_in_cache_is_loaded_without_network(tmp_path, monkeypatc
 def test_non_esm2_models_are_rejected(name):
     with pytest.raises(model.ModelError):
         model.parse_spec(name)
+
+
+def test_jobs_that_run_no_model_do_not_import_torch():
+    # The Snakefile and the shard, merge and report steps would each spend about a second on it.
+    code = ("import sys, esmshard, esmshard.model, esmshard.shard, esmshard.merge, esmshard.report; "
+            "sys.exit('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
