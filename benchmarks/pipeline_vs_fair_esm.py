@@ -1,16 +1,18 @@
 """Residues/s of a whole esmshard run against fair-esm's own batched loop, same model and threads.
 
-    python benchmarks/pipeline_vs_fair_esm.py --model random:esm2_t6_8M_UR50D --threads 2
+    python benchmarks/pipeline_vs_fair_esm.py --model random:esm2_t6_8M_UR50D --threads 2 --repeats 3
 
 Both sides read the same FASTA, use the same weights, token budget and thread count, and keep
 the mean of the last layer. The esmshard side is the `snakemake` command line with one shard
 (model loading, sharding, merging and the report included); the fair-esm side is the loop of
-fair-esm's extract script in memory (model loading included, no file writing).
+fair-esm's extract script in memory (model loading included, no file writing). With --repeats
+the two sides alternate and their medians are compared.
 """
 import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,18 +66,23 @@ def main():
     parser.add_argument("--model", default="random:esm2_t6_8M_UR50D")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--toks-per-batch", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     args.fasta = str(Path(args.fasta).resolve())  # the run's working directory is elsewhere
 
-    loop_seconds, residues = fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch)
-    with tempfile.TemporaryDirectory() as workdir:
-        run_seconds = esmshard_run(args.fasta, args.model, args.threads, args.toks_per_batch, workdir)
+    loop_runs, run_runs = [], []
+    for _ in range(args.repeats):  # alternating, so drifts hit both sides alike
+        loop_seconds, residues = fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch)
+        loop_runs.append(loop_seconds)
+        with tempfile.TemporaryDirectory() as workdir:
+            run_runs.append(esmshard_run(args.fasta, args.model, args.threads, args.toks_per_batch, workdir))
+    loop_seconds, run_seconds = statistics.median(loop_runs), statistics.median(run_runs)
     result = {
         "fasta": args.fasta, "model": args.model, "threads": args.threads,
         "toks_per_batch": args.toks_per_batch, "residues": residues,
         "fair_esm_seconds": loop_seconds, "fair_esm_residues_per_second": residues / loop_seconds,
         "esmshard_seconds": run_seconds, "esmshard_residues_per_second": residues / run_seconds,
-        "ratio": loop_seconds / run_seconds,
+        "ratio": loop_seconds / run_seconds, "fair_esm_runs": loop_runs, "esmshard_runs": run_runs,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
     }
     json.dump(result, sys.stdout, indent=2)
