@@ -28,6 +28,17 @@ def test_batches_respect_token_budget_and_cover_everything():
     assert embed.padded_fraction([10, 8, 8], [[0, 1], [2]]) == pytest.approx(2 / 34)
 
 
+def test_tokens_are_fair_esm_batch_converter_tokens(embedder):
+    from esm.data import BatchConverter
+
+    # mixed lengths with padding, every residue letter of the alphabet, a 1-residue sequence
+    batch = SEQUENCES[:6] + ["LAGVSERTIDPKQNFYMHWCXBUZO", "M"]
+    _, _, want = BatchConverter(embedder.alphabet)([(str(i), s) for i, s in enumerate(batch)])
+    assert torch.equal(embedder.tokens(batch), want)
+    with pytest.raises(ValueError, match="not ESM-2 residue tokens"):
+        embedder.tokens(["MKJ"])
+
+
 def test_absolute_layers_follow_fair_esm():
     assert embed.absolute_layers([-1], 33) == [33]
     assert embed.absolute_layers([0, -2, 5], 6) == [0, 5]
