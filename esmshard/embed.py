@@ -131,8 +131,12 @@ class Embedder:
         toks[np.arange(len(sequences)), lengths + 1] = self.alphabet.eos_idx
         return torch.from_numpy(toks)
 
-    def forward(self, sequences: list[str]) -> list[dict]:
-        """Per sequence, {layer: (per-residue array, BOS array)}, float32 on the CPU."""
+    def launch(self, sequences: list[str]):
+        """Start the batch's forward pass; `finish` reads the results back.
+
+        On a GPU both the forward pass and the copy of its results into pinned host memory are
+        queued, so the host is free until it asks for them.
+        """
         toks = self.tokens(sequences)
         if self.device.type == "cuda":
             toks = toks.pin_memory()  # lets the copy below overlap with queued GPU work
@@ -141,38 +145,84 @@ class Embedder:
         dtype = AUTOCAST_DTYPES.get(self.precision)
         with torch.inference_mode(), torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
             out = self.net(toks.to(self.device, non_blocking=True), repr_layers=self.layers)
-        reps = {layer: rep.float().cpu().numpy() for layer, rep in out["representations"].items()}
+            reps = {layer: rep.float() for layer, rep in out["representations"].items()}
+            if self.device.type != "cuda":
+                return reps, None
+            host = {layer: torch.empty(rep.shape, dtype=torch.float32, pin_memory=True).copy_(rep, non_blocking=True)
+                    for layer, rep in reps.items()}
+            copied = torch.cuda.Event()
+            copied.record()
+            return host, copied
+
+    @staticmethod
+    def finish(launched, sequences: list[str]) -> list[dict]:
+        """Per sequence, {layer: (per-residue array, BOS array)}, float32 on the CPU."""
+        reps, copied = launched
+        if copied is not None:
+            copied.synchronize()
+        arrays = {layer: rep.numpy() for layer, rep in reps.items()}
         return [
-            {layer: (rep[row, 1:len(seq) + 1], rep[row, 0]) for layer, rep in reps.items()}
+            {layer: (rep[row, 1:len(seq) + 1], rep[row, 0]) for layer, rep in arrays.items()}
             for row, seq in enumerate(sequences)
         ]
 
-    def embed(self, indices: list[int], sequences: list[str], failed: list):
-        """Yield (indices, representations) for the batch, halving it on out-of-memory.
+    def forward(self, sequences: list[str]) -> list[dict]:
+        return self.finish(self.launch(sequences), sequences)
 
-        A sequence that fails on its own is appended to `failed` as (index, reason).
+    def launch_halving(self, indices: list[int], sequences: list[str], failed: list) -> list[tuple]:
+        """`launch` the batch, or on out-of-memory its halves, down to single sequences.
+
+        Returns (indices, sequences, launched) per part; a sequence that does not fit even alone
+        is appended to `failed` as (index, reason).
         """
         try:
-            reps = self.forward(sequences)
+            return [(indices, sequences, self.launch(sequences))]
         except torch.OutOfMemoryError as err:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if len(sequences) == 1:
                 failed.append((indices[0], f"out of memory even alone ({len(sequences[0])} residues): {err}"))
-                return
+                return []
             half = len(sequences) // 2
             log.warning("out of memory on a batch of %d sequences; retrying as two halves", len(sequences))
-            yield from self.embed(indices[:half], sequences[:half], failed)
-            yield from self.embed(indices[half:], sequences[half:], failed)
-            return
-        kept = []
-        for index, rep in zip(indices, reps):
-            if all(np.isfinite(per_tok).all() and np.isfinite(bos).all() for per_tok, bos in rep.values()):
-                kept.append((index, rep))
-            else:
-                failed.append((index, "non-finite values in the representations"))
-        if kept:
-            yield [i for i, _ in kept], [r for _, r in kept]
+            return (self.launch_halving(indices[:half], sequences[:half], failed)
+                    + self.launch_halving(indices[half:], sequences[half:], failed))
+
+    def finish_checked(self, parts: list[tuple], failed: list) -> list[tuple]:
+        """(indices, representations) per launched part, sequences with non-finite values moved to `failed`."""
+        results = []
+        for indices, sequences, launched in parts:
+            kept = []
+            for index, rep in zip(indices, self.finish(launched, sequences)):
+                if all(np.isfinite(per_tok).all() and np.isfinite(bos).all() for per_tok, bos in rep.values()):
+                    kept.append((index, rep))
+                else:
+                    failed.append((index, "non-finite values in the representations"))
+            if kept:
+                results.append(([i for i, _ in kept], [r for _, r in kept]))
+        return results
+
+    def embed(self, indices: list[int], sequences: list[str], failed: list) -> list[tuple]:
+        """(indices, representations) for the batch, halving it on out-of-memory.
+
+        A sequence that fails on its own is appended to `failed` as (index, reason).
+        """
+        return self.finish_checked(self.launch_halving(indices, sequences, failed), failed)
+
+    def embed_batches(self, batches, failed: list):
+        """Yield `embed`'s result for each (indices, sequences) of `batches`, in order.
+
+        Each batch is launched before the previous one's results are read back, so that a GPU
+        computes while the host copies, checks and writes the batch before.
+        """
+        previous = None
+        for indices, sequences in batches:
+            parts = self.launch_halving(indices, sequences, failed)
+            if previous is not None:
+                yield self.finish_checked(previous, failed)
+            previous = parts
+        if previous is not None:
+            yield self.finish_checked(previous, failed)
 
     def embed_chunked(self, index: int, sequence: str, window: int, failed: list) -> dict | None:
         """One long sequence through overlapping windows, stitched; None (and `failed` noted) if a window fails."""
@@ -349,9 +399,10 @@ def run_shard(shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, inc
                     written.append(background.submit(writer.write, [indices[k] for k in done],
                                                      [ids[k] for k in done], reps))
 
-                for batch in batches:
-                    members = [batched[b] for b in batch]
-                    for done, reps in embedder.embed(members, [sequences[k] for k in members], failed):
+                jobs = [[batched[b] for b in batch] for batch in batches]
+                results = embedder.embed_batches(((m, [sequences[k] for k in m]) for m in jobs), failed)
+                for members, parts in zip(jobs, results):
+                    for done, reps in parts:
                         write(done, reps)
                     progress.update(sum(len(sequences[k]) for k in members), sampler)
                 for k in chunked:

@@ -75,6 +75,23 @@ def test_injected_out_of_memory_halves_batches_with_identical_results(embedder, 
         assert halved[i][1].shape == (len(sequences[i]), 320)
 
 
+def test_pipelined_batches_give_what_batch_by_batch_gives(embedder, monkeypatch):
+    # Out-of-memory halving and a sequence that fails alone, in the middle of the stream.
+    lengths = [len(s) for s in SEQUENCES[:16]]
+    batches = [(b, [SEQUENCES[i] for i in b]) for b in embed.make_batches(lengths, 2048)]
+    monkeypatch.setattr(embedder, "inject_oom_tokens", max(lengths) + 1)  # the longest fail even alone
+    failed_one_by_one, failed_pipelined = [], []
+    one_by_one = [embedder.embed(indices, seqs, failed_one_by_one) for indices, seqs in batches]
+    pipelined = list(embedder.embed_batches(iter(batches), failed_pipelined))
+    assert failed_pipelined == failed_one_by_one
+    assert {i for i, _ in failed_one_by_one} == {i for i, n in enumerate(lengths) if n == max(lengths)}
+    assert [[done for done, _ in parts] for parts in pipelined] == [[done for done, _ in parts] for parts in one_by_one]
+    for parts, want_parts in zip(pipelined, one_by_one):
+        for (_, reps), (_, want) in zip(parts, want_parts):
+            for rep, rep_want in zip(reps, want):
+                np.testing.assert_array_equal(rep[6][0], rep_want[6][0])
+
+
 def test_sequence_that_cannot_fit_alone_is_listed_as_failed(embedder, monkeypatch):
     batch = [i for i, s in enumerate(SEQUENCES) if len(s) < 1000][:3]
     sequences = [SEQUENCES[i] for i in batch]
