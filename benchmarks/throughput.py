@@ -98,9 +98,10 @@ def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
     embedder = Embedder(net, alphabet, [net.num_layers], device, precision, fast_path=True)
     batches = make_batches([len(s) for s in sequences], toks_per_batch)
     start = time.perf_counter()
-    for batch in batches:
-        for rep in embedder.forward([sequences[i] for i in batch]):
-            rep[net.num_layers][0].mean(0)
+    for parts in embedder.embed_batches(((b, [sequences[i] for i in b]) for b in batches), failed=[]):
+        for _, reps in parts:
+            for rep in reps:
+                rep[net.num_layers][0].mean(0)
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
