@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import torch
-from esm.data import BatchConverter, FastaBatchedDataset
+from esm.data import FastaBatchedDataset
+from throughput import TRUNCATION, peer  # benchmarks/throughput.py: fair-esm's loop, one copy
 
 from esmshard.model import load, parse_spec
 
@@ -28,25 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
 
 
-def fair_esm_loop(fasta, model, threads, toks_per_batch, truncation=1022) -> tuple[float, int]:
+def fair_esm_loop(fasta, model, threads, toks_per_batch) -> float:
+    """Seconds of fair-esm's extract loop in memory, model loading and FASTA reading included."""
     torch.set_num_threads(threads)
     started = time.perf_counter()
     net, alphabet = load(parse_spec(model))
-    dataset = FastaBatchedDataset.from_file(fasta)
-    batches = dataset.get_batch_indices(toks_per_batch, extra_toks_per_seq=1)
-    loader = torch.utils.data.DataLoader(
-        dataset, collate_fn=BatchConverter(alphabet, truncation), batch_sampler=batches
-    )
-    layer = net.num_layers
-    residues = 0
-    with torch.no_grad():
-        for _, strs, toks in loader:
-            reps = net(toks, repr_layers=[layer])["representations"][layer]
-            for i, s in enumerate(strs):
-                n = min(truncation, len(s))
-                reps[i, 1:n + 1].mean(0).clone()
-                residues += n
-    return time.perf_counter() - started, residues
+    peer(net, alphabet, fasta, toks_per_batch, torch.device("cpu"))
+    return time.perf_counter() - started
 
 
 def esmshard_run(fasta, model, threads, toks_per_batch, workdir) -> float:
@@ -72,11 +61,11 @@ def main():
 
     loop_runs, run_runs = [], []
     for _ in range(args.repeats):  # alternating, so drifts hit both sides alike
-        loop_seconds, residues = fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch)
-        loop_runs.append(loop_seconds)
+        loop_runs.append(fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch))
         with tempfile.TemporaryDirectory() as workdir:
             run_runs.append(esmshard_run(args.fasta, args.model, args.threads, args.toks_per_batch, workdir))
     loop_seconds, run_seconds = statistics.median(loop_runs), statistics.median(run_runs)
+    residues = sum(min(TRUNCATION, len(s)) for s in FastaBatchedDataset.from_file(args.fasta).sequence_strs)
     result = {
         "fasta": args.fasta, "model": args.model, "threads": args.threads,
         "toks_per_batch": args.toks_per_batch, "residues": residues,

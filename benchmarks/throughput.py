@@ -6,8 +6,8 @@ fast path, same proteins, device, weights and threads, in one process, alternati
 
 Reports residues/s, tokens/s (real tokens, BOS/EOS included) and achieved FLOP/s against the
 measured matrix-product peak of the device in the same precision (the faster of torch's matmul
-and, for fp32 on CPUs, oneDNN), plus the padded-token fraction
-of each shard of the whole proteome as `shards: auto` cuts it. Weights are random (`random:`),
+and, for fp32 on CPUs, oneDNN), plus the padded-token fraction of each shard of the whole
+proteome as `shards: auto` cuts it. Weights are random (`random:`),
 which does not change the arithmetic.
 """
 import argparse
@@ -26,7 +26,7 @@ from esmshard.fasta import read_fasta
 from esmshard.embed import AUTOCAST_DTYPES, Embedder, make_batches, padded_fraction
 from esmshard.forward import onednn_available, onednn_dense
 from esmshard.model import ESM2_ARCHS, random_model
-from esmshard.shard import auto_shard_count, estimated_residues, read_tsv, write_shards
+from esmshard.shard import DEFAULT_ARCH, auto_shard_count, estimated_residues, read_tsv, write_shards
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
@@ -43,6 +43,12 @@ def subset(fasta: Path, every: int, out: Path) -> Path:
             text.append(line)
     out.write_text("".join(text))
     return out
+
+
+def synchronize(device) -> None:
+    """Wait for queued GPU work, so that timings cover it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def flops(lengths, layers, dim) -> float:
@@ -64,13 +70,11 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
         for name, product in products.items():
             best = float("inf")
             for _ in range(5):
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                synchronize(device)
                 start = time.perf_counter()
                 for _ in range(10):
                     product()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
+                synchronize(device)
                 best = min(best, (time.perf_counter() - start) / 10)
             peaks[name] = 2 * 4096 * dim * 4 * dim / best
     return peaks
@@ -89,8 +93,7 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
             reps = net(toks.to(device, non_blocking=True), repr_layers=[layer])["representations"][layer]
             for i, s in enumerate(strs):
                 reps[i, 1:min(TRUNCATION, len(s)) + 1].mean(0).cpu()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -102,8 +105,7 @@ def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
         for _, reps in parts:
             for rep in reps:
                 rep[net.num_layers][0].mean(0)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    synchronize(device)
     return time.perf_counter() - start
 
 
@@ -111,7 +113,7 @@ def padding(fasta: Path, toks_per_batch: int) -> list[float]:
     """Padded fraction of each shard's batches, shards as `shards: auto` cuts the file."""
     with tempfile.TemporaryDirectory() as tmp:
         n = auto_shard_count(estimated_residues([fasta]))
-        plan = write_shards([fasta], tmp, n, TRUNCATION, 1280)
+        plan = write_shards([fasta], tmp, n, TRUNCATION, DEFAULT_ARCH[1])
         fractions = []
         for p in plan:
             lengths = [min(len(r["sequence"]), TRUNCATION) for r in read_tsv(Path(tmp) / f"{p['shard']}.tsv")]
@@ -147,9 +149,10 @@ def main():
                 times["fair-esm"].append(peer(net, alphabet, fasta, args.toks_per_batch, device))
                 times["esmshard"].append(fast(net, alphabet, sequences, args.toks_per_batch, device, args.precision))
             work = flops(lengths, layers, dim)
+            peaks_of = {precision: matmul_peaks(dim, precision, device) for precision in {"fp32", args.precision}}
             for side, precision in (("fair-esm", "fp32"), ("esmshard", args.precision)):
                 seconds = statistics.median(times[side])
-                peaks = matmul_peaks(dim, precision, device)
+                peaks = peaks_of[precision]
                 peak = max(peaks.values())
                 print(json.dumps({
                     "model": name, "side": side, "precision": precision, "device": str(device),

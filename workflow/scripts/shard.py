@@ -1,13 +1,13 @@
 from esmshard import run_step
 from esmshard.model import ensure_available, parse_spec
-from esmshard.shard import write_shards
+from esmshard.shard import DEFAULT_ARCH, write_shards
 
 
 def shard(inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences):
     spec = parse_spec(model)
     # Weights first: a model that cannot be had stops the run before any shard work.
     ensure_available(spec)
-    write_shards(inputs, shard_dir, n_shards, truncation_seq_length, spec.embed_dim or 1280, long_sequences)
+    write_shards(inputs, shard_dir, n_shards, truncation_seq_length, spec.embed_dim or DEFAULT_ARCH[1], long_sequences)
 
 
 run_step(
