@@ -4,7 +4,7 @@ import torch
 
 from esmshard import embed, model
 
-from conftest import PROTEINS, TINY_MODEL, read_records
+from conftest import PROTEINS, REPO, TINY_MODEL, read_records
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 
@@ -37,6 +37,16 @@ def test_tokens_are_fair_esm_batch_converter_tokens(embedder):
     assert torch.equal(embedder.tokens(batch), want)
     with pytest.raises(ValueError, match="not ESM-2 residue tokens"):
         embedder.tokens(["MKJ"])
+
+
+def test_padding_per_shard_of_the_real_proteome_stays_below_five_percent(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import throughput  # the figure in docs/benchmarks.md comes from this function
+
+    if not throughput.DEFAULT_FASTA.is_file():
+        pytest.skip(f"needs {throughput.DEFAULT_FASTA}")
+    fractions = throughput.padding(throughput.DEFAULT_FASTA, embed.CPU_TOKENS_PER_BATCH)
+    assert len(fractions) > 1 and max(fractions) < 0.05
 
 
 def test_absolute_layers_follow_fair_esm():

@@ -11,6 +11,9 @@ import torch
 import yaml
 from esm.pretrained import load_model_and_alphabet_core
 
+from esmshard.embed import make_batches, padded_fraction
+from esmshard.shard import read_tsv
+
 from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake
 
 RECORDS = read_records(PROTEINS)
@@ -62,6 +65,9 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
         for key in ("shard", "n_sequences", "n_residues", "seconds", "started_at", "finished_at", "device", "gpu_slot"):
             assert key in metrics
         assert metrics["device"] == "cpu" and metrics["gpu_slot"] in range(4)
+        # default truncate policy: batched residues are the first 1022 of each record
+        lengths = [min(len(r["sequence"]), 1022) for r in read_tsv(outdir / "shards" / f"{metrics['shard']}.tsv")]
+        assert metrics["padded_fraction"] == padded_fraction(lengths, make_batches(lengths, metrics["token_budget"]))
     log = (outdir / "logs" / "embed" / "shard_0000.log").read_text()
     assert "computing on the CPU" in log
     assert log.count("NVML is not available") == 1
