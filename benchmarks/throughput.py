@@ -23,10 +23,14 @@ import torch
 from esm.data import BatchConverter, FastaBatchedDataset
 
 from esmshard.fasta import read_fasta
-from esmshard.embed import AUTOCAST_DTYPES, Embedder, make_batches, padded_fraction
+from esmshard.batching import make_batches, padded_fraction
+from esmshard.embedder import Embedder
 from esmshard.forward import onednn_available, onednn_dense
 from esmshard.model import ESM2_ARCHS, random_model
-from esmshard.shard import DEFAULT_ARCH, auto_shard_count, estimated_residues, read_tsv, write_shards
+from esmshard.files import read_tsv
+from esmshard.precision import PRECISIONS
+from esmshard.shard import write_shards
+from esmshard.sizing import DEFAULT_ARCH, auto_shard_count, estimated_residues
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
@@ -59,7 +63,7 @@ def flops(lengths, layers, dim) -> float:
 def matmul_peaks(dim, precision, device) -> dict[str, float]:
     """FLOP/s of a 4096 × D by D × 4D product through torch's matmul and, for fp32 on CPUs, through
     oneDNN (the library the fast path uses there): the device's peak is the better of the two."""
-    dtype = AUTOCAST_DTYPES.get(precision, torch.float32)
+    dtype = getattr(torch, PRECISIONS[precision].autocast_dtype or "float32")
     a = torch.randn(4096, dim, device=device, dtype=dtype)
     linear = torch.nn.Linear(dim, 4 * dim, bias=False).to(device, dtype)
     products = {"torch matmul": lambda: a @ linear.weight.T}
@@ -98,13 +102,13 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
 
 
 def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
-    embedder = Embedder(net, alphabet, [net.num_layers], device, precision, fast_path=True)
+    embedder = Embedder(net, alphabet, [net.num_layers], device, PRECISIONS[precision], fast_path=True)
     batches = make_batches([len(s) for s in sequences], toks_per_batch)
     start = time.perf_counter()
     for parts in embedder.embed_batches(((b, [sequences[i] for i in b]) for b in batches), failed=[]):
         for _, reps in parts:
             for rep in reps:
-                rep[net.num_layers][0].mean(0)
+                rep[net.num_layers].per_tok.mean(0)
     synchronize(device)
     return time.perf_counter() - start
 

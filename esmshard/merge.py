@@ -1,28 +1,20 @@
 """Merging shard files into one HDF5 file in input order, with the list of failed records."""
-import csv
-import os
-from pathlib import Path
-
 import h5py
 import numpy as np
 
-from .shard import read_tsv
+from .files import atomic_path, read_tsv, write_tsv
+from .representations import KINDS
+from .shardfile import STR_DTYPE, dataset, read_index
 
 FAILED_COLUMNS = ["id", "source", "reason"]
-STR_DTYPE = h5py.string_dtype("utf-8")
 
 
 class MergeError(RuntimeError):
     """A shard file that does not match its shard, or records unaccounted for."""
 
 
-def _shard_failures(h5) -> list[tuple[int, str]]:
-    return list(zip(h5["failed/index"][:].tolist(), h5["failed/reason"].asstr()[:].tolist()))
-
-
 def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
     """Stream shard files into `out_h5`; every input record lands there or in `failed_tsv`."""
-    out_h5, failed_tsv = Path(out_h5), Path(failed_tsv)
     records = read_tsv(records_tsv)
     ids = [r["id"] for r in records]
     n = len(records)
@@ -33,24 +25,21 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
 
     # First pass over the shards' small datasets: which records succeeded, where each row goes.
     status = np.zeros(n, dtype=np.int8)  # 0 missing, 1 embedded, 2 failed
-    failures, lengths, precisions, attrs, kinds = {}, np.zeros(n, dtype=np.int64), set(), None, {}
+    failures, lengths, precisions, attrs, layers = {}, np.zeros(n, dtype=np.int64), set(), None, {}
     for path in shard_files:
         try:
             with h5py.File(path, "r") as h5:
-                attrs = dict(h5.attrs)
-                index = h5["index"][:]
-                shard_failures = _shard_failures(h5)
-                shard_ids = h5["ids"].asstr()[:].tolist()
-                lengths[index] = h5["length"][:]
-                kinds = {kind: sorted(int(l) for l in h5[kind]) for kind in ("mean", "per_tok", "bos") if kind in h5}
+                shard = read_index(h5)
         except (OSError, KeyError) as err:
             raise MergeError(f"shard file {path} is unreadable or incomplete ({err}); delete it and run again") from err
-        _check_shard(path, attrs["shard"], expected, index, shard_ids, [i for i, _ in shard_failures], ids)
-        status[index] = 1
+        attrs, layers = shard.attrs, shard.layers
+        lengths[shard.index] = shard.lengths
+        _check_shard(path, expected, shard, ids)
+        status[shard.index] = 1
         precisions.add(str(attrs["precision"]))
-        for i, reason in shard_failures:
-            status[i] = 2
-            failures[i] = reason
+        for failure in shard.failures:
+            status[failure.index] = 2
+            failures[failure.index] = failure.reason
     missing = np.flatnonzero(status == 0)
     if missing.size:
         raise MergeError(
@@ -63,55 +52,55 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
     row_of[embedded] = np.arange(embedded.size)
     offsets = np.concatenate([[0], np.cumsum(lengths[embedded])])
 
-    tmp = out_h5.with_name(f".{out_h5.name}.tmp")
-    with h5py.File(tmp, "w") as out:
-        out.create_dataset("ids", data=np.array([ids[i] for i in embedded], dtype=object), dtype=STR_DTYPE)
-        out.create_dataset("headers", data=np.array([records[i]["header"] for i in embedded], dtype=object), dtype=STR_DTYPE)
+    with atomic_path(out_h5) as tmp, h5py.File(tmp, "w") as out:
+        _strings(out, "ids", [ids[i] for i in embedded])
+        _strings(out, "headers", [records[i]["header"] for i in embedded])
         out.create_dataset("lengths", data=lengths[embedded])
         out.create_dataset("truncated", data=np.array([records[i]["truncated"] == "1" for i in embedded]))
-        if "per_tok" in kinds:
+        if any(KINDS[kind].per_residue for kind in layers):
             out.create_dataset("per_tok/offsets", data=offsets)
         for path in shard_files:
             with h5py.File(path, "r") as h5:
                 rows = row_of[h5["index"][:]]
                 order = np.argsort(rows)
-                for kind, layers in kinds.items():
-                    for layer in layers:
-                        data = h5[f"{kind}/{layer}"]
-                        if f"{kind}/{layer}" not in out:
-                            total = offsets[-1] if kind == "per_tok" else embedded.size
-                            out.create_dataset(f"{kind}/{layer}", (total, data.shape[1]), dtype=np.float32, chunks=True)
-                        if kind == "per_tok":
-                            _copy_tokens(h5, data, out[f"{kind}/{layer}"], offsets, rows)
+                for kind, kind_layers in layers.items():
+                    for layer in kind_layers:
+                        name = dataset(kind, layer)
+                        data = h5[name]
+                        if name not in out:
+                            total = offsets[-1] if KINDS[kind].per_residue else embedded.size
+                            out.create_dataset(name, (total, data.shape[1]), dtype=np.float32, chunks=True)
+                        if KINDS[kind].per_residue:
+                            _copy_residues(h5, data, out[name], offsets, rows)
                         elif rows.size:
-                            out[f"{kind}/{layer}"][rows[order]] = data[:][order]
+                            out[name][rows[order]] = data[:][order]
         out.attrs.update(
-            model=attrs["model"], weights=attrs["weights"],
+            model=attrs["model"],
+            weights=attrs["weights"],
             precision=",".join(sorted(precisions)),
             truncation_seq_length=attrs["truncation_seq_length"],
-            n_embedded=embedded.size, n_failed=len(failures),
+            n_embedded=embedded.size,
+            n_failed=len(failures),
         )
-    os.replace(tmp, out_h5)
 
-    tmp = failed_tsv.with_name(f".{failed_tsv.name}.tmp")
-    with open(tmp, "w", newline="") as fh:
-        writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
-        writer.writerow(FAILED_COLUMNS)
-        for i in sorted(failures):
-            writer.writerow([ids[i], records[i]["source"], failures[i]])
-    os.replace(tmp, failed_tsv)
+    write_tsv(failed_tsv, FAILED_COLUMNS, [[ids[i], records[i]["source"], failures[i]] for i in sorted(failures)])
     return {"n_records": n, "n_embedded": int(embedded.size), "n_failed": len(failures)}
 
 
-def _check_shard(path, shard, expected, index, shard_ids, failed_index, ids) -> None:
+def _strings(h5, name, values):
+    h5.create_dataset(name, data=np.array(values, dtype=object), dtype=STR_DTYPE)
+
+
+def _check_shard(path, expected, shard, ids) -> None:
     """The shard file must hold exactly its shard's records, each once, under the right IDs."""
-    got = sorted(index.tolist() + failed_index)
-    if got != expected.get(shard, []):
+    name = shard.attrs["shard"]
+    got = sorted(shard.index.tolist() + [f.index for f in shard.failures])
+    if got != expected.get(name, []):
         raise MergeError(
-            f"shard file {path} holds {len(got)} records where shard {shard} has "
-            f"{len(expected.get(shard, []))}; delete it and run again to rebuild it"
+            f"shard file {path} holds {len(got)} records where shard {name} has "
+            f"{len(expected.get(name, []))}; delete it and run again to rebuild it"
         )
-    wrong = [(i, found) for i, found in zip(index.tolist(), shard_ids) if ids[i] != found]
+    wrong = [(i, found) for i, found in zip(shard.index.tolist(), shard.ids) if ids[i] != found]
     if wrong:
         raise MergeError(
             f"shard file {path}: record {wrong[0][0]} is '{wrong[0][1]}' where the input has "
@@ -119,8 +108,8 @@ def _check_shard(path, shard, expected, index, shard_ids, failed_index, ids) -> 
         )
 
 
-def _copy_tokens(h5, data, target, offsets, rows):
+def _copy_residues(h5, data, target, offsets, rows):
     """Per-residue rows of each record, from the shard's processing order to input order."""
     starts = np.concatenate([[0], np.cumsum(h5["length"][:])])
     for k, row in enumerate(rows):
-        target[offsets[row]:offsets[row + 1]] = data[starts[k]:starts[k + 1]]
+        target[offsets[row] : offsets[row + 1]] = data[starts[k] : starts[k + 1]]

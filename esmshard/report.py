@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .files import write_json, write_text  # noqa: E402
 from .status import per_slot, slot_key  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
@@ -148,16 +149,15 @@ def _speedup(result) -> str:
     return _png(fig)
 
 
-def read_telemetry(metrics: list[dict], telemetry_dir: Path) -> dict[str, list[dict]]:
-    """Telemetry samples per device slot, from `telemetry/<shard>.tsv`."""
+def read_telemetry(metrics: list[dict], telemetry_files) -> dict[str, list[dict]]:
+    """Telemetry samples per device slot, from each shard's `telemetry/<shard>.tsv`."""
     series = {}
+    file_of = {Path(path).stem: path for path in telemetry_files}
     for m in metrics:
-        tsv = telemetry_dir / f"{m['shard']}.tsv"
-        if not tsv.is_file():
-            continue
-        with open(tsv, newline="") as fh:
+        with open(file_of[m["shard"]], newline="") as fh:
             rows = [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(fh, delimiter="\t")]
-        series.setdefault(slot_key(m), []).extend(rows)
+        if rows:  # header only: NVML was not available to that job
+            series.setdefault(slot_key(m), []).extend(rows)
     return {k: sorted(v, key=lambda r: r["time"]) for k, v in series.items()}
 
 
@@ -242,11 +242,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 """
 
 
-def write_report(metric_files, out_json, out_html) -> dict:
+def write_report(metric_files, telemetry_files, out_json, out_html) -> dict:
     metrics = load_metrics(metric_files)
     result = scaling(metrics)
-    Path(out_json).write_text(json.dumps(result, indent=2) + "\n")
-    # telemetry/ lies beside metrics/ in the run's outdir
-    telemetry_dir = Path(metric_files[0]).parent.parent / "telemetry"
-    Path(out_html).write_text(render_html(result, read_telemetry(metrics, telemetry_dir)))
+    write_json(out_json, result)
+    write_text(out_html, render_html(result, read_telemetry(metrics, telemetry_files)))
     return result

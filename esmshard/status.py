@@ -1,14 +1,14 @@
-"""`esmshard status OUTDIR`: a dashboard of a run, read from its files alone.
+"""A run's progress: each embed job's progress file, and `esmshard status`, which reads it.
 
-It needs no access to the jobs themselves, so it works during and after a run, and on a
-cluster where the jobs ran on other nodes of a shared filesystem.
+Status needs no access to the jobs themselves, only the run's files, so it works during and
+after a run, and on a cluster where the jobs ran on other nodes of a shared filesystem.
 """
-import argparse
-import csv
 import json
-import sys
 import time
 from pathlib import Path
+
+from .files import read_tsv, write_json
+from .layout import Layout
 
 GIB = 1 << 30
 
@@ -70,16 +70,39 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
     return slots
 
 
+class Progress:
+    """The embed job's `progress/<shard>.json`, rewritten after each batch for `esmshard status`."""
+
+    def __init__(self, path, **fields):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fields = {**fields, "residues_done": 0}
+
+    def update(self, residues: int, sampler=None):
+        self.fields["residues_done"] += residues
+        self.fields["updated_at"] = time.time()
+        if sampler is not None and sampler.samples:
+            self.fields["memory_used_bytes"] = sampler.samples[-1]["memory_used_bytes"]
+            self.fields["memory_total_bytes"] = sampler.samples[-1]["memory_total_bytes"]
+        write_json(self.path, self.fields)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None:  # the job failed: its progress is no output of it
+            self.path.unlink(missing_ok=True)
+
+
 def read_state(outdir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
-    plan_path = outdir / "shards" / "plan.tsv"
-    if not plan_path.is_file():
+    layout = Layout(str(outdir))
+    if not Path(layout.plan).is_file():
         return {"outdir": str(outdir), "planned": False}
-    with open(plan_path, newline="") as fh:
-        plan = list(csv.DictReader(fh, delimiter="\t"))
-    done = _read_json((outdir / "metrics").glob("*.json"))
+    plan = read_tsv(layout.plan)
+    done = _read_json(layout.existing(layout.metrics))
     finished = {m["shard"] for m in done}
-    running = [r for r in _read_json((outdir / "running").glob("*.json")) if r["shard"] not in finished]
+    running = [r for r in _read_json(layout.existing(layout.progress)) if r["shard"] not in finished]
     total_residues = sum(int(p["n_residues"]) for p in plan)
     done_residues = sum(m["n_residues"] for m in done) + sum(r["residues_done"] for r in running)
     starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
@@ -132,24 +155,3 @@ def render(state: dict) -> str:
         + (f"  {state['failed']} failed" if state["failed"] else "")
     )
     return "\n".join(lines)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="esmshard", description="esmshard run tools")
-    commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="dashboard of a run: per device slot, progress, ETA")
-    status.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
-    status.add_argument("--watch", nargs="?", const=5.0, type=float, metavar="SECONDS",
-                        help="refresh every SECONDS (default 5) until interrupted")
-    args = parser.parse_args(argv)
-    while True:
-        text = render(read_state(args.outdir))
-        if not args.watch:
-            print(text)
-            return 0
-        sys.stdout.write("\033[H\033[J" + text + "\n")
-        sys.stdout.flush()
-        try:
-            time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0

@@ -8,6 +8,9 @@ import csv
 import logging
 import threading
 import time
+from contextlib import ExitStack
+
+from .files import atomic_path
 
 log = logging.getLogger(__name__)
 _unavailable_noted = False
@@ -104,21 +107,24 @@ class Sampler:
             "power_w": power / 1000 if power is not None else None,
         }
 
-    def _run(self):
-        with open(self.path, "w", newline="") as fh:
-            writer = csv.DictWriter(fh, FIELDS, delimiter="\t", lineterminator="\n")
-            writer.writeheader()
-            while True:
-                row = self.sample()
-                self.samples.append(row)
-                writer.writerow(row)
-                fh.flush()
-                if self._stop.wait(self.interval):
-                    break
+    def _run(self, writer, fh):
+        while True:
+            row = self.sample()
+            self.samples.append(row)
+            writer.writerow(row)
+            fh.flush()
+            if self._stop.wait(self.interval):
+                break
 
     def __enter__(self):
+        """Start sampling into the TSV, which is written (header only without NVML) when the block ends."""
+        self._files = ExitStack()
+        tmp = self._files.enter_context(atomic_path(self.path))
+        fh = self._files.enter_context(open(tmp, "w", newline=""))
+        writer = csv.DictWriter(fh, FIELDS, delimiter="\t", lineterminator="\n")
+        writer.writeheader()
         if self.handle is not None:
-            self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(writer, fh), name="nvml-sampler", daemon=True)
             self._thread.start()
         return self
 
@@ -128,6 +134,7 @@ class Sampler:
             self._thread.join()
         if self.nvml is not None:
             self.nvml.nvmlShutdown()
+        return self._files.__exit__(*exc)
 
     def summary(self) -> dict:
         """Figures for the shard's metrics; None where NVML gave nothing."""

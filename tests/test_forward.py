@@ -3,7 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from esmshard.embed import Embedder, make_batches
+from esmshard.batching import make_batches
+from esmshard.embedder import Embedder
+from esmshard.precision import PRECISIONS
 from esmshard import forward
 from esmshard.forward import FastESM2
 from esmshard.model import random_model
@@ -21,7 +23,7 @@ def model():
 
 
 def embedder(model, fast, precision="fp32"):
-    return Embedder(model, model.alphabet, [0, 3, 6], torch.device("cpu"), precision, fast_path=fast)
+    return Embedder(model, model.alphabet, [0, 3, 6], torch.device("cpu"), PRECISIONS[precision], fast_path=fast)
 
 
 @pytest.mark.parametrize("dense", ["onednn", "torch"])
@@ -37,8 +39,8 @@ def test_fast_path_equals_fair_esm_with_padding(model, budget, dense, monkeypatc
         seqs = [SEQUENCES[i] for i in batch]
         for got, want in zip(fast.forward(seqs), reference.forward(seqs)):
             for layer in (0, 3, 6):
-                assert np.abs(got[layer][0] - want[layer][0]).max() <= 1e-4
-                assert np.abs(got[layer][1] - want[layer][1]).max() <= 1e-4
+                assert np.abs(got[layer].per_tok - want[layer].per_tok).max() <= 1e-4
+                assert np.abs(got[layer].bos - want[layer].bos).max() <= 1e-4
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
@@ -66,16 +68,16 @@ def test_bf16_on_cpu_stays_close(model):
     fast, reference = embedder(model, True, "bf16"), embedder(model, False)
     seqs = SEQUENCES[:8]
     for got, want in zip(fast.forward(seqs), reference.forward(seqs)):
-        a, b = got[6][0].mean(0), want[6][0].mean(0)
+        a, b = got[6].per_tok.mean(0), want[6].per_tok.mean(0)
         assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= BF16_MIN_COSINE
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_on_gpu_cosine_at_least_0999(model):
     device = torch.device("cuda")
-    fast = Embedder(model, model.alphabet, [6], device, "bf16")
-    reference = Embedder(random_model("esm2_t6_8M_UR50D").eval(), model.alphabet, [6], device, "fp32",
+    fast = Embedder(model, model.alphabet, [6], device, PRECISIONS["bf16"])
+    reference = Embedder(random_model("esm2_t6_8M_UR50D").eval(), model.alphabet, [6], device, PRECISIONS["fp32"],
                          fast_path=False)
     for got, want in zip(fast.forward(SEQUENCES), reference.forward(SEQUENCES)):
-        a, b = got[6][0].mean(0), want[6][0].mean(0)
+        a, b = got[6].per_tok.mean(0), want[6].per_tok.mean(0)
         assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.999

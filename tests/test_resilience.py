@@ -13,7 +13,19 @@ import pytest
 
 from esmshard import status
 
-from conftest import DATA, PROTEINS, REPO, TINY_MODEL, jobs_run, read_records, snakemake, snakemake_command
+from conftest import (
+    ALIGNED,
+    GENE_CALLER,
+    LONG_PROTEIN,
+    NONSTANDARD,
+    PROTEINS,
+    REPO,
+    TINY_MODEL,
+    jobs_run,
+    read_records,
+    snakemake,
+    snakemake_command,
+)
 
 CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 6}
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
@@ -116,8 +128,7 @@ def test_awkward_real_input_every_record_accounted_for(tmp_path):
     ecoli = read_records(PROTEINS)[:3]
     with gzip.open(folder / "odd ids.fa.gz", "wb") as fh:
         fh.write("".join(f">{n} {h[1:]}\r\n{s}\r\n" for n, (h, s) in zip(odd_ids, ecoli)).encode())
-    inputs = [folder / "odd ids.fa.gz"] + [DATA / n for n in
-              ("phix174_prodigal.faa", "lysozyme_aligned.fasta", "ecoli_nonstandard.fasta", "r1ab_sars2.fasta")]
+    inputs = [folder / "odd ids.fa.gz", GENE_CALLER, ALIGNED, NONSTANDARD, LONG_PROTEIN]
     config = {"input": [str(p) for p in inputs], "model": f"random:{TINY_MODEL}", "shards": 3,
               "include": ["mean", "per_tok"], "long_sequences": "chunk"}
     snakemake(tmp_path / "run dir", config)
@@ -163,19 +174,21 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
         f"    model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'], toks_per_batch=1100,\n"
         "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', fast_path=True, gpus=[0],\n"
         "    threads=1,\n"
-        f"    progress_json={str(tmp_path / 'running.json')!r}, telemetry_tsv={str(tmp_path / 't.tsv')!r})\n"
+        f"    progress_json={str(tmp_path / 'progress.json')!r}, telemetry_tsv={str(tmp_path / 't.tsv')!r},\n"
+        f"    plan_tsv={str(tmp_path / 'shards' / 'plan.tsv')!r})\n"
     )
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     job = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.time() + 60
-    while not (tmp_path / ".shard_0000.h5.tmp").exists():
+    while not list(tmp_path.glob(".shard_0000.h5.*.tmp")):  # this writer's own temporary name
         assert job.poll() is None and time.time() < deadline
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
     started = time.time()
     assert job.wait(timeout=30) == 128 + signal.SIGTERM
     assert time.time() - started < 30
-    assert not out.exists() and not (tmp_path / ".shard_0000.h5.tmp").exists()
-    assert not (tmp_path / "running.json").exists()
+    assert not out.exists() and not list(tmp_path.glob(".shard_0000.h5.*"))
+    assert not (tmp_path / "progress.json").exists() and not (tmp_path / "t.tsv").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "pool", "shards"]
     with pool.acquire(["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}) as slot:
         assert slot.index == 0

@@ -1,33 +1,10 @@
 import pytest
 
 from esmshard.fasta import FastaError
-from esmshard.shard import assign, auto_shard_count, estimated_cost, read_tsv, write_shards
+from esmshard.files import read_tsv
+from esmshard.shard import write_shards
 
-from conftest import PROTEINS, read_records
-
-
-def test_assignment_balances_cost_deterministically():
-    lengths = [len(seq) for _, seq in read_records(PROTEINS)]
-    costs = [estimated_cost(min(n, 1022), 320) for n in lengths]
-    shard_of = assign(costs, 4)
-    assert shard_of == assign(costs, 4)
-    loads = [sum(c for c, s in zip(costs, shard_of) if s == k) for k in range(4)]
-    # LPT bound: no shard exceeds the mean by more than the costliest record.
-    assert max(loads) - sum(loads) / 4 <= max(costs)
-    assert max(loads) / min(loads) < 1.2
-
-
-def test_cost_grows_faster_than_length():
-    assert estimated_cost(1000, 320) > 10 * estimated_cost(100, 320)
-
-
-def test_auto_shard_count_depends_on_size_alone():
-    assert auto_shard_count(50_000) == 1
-    assert auto_shard_count(1_400_000) == 7
-    assert auto_shard_count(200_000_000) == 64
-    assert auto_shard_count(15_000_000_000) == 1500
-    counts = [auto_shard_count(n) for n in range(0, 10**9, 10**7)]
-    assert counts == sorted(counts)
+from conftest import NUCLEOTIDE, PROTEINS, read_records
 
 
 def test_write_shards_partitions_every_record(tmp_path):
@@ -41,8 +18,10 @@ def test_write_shards_partitions_every_record(tmp_path):
         in_shards.update({int(r["index"]): r["sequence"] for r in rows})
     assert sorted(in_shards) == list(range(len(records)))
     assert [in_shards[i] for i in range(len(records))] == [s for _, s in read_records(PROTEINS)]
-    assert sum(r["truncated"] == "1" for r in records) == 3
-    assert not list(tmp_path.glob(".*tmp"))
+    assert sum(r["truncated"] == "1" for r in records) == sum(len(s) > 1022 for _, s in read_records(PROTEINS))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["records.tsv", "plan.tsv", "shard_0000.tsv", "shard_0001.tsv", "shard_0002.tsv"]
+    )
 
 
 def test_duplicate_ids_across_files_name_both_places(tmp_path):
@@ -54,17 +33,18 @@ def test_duplicate_ids_across_files_name_both_places(tmp_path):
     message = str(err.value)
     assert "duplicate" in message and header[1:].split()[0] in message
     assert f"{PROTEINS}:" in message and f"{second}:1" in message
-    assert not (tmp_path / "shards" / "records.tsv").exists()
+    assert list((tmp_path / "shards").iterdir()) == []  # nothing written, no spool left
 
 
-@pytest.mark.parametrize("length", [5, 1022, 1023, 2358, 7096, 30000])
-def test_chunk_windows_cover_every_residue_once(length):
-    from esmshard.shard import chunk_spans
+def test_nucleotide_file_is_refused_naming_file_and_count(tmp_path):
+    with pytest.raises(FastaError) as err:
+        write_shards([PROTEINS, NUCLEOTIDE], tmp_path / "shards", 2, 1022, 320)
+    message = str(err.value)
+    assert f"{NUCLEOTIDE}: 10 records" in message and "nucleotide_check: false" in message
+    assert str(PROTEINS) not in message
+    assert list((tmp_path / "shards").iterdir()) == []
 
-    spans = chunk_spans(length, 1022)
-    assert spans[0][2] == 0 and spans[-1][3] == length
-    for (a, b, keep_from, keep_to), following in zip(spans, spans[1:] + [None]):
-        assert b - a <= 1022 and a <= keep_from < keep_to <= b
-        if following:
-            assert keep_to == following[2]  # kept parts tile the sequence
-            assert b - following[0] >= 1022 // 4  # windows overlap by at least a quarter
+
+def test_nucleotide_check_can_be_switched_off(tmp_path):
+    plan = write_shards([NUCLEOTIDE], tmp_path, 1, 1022, 320, nucleotide_check=False)
+    assert plan[0]["n_sequences"] == 10

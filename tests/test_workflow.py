@@ -1,8 +1,11 @@
 """End to end through the `snakemake` command line, on real proteins with a tiny random ESM-2."""
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -11,10 +14,10 @@ import torch
 import yaml
 from esm.pretrained import load_model_and_alphabet_core
 
-from esmshard.embed import make_batches, padded_fraction
-from esmshard.shard import read_tsv
+from esmshard.batching import make_batches, padded_fraction
+from esmshard.files import read_tsv
 
-from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake
+from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake, snakemake_command
 
 RECORDS = read_records(PROTEINS)
 IDS = [header[1:].split()[0] for header, _ in RECORDS]
@@ -71,7 +74,7 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
     log = (outdir / "logs" / "embed" / "shard_0000.log").read_text()
     assert "computing on the CPU" in log
     assert log.count("NVML is not available") == 1
-    assert scaling["telemetry"] is False and not list((outdir / "telemetry").glob("*.tsv"))
+    assert scaling["telemetry"] is False and len(list((outdir / "telemetry").glob("*.tsv"))) == 8
     assert len(scaling["devices"]) == len({m["gpu_slot"] for m in load_metrics(outdir)})
     assert result.stderr.count(" done on cpu: shard_") == 8 and "shard 8/8 done" in result.stderr
 
@@ -114,7 +117,7 @@ def test_embeddings_equal_plain_fair_esm_forward(four_gpu_run, checkpoint):
                 np.testing.assert_allclose(h5[f"mean/{layer}"][row], per_tok[layer].mean(0), atol=1e-4, err_msg=name)
             np.testing.assert_allclose(h5["per_tok/6"][offsets[row]:offsets[row + 1]], per_tok[6], atol=1e-4)
             np.testing.assert_allclose(h5["bos/6"][row], bos, atol=1e-4)
-        assert h5["truncated"][:].sum() == 3
+        assert h5["truncated"][:].sum() == sum(len(s) > 1022 for _, s in RECORDS) == 3
 
 
 def test_shard_count_does_not_change_embeddings_and_gpu_limit_holds(tmp_path, four_gpu_run):
@@ -154,7 +157,10 @@ def test_hub_model_without_network_fails_before_shard_work(tmp_path):
 
 
 def test_lint_reports_nothing():
-    result = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--lint", "--config", f"input=[{PROTEINS}]"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
 
@@ -175,3 +181,91 @@ def test_runs_from_another_working_directory_with_the_default_config(tmp_path):
         cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "embed" in result.stdout
+
+
+def split_input(folder):
+    """The test proteins as two files, as users pass several."""
+    folder.mkdir(parents=True, exist_ok=True)
+    a, b = folder / "a.fasta", folder / "b.fasta"
+    a.write_text("".join(f"{h}\n{s}\n" for h, s in RECORDS[:6]))
+    b.write_text("".join(f"{h}\n{s}\n" for h, s in RECORDS[6:12]))
+    return a, b
+
+
+def test_keys_typed_on_the_command_line_mean_what_a_config_file_says(tmp_path):
+    a, b = split_input(tmp_path / "in")
+    keys = {"gpus": [0, 1], "repr_layers": [-1, 3], "include": ["mean", "bos"], "input": [str(a), str(b)],
+            "model": f"random:{TINY_MODEL}", "shards": 2}  # fmt: skip
+    typed = ["gpus=[0,1]", "repr_layers=[-1,3]", "include=[mean,bos]", f"input=[{a},{b}]",
+             f"model=random:{TINY_MODEL}", "shards=2"]  # fmt: skip
+    snakemake(tmp_path / "yaml", keys, "--resources", "gpu=2")
+    cmd, env = snakemake_command(tmp_path / "typed", {}, "--resources", "gpu=2", "--config", *typed)
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "yaml" / "results" / "embeddings.h5") as want, h5py.File(
+        tmp_path / "typed" / "results" / "embeddings.h5"
+    ) as got:
+        assert sorted(got["mean"]) == sorted(got["bos"]) == ["3", "6"] and "per_tok" not in got
+        assert got["ids"].asstr()[:].tolist() == IDS[:12]
+        for name in ("mean/3", "mean/6", "bos/3", "bos/6"):
+            np.testing.assert_array_equal(got[name][:], want[name][:])
+    slots = {m["cuda_visible_devices"] for m in load_metrics(tmp_path / "typed" / "results")}
+    assert slots <= {"0", "1"}
+    # The same command again finds nothing to do: both forms are the same settings.
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_a_target_short_of_the_full_run_succeeds(tmp_path):
+    cmd, env = snakemake_command(tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}"}, "--until", "shard")
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "results" / "shards" / "plan.tsv").is_file()
+    assert not (tmp_path / "results" / "embeddings").exists() and "Error" not in result.stderr
+
+
+def python_without_esmshard(folder) -> Path:
+    """An interpreter with this environment's third-party packages but no esmshard installed."""
+    import sysconfig
+
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    (site,) = folder.glob("lib/python*/site-packages")
+    # A plain path entry: the .pth files there (esmshard's editable install among them) stay unread.
+    (site / "third_party.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return folder / "bin" / "python"
+
+
+def test_workflow_runs_its_own_esmshard_under_an_interpreter_without_it(tmp_path):
+    python = python_without_esmshard(tmp_path / "bare")
+    assert subprocess.run([python, "-c", "import torch, snakemake, esm"]).returncode == 0
+    assert subprocess.run([python, "-c", "import esmshard"], cwd=tmp_path).returncode != 0
+    decoy = tmp_path / "host" / "esmshard"  # an installed copy that must not be picked up
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the host copy of esmshard was imported')\n")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    cmd = [python, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2",
+           "--config", f"input=[{PROTEINS}]", f"model=random:{TINY_MODEL}", "shards=2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "host"), "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with h5py.File(workdir / "results" / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == IDS
+
+
+def test_dot_test_runs_as_the_workflow_catalog_runs_it(tmp_path):
+    """The catalog's template: `snakemake --directory .test` with .test/config/config.yaml, from the repository."""
+    dot_test = tmp_path / ".test"
+    shutil.copytree(REPO / ".test", dot_test)
+    config = yaml.safe_load((dot_test / "config" / "config.yaml").read_text())
+    assert config["model"] == f"random:{TINY_MODEL}"
+    for path in config["input"]:  # the slice of real data it names is made at run time
+        (dot_test / path).parent.mkdir(parents=True, exist_ok=True)
+        (dot_test / path).write_text(PROTEINS.read_text())
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}  # fmt: skip
+    result = subprocess.run(["snakemake", "--cores", "2", "--directory", str(dot_test)], cwd=REPO, env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    with h5py.File(dot_test / config["outdir"] / "embeddings.h5") as h5:
+        assert h5.attrs["weights"] == "random" and len(h5["ids"]) == len(IDS)

@@ -2,9 +2,12 @@ import numpy as np
 import pytest
 import torch
 
-from esmshard import embed, model
+from esmshard import model
+from esmshard.batching import make_batches
+from esmshard.embedder import Embedder
+from esmshard.precision import PRECISIONS
 
-from conftest import PROTEINS, REPO, TINY_MODEL, read_records
+from conftest import PROTEINS, TINY_MODEL, read_records
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 
@@ -13,19 +16,7 @@ SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 def embedder():
     net, alphabet = model.load(model.parse_spec(f"random:{TINY_MODEL}"))
     torch.set_num_threads(2)
-    return embed.Embedder(net, alphabet, [6], torch.device("cpu"), "fp32")
-
-
-def test_batches_respect_token_budget_and_cover_everything():
-    lengths = [len(s) for s in SEQUENCES]
-    batches = embed.make_batches(lengths, 4096)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    for batch in batches:
-        width = max(lengths[i] for i in batch) + 2
-        assert width * len(batch) <= 4096 or len(batch) == 1
-    assert embed.make_batches([5000], 1024) == [[0]]
-    # two 8- and 10-residue sequences share a 12-token width: 2 padded tokens of 34
-    assert embed.padded_fraction([10, 8, 8], [[0, 1], [2]]) == pytest.approx(2 / 34)
+    return Embedder(net, alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"])
 
 
 def test_tokens_are_fair_esm_batch_converter_tokens(embedder):
@@ -39,34 +30,11 @@ def test_tokens_are_fair_esm_batch_converter_tokens(embedder):
         embedder.tokens(["MKJ"])
 
 
-def test_padding_per_shard_of_the_real_proteome_stays_below_five_percent(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import throughput  # the figure in docs/benchmarks.md comes from this function
-
-    if not throughput.DEFAULT_FASTA.is_file():
-        pytest.skip(f"needs {throughput.DEFAULT_FASTA}")
-    fractions = throughput.padding(throughput.DEFAULT_FASTA, embed.CPU_TOKENS_PER_BATCH)
-    assert len(fractions) > 1 and max(fractions) < 0.05
-
-
-def test_absolute_layers_follow_fair_esm():
-    assert embed.absolute_layers([-1], 33) == [33]
-    assert embed.absolute_layers([0, -2, 5], 6) == [0, 5]
-    with pytest.raises(ValueError, match="layer 7"):
-        embed.absolute_layers([7], 6)
-
-
-def test_precision_auto_is_fp32_on_cpu():
-    assert embed.resolve_precision("auto", torch.device("cpu")) == "fp32"
-    assert embed.resolve_precision("bf16", torch.device("cpu")) == "bf16"
-
-
 def collect(embedder, indices, sequences):
     failed, out = [], {}
     for done, reps in embedder.embed(indices, sequences, failed):
         for i, rep in zip(done, reps):
-            per_tok, _ = rep[6]
-            out[i] = (per_tok.mean(0), per_tok)
+            out[i] = (rep[6].per_tok.mean(0), rep[6].per_tok)
     return out, failed
 
 
@@ -88,18 +56,20 @@ def test_injected_out_of_memory_halves_batches_with_identical_results(embedder, 
 def test_pipelined_batches_give_what_batch_by_batch_gives(embedder, monkeypatch):
     # Out-of-memory halving and a sequence that fails alone, in the middle of the stream.
     lengths = [len(s) for s in SEQUENCES[:16]]
-    batches = [(b, [SEQUENCES[i] for i in b]) for b in embed.make_batches(lengths, 2048)]
+    batches = [(b, [SEQUENCES[i] for i in b]) for b in make_batches(lengths, 2048)]
     monkeypatch.setattr(embedder, "inject_oom_tokens", max(lengths) + 1)  # the longest fail even alone
     failed_one_by_one, failed_pipelined = [], []
     one_by_one = [embedder.embed(indices, seqs, failed_one_by_one) for indices, seqs in batches]
     pipelined = list(embedder.embed_batches(iter(batches), failed_pipelined))
     assert failed_pipelined == failed_one_by_one
-    assert {i for i, _ in failed_one_by_one} == {i for i, n in enumerate(lengths) if n == max(lengths)}
-    assert [[done for done, _ in parts] for parts in pipelined] == [[done for done, _ in parts] for parts in one_by_one]
+    assert {f.index for f in failed_one_by_one} == {i for i, n in enumerate(lengths) if n == max(lengths)}
+    assert [[done for done, _ in parts] for parts in pipelined] == [
+        [done for done, _ in parts] for parts in one_by_one
+    ]
     for parts, want_parts in zip(pipelined, one_by_one):
         for (_, reps), (_, want) in zip(parts, want_parts):
             for rep, rep_want in zip(reps, want):
-                np.testing.assert_array_equal(rep[6][0], rep_want[6][0])
+                np.testing.assert_array_equal(rep[6].per_tok, rep_want[6].per_tok)
 
 
 def test_sequence_that_cannot_fit_alone_is_listed_as_failed(embedder, monkeypatch):
@@ -111,5 +81,16 @@ def test_sequence_that_cannot_fit_alone_is_listed_as_failed(embedder, monkeypatc
     monkeypatch.setattr(embedder, "inject_oom_tokens", fits_alone)
     out, failed = collect(embedder, batch, sequences)
     assert sorted(out) == sorted(set(batch) - {too_long})
-    assert len(failed) == 1 and failed[0][0] == too_long
-    assert "out of memory even alone" in failed[0][1]
+    assert len(failed) == 1 and failed[0].index == too_long
+    assert "out of memory even alone" in failed[0].reason
+
+
+def test_chunked_sequence_is_stitched_from_its_windows(embedder):
+    sequence = "".join(SEQUENCES)[:2500]
+    failed = []
+    rep = embedder.embed_chunked(7, sequence, 1022, failed)
+    assert not failed and rep[6].per_tok.shape == (2500, 320)
+    # the first window's part equals that window embedded alone
+    (_, (alone,)), = embedder.embed([0], [sequence[:1022]], [])
+    np.testing.assert_allclose(rep[6].per_tok[:500], alone[6].per_tok[:500], atol=1e-5)
+    np.testing.assert_allclose(rep[6].bos, alone[6].bos, atol=1e-5)

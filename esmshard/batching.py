@@ -1,0 +1,76 @@
+"""Batches within a token budget, and the budget itself: fixed, or sized to a GPU's free memory."""
+from .precision import Precision
+
+# ESM-2 was trained on at most 1022 residues plus BOS and EOS.
+MODEL_MAX_TOKENS = 1024
+CPU_TOKENS_PER_BATCH = 4096  # on a CPU larger batches do not run faster
+MAX_AUTO_TOKENS = 1 << 20
+
+
+def make_batches(lengths, toks_per_batch) -> list[list[int]]:
+    """Longest first, each batch as many sequences as fit the token budget once padded.
+
+    `toks_per_batch` is a number or a function of the batch's longest sequence (in tokens).
+    A sequence longer than the budget gets a batch of its own.
+    """
+    budget_for = toks_per_batch if callable(toks_per_batch) else (lambda _: toks_per_batch)
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches, current, width, budget = [], [], 0, 0
+    for i in order:
+        tokens = lengths[i] + 2  # BOS and EOS
+        if not current:
+            budget = budget_for(tokens)
+        width = max(width, tokens)
+        if current and width * (len(current) + 1) > budget:
+            batches.append(current)
+            current, width, budget = [], tokens, budget_for(tokens)
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def padded_fraction(lengths, batches) -> float:
+    """Share of the batches' tokens that are padding (BOS/EOS count as real tokens)."""
+    padded = sum((max(lengths[i] for i in batch) + 2) * len(batch) for batch in batches)
+    real = sum(lengths[i] + 2 for batch in batches for i in batch)
+    return 1 - real / padded if padded else 0.0
+
+
+def auto_token_budget(
+    free_bytes: int,
+    model_bytes: int,
+    embed_dim: int,
+    heads: int,
+    longest_tokens: int,
+    bytes_per_value: int = 4,
+) -> int:
+    """Tokens per batch that fit the device's free memory next to the model.
+
+    Per token a layer holds about 16·D activations (residual, norms, q/k/v, output, the 4·D
+    feed-forward in and out) and, as fair-esm materialises attention, 3·H·L scores for the
+    batch's longest sequence L (clamped to the model's maximum length). 20% is kept in reserve.
+    """
+    longest = min(longest_tokens, MODEL_MAX_TOKENS)
+    per_token = bytes_per_value * (16 * embed_dim + 3 * heads * longest)
+    usable = 0.8 * free_bytes - model_bytes
+    return int(max(longest, min(MAX_AUTO_TOKENS, usable // per_token)))
+
+
+def token_budget(toks_per_batch, device, net, precision: Precision):
+    """The budget make_batches uses: the configured number, or one sized to the device's memory.
+
+    Called before the model moves to the device, so free memory still includes its place.
+    """
+    if toks_per_batch != "auto":
+        return toks_per_batch
+    if device.type != "cuda":
+        return CPU_TOKENS_PER_BATCH
+    import torch
+
+    free = torch.cuda.mem_get_info(device)[0]
+    model_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+    heads = net.layers[0].self_attn.num_heads
+    return lambda longest: auto_token_budget(
+        free, model_bytes, net.embed_dim, heads, longest, precision.bytes_per_value
+    )

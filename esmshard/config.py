@@ -1,0 +1,44 @@
+"""The config as users type it, on the command line or in YAML files, with one meaning.
+
+Snakemake reads a `--config` value that is not a plain number or boolean with YAML's base loader,
+so `gpus=[0,1]` arrives as ['0', '1'] and `repr_layers=-1` as -1 where a list is expected. Each
+value is turned into what the schema asks for where its text means exactly that; anything else is
+left as it was, for the schema's validation to refuse with the key's name.
+"""
+import re
+
+import jsonschema
+
+INTEGER = re.compile(r"[+-]?\d+")
+BOOLEANS = {"true": True, "false": False}
+
+
+def _valid(value, schema) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+def coerce(value, schema: dict):
+    """`value` in the form `schema` asks for, where it has one; otherwise `value` unchanged."""
+    if _valid(value, schema):
+        return value
+    for option in schema.get("oneOf", []) + schema.get("anyOf", []):
+        candidate = coerce(value, option)
+        if _valid(candidate, option):
+            return candidate
+    kind = schema.get("type")
+    if kind == "array":
+        items = value if isinstance(value, list) else [value]
+        return [coerce(item, schema.get("items", {})) for item in items]
+    if kind == "integer" and isinstance(value, str) and INTEGER.fullmatch(value.strip()):
+        return int(value)
+    if kind == "boolean" and isinstance(value, str) and value.strip().lower() in BOOLEANS:
+        return BOOLEANS[value.strip().lower()]
+    if kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # e.g. outdir=2024
+    return value
+
+
+def coerce_config(config: dict, schema: dict) -> dict:
+    """The config's keys that the schema knows, coerced; unknown keys are left for validation."""
+    properties = schema.get("properties", {})
+    return {key: coerce(value, properties[key]) if key in properties else value for key, value in config.items()}

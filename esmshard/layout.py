@@ -1,0 +1,65 @@
+"""Where each file of a run lies under its outdir: the rules, the jobs and `esmshard status` read it here.
+
+Paths are strings, so that the rules can pass a wildcard such as "{shard}" for the shard.
+"""
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Layout:
+    outdir: str
+
+    def _path(self, *parts) -> str:
+        return os.path.join(self.outdir, *parts)
+
+    @property
+    def shard_dir(self) -> str:
+        return self._path("shards")
+
+    @property
+    def records(self) -> str:
+        return self._path("shards", "records.tsv")
+
+    @property
+    def plan(self) -> str:
+        return self._path("shards", "plan.tsv")
+
+    def shard_tsv(self, shard: str) -> str:
+        return self._path("shards", f"{shard}.tsv")
+
+    def shard_h5(self, shard: str) -> str:
+        return self._path("embeddings", f"{shard}.h5")
+
+    def metrics(self, shard: str) -> str:
+        return self._path("metrics", f"{shard}.json")
+
+    def telemetry(self, shard: str) -> str:
+        return self._path("telemetry", f"{shard}.tsv")
+
+    def progress(self, shard: str) -> str:
+        return self._path("progress", f"{shard}.json")
+
+    @property
+    def embeddings(self) -> str:
+        return self._path("embeddings.h5")
+
+    @property
+    def failed(self) -> str:
+        return self._path("failed_sequences.tsv")
+
+    @property
+    def scaling_json(self) -> str:
+        return self._path("report", "scaling.json")
+
+    @property
+    def scaling_html(self) -> str:
+        return self._path("report", "scaling_report.html")
+
+    def log(self, step: str, shard: str | None = None) -> str:
+        return self._path("logs", step, f"{shard}.log") if shard else self._path("logs", f"{step}.log")
+
+    def existing(self, path_of) -> list[Path]:
+        """The files that exist of one per-shard kind, e.g. `existing(layout.metrics)`."""
+        return sorted(Path(self.outdir).glob(os.path.relpath(path_of("*"), self.outdir)))

@@ -1,0 +1,40 @@
+"""The precisions a forward pass can run in: the one table to extend for a new one."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    autocast_dtype: str | None  # torch dtype autocast computes in; None: the weights' fp32 as they are
+    bytes_per_value: int  # activation bytes per value for the token budget (autocast keeps norms in fp32)
+
+
+PRECISIONS = {
+    p.name: p
+    for p in (
+        Precision("fp32", None, 4),
+        Precision("bf16", "bfloat16", 3),
+        Precision("fp16", "float16", 3),
+    )
+}
+AUTO = "auto"
+AUTO_BF16_CAPABILITY = (8, 0)  # Ampere and newer compute bf16 natively
+
+
+def resolve(name: str, device) -> Precision:
+    """The configured precision; `auto` is bf16 on GPUs that compute it natively, else fp32."""
+    if name != AUTO:
+        return PRECISIONS[name]
+    import torch
+
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= AUTO_BF16_CAPABILITY:
+        return PRECISIONS["bf16"]
+    return PRECISIONS["fp32"]
+
+
+def autocast(precision: Precision, device):
+    """The autocast context for `precision` on `device` (disabled for fp32)."""
+    import torch
+
+    dtype = getattr(torch, precision.autocast_dtype) if precision.autocast_dtype else None
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)

@@ -1,0 +1,90 @@
+"""The shard file: one shard's embeddings in HDF5, as embed jobs write it and merge reads it.
+
+Layout: `index` (input index of each row), `ids`, `length` (residues embedded), one dataset
+`<kind>/<layer>` per representation kind and layer (rows in processing order; per-residue kinds
+concatenated), `failed/index`, `failed/ids`, `failed/reason`, and the run's settings as attributes.
+"""
+from typing import NamedTuple
+
+import h5py
+import numpy as np
+
+from .representations import KINDS, Representation
+
+STR_DTYPE = h5py.string_dtype("utf-8")
+
+
+class Failure(NamedTuple):
+    index: int  # the record's input index
+    reason: str
+
+
+def dataset(kind: str, layer: int) -> str:
+    return f"{kind}/{layer}"
+
+
+class ShardWriter:
+    """Appends batches to an open shard file."""
+
+    def __init__(self, h5: h5py.File, layers, include, dim):
+        self.h5 = h5
+        self.include = include
+        for name, dtype in (("index", np.int64), ("length", np.int64), ("ids", STR_DTYPE)):
+            h5.create_dataset(name, (0,), dtype=dtype, maxshape=(None,), chunks=True)
+        for kind in include:
+            for layer in layers:
+                h5.create_dataset(dataset(kind, layer), (0, dim), np.float32, maxshape=(None, dim), chunks=True)
+
+    @staticmethod
+    def _append(dset, rows: np.ndarray):
+        start = dset.shape[0]
+        dset.resize(start + len(rows), axis=0)
+        dset[start:] = rows
+
+    def write(self, indices, ids, reps: list[dict[int, Representation]]):
+        self._append(self.h5["index"], np.asarray(indices, dtype=np.int64))
+        self._append(self.h5["ids"], np.asarray(ids, dtype=object))
+        lengths = [len(next(iter(r.values())).per_tok) for r in reps]
+        self._append(self.h5["length"], np.asarray(lengths, dtype=np.int64))
+        for layer in reps[0]:
+            at_layer = [r[layer] for r in reps]
+            for kind in self.include:
+                self._append(self.h5[dataset(kind, layer)], KINDS[kind].rows(at_layer))
+
+    def write_failed(self, failed: list[Failure], ids_by_index):
+        failed = sorted(failed)
+        h5 = self.h5
+        h5.create_dataset("failed/index", data=np.array([f.index for f in failed], dtype=np.int64))
+        h5.create_dataset("failed/ids", data=np.array([ids_by_index[f.index] for f in failed], dtype=object), dtype=STR_DTYPE)
+        h5.create_dataset("failed/reason", data=np.array([f.reason for f in failed], dtype=object), dtype=STR_DTYPE)
+
+
+class ShardIndex(NamedTuple):
+    """What merge reads of a shard file before copying its representations."""
+
+    attrs: dict
+    index: np.ndarray
+    ids: list[str]
+    lengths: np.ndarray
+    failures: list[Failure]
+    layers: dict[str, list[int]]  # representation kind -> layers
+
+
+def read_index(h5: h5py.File) -> ShardIndex:
+    """The shard file's small datasets; a group that is no representation kind is refused."""
+    groups = {name for name in h5 if isinstance(h5[name], h5py.Group)} - {"failed"}
+    unknown = groups - set(KINDS)
+    if unknown:
+        raise KeyError(f"unknown representation kind(s) {sorted(unknown)}")
+    failures = [
+        Failure(i, reason)
+        for i, reason in zip(h5["failed/index"][:].tolist(), h5["failed/reason"].asstr()[:].tolist())
+    ]
+    return ShardIndex(
+        attrs=dict(h5.attrs),
+        index=h5["index"][:],
+        ids=h5["ids"].asstr()[:].tolist(),
+        lengths=h5["length"][:],
+        failures=failures,
+        layers={kind: sorted(int(layer) for layer in h5[kind]) for kind in KINDS if kind in h5},
+    )

@@ -1,0 +1,55 @@
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from esmshard.config import coerce_config
+
+from conftest import REPO
+
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def checked(config):
+    config = coerce_config(config, SCHEMA)
+    validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
+    return config
+
+
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        # as Snakemake's --config hands them over (YAML's base loader) and as YAML files give them
+        ({"gpus": ["0", "1"]}, {"gpus": [0, 1]}),
+        ({"gpus": 0}, {"gpus": [0]}),
+        ({"gpus": "auto"}, {"gpus": "auto"}),
+        ({"repr_layers": ["-1", "6"]}, {"repr_layers": [-1, 6]}),
+        ({"repr_layers": -1}, {"repr_layers": [-1]}),
+        ({"include": "mean"}, {"include": ["mean"]}),
+        ({"input": "a.fasta"}, {"input": ["a.fasta"]}),
+        ({"input": ["a.fasta", "b.fasta"]}, {"input": ["a.fasta", "b.fasta"]}),
+        ({"shards": "4"}, {"shards": 4}),
+        ({"toks_per_batch": "auto"}, {"toks_per_batch": "auto"}),
+        ({"fast_path": "False"}, {"fast_path": False}),
+        ({"outdir": 2024}, {"outdir": "2024"}),
+    ],
+)
+def test_typed_forms_mean_what_a_yaml_file_means(typed, meant):
+    config = checked({"input": ["x.fasta"], **typed})
+    assert {k: config[k] for k in meant} == meant
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"gpus": ["0", "one"]}, "gpus"),
+        ({"repr_layers": ["1.5"]}, "repr_layers"),
+        ({"include": ["mean", "contacts"]}, "include"),
+        ({"shards": "many"}, "shards"),
+        ({"precision": "fp8"}, "precision"),
+        ({"fast_path": "maybe"}, "fast_path"),
+    ],
+)
+def test_values_that_mean_nothing_valid_are_refused_naming_the_key(bad, key):
+    with pytest.raises(Exception) as err:
+        checked({"input": ["x.fasta"], **bad})
+    assert f"'{key}'" in str(err.value)
