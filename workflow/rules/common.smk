@@ -1,42 +1,55 @@
 import math
 import os
+import sys
 from pathlib import Path
 
+import yaml
 from snakemake.common.tbdstring import TBDString
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+# esmshard from this workflow's own folder, ahead of any installed copy.
+WORKFLOW_ROOT = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1]
+sys.path.insert(0, str(WORKFLOW_ROOT))
+
+from esmshard.config import coerce_config
+from esmshard.files import read_tsv
+from esmshard.layout import Layout
 from esmshard.model import ModelError, parse_spec
-from esmshard.shard import (
+from esmshard.sizing import (
     DEFAULT_ARCH,
     auto_shard_count,
     embed_mem_mb,
     embed_runtime_minutes,
     estimated_residues,
-    read_tsv,
     shard_names,
 )
 
+# Command-line values arrive as YAML's base loader reads them ('gpus=[0,1]' as strings):
+# each takes the form the schema asks for before validation, so both ways mean the same.
+with open(WORKFLOW_ROOT / "workflow" / "schemas" / "config.schema.yaml") as fh:
+    config.update(coerce_config(config, yaml.safe_load(fh)))
 validate(config, schema="../schemas/config.schema.yaml")
 
-INPUTS = [config["input"]] if isinstance(config["input"], str) else list(config["input"])
+INPUTS = config["input"]
 for path in INPUTS:
     if not os.path.isfile(path):
-        raise WorkflowError(f"input FASTA '{path}' does not exist; set `input:` in the config")
+        raise WorkflowError(
+            f"input FASTA '{path}' does not exist; set `input:` in the config "
+            "(`make run` makes the example input)"
+        )
 try:
     MODEL = parse_spec(config["model"])
 except ModelError as err:
     raise WorkflowError(str(err))
 
-OUT = config["outdir"]
+RUN = Layout(config["outdir"])
 N_SHARDS = (
-    auto_shard_count(estimated_residues(INPUTS)) if config["shards"] == "auto" else config["shards"]
+    auto_shard_count(estimated_residues(INPUTS))
+    if config["shards"] == "auto"
+    else config["shards"]
 )
 SHARDS = shard_names(N_SHARDS)
-EMBEDDINGS = f"{OUT}/embeddings.h5"
-FAILED = f"{OUT}/failed_sequences.tsv"
-SCALING_JSON = f"{OUT}/report/scaling.json"
-SCALING_HTML = f"{OUT}/report/scaling_report.html"
 
 # Settings that change the embeddings; a change re-runs the shards (Snakemake's params trigger).
 # `gpus` and `toks_per_batch` are read from the config inside the job instead, so that moving
@@ -61,10 +74,9 @@ ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
 
 
 def embed_runtime(wildcards, input, attempt):
-    plan_tsv = Path(input[0]).parent / "plan.tsv"
-    if not plan_tsv.is_file():
-        return TBDString()  # before sharding; Snakemake evaluates it again once the input exists
-    plan = {row["shard"]: row for row in read_tsv(plan_tsv)}
+    if not os.path.isfile(input.plan):
+        return TBDString()  # before sharding; Snakemake evaluates it again once the plan exists
+    plan = {row["shard"]: row for row in read_tsv(input.plan)}
     return embed_runtime_minutes(float(plan[wildcards.shard]["estimated_cost"]), *ARCH, attempt)
 
 
@@ -74,6 +86,9 @@ def io_runtime(wildcards, input, attempt):
 
 
 def report_failures():
-    with open(FAILED) as fh:
+    """The run's last line: how many sequences failed (only when merge ran, e.g. not with --until)."""
+    if not os.path.isfile(RUN.failed):
+        return
+    with open(RUN.failed) as fh:
         n_failed = sum(1 for _ in fh) - 1
-    logger.info(f"esmshard: {n_failed} sequences failed; the list is in {FAILED}")
+    logger.info(f"esmshard: {n_failed} sequences failed; the list is in {RUN.failed}")

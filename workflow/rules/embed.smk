@@ -1,9 +1,12 @@
 rule embed:
     input:
-        f"{OUT}/shards/{{shard}}.tsv",
+        shard=RUN.shard_tsv("{shard}"),
+        plan=RUN.plan,
     output:
-        embeddings=f"{OUT}/embeddings/{{shard}}.h5",
-        metrics=f"{OUT}/metrics/{{shard}}.json",
+        embeddings=RUN.shard_h5("{shard}"),
+        metrics=RUN.metrics("{shard}"),
+        telemetry=RUN.telemetry("{shard}"),
+        progress=RUN.progress("{shard}"),
     params:
         **EMBEDDING_PARAMS,
     resources:
@@ -12,7 +15,7 @@ rule embed:
         mem_mb=embed_mem_mb(*ARCH),
     threads: 2
     log:
-        f"{OUT}/logs/embed/{{shard}}.log",
+        RUN.log("embed", "{shard}"),
     conda:
         "../../envs/esmshard.yaml"
     script:

@@ -1,15 +1,15 @@
 rule merge:
     input:
-        records=f"{OUT}/shards/records.tsv",
-        shards=expand(f"{OUT}/embeddings/{{shard}}.h5", shard=SHARDS),
+        records=RUN.records,
+        shards=expand(RUN.shard_h5("{shard}"), shard=SHARDS),
     output:
-        embeddings=EMBEDDINGS,
-        failed=FAILED,
+        embeddings=RUN.embeddings,
+        failed=RUN.failed,
     resources:
         runtime=io_runtime,
         mem_mb=4096,
     log:
-        f"{OUT}/logs/merge.log",
+        RUN.log("merge"),
     conda:
         "../../envs/esmshard.yaml"
     script:

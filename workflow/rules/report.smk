@@ -1,11 +1,12 @@
 rule report:
     input:
-        expand(f"{OUT}/metrics/{{shard}}.json", shard=SHARDS),
+        metrics=expand(RUN.metrics("{shard}"), shard=SHARDS),
+        telemetry=expand(RUN.telemetry("{shard}"), shard=SHARDS),
     output:
-        json=SCALING_JSON,
-        html=SCALING_HTML,
+        json=RUN.scaling_json,
+        html=RUN.scaling_html,
     log:
-        f"{OUT}/logs/report.log",
+        RUN.log("report"),
     conda:
         "../../envs/esmshard.yaml"
     script:

@@ -1,17 +1,23 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))  # this workflow's own esmshard
+
 from esmshard import run_step
 from esmshard.embed import run_shard
 
 run_step(
     snakemake.log[0],
     run_shard,
-    shard_tsv=snakemake.input[0],
+    shard_tsv=snakemake.input.shard,
+    plan_tsv=snakemake.input.plan,
     out_h5=snakemake.output.embeddings,
     metrics_json=snakemake.output.metrics,
+    telemetry_tsv=snakemake.output.telemetry,
+    progress_json=snakemake.output.progress,
     shard=snakemake.wildcards.shard,
     gpus=snakemake.config["gpus"],
     toks_per_batch=snakemake.config["toks_per_batch"],
     threads=snakemake.threads,
-    progress_json=f"{snakemake.config['outdir']}/running/{snakemake.wildcards.shard}.json",
-    telemetry_tsv=f"{snakemake.config['outdir']}/telemetry/{snakemake.wildcards.shard}.tsv",
     **dict(snakemake.params.items()),
 )

@@ -1,10 +1,16 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))  # this workflow's own esmshard
+
 from esmshard import run_step
 from esmshard.report import write_report
 
 run_step(
     snakemake.log[0],
     write_report,
-    metric_files=list(snakemake.input),
+    metric_files=list(snakemake.input.metrics),
+    telemetry_files=list(snakemake.input.telemetry),
     out_json=snakemake.output.json,
     out_html=snakemake.output.html,
 )

@@ -1,22 +1,28 @@
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))  # this workflow's own esmshard
+
 from esmshard import run_step
 from esmshard.model import ensure_available, parse_spec
-from esmshard.shard import DEFAULT_ARCH, write_shards
+from esmshard.shard import write_shards
+from esmshard.sizing import DEFAULT_ARCH
 
 
-def shard(inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences):
+def shard(inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences, nucleotide_check):
     spec = parse_spec(model)
     # Weights first: a model that cannot be had stops the run before any shard work.
     ensure_available(spec)
-    write_shards(inputs, shard_dir, n_shards, truncation_seq_length, spec.embed_dim or DEFAULT_ARCH[1], long_sequences)
+    embed_dim = spec.embed_dim or DEFAULT_ARCH[1]
+    write_shards(
+        inputs, shard_dir, n_shards, truncation_seq_length, embed_dim, long_sequences, nucleotide_check
+    )
 
 
 run_step(
     snakemake.log[0],
     shard,
     inputs=list(snakemake.input),
-    shard_dir=snakemake.output.records.rsplit("/", 1)[0],
-    n_shards=snakemake.params.n_shards,
-    model=snakemake.params.model,
-    truncation_seq_length=snakemake.params.truncation_seq_length,
-    long_sequences=snakemake.params.long_sequences,
+    shard_dir=Path(snakemake.output.records).parent,
+    **dict(snakemake.params.items()),
 )
