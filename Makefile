@@ -1,12 +1,16 @@
-# `make run`: the workflow on the shipped example; `make test`: the test suite.
-# Both create .venv with the project installed. TORCH picks the torch build (default: the
-# release this project is tested with); ARGS passes extra options to snakemake, e.g.
+# `make run`: the workflow on the example input; `make test`: the test suite; `make lint`: the
+# format and lint checks CI runs. Each creates .venv with the project installed. TORCH picks the
+# torch build (default: the release this project is tested with); ARGS passes extra options to
+# snakemake (or pytest), e.g.
 #   make run ARGS="--config model=random:esm2_t6_8M_UR50D --resources gpu=4"
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
 BIN = $(VENV)/bin
+# 291 real E. coli K-12 proteins: every 15th record of the reference proteome, taken from
+# ../shared/data beside the checkout or downloaded once from UniProt into resources/.
+EXAMPLE = resources/ecoli_k12_example.fasta
 
 .PHONY: run test lint clean
 
@@ -14,16 +18,23 @@ $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[test,cluster]"
+	$(BIN)/python -m pip install --quiet -e ".[test,cluster,lint]"
 	touch $@
 
-run: $(BIN)/snakemake
+$(EXAMPLE): | $(BIN)/snakemake
+	$(BIN)/python -m esmshard.datasets example $@
+
+run: $(BIN)/snakemake $(EXAMPLE)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores all $(ARGS)
 
+# The tests read the real data in ../shared/data, or fetch it once into resources/test-data.
 test: $(BIN)/snakemake
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -v $(ARGS)
 
-lint: $(BIN)/snakemake
+lint: $(BIN)/snakemake $(EXAMPLE)
+	$(BIN)/snakefmt --check Snakefile workflow
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 
 clean:

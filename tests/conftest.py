@@ -1,16 +1,69 @@
+"""Shared test set-up: the real data (read where it lies, subsets made at run time) and `snakemake` runs."""
+import atexit
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from esmshard.datasets import DatasetError, fetch_test_data
+
 REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data"
-PROTEINS = DATA / "ecoli_k12_40.fasta"
 TINY_MODEL = "esm2_t6_8M_UR50D"
+
+# Third-party files: read in ../shared/data, or fetched once into resources/test-data.
+try:
+    DATA = fetch_test_data(REPO / "resources" / "test-data")
+except DatasetError as err:
+    pytest.exit(f"the test data is missing and cannot be fetched: {err}", returncode=3)
+PROTEOME = DATA / "ecoli_k12_UP000000625.fasta"
+LONG_PROTEIN = DATA / "r1ab_sars2.fasta"  # 7,096 residues
+GENE_CALLER = DATA / "dram_camper_test_genes.faa"  # terminal '*'
+ALIGNED = DATA / "biopython_fa01_aligned.fasta"
+NUCLEOTIDE = DATA / "yersinia_pestis_pMT1_NC_005816_genes.ffn"
+
+SUBSETS = Path(tempfile.mkdtemp(prefix="esmshard-test-data-"))
+atexit.register(shutil.rmtree, SUBSETS, ignore_errors=True)
+
+
+
+def read_records(path: Path) -> list[tuple[str, str]]:
+    """(header line, sequence) of each record of a plain FASTA file, as written."""
+    records = []
+    for line in path.read_text().splitlines():
+        if line.startswith(">"):
+            records.append([line, ""])
+        else:
+            records[-1][1] += line.strip()
+    return [tuple(r) for r in records]
+
+
+def write_subset(name: str, keep) -> Path:
+    """The proteome's records i for which keep(i, header, sequence) holds, byte for byte, in a temporary folder."""
+    records = read_records(PROTEOME)
+    chosen = [i for i, (header, seq) in enumerate(records) if keep(i, header, seq)]
+    lines, index = [], -1
+    for line in PROTEOME.read_text().splitlines(keepends=True):
+        index += line.startswith(">")
+        if index in chosen:
+            lines.append(line)
+    path = SUBSETS / name
+    path.write_text("".join(lines))
+    return path
+
+
+_LONG = [i for i, (_, seq) in enumerate(read_records(PROTEOME)) if len(seq) > 1022][:3]
+# Every 120th record of the proteome plus its first three longer than 1022 residues: 40 proteins.
+PROTEINS = write_subset("ecoli_k12_40.fasta", lambda i, h, s: i % 120 == 0 or i in _LONG)
+# Pseudogenes with in-frame stops (X) and a selenocysteine (U).
+NONSTANDARD = write_subset(
+    "ecoli_nonstandard.fasta", lambda i, h, s: any(f"|{n}_ECOLI " in h for n in ("YBFI", "YBFG", "FDHF"))
+)
 
 
 def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = None):
@@ -53,13 +106,3 @@ def checkpoint(tmp_path_factory) -> Path:
 
     return write_checkpoint(random_model(TINY_MODEL), tmp_path_factory.mktemp("weights"), TINY_MODEL)
 
-
-def read_records(path: Path) -> list[tuple[str, str]]:
-    """(header line, sequence) of each record of a plain FASTA file, as written."""
-    records = []
-    for line in path.read_text().splitlines():
-        if line.startswith(">"):
-            records.append([line, ""])
-        else:
-            records[-1][1] += line.strip()
-    return [tuple(r) for r in records]
