@@ -8,6 +8,7 @@ the mean of the last layer. The esmshard side is the `snakemake` command line wi
 fair-esm's extract script in memory (model loading included, no file writing). With --repeats
 the two sides alternate and their medians are compared.
 """
+
 import argparse
 import json
 import os
@@ -41,10 +42,29 @@ def fair_esm_loop(fasta, model, threads, toks_per_batch) -> float:
 def esmshard_run(fasta, model, threads, toks_per_batch, workdir) -> float:
     started = time.perf_counter()
     subprocess.run(
-        ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", str(threads),
-         "--set-threads", f"embed={threads}", "--resources", "gpu=1", "--quiet", "all",
-         "--config", f"input={fasta}", f"model={model}", "shards=1", f"toks_per_batch={toks_per_batch}"],
-        check=True, cwd=REPO, env={**os.environ, "ESMSHARD_POOL_DIR": str(Path(workdir) / "pool")},
+        [
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(workdir),
+            "--cores",
+            str(threads),
+            "--set-threads",
+            f"embed={threads}",
+            "--resources",
+            "gpu=1",
+            "--quiet",
+            "all",
+            "--config",
+            f"input={fasta}",
+            f"model={model}",
+            "shards=1",
+            f"toks_per_batch={toks_per_batch}",
+        ],
+        check=True,
+        cwd=REPO,
+        env={**os.environ, "ESMSHARD_POOL_DIR": str(Path(workdir) / "pool")},
     )
     return time.perf_counter() - started
 
@@ -63,15 +83,26 @@ def main():
     for _ in range(args.repeats):  # alternating, so drifts hit both sides alike
         loop_runs.append(fair_esm_loop(args.fasta, args.model, args.threads, args.toks_per_batch))
         with tempfile.TemporaryDirectory() as workdir:
-            run_runs.append(esmshard_run(args.fasta, args.model, args.threads, args.toks_per_batch, workdir))
+            run_runs.append(
+                esmshard_run(args.fasta, args.model, args.threads, args.toks_per_batch, workdir)
+            )
     loop_seconds, run_seconds = statistics.median(loop_runs), statistics.median(run_runs)
-    residues = sum(min(TRUNCATION, len(s)) for s in FastaBatchedDataset.from_file(args.fasta).sequence_strs)
+    residues = sum(
+        min(TRUNCATION, len(s)) for s in FastaBatchedDataset.from_file(args.fasta).sequence_strs
+    )
     result = {
-        "fasta": args.fasta, "model": args.model, "threads": args.threads,
-        "toks_per_batch": args.toks_per_batch, "residues": residues,
-        "fair_esm_seconds": loop_seconds, "fair_esm_residues_per_second": residues / loop_seconds,
-        "esmshard_seconds": run_seconds, "esmshard_residues_per_second": residues / run_seconds,
-        "ratio": loop_seconds / run_seconds, "fair_esm_runs": loop_runs, "esmshard_runs": run_runs,
+        "fasta": args.fasta,
+        "model": args.model,
+        "threads": args.threads,
+        "toks_per_batch": args.toks_per_batch,
+        "residues": residues,
+        "fair_esm_seconds": loop_seconds,
+        "fair_esm_residues_per_second": residues / loop_seconds,
+        "esmshard_seconds": run_seconds,
+        "esmshard_residues_per_second": residues / run_seconds,
+        "ratio": loop_seconds / run_seconds,
+        "fair_esm_runs": loop_runs,
+        "esmshard_runs": run_runs,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
     }
     json.dump(result, sys.stdout, indent=2)

@@ -10,6 +10,7 @@ and, for fp32 on CPUs, oneDNN), plus the padded-token fraction of each shard of 
 proteome as `shards: auto` cuts it. Weights are random (`random:`),
 which does not change the arithmetic.
 """
+
 import argparse
 import json
 import os
@@ -22,12 +23,12 @@ from pathlib import Path
 import torch
 from esm.data import BatchConverter, FastaBatchedDataset
 
-from esmshard.fasta import read_fasta
 from esmshard.batching import make_batches, padded_fraction
 from esmshard.embedder import Embedder
+from esmshard.fasta import read_fasta
+from esmshard.files import read_tsv
 from esmshard.forward import onednn_available, onednn_dense
 from esmshard.model import ESM2_ARCHS, random_model
-from esmshard.files import read_tsv
 from esmshard.precision import PRECISIONS
 from esmshard.shard import write_shards
 from esmshard.sizing import DEFAULT_ARCH, auto_shard_count, estimated_residues
@@ -88,24 +89,31 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
     """fair-esm's extract loop: its dataset, batching, converter and model, means kept."""
     dataset = FastaBatchedDataset.from_file(str(fasta))
     batches = dataset.get_batch_indices(toks_per_batch, extra_toks_per_seq=1)
-    loader = torch.utils.data.DataLoader(dataset, collate_fn=BatchConverter(alphabet, TRUNCATION),
-                                         batch_sampler=batches)
+    loader = torch.utils.data.DataLoader(
+        dataset, collate_fn=BatchConverter(alphabet, TRUNCATION), batch_sampler=batches
+    )
     layer = net.num_layers
     start = time.perf_counter()
     with torch.no_grad():
         for _, strs, toks in loader:
-            reps = net(toks.to(device, non_blocking=True), repr_layers=[layer])["representations"][layer]
+            reps = net(toks.to(device, non_blocking=True), repr_layers=[layer])["representations"][
+                layer
+            ]
             for i, s in enumerate(strs):
-                reps[i, 1:min(TRUNCATION, len(s)) + 1].mean(0).cpu()
+                reps[i, 1 : min(TRUNCATION, len(s)) + 1].mean(0).cpu()
     synchronize(device)
     return time.perf_counter() - start
 
 
 def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
-    embedder = Embedder(net, alphabet, [net.num_layers], device, PRECISIONS[precision], fast_path=True)
+    embedder = Embedder(
+        net, alphabet, [net.num_layers], device, PRECISIONS[precision], fast_path=True
+    )
     batches = make_batches([len(s) for s in sequences], toks_per_batch)
     start = time.perf_counter()
-    for parts in embedder.embed_batches(((b, [sequences[i] for i in b]) for b in batches), failed=[]):
+    for parts in embedder.embed_batches(
+        ((b, [sequences[i] for i in b]) for b in batches), failed=[]
+    ):
         for _, reps in parts:
             for rep in reps:
                 rep[net.num_layers].per_tok.mean(0)
@@ -120,7 +128,10 @@ def padding(fasta: Path, toks_per_batch: int) -> list[float]:
         plan = write_shards([fasta], tmp, n, TRUNCATION, DEFAULT_ARCH[1])
         fractions = []
         for p in plan:
-            lengths = [min(len(r["sequence"]), TRUNCATION) for r in read_tsv(Path(tmp) / f"{p['shard']}.tsv")]
+            lengths = [
+                min(len(r["sequence"]), TRUNCATION)
+                for r in read_tsv(Path(tmp) / f"{p['shard']}.tsv")
+            ]
             fractions.append(padded_fraction(lengths, make_batches(lengths, toks_per_batch)))
         return fractions
 
@@ -132,8 +143,12 @@ def main():
     parser.add_argument("--models", nargs="+", default=["esm2_t6_8M_UR50D", "esm2_t12_35M_UR50D"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="the fast path's precision; the peer runs fp32, as fair-esm does")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "bf16", "fp16"],
+        help="the fast path's precision; the peer runs fp32, as fair-esm does",
+    )
     parser.add_argument("--toks-per-batch", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -151,28 +166,54 @@ def main():
             times = {"fair-esm": [], "esmshard": []}
             for _ in range(args.repeats):  # alternating, so drifts hit both sides alike
                 times["fair-esm"].append(peer(net, alphabet, fasta, args.toks_per_batch, device))
-                times["esmshard"].append(fast(net, alphabet, sequences, args.toks_per_batch, device, args.precision))
+                times["esmshard"].append(
+                    fast(net, alphabet, sequences, args.toks_per_batch, device, args.precision)
+                )
             work = flops(lengths, layers, dim)
-            peaks_of = {precision: matmul_peaks(dim, precision, device) for precision in {"fp32", args.precision}}
+            peaks_of = {
+                precision: matmul_peaks(dim, precision, device)
+                for precision in {"fp32", args.precision}
+            }
             for side, precision in (("fair-esm", "fp32"), ("esmshard", args.precision)):
                 seconds = statistics.median(times[side])
                 peaks = peaks_of[precision]
                 peak = max(peaks.values())
-                print(json.dumps({
-                    "model": name, "side": side, "precision": precision, "device": str(device),
-                    "threads": args.threads, "sequences": len(sequences), "residues": sum(map(len, sequences)),
-                    "seconds": seconds, "runs": times[side],
-                    "residues_per_second": sum(map(len, sequences)) / seconds,
-                    "tokens_per_second": sum(lengths) / seconds,
-                    "achieved_gflops": work / seconds / 1e9, "matmul_peak_gflops": peak / 1e9,
-                    "matmul_gflops": {k: v / 1e9 for k, v in peaks.items()},
-                    "fraction_of_peak": work / seconds / peak,
-                    "speedup_vs_fair_esm": statistics.median(times["fair-esm"]) / seconds,
-                    "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
-                }), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "model": name,
+                            "side": side,
+                            "precision": precision,
+                            "device": str(device),
+                            "threads": args.threads,
+                            "sequences": len(sequences),
+                            "residues": sum(map(len, sequences)),
+                            "seconds": seconds,
+                            "runs": times[side],
+                            "residues_per_second": sum(map(len, sequences)) / seconds,
+                            "tokens_per_second": sum(lengths) / seconds,
+                            "achieved_gflops": work / seconds / 1e9,
+                            "matmul_peak_gflops": peak / 1e9,
+                            "matmul_gflops": {k: v / 1e9 for k, v in peaks.items()},
+                            "fraction_of_peak": work / seconds / peak,
+                            "speedup_vs_fair_esm": statistics.median(times["fair-esm"]) / seconds,
+                            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+                        }
+                    ),
+                    flush=True,
+                )
     fractions = padding(args.fasta, args.toks_per_batch)
-    print(json.dumps({"padded_fraction_per_shard": fractions, "max": max(fractions),
-                      "fasta": str(args.fasta), "toks_per_batch": args.toks_per_batch}), flush=True)
+    print(
+        json.dumps(
+            {
+                "padded_fraction_per_shard": fractions,
+                "max": max(fractions),
+                "fasta": str(args.fasta),
+                "toks_per_batch": args.toks_per_batch,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """esmshard: sharded, multi-GPU ESM-2 protein embeddings."""
+
 import logging
 import signal
 import sys
@@ -13,7 +14,9 @@ def run_step(log_path, step, **kwargs):
     from .model import ModelError
 
     console = logging.StreamHandler(sys.stderr)
-    console.setLevel(logging.WARNING)  # the job log gets everything; the run's output only problems
+    console.setLevel(
+        logging.WARNING
+    )  # the job log gets everything; the run's output only problems
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

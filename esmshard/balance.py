@@ -2,6 +2,7 @@
 
 A new balancing rule is a change here alone.
 """
+
 import heapq
 
 from .long_sequences import chunk_spans, embedded_residues
@@ -13,13 +14,17 @@ def estimated_cost(n_residues: int, embed_dim: int) -> float:
     return tokens * (1.0 + tokens / (6.0 * embed_dim))
 
 
-def record_cost(length: int, truncation_seq_length: int, long_sequences: str, embed_dim: int) -> float:
+def record_cost(
+    length: int, truncation_seq_length: int, long_sequences: str, embed_dim: int
+) -> float:
     if length > truncation_seq_length and long_sequences == "chunk":
         return sum(
             estimated_cost(span.end - span.start, embed_dim)
             for span in chunk_spans(length, truncation_seq_length)
         )
-    return estimated_cost(embedded_residues(length, truncation_seq_length, long_sequences), embed_dim)
+    return estimated_cost(
+        embedded_residues(length, truncation_seq_length, long_sequences), embed_dim
+    )
 
 
 def assign(costs: list[float], n_shards: int) -> list[int]:

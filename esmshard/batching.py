@@ -1,4 +1,5 @@
 """Batches within a token budget, and the budget itself: fixed, or sized to a GPU's free memory."""
+
 from .precision import Precision
 
 # ESM-2 was trained on at most 1022 residues plus BOS and EOS.

@@ -1,4 +1,5 @@
 """The `esmshard` console script."""
+
 import argparse
 import sys
 import time
@@ -10,7 +11,9 @@ from .status import read_state, render
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="esmshard", description="esmshard run tools")
     commands = parser.add_subparsers(dest="command", required=True)
-    status = commands.add_parser("status", help="dashboard of a run: per device slot, progress, ETA")
+    status = commands.add_parser(
+        "status", help="dashboard of a run: per device slot, progress, ETA"
+    )
     status.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
     status.add_argument(
         "--watch",

@@ -5,6 +5,7 @@ so `gpus=[0,1]` arrives as ['0', '1'] and `repr_layers=-1` as -1 where a list is
 value is turned into what the schema asks for where its text means exactly that; anything else is
 left as it was, for the schema's validation to refuse with the key's name.
 """
+
 import re
 
 import jsonschema
@@ -41,4 +42,7 @@ def coerce(value, schema: dict):
 def coerce_config(config: dict, schema: dict) -> dict:
     """The config's keys that the schema knows, coerced; unknown keys are left for validation."""
     properties = schema.get("properties", {})
-    return {key: coerce(value, properties[key]) if key in properties else value for key, value in config.items()}
+    return {
+        key: coerce(value, properties[key]) if key in properties else value
+        for key, value in config.items()
+    }

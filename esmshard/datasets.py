@@ -7,6 +7,7 @@ otherwise downloaded from its public source into that cache and checked against 
     python -m esmshard.datasets example resources/ecoli_k12_example.fasta
     python -m esmshard.datasets test-data resources/test-data
 """
+
 import argparse
 import gzip
 import hashlib
@@ -65,7 +66,9 @@ TEST_DATA = [
         ),
         "840e6f190230602c",
     ),
-    Dataset("biopython_fa01_aligned.fasta", _github(*BIOPYTHON, "Tests/Fasta/fa01"), "bec719952783c007"),
+    Dataset(
+        "biopython_fa01_aligned.fasta", _github(*BIOPYTHON, "Tests/Fasta/fa01"), "bec719952783c007"
+    ),
     Dataset(
         "yersinia_pestis_pMT1_NC_005816_genes.ffn",
         _github(*BIOPYTHON, "Tests/GenBank/NC_005816.ffn"),
@@ -100,10 +103,14 @@ def _sha256_prefix(path: Path) -> str:
 
 def _download(dataset: Dataset, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", delete=False) as tmp:
+    with tempfile.NamedTemporaryFile(
+        dir=target.parent, prefix=f".{target.name}.", delete=False
+    ) as tmp:
         try:
             try:
-                with urllib.request.urlopen(dataset.url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response:
+                with urllib.request.urlopen(
+                    dataset.url, timeout=DOWNLOAD_TIMEOUT_SECONDS
+                ) as response:
                     stream = gzip.GzipFile(fileobj=response) if dataset.gzipped else response
                     shutil.copyfileobj(stream, tmp)
             except OSError as err:  # URLError, timeouts, broken streams: the same advice
@@ -114,7 +121,9 @@ def _download(dataset: Dataset, target: Path) -> None:
                 ) from err
             tmp.close()
             if dataset.sha256_prefix and _sha256_prefix(Path(tmp.name)) != dataset.sha256_prefix:
-                raise DatasetError(f"{dataset.url} did not give the expected {dataset.name} (sha256 differs)")
+                raise DatasetError(
+                    f"{dataset.url} did not give the expected {dataset.name} (sha256 differs)"
+                )
             os.replace(tmp.name, target)
         finally:
             Path(tmp.name).unlink(missing_ok=True)
@@ -140,7 +149,10 @@ def fetch_test_data(cache_dir: Path) -> Path:
 
 def write_every_nth_record(source: Path, target: Path, every: int) -> None:
     """Records 0, n, 2n, ... of `source`, byte for byte."""
-    with open(source) as fh, tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False) as out:
+    with (
+        open(source) as fh,
+        tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False) as out,
+    ):
         index = -1
         for line in fh:
             if line.startswith(">"):
@@ -157,9 +169,13 @@ def make_example(target: Path) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m esmshard.datasets", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m esmshard.datasets", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("what", choices=["example", "test-data"])
-    parser.add_argument("path", type=Path, help="the example FASTA to write, or the test data cache folder")
+    parser.add_argument(
+        "path", type=Path, help="the example FASTA to write, or the test data cache folder"
+    )
     args = parser.parse_args(argv)
     try:
         if args.what == "example":

@@ -1,4 +1,5 @@
 """The embed job: one shard's sequences on a pooled device, written atomically with its metrics."""
+
 import logging
 import socket
 import sys
@@ -55,9 +56,24 @@ def pick_device(slot: pool.Slot, threads: int) -> tuple[torch.device, str]:
 
 
 def run_shard(
-    shard_tsv, out_h5, metrics_json, *, shard, model, repr_layers, include, toks_per_batch,
-    truncation_seq_length, long_sequences, precision, fast_path, gpus, threads, progress_json,
-    telemetry_tsv, plan_tsv,
+    shard_tsv,
+    out_h5,
+    metrics_json,
+    *,
+    shard,
+    model,
+    repr_layers,
+    include,
+    toks_per_batch,
+    truncation_seq_length,
+    long_sequences,
+    precision,
+    fast_path,
+    gpus,
+    threads,
+    progress_json,
+    telemetry_tsv,
+    plan_tsv,
 ):
     """Embed one shard's sequences on a pooled device and write its outputs atomically."""
     rows = read_tsv(shard_tsv)
@@ -71,21 +87,35 @@ def run_shard(
     for path in (out_h5, metrics_json, progress_json, telemetry_tsv):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
-    with pool.acquire(pool.pool_devices(gpus)) as slot, telemetry.Sampler(
-        slot.cuda_visible_devices, telemetry_tsv
-    ) as sampler:
+    with (
+        pool.acquire(pool.pool_devices(gpus)) as slot,
+        telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
+    ):
         started = time.time()
         device, device_name = pick_device(slot, threads)
         resolved = resolve_precision(precision, device)
         log.info(
             "shard %s: %d sequences on %s (%s, slot %s, CUDA_VISIBLE_DEVICES=%r), precision %s",
-            shard, len(rows), device, device_name, slot.index, slot.cuda_visible_devices, resolved.name,
+            shard,
+            len(rows),
+            device,
+            device_name,
+            slot.index,
+            slot.cuda_visible_devices,
+            resolved.name,
         )
         progress = Progress(  # exits with the block below
-            progress_json, shard=shard, gpu_slot=slot.index, device=str(device),
-            device_name=sampler.name or device_name, host=socket.gethostname(),
-            cuda_visible_devices=slot.cuda_visible_devices, gpu_bus_id=sampler.bus_id,
-            started_at=started, n_sequences=len(rows), n_residues=n_residues,
+            progress_json,
+            shard=shard,
+            gpu_slot=slot.index,
+            device=str(device),
+            device_name=sampler.name or device_name,
+            host=socket.gethostname(),
+            cuda_visible_devices=slot.cuda_visible_devices,
+            gpu_bus_id=sampler.bus_id,
+            started_at=started,
+            n_sequences=len(rows),
+            n_residues=n_residues,
         )
         net, alphabet = esm_model.load(spec)
         layers = absolute_layers(repr_layers, net.num_layers)
@@ -105,10 +135,14 @@ def run_shard(
                     if written:
                         written.pop().result()
                     done_ids = [ids[k] for k in done]
-                    written.append(background.submit(writer.write, [indices[k] for k in done], done_ids, reps))
+                    written.append(
+                        background.submit(writer.write, [indices[k] for k in done], done_ids, reps)
+                    )
 
                 jobs = [[batched[b] for b in batch] for batch in batches]
-                results = embedder.embed_batches(((m, [sequences[k] for k in m]) for m in jobs), failed)
+                results = embedder.embed_batches(
+                    ((m, [sequences[k] for k in m]) for m in jobs), failed
+                )
                 for members, parts in zip(jobs, results):
                     for done, reps in parts:
                         write(done, reps)
@@ -120,10 +154,17 @@ def run_shard(
                     progress.update(len(sequences[k]), sampler)
                 if written:
                     written.pop().result()
-                writer.write_failed([Failure(indices[k], reason) for k, reason in failed], dict(zip(indices, ids)))
+                writer.write_failed(
+                    [Failure(indices[k], reason) for k, reason in failed], dict(zip(indices, ids))
+                )
                 h5.attrs.update(
-                    shard=shard, n_records=len(rows), model=model, weights=spec.weights,
-                    precision=resolved.name, device=str(device), truncation_seq_length=limit,
+                    shard=shard,
+                    n_records=len(rows),
+                    model=model,
+                    weights=spec.weights,
+                    precision=resolved.name,
+                    device=str(device),
+                    truncation_seq_length=limit,
                     long_sequences=long_sequences,
                 )
         finished = time.time()
@@ -135,7 +176,9 @@ def run_shard(
         "n_failed": len(failed),
         "n_batches": len(batches),
         "toks_per_batch": toks_per_batch,
-        "token_budget": budget(batch_lengths[batches[0][0]] + 2) if callable(budget) and batches else budget,
+        "token_budget": budget(batch_lengths[batches[0][0]] + 2)
+        if callable(budget) and batches
+        else budget,
         "padded_fraction": padded_fraction(batch_lengths, batches),
         "seconds": finished - started,
         "load_seconds": loaded - started,
@@ -153,11 +196,19 @@ def run_shard(
         "weights": spec.weights,
         "precision": resolved.name,
         "fast_path": fast_path,
-        "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda"
+        else None,
         **sampler.summary(),
     }
     write_json(metrics_json, metrics)
-    log.info("shard %s done: %d residues in %.1f s, %d failed", shard, n_residues, metrics["seconds"], len(failed))
+    log.info(
+        "shard %s done: %d residues in %.1f s, %d failed",
+        shard,
+        n_residues,
+        metrics["seconds"],
+        len(failed),
+    )
     done = len(list(Path(metrics_json).parent.glob("*.json")))
     total = len(read_tsv(plan_tsv))
     console(

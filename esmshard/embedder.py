@@ -1,4 +1,5 @@
 """The forward pass over batches on one device: tokens, out-of-memory halving, look-ahead, windows."""
+
 import logging
 import os
 
@@ -41,10 +42,14 @@ class Embedder:
         residues/s: on a GPU that would take longer than the forward pass.
         """
         lengths = np.array([len(s) for s in sequences])
-        residues = self.token_of_byte[np.frombuffer("".join(sequences).encode("ascii"), dtype=np.uint8)]
+        residues = self.token_of_byte[
+            np.frombuffer("".join(sequences).encode("ascii"), dtype=np.uint8)
+        ]
         if (residues < 0).any():
             raise ValueError("a sequence holds characters that are not ESM-2 residue tokens")
-        toks = np.full((len(sequences), lengths.max() + 2), self.alphabet.padding_idx, dtype=np.int64)
+        toks = np.full(
+            (len(sequences), lengths.max() + 2), self.alphabet.padding_idx, dtype=np.int64
+        )
         rows = np.repeat(np.arange(len(sequences)), lengths)
         columns = np.arange(len(residues)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
         toks[rows, columns] = residues
@@ -69,7 +74,9 @@ class Embedder:
             if self.device.type != "cuda":
                 return reps, None
             host = {
-                layer: torch.empty(rep.shape, dtype=torch.float32, pin_memory=True).copy_(rep, non_blocking=True)
+                layer: torch.empty(rep.shape, dtype=torch.float32, pin_memory=True).copy_(
+                    rep, non_blocking=True
+                )
                 for layer, rep in reps.items()
             }
             copied = torch.cuda.Event()
@@ -84,7 +91,10 @@ class Embedder:
             copied.synchronize()
         arrays = {layer: rep.numpy() for layer, rep in reps.items()}
         return [
-            {layer: Representation(rep[row, 1 : len(seq) + 1], rep[row, 0]) for layer, rep in arrays.items()}
+            {
+                layer: Representation(rep[row, 1 : len(seq) + 1], rep[row, 0])
+                for layer, rep in arrays.items()
+            }
             for row, seq in enumerate(sequences)
         ]
 
@@ -92,7 +102,9 @@ class Embedder:
         """One batch, start to end."""
         return self.finish(self.launch(sequences), sequences)
 
-    def launch_halving(self, indices: list[int], sequences: list[str], failed: list[Failure]) -> list[tuple]:
+    def launch_halving(
+        self, indices: list[int], sequences: list[str], failed: list[Failure]
+    ) -> list[tuple]:
         """`launch` the batch, or on out-of-memory its halves, down to single sequences.
 
         Returns (indices, sequences, launched) per part; a sequence that does not fit even alone
@@ -104,13 +116,20 @@ class Embedder:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if len(sequences) == 1:
-                failed.append(Failure(indices[0], f"out of memory even alone ({len(sequences[0])} residues): {err}"))
+                failed.append(
+                    Failure(
+                        indices[0],
+                        f"out of memory even alone ({len(sequences[0])} residues): {err}",
+                    )
+                )
                 return []
             half = len(sequences) // 2
-            log.warning("out of memory on a batch of %d sequences; retrying as two halves", len(sequences))
-            return self.launch_halving(indices[:half], sequences[:half], failed) + self.launch_halving(
-                indices[half:], sequences[half:], failed
+            log.warning(
+                "out of memory on a batch of %d sequences; retrying as two halves", len(sequences)
             )
+            return self.launch_halving(
+                indices[:half], sequences[:half], failed
+            ) + self.launch_halving(indices[half:], sequences[half:], failed)
 
     def finish_checked(self, parts: list[tuple], failed: list[Failure]) -> list[tuple]:
         """(indices, representations) per launched part; sequences with non-finite values go to `failed`."""
@@ -118,7 +137,9 @@ class Embedder:
         for indices, sequences, launched in parts:
             kept = []
             for index, rep in zip(indices, self.finish(launched, sequences)):
-                if all(np.isfinite(r.per_tok).all() and np.isfinite(r.bos).all() for r in rep.values()):
+                if all(
+                    np.isfinite(r.per_tok).all() and np.isfinite(r.bos).all() for r in rep.values()
+                ):
                     kept.append((index, rep))
                 else:
                     failed.append(Failure(index, "non-finite values in the representations"))
@@ -126,7 +147,9 @@ class Embedder:
                 results.append(([i for i, _ in kept], [r for _, r in kept]))
         return results
 
-    def embed(self, indices: list[int], sequences: list[str], failed: list[Failure]) -> list[tuple]:
+    def embed(
+        self, indices: list[int], sequences: list[str], failed: list[Failure]
+    ) -> list[tuple]:
         """(indices, representations) for the batch, halving it on out-of-memory."""
         return self.finish_checked(self.launch_halving(indices, sequences, failed), failed)
 
@@ -160,7 +183,9 @@ class Embedder:
             layer: Representation(
                 np.concatenate(
                     [
-                        pieces[k][layer].per_tok[span.keep_from - span.start : span.keep_to - span.start]
+                        pieces[k][layer].per_tok[
+                            span.keep_from - span.start : span.keep_to - span.start
+                        ]
                         for k, span in enumerate(spans)
                     ]
                 ),

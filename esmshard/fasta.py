@@ -1,4 +1,5 @@
 """Streaming FASTA reading and residue normalisation."""
+
 import bz2
 import gzip
 import io
@@ -29,7 +30,11 @@ NUCLEOTIDE_MIN_LENGTH = 20
 _DROP_NUCLEOTIDES = str.maketrans("", "", NUCLEOTIDE_LETTERS)
 
 # Leading bytes of compressed files: the readable ones, and the others named in the error.
-READERS = {b"\x1f\x8b": ("gzip", gzip.open), b"BZh": ("bzip2", bz2.open), b"\xfd7zXZ\x00": ("xz", lzma.open)}
+READERS = {
+    b"\x1f\x8b": ("gzip", gzip.open),
+    b"BZh": ("bzip2", bz2.open),
+    b"\xfd7zXZ\x00": ("xz", lzma.open),
+}
 UNREADABLE = {
     b"\x28\xb5\x2f\xfd": "zstd-compressed (decompress it with `zstd -d`)",
     b"PK\x03\x04": "a zip archive (unzip it)",
@@ -69,7 +74,9 @@ def open_text(path):
     head = _leading_bytes(path)
     for magic, what in UNREADABLE.items():
         if head.startswith(magic):
-            raise FastaError(f"{path}: the file is {what}; esmshard reads plain, gzip, bzip2 and xz FASTA")
+            raise FastaError(
+                f"{path}: the file is {what}; esmshard reads plain, gzip, bzip2 and xz FASTA"
+            )
     for magic, (_, opener) in READERS.items():
         if head.startswith(magic):
             return io.TextIOWrapper(opener(path, "rb"), encoding="utf-8-sig", errors="replace")
@@ -108,7 +115,9 @@ def read_fasta(path) -> Iterator[Record]:
     try:
         yield from _records(path)
     except DECOMPRESSION_ERRORS as err:
-        raise FastaError(f"{path}: cannot be read to its end ({err}); is the file truncated or corrupt?") from err
+        raise FastaError(
+            f"{path}: cannot be read to its end ({err}); is the file truncated or corrupt?"
+        ) from err
 
 
 def _records(path: str) -> Iterator[Record]:
@@ -118,7 +127,9 @@ def _records(path: str) -> Iterator[Record]:
         where = f"{path}:{header_line}"
         sequence, replaced = normalise("".join(chunks), where)
         if not sequence:
-            raise FastaError(f"{where}: record '{header}' has no residues; remove it or add its sequence")
+            raise FastaError(
+                f"{where}: record '{header}' has no residues; remove it or add its sequence"
+            )
         return Record(header.split()[0], header, sequence, where, replaced)
 
     with open_text(path) as fh:
@@ -129,10 +140,14 @@ def _records(path: str) -> Iterator[Record]:
                     yield finish()
                 header, header_line, chunks = line[1:].strip(), lineno, []
                 if not header:
-                    raise FastaError(f"{path}:{lineno}: header line has no ID; give the record a name")
+                    raise FastaError(
+                        f"{path}:{lineno}: header line has no ID; give the record a name"
+                    )
             elif line:
                 if header is None:
-                    raise FastaError(f"{path}:{lineno}: text before the first '>' header; is this a FASTA file?")
+                    raise FastaError(
+                        f"{path}:{lineno}: text before the first '>' header; is this a FASTA file?"
+                    )
                 chunks.append(line)
     if header is None:
         raise FastaError(f"{path}: no FASTA records (the file is empty or has no '>' header line)")

@@ -3,6 +3,7 @@
 Every file is written under a temporary name of its own writer (host and process in the name,
 so two writers never share one) and renamed when complete: a file under its final name is whole.
 """
+
 import csv
 import json
 import os

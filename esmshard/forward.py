@@ -7,6 +7,7 @@ masked) instead of two `bmm`s and a softmax over materialised weights; the langu
 contact heads are skipped; layers above the highest requested one are not run; on CPUs in fp32
 the dense layers run through oneDNN (see `onednn_available`).
 """
+
 import functools
 
 import torch
@@ -39,10 +40,19 @@ def onednn_available() -> bool:
     torch (torch's compiler calls it for CPUs), hence this check, run once, before it is used.
     """
     try:
-        with torch.random.fork_rng(devices=[]), torch.inference_mode():  # leaves the caller's RNG as it was
-            linear, x, residual = torch.nn.Linear(16, 8), torch.randn(2, 3, 16), torch.randn(2, 3, 8)
+        with (
+            torch.random.fork_rng(devices=[]),
+            torch.inference_mode(),
+        ):  # leaves the caller's RNG as it was
+            linear, x, residual = (
+                torch.nn.Linear(16, 8),
+                torch.randn(2, 3, 16),
+                torch.randn(2, 3, 8),
+            )
             return all(
-                torch.allclose(onednn_dense(x, linear, **kw), torch_dense(x, linear, **kw), atol=1e-5)
+                torch.allclose(
+                    onednn_dense(x, linear, **kw), torch_dense(x, linear, **kw), atol=1e-5
+                )
                 for kw in ({}, {"gelu": True}, {"residual": residual})
             )
     except (AttributeError, RuntimeError):
@@ -98,7 +108,11 @@ class FastESM2(torch.nn.Module):
             x = x * (1 - mask_ratio_train) / (1 - observed)[:, None, None]
         x = x * (1 - padding.unsqueeze(-1).type_as(x))
 
-        cpu_fp32 = x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        cpu_fp32 = (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu")
+        )
         dense = onednn_dense if cpu_fp32 and onednn_available() else torch_dense
 
         wanted = set(repr_layers)
@@ -106,10 +120,12 @@ class FastESM2(torch.nn.Module):
         cos, sin = self.rotary(tokens.shape[1], tokens.device)
         # Boolean mask, True where attention is allowed: every query sees the real keys only.
         mask = ~padding[:, None, None, :] if padding.any() else None
-        for index, layer in enumerate(m.layers[:max(wanted)]):
+        for index, layer in enumerate(m.layers[: max(wanted)]):
             attended = self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
             x = dense(attended, layer.self_attn.out_proj, residual=x)
-            x = dense(dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x)
+            x = dense(
+                dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x
+            )
             if index + 1 == self.num_layers:
                 x = m.emb_layer_norm_after(x)  # fair-esm normalises the last layer's output only
             if index + 1 in wanted:

@@ -2,6 +2,7 @@
 
 Paths are strings, so that the rules can pass a wildcard such as "{shard}" for the shard.
 """
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,11 @@ class Layout:
         return self._path("report", "scaling_report.html")
 
     def log(self, step: str, shard: str | None = None) -> str:
-        return self._path("logs", step, f"{shard}.log") if shard else self._path("logs", f"{step}.log")
+        return (
+            self._path("logs", step, f"{shard}.log")
+            if shard
+            else self._path("logs", f"{step}.log")
+        )
 
     def existing(self, path_of) -> list[Path]:
         """The files that exist of one per-shard kind, e.g. `existing(layout.metrics)`."""

@@ -3,6 +3,7 @@
 `truncate` keeps the first residues (as fair-esm does), `chunk` embeds overlapping windows and
 stitches them, `skip` lists the record as failed, `fail` stops the run before any GPU work.
 """
+
 from typing import NamedTuple
 
 POLICIES = ("truncate", "chunk", "skip", "fail")

@@ -1,4 +1,5 @@
 """Merging shard files into one HDF5 file in input order, with the list of failed records."""
+
 import h5py
 import numpy as np
 
@@ -31,7 +32,9 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
             with h5py.File(path, "r") as h5:
                 shard = read_index(h5)
         except (OSError, KeyError) as err:
-            raise MergeError(f"shard file {path} is unreadable or incomplete ({err}); delete it and run again") from err
+            raise MergeError(
+                f"shard file {path} is unreadable or incomplete ({err}); delete it and run again"
+            ) from err
         attrs, layers = shard.attrs, shard.layers
         lengths[shard.index] = shard.lengths
         _check_shard(path, expected, shard, ids)
@@ -56,7 +59,9 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
         _strings(out, "ids", [ids[i] for i in embedded])
         _strings(out, "headers", [records[i]["header"] for i in embedded])
         out.create_dataset("lengths", data=lengths[embedded])
-        out.create_dataset("truncated", data=np.array([records[i]["truncated"] == "1" for i in embedded]))
+        out.create_dataset(
+            "truncated", data=np.array([records[i]["truncated"] == "1" for i in embedded])
+        )
         if any(KINDS[kind].per_residue for kind in layers):
             out.create_dataset("per_tok/offsets", data=offsets)
         for path in shard_files:
@@ -69,7 +74,9 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
                         data = h5[name]
                         if name not in out:
                             total = offsets[-1] if KINDS[kind].per_residue else embedded.size
-                            out.create_dataset(name, (total, data.shape[1]), dtype=np.float32, chunks=True)
+                            out.create_dataset(
+                                name, (total, data.shape[1]), dtype=np.float32, chunks=True
+                            )
                         if KINDS[kind].per_residue:
                             _copy_residues(h5, data, out[name], offsets, rows)
                         elif rows.size:
@@ -83,7 +90,11 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
             n_failed=len(failures),
         )
 
-    write_tsv(failed_tsv, FAILED_COLUMNS, [[ids[i], records[i]["source"], failures[i]] for i in sorted(failures)])
+    write_tsv(
+        failed_tsv,
+        FAILED_COLUMNS,
+        [[ids[i], records[i]["source"], failures[i]] for i in sorted(failures)],
+    )
     return {"n_records": n, "n_embedded": int(embedded.size), "n_failed": len(failures)}
 
 

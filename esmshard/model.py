@@ -4,6 +4,7 @@ torch and fair-esm are imported by the functions that need them, so that the Sna
 jobs that run no model (shard, merge, report) read model names without a second spent importing
 torch.
 """
+
 import argparse
 import pickle
 from dataclasses import dataclass
@@ -51,9 +52,11 @@ class ModelSpec:
 
 def parse_spec(model: str) -> ModelSpec:
     if model.startswith(RANDOM_PREFIX):
-        name = model[len(RANDOM_PREFIX):]
+        name = model[len(RANDOM_PREFIX) :]
         if name not in ESM2_ARCHS:
-            raise ModelError(f"model '{model}': unknown ESM-2 architecture; use one of {sorted(ESM2_ARCHS)}")
+            raise ModelError(
+                f"model '{model}': unknown ESM-2 architecture; use one of {sorted(ESM2_ARCHS)}"
+            )
         return ModelSpec(name, "random")
     if model.endswith(".pt"):
         path = Path(model)
@@ -94,7 +97,9 @@ def ensure_available(spec: ModelSpec) -> None:
         return
     import torch
 
-    targets = zip(hub_paths(spec.name), (MODEL_URL.format(spec.name), REGRESSION_URL.format(spec.name)))
+    targets = zip(
+        hub_paths(spec.name), (MODEL_URL.format(spec.name), REGRESSION_URL.format(spec.name))
+    )
     for path, url in targets:
         if path.is_file():
             continue
@@ -159,7 +164,9 @@ def write_checkpoint(model, directory: Path, name: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     state = model.state_dict()
     regression_keys = [k for k in state if k.startswith("contact_head.regression.")]
-    body = {f"encoder.sentence_encoder.{k}": v for k, v in state.items() if k not in regression_keys}
+    body = {
+        f"encoder.sentence_encoder.{k}": v for k, v in state.items() if k not in regression_keys
+    }
     cfg = argparse.Namespace(
         encoder_layers=model.num_layers,
         encoder_embed_dim=model.embed_dim,

@@ -8,6 +8,7 @@ Inside a cluster job whose scheduler set CUDA_VISIBLE_DEVICES, the pool is what 
 gave (one GPU per job: that GPU), and its locks are the allocation's own: other allocations on
 the node may see their GPUs under the same numbers.
 """
+
 import fcntl
 import itertools
 import logging
@@ -67,18 +68,25 @@ def pool_devices(gpus, env=os.environ) -> list[str]:
         return [str(i) for i in gpus]
     missing = [i for i in gpus if i >= len(visible)]
     if missing:
-        raise ValueError(f"gpus: {gpus} lists devices {missing}, but only {len(visible)} are visible")
+        raise ValueError(
+            f"gpus: {gpus} lists devices {missing}, but only {len(visible)} are visible"
+        )
     return [visible[i] for i in gpus]
 
 
 def default_pool_dir(env=os.environ) -> Path:
     """Host-wide, so that separate runs on one machine never share a GPU; per allocation under a scheduler."""
-    base = env.get("ESMSHARD_POOL_DIR") or Path(tempfile.gettempdir()) / f"esmshard-gpu-pool-{os.getuid()}"
+    base = (
+        env.get("ESMSHARD_POOL_DIR")
+        or Path(tempfile.gettempdir()) / f"esmshard-gpu-pool-{os.getuid()}"
+    )
     return Path(base) / socket.gethostname() / (scheduler_allocation(env) or "")
 
 
 @contextmanager
-def acquire(devices: list[str], pool_dir: Path | None = None, poll_seconds: float = 0.5, env=os.environ):
+def acquire(
+    devices: list[str], pool_dir: Path | None = None, poll_seconds: float = 0.5, env=os.environ
+):
     """Hold a slot for the life of the block and point CUDA_VISIBLE_DEVICES at its device.
 
     Without devices the slots are CPU slots, as many as jobs ask for, so overlapping jobs

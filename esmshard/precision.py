@@ -1,12 +1,17 @@
 """The precisions a forward pass can run in: the one table to extend for a new one."""
+
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Precision:
     name: str
-    autocast_dtype: str | None  # torch dtype autocast computes in; None: the weights' fp32 as they are
-    bytes_per_value: int  # activation bytes per value for the token budget (autocast keeps norms in fp32)
+    autocast_dtype: (
+        str | None
+    )  # torch dtype autocast computes in; None: the weights' fp32 as they are
+    bytes_per_value: (
+        int  # activation bytes per value for the token budget (autocast keeps norms in fp32)
+    )
 
 
 PRECISIONS = {

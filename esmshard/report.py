@@ -1,4 +1,5 @@
 """The scaling report: how well the run used its devices, from the shards' metrics."""
+
 import base64
 import csv
 import heapq
@@ -21,7 +22,10 @@ GUIDE_SPEEDUP = {2: (1.8, 2.0), 4: (3.5, 4.0), 8: (7.0, 8.0)}
 
 
 def load_metrics(paths) -> list[dict]:
-    return sorted((json.loads(Path(p).read_text()) for p in paths), key=lambda m: (m["started_at"], m["shard"]))
+    return sorted(
+        (json.loads(Path(p).read_text()) for p in paths),
+        key=lambda m: (m["started_at"], m["shard"]),
+    )
 
 
 def replay(durations: list[float], n_devices: int) -> float:
@@ -43,14 +47,19 @@ def devices(metrics: list[dict]) -> list[dict]:
             n = sum(w for _, w in pairs)
             return sum(v * w for v, w in pairs) / n if n else None
 
-        out.append({
-            "slot": key, "device": s["device"], "name": s["device_name"],
-            "memory_total_bytes": s["memory_total_bytes"],
-            "mean_memory_used_bytes": weighted("mean_memory_used_bytes"),
-            "peak_memory_used_bytes": s["peak_memory_used_bytes"],
-            "mean_utilization_percent": weighted("mean_utilization_percent"),
-            "shards": s["shards"], "residues_per_second": s["residues_per_second"],
-        })
+        out.append(
+            {
+                "slot": key,
+                "device": s["device"],
+                "name": s["device_name"],
+                "memory_total_bytes": s["memory_total_bytes"],
+                "mean_memory_used_bytes": weighted("mean_memory_used_bytes"),
+                "peak_memory_used_bytes": s["peak_memory_used_bytes"],
+                "mean_utilization_percent": weighted("mean_utilization_percent"),
+                "shards": s["shards"],
+                "residues_per_second": s["residues_per_second"],
+            }
+        )
     return out
 
 
@@ -66,10 +75,15 @@ def scaling(metrics: list[dict]) -> dict:
     for k in MODELLED_GPUS:
         makespan = replay(durations, k)
         speedup = one_device / makespan
-        modelled.append({
-            "gpus": k, "makespan_seconds": makespan, "speedup": speedup, "efficiency": speedup / k,
-            "guide_speedup": list(GUIDE_SPEEDUP.get(k, (1.0, 1.0))),
-        })
+        modelled.append(
+            {
+                "gpus": k,
+                "makespan_seconds": makespan,
+                "speedup": speedup,
+                "efficiency": speedup / k,
+                "guide_speedup": list(GUIDE_SPEEDUP.get(k, (1.0, 1.0))),
+            }
+        )
     measured = busy / wall if wall > 0 else None
     return {
         "model": metrics[0]["model"],
@@ -84,17 +98,34 @@ def scaling(metrics: list[dict]) -> dict:
         "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
         "slots": slots,
         "measured": {
-            "gpus": len(slots), "speedup": measured,
+            "gpus": len(slots),
+            "speedup": measured,
             "efficiency": measured / len(slots) if measured is not None else None,
         },
         "modelled": modelled,
         "devices": devices(metrics),
         "telemetry": any(m.get("telemetry_samples") for m in metrics),
         "shards": [
-            {k: m[k] for k in ("shard", "gpu_slot", "device", "started_at", "finished_at", "seconds",
-                               "n_sequences", "n_residues")}
-            | {"residues_per_second": m["n_residues"] / m["seconds"] if m["seconds"] > 0 else None,
-               "started_offset": m["started_at"] - start, "slot": slot_key(m)}
+            {
+                k: m[k]
+                for k in (
+                    "shard",
+                    "gpu_slot",
+                    "device",
+                    "started_at",
+                    "finished_at",
+                    "seconds",
+                    "n_sequences",
+                    "n_residues",
+                )
+            }
+            | {
+                "residues_per_second": m["n_residues"] / m["seconds"]
+                if m["seconds"] > 0
+                else None,
+                "started_offset": m["started_at"] - start,
+                "slot": slot_key(m),
+            }
             for m in metrics
         ],
     }
@@ -112,9 +143,17 @@ def _timeline(result) -> str:
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(slots) + 1.5))
     for shard in result["shards"]:
         y = slots.index(shard["slot"])
-        ax.broken_barh([(shard["started_offset"], shard["seconds"])], (y - 0.4, 0.8), edgecolor="black")
-        ax.text(shard["started_offset"] + shard["seconds"] / 2, y, shard["shard"].split("_")[-1],
-                ha="center", va="center", fontsize=7)
+        ax.broken_barh(
+            [(shard["started_offset"], shard["seconds"])], (y - 0.4, 0.8), edgecolor="black"
+        )
+        ax.text(
+            shard["started_offset"] + shard["seconds"] / 2,
+            y,
+            shard["shard"].split("_")[-1],
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
     ax.set_yticks(range(len(slots)), slots)
     ax.set_xlabel("seconds since the first shard started")
     ax.set_title("Shard jobs per device slot")
@@ -136,11 +175,27 @@ def _speedup(result) -> str:
     gpus = [m["gpus"] for m in result["modelled"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(gpus, gpus, "k:", label="ideal")
-    ax.fill_between(gpus, [m["guide_speedup"][0] for m in result["modelled"]],
-                    [m["guide_speedup"][1] for m in result["modelled"]], alpha=0.2, label="guides' promise")
-    ax.plot(gpus, [m["speedup"] for m in result["modelled"]], "o-", label="modelled from this run's shards")
+    ax.fill_between(
+        gpus,
+        [m["guide_speedup"][0] for m in result["modelled"]],
+        [m["guide_speedup"][1] for m in result["modelled"]],
+        alpha=0.2,
+        label="guides' promise",
+    )
+    ax.plot(
+        gpus,
+        [m["speedup"] for m in result["modelled"]],
+        "o-",
+        label="modelled from this run's shards",
+    )
     if result["measured"]["speedup"]:
-        ax.plot([result["measured"]["gpus"]], [result["measured"]["speedup"]], "r*", ms=14, label="measured")
+        ax.plot(
+            [result["measured"]["gpus"]],
+            [result["measured"]["speedup"]],
+            "r*",
+            ms=14,
+            label="measured",
+        )
     ax.set_xlabel("GPUs")
     ax.set_ylabel("speedup")
     ax.set_xticks(gpus)
@@ -155,7 +210,10 @@ def read_telemetry(metrics: list[dict], telemetry_files) -> dict[str, list[dict]
     file_of = {Path(path).stem: path for path in telemetry_files}
     for m in metrics:
         with open(file_of[m["shard"]], newline="") as fh:
-            rows = [{k: float(v) if v else None for k, v in row.items()} for row in csv.DictReader(fh, delimiter="\t")]
+            rows = [
+                {k: float(v) if v else None for k, v in row.items()}
+                for row in csv.DictReader(fh, delimiter="\t")
+            ]
         if rows:  # header only: NVML was not available to that job
             series.setdefault(slot_key(m), []).extend(rows)
     return {k: sorted(v, key=lambda r: r["time"]) for k, v in series.items()}
@@ -167,8 +225,16 @@ def _device_plots(result, series) -> str:
     for key, rows in sorted(series.items()):
         t = [r["time"] - start for r in rows]
         util.plot(t, [r["utilization_percent"] for r in rows], ".-", ms=3, label=f"slot {key}")
-        memory.plot(t, [r["memory_used_bytes"] / (1 << 30) if r["memory_used_bytes"] is not None else None
-                        for r in rows], ".-", ms=3, label=f"slot {key}")
+        memory.plot(
+            t,
+            [
+                r["memory_used_bytes"] / (1 << 30) if r["memory_used_bytes"] is not None else None
+                for r in rows
+            ],
+            ".-",
+            ms=3,
+            label=f"slot {key}",
+        )
     util.set_ylabel("GPU utilization (%)")
     util.set_ylim(0, 105)
     memory.set_ylabel("memory used (GiB)")
@@ -180,7 +246,10 @@ def _device_plots(result, series) -> str:
 
 def _table(rows, columns) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in columns) + "</tr>" for r in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in columns) + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -201,25 +270,36 @@ def render_html(result: dict, series: dict) -> str:
     if result["weights"] == "random":
         warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
     summary = [
-        {"figure": "model", "value": f'{result["model"]} ({result["weights"]} weights)'},
+        {"figure": "model", "value": f"{result['model']} ({result['weights']} weights)"},
         {"figure": "shards", "value": result["n_shards"]},
-        {"figure": "sequences / residues", "value": f'{result["n_sequences"]:,} / {result["n_residues"]:,}'},
+        {
+            "figure": "sequences / residues",
+            "value": f"{result['n_sequences']:,} / {result['n_residues']:,}",
+        },
         {"figure": "failed sequences", "value": result["n_failed"]},
         {"figure": "wall time of the embed jobs (s)", "value": result["wall_seconds"]},
         {"figure": "residues/s overall", "value": result["residues_per_second"]},
         {"figure": "load imbalance (slowest shard / mean)", "value": result["load_imbalance"]},
-        {"figure": "measured speedup on this run's slots",
-         "value": f'{_fmt(result["measured"]["speedup"])}× on {result["measured"]["gpus"]} slot(s)'},
+        {
+            "figure": "measured speedup on this run's slots",
+            "value": f"{_fmt(result['measured']['speedup'])}× on {result['measured']['gpus']} slot(s)",
+        },
     ]
-    images = "".join(f'<img src="data:image/png;base64,{png}">' for png in
-                     (_timeline(result), _throughput(result), _speedup(result)))
+    images = "".join(
+        f'<img src="data:image/png;base64,{png}">'
+        for png in (_timeline(result), _throughput(result), _speedup(result))
+    )
     if series:
         device_section = f'<img src="data:image/png;base64,{_device_plots(result, series)}">'
     else:
         device_section = "<p>No GPU telemetry: NVML was not available to the jobs.</p>"
     device_rows = [
-        {**d, "memory_total_GiB": _gib(d["memory_total_bytes"]), "mean_memory_used_GiB": _gib(d["mean_memory_used_bytes"]),
-         "peak_memory_used_GiB": _gib(d["peak_memory_used_bytes"])}
+        {
+            **d,
+            "memory_total_GiB": _gib(d["memory_total_bytes"]),
+            "mean_memory_used_GiB": _gib(d["mean_memory_used_bytes"]),
+            "peak_memory_used_GiB": _gib(d["peak_memory_used_bytes"]),
+        }
         for d in result["devices"]
     ]
     return f"""<!DOCTYPE html>
@@ -230,14 +310,47 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 {_table(summary, ["figure", "value"])}
 <h2>Speedup and efficiency</h2>
 <p>Modelled by replaying the measured shard times, in their start order, on that many devices.</p>
-{_table(result["modelled"], ["gpus", "makespan_seconds", "speedup", "efficiency", "guide_speedup"])}
+{
+        _table(
+            result["modelled"],
+            ["gpus", "makespan_seconds", "speedup", "efficiency", "guide_speedup"],
+        )
+    }
 {images}
 <h2>Devices</h2>
-{_table(device_rows, ["slot", "device", "name", "shards", "residues_per_second", "mean_utilization_percent",
-                      "mean_memory_used_GiB", "peak_memory_used_GiB", "memory_total_GiB"])}
+{
+        _table(
+            device_rows,
+            [
+                "slot",
+                "device",
+                "name",
+                "shards",
+                "residues_per_second",
+                "mean_utilization_percent",
+                "mean_memory_used_GiB",
+                "peak_memory_used_GiB",
+                "memory_total_GiB",
+            ],
+        )
+    }
 {device_section}
 <h2>Shards</h2>
-{_table(result["shards"], ["shard", "slot", "device", "started_offset", "seconds", "n_sequences", "n_residues", "residues_per_second"])}
+{
+        _table(
+            result["shards"],
+            [
+                "shard",
+                "slot",
+                "device",
+                "started_offset",
+                "seconds",
+                "n_sequences",
+                "n_residues",
+                "residues_per_second",
+            ],
+        )
+    }
 </body></html>
 """
 

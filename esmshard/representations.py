@@ -3,6 +3,7 @@
 `KINDS` is the one table of representation kinds: the shard writer, merge and the config schema
 all follow it, so a new kind is one entry here.
 """
+
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -19,7 +20,9 @@ class Representation(NamedTuple):
 @dataclass(frozen=True)
 class Kind:
     name: str
-    per_residue: bool  # one row per residue (records concatenated, with offsets), else one per record
+    per_residue: (
+        bool  # one row per residue (records concatenated, with offsets), else one per record
+    )
     rows: Callable[[list[Representation]], np.ndarray]  # the rows of a batch of sequences
 
 
@@ -38,6 +41,8 @@ def absolute_layers(repr_layers, num_layers: int) -> list[int]:
     layers = []
     for layer in repr_layers:
         if not -(num_layers + 1) <= layer <= num_layers:
-            raise ValueError(f"repr_layers: layer {layer} does not exist in a {num_layers}-layer model")
+            raise ValueError(
+                f"repr_layers: layer {layer} does not exist in a {num_layers}-layer model"
+            )
         layers.append((layer + num_layers + 1) % (num_layers + 1))
     return sorted(set(layers))

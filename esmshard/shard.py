@@ -1,16 +1,33 @@
 """The shard step: read every input once, check it, and split it into size-balanced shards."""
+
 import csv
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
 from .balance import assign, record_cost
-from .fasta import NUCLEOTIDE_LETTERS, NUCLEOTIDE_MIN_LENGTH, FastaError, looks_nucleotide, read_fasta
+from .fasta import (
+    NUCLEOTIDE_LETTERS,
+    NUCLEOTIDE_MIN_LENGTH,
+    FastaError,
+    looks_nucleotide,
+    read_fasta,
+)
 from .files import atomic_path, write_tsv
 from .long_sequences import embedded_residues
 from .sizing import shard_names
 
-RECORD_COLUMNS = ["index", "id", "shard", "length", "n_residues", "truncated", "n_replaced", "source", "header"]
+RECORD_COLUMNS = [
+    "index",
+    "id",
+    "shard",
+    "length",
+    "n_residues",
+    "truncated",
+    "n_replaced",
+    "source",
+    "header",
+]
 SHARD_COLUMNS = ["index", "id", "sequence"]
 PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
 
@@ -66,7 +83,10 @@ def write_shards(
             )
 
         shard_of = assign(costs, n_shards)
-        plan = [{"shard": name, "n_sequences": 0, "n_residues": 0, "estimated_cost": 0.0} for name in names]
+        plan = [
+            {"shard": name, "n_sequences": 0, "n_residues": 0, "estimated_cost": 0.0}
+            for name in names
+        ]
         for row, shard in zip(records, shard_of):
             row[2] = names[shard]
             plan[shard]["n_sequences"] += 1
@@ -74,7 +94,10 @@ def write_shards(
             plan[shard]["estimated_cost"] += costs[row[0]]
 
         with ExitStack() as renamed_together:  # every shard file appears with the tables, or none
-            tmp = [renamed_together.enter_context(atomic_path(shard_dir / f"{name}.tsv")) for name in names]
+            tmp = [
+                renamed_together.enter_context(atomic_path(shard_dir / f"{name}.tsv"))
+                for name in names
+            ]
             _write_shard_files(spool, records, shard_of, tmp)
     write_tsv(shard_dir / "records.tsv", RECORD_COLUMNS, records)
     write_tsv(shard_dir / "plan.tsv", PLAN_COLUMNS, [[p[c] for c in PLAN_COLUMNS] for p in plan])
@@ -85,7 +108,8 @@ def _refuse_nucleotides(nucleotide: dict) -> None:
     if not nucleotide:
         return
     found = "; ".join(
-        f"{path}: {len(recs)} records, e.g. '{recs[0].id}' ({recs[0].source})" for path, recs in nucleotide.items()
+        f"{path}: {len(recs)} records, e.g. '{recs[0].id}' ({recs[0].source})"
+        for path, recs in nucleotide.items()
     )
     raise FastaError(
         f"nucleotide sequences where proteins are expected (records of at least {NUCLEOTIDE_MIN_LENGTH} "

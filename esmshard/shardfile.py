@@ -4,6 +4,7 @@ Layout: `index` (input index of each row), `ids`, `length` (residues embedded), 
 `<kind>/<layer>` per representation kind and layer (rows in processing order; per-residue kinds
 concatenated), `failed/index`, `failed/ids`, `failed/reason`, and the run's settings as attributes.
 """
+
 from typing import NamedTuple
 
 import h5py
@@ -33,7 +34,9 @@ class ShardWriter:
             h5.create_dataset(name, (0,), dtype=dtype, maxshape=(None,), chunks=True)
         for kind in include:
             for layer in layers:
-                h5.create_dataset(dataset(kind, layer), (0, dim), np.float32, maxshape=(None, dim), chunks=True)
+                h5.create_dataset(
+                    dataset(kind, layer), (0, dim), np.float32, maxshape=(None, dim), chunks=True
+                )
 
     @staticmethod
     def _append(dset, rows: np.ndarray):
@@ -55,8 +58,16 @@ class ShardWriter:
         failed = sorted(failed)
         h5 = self.h5
         h5.create_dataset("failed/index", data=np.array([f.index for f in failed], dtype=np.int64))
-        h5.create_dataset("failed/ids", data=np.array([ids_by_index[f.index] for f in failed], dtype=object), dtype=STR_DTYPE)
-        h5.create_dataset("failed/reason", data=np.array([f.reason for f in failed], dtype=object), dtype=STR_DTYPE)
+        h5.create_dataset(
+            "failed/ids",
+            data=np.array([ids_by_index[f.index] for f in failed], dtype=object),
+            dtype=STR_DTYPE,
+        )
+        h5.create_dataset(
+            "failed/reason",
+            data=np.array([f.reason for f in failed], dtype=object),
+            dtype=STR_DTYPE,
+        )
 
 
 class ShardIndex(NamedTuple):
@@ -78,7 +89,9 @@ def read_index(h5: h5py.File) -> ShardIndex:
         raise KeyError(f"unknown representation kind(s) {sorted(unknown)}")
     failures = [
         Failure(i, reason)
-        for i, reason in zip(h5["failed/index"][:].tolist(), h5["failed/reason"].asstr()[:].tolist())
+        for i, reason in zip(
+            h5["failed/index"][:].tolist(), h5["failed/reason"].asstr()[:].tolist()
+        )
     ]
     return ShardIndex(
         attrs=dict(h5.attrs),

@@ -1,4 +1,5 @@
 """How many shards, and what each job asks a cluster for, from the input's size and the model."""
+
 import math
 import os
 
@@ -13,7 +14,10 @@ COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 
 # Cluster requests (SLURM `runtime`, minutes; `mem_mb`), from the cost model in balance.py.
 ASSUMED_FLOPS = 5e12  # sustained by fair-esm's fp32 forward on a modest datacenter GPU
-DEFAULT_ARCH = (33, 1280)  # layers, D: for checkpoints of unknown architecture, assume the 650M model
+DEFAULT_ARCH = (
+    33,
+    1280,
+)  # layers, D: for checkpoints of unknown architecture, assume the 650M model
 
 
 def estimated_residues(paths) -> int:

@@ -3,6 +3,7 @@
 Status needs no access to the jobs themselves, only the run's files, so it works during and
 after a run, and on a cluster where the jobs ran on other nodes of a shared filesystem.
 """
+
 import json
 import time
 from pathlib import Path
@@ -55,18 +56,34 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
     """Finished shards grouped by device slot: what each device did, and how fast."""
     slots = {}
     for m in sorted(metrics, key=lambda m: m["started_at"]):
-        s = slots.setdefault(slot_key(m), {"host": m["host"], "gpu_slot": m["gpu_slot"], "device": m["device"],
-                                           "device_name": m.get("gpu_name") or m["device_name"], "shards": 0,
-                                           "residues": 0, "compute_seconds": 0.0, "memory_total_bytes": None,
-                                           "peak_memory_used_bytes": None})
+        s = slots.setdefault(
+            slot_key(m),
+            {
+                "host": m["host"],
+                "gpu_slot": m["gpu_slot"],
+                "device": m["device"],
+                "device_name": m.get("gpu_name") or m["device_name"],
+                "shards": 0,
+                "residues": 0,
+                "compute_seconds": 0.0,
+                "memory_total_bytes": None,
+                "peak_memory_used_bytes": None,
+            },
+        )
         s["shards"] += 1
         s["residues"] += m["n_residues"]
         s["compute_seconds"] += m["compute_seconds"]
         s["memory_total_bytes"] = m.get("memory_total_bytes") or s["memory_total_bytes"]
-        peaks = [p for p in (s["peak_memory_used_bytes"], m.get("peak_memory_used_bytes")) if p is not None]
+        peaks = [
+            p
+            for p in (s["peak_memory_used_bytes"], m.get("peak_memory_used_bytes"))
+            if p is not None
+        ]
         s["peak_memory_used_bytes"] = max(peaks) if peaks else None
     for s in slots.values():
-        s["residues_per_second"] = s["residues"] / s["compute_seconds"] if s["compute_seconds"] > 0 else None
+        s["residues_per_second"] = (
+            s["residues"] / s["compute_seconds"] if s["compute_seconds"] > 0 else None
+        )
     return slots
 
 
@@ -102,7 +119,9 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     plan = read_tsv(layout.plan)
     done = _read_json(layout.existing(layout.metrics))
     finished = {m["shard"] for m in done}
-    running = [r for r in _read_json(layout.existing(layout.progress)) if r["shard"] not in finished]
+    running = [
+        r for r in _read_json(layout.existing(layout.progress)) if r["shard"] not in finished
+    ]
     total_residues = sum(int(p["n_residues"]) for p in plan)
     done_residues = sum(m["n_residues"] for m in done) + sum(r["residues_done"] for r in running)
     starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
@@ -115,13 +134,19 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     else:
         eta = (total_residues - done_residues) / speed if speed else None
     return {
-        "outdir": str(outdir), "planned": True, "complete": complete,
-        "shards_total": len(plan), "shards_done": len(done),
-        "residues_total": total_residues, "residues_done": done_residues,
-        "residues_per_second": speed, "elapsed_seconds": elapsed,
+        "outdir": str(outdir),
+        "planned": True,
+        "complete": complete,
+        "shards_total": len(plan),
+        "shards_done": len(done),
+        "residues_total": total_residues,
+        "residues_done": done_residues,
+        "residues_per_second": speed,
+        "elapsed_seconds": elapsed,
         "eta_seconds": eta,
         "failed": sum(m.get("n_failed", 0) for m in done),
-        "slots": per_slot(done), "running": running,
+        "slots": per_slot(done),
+        "running": running,
     }
 
 
@@ -139,15 +164,33 @@ def render(state: dict) -> str:
             shard = f"{r['shard']} ({100 * r['residues_done'] / max(r['n_residues'], 1):.0f}%)"
             memory = _memory(r.get("memory_used_bytes"), r.get("memory_total_bytes"))
         else:
-            shard, memory = "idle", _memory(s.get("peak_memory_used_bytes"), s.get("memory_total_bytes"))
-        rows.append((key, f"{device} {name}" if name != device else device, shard, str(s.get("shards", 0)),
-                     rate(s.get("residues_per_second")), memory))
+            shard, memory = (
+                "idle",
+                _memory(s.get("peak_memory_used_bytes"), s.get("memory_total_bytes")),
+            )
+        rows.append(
+            (
+                key,
+                f"{device} {name}" if name != device else device,
+                shard,
+                str(s.get("shards", 0)),
+                rate(s.get("residues_per_second")),
+                memory,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     percent = 100 * state["shards_done"] / state["shards_total"]
-    eta = "finished" if state["complete"] else (
-        f"ETA {_duration(state['eta_seconds'])}" if state["eta_seconds"] is not None else "ETA ?")
+    eta = (
+        "finished"
+        if state["complete"]
+        else (
+            f"ETA {_duration(state['eta_seconds'])}"
+            if state["eta_seconds"] is not None
+            else "ETA ?"
+        )
+    )
     lines.append(
         f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
         f"residues {state['residues_done']:,}/{state['residues_total']:,}  "

@@ -4,6 +4,7 @@ NVML numbers devices in PCI bus order and ignores CUDA_VISIBLE_DEVICES, so a job
 is matched to its NVML device by PCI bus ID. Every query may be unsupported on some device
 (or missing on a stand-in): such a figure is recorded as missing, never raised.
 """
+
 import csv
 import logging
 import threading
@@ -15,7 +16,14 @@ from .files import atomic_path
 log = logging.getLogger(__name__)
 _unavailable_noted = False
 
-FIELDS = ["time", "utilization_percent", "memory_used_bytes", "memory_total_bytes", "temperature_c", "power_w"]
+FIELDS = [
+    "time",
+    "utilization_percent",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "temperature_c",
+    "power_w",
+]
 
 
 def _nvml():
@@ -25,7 +33,9 @@ def _nvml():
 
         pynvml.nvmlInit()
         return pynvml
-    except Exception as err:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
+    except (
+        Exception
+    ) as err:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
         global _unavailable_noted
         if not _unavailable_noted:
             log.info("NVML is not available (%s): carrying on without GPU telemetry", err)
@@ -124,7 +134,9 @@ class Sampler:
         writer = csv.DictWriter(fh, FIELDS, delimiter="\t", lineterminator="\n")
         writer.writeheader()
         if self.handle is not None:
-            self._thread = threading.Thread(target=self._run, args=(writer, fh), name="nvml-sampler", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, args=(writer, fh), name="nvml-sampler", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -138,6 +150,7 @@ class Sampler:
 
     def summary(self) -> dict:
         """Figures for the shard's metrics; None where NVML gave nothing."""
+
         def values(key):
             return [s[key] for s in self.samples if s[key] is not None]
 

@@ -1,4 +1,5 @@
 """Shared test set-up: the real data (read where it lies, subsets made at run time) and `snakemake` runs."""
+
 import atexit
 import os
 import re
@@ -31,7 +32,6 @@ SUBSETS = Path(tempfile.mkdtemp(prefix="esmshard-test-data-"))
 atexit.register(shutil.rmtree, SUBSETS, ignore_errors=True)
 
 
-
 def read_records(path: Path) -> list[tuple[str, str]]:
     """(header line, sequence) of each record of a plain FASTA file, as written."""
     records = []
@@ -62,7 +62,8 @@ _LONG = [i for i, (_, seq) in enumerate(read_records(PROTEOME)) if len(seq) > 10
 PROTEINS = write_subset("ecoli_k12_40.fasta", lambda i, h, s: i % 120 == 0 or i in _LONG)
 # Pseudogenes with in-frame stops (X) and a selenocysteine (U).
 NONSTANDARD = write_subset(
-    "ecoli_nonstandard.fasta", lambda i, h, s: any(f"|{n}_ECOLI " in h for n in ("YBFI", "YBFG", "FDHF"))
+    "ecoli_nonstandard.fasta",
+    lambda i, h, s: any(f"|{n}_ECOLI " in h for n in ("YBFI", "YBFG", "FDHF")),
 )
 
 
@@ -78,8 +79,20 @@ def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = Non
         **(env or {}),
     }
     full_env = {k: v for k, v in full_env.items() if v is not None}  # None: unset it
-    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--configfile", str(cfg),
-           "--cores", "8", "--set-threads", "embed=1", *args]
+    cmd = [
+        "snakemake",
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(cfg),
+        "--cores",
+        "8",
+        "--set-threads",
+        "embed=1",
+        *args,
+    ]
     return cmd, full_env
 
 
@@ -88,15 +101,21 @@ def snakemake(workdir: Path, config: dict, *args, env: dict | None = None, check
     cmd, full_env = snakemake_command(workdir, config, *args, env=env)
     result = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True)
     if check and result.returncode != 0:
-        raise AssertionError(f"snakemake failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"snakemake failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 
 def jobs_run(result) -> dict[str, int]:
     """Snakemake's job table ("Job stats") of a run: rule -> number of jobs."""
     text = result.stdout + result.stderr
-    table = text[text.index("Job stats:"):].split("\n\n")[0]
-    return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
+    table = text[text.index("Job stats:") :].split("\n\n")[0]
+    return {
+        m.group(1): int(m.group(2))
+        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
+        if m.group(1) != "total"
+    }
 
 
 @pytest.fixture(scope="session")
@@ -104,5 +123,6 @@ def checkpoint(tmp_path_factory) -> Path:
     """A random-weight ESM-2 (real t6 shapes) saved in fair-esm's on-disk format."""
     from esmshard.model import random_model, write_checkpoint
 
-    return write_checkpoint(random_model(TINY_MODEL), tmp_path_factory.mktemp("weights"), TINY_MODEL)
-
+    return write_checkpoint(
+        random_model(TINY_MODEL), tmp_path_factory.mktemp("weights"), TINY_MODEL
+    )

@@ -5,6 +5,7 @@ socket, ports, state and logs; nothing outside the directory is touched. The nod
 GPUs through `gres` (device files pointing at /dev/null: SLURM then assigns them and sets
 CUDA_VISIBLE_DEVICES, while the jobs compute on the CPU). See docs/cluster.md.
 """
+
 import os
 import shutil
 import socket
@@ -85,29 +86,63 @@ def cluster(root: Path):
         wrapper = root / "bin" / command
         wrapper.write_text(f'#!/bin/sh\nSLURM_CONF="{conf}" exec {shutil.which(command)} "$@"\n')
         wrapper.chmod(0o755)
-    env = {**os.environ, "SLURM_CONF": str(conf), "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "SLURM_CONF": str(conf),
+        "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    }
 
-    subprocess.run(["mungekey", "--create", "--force", "--keyfile", str(root / "munge.key")], check=True)
+    subprocess.run(
+        ["mungekey", "--create", "--force", "--keyfile", str(root / "munge.key")], check=True
+    )
     (root / "munge.key").chmod(0o600)
-    daemons = [subprocess.Popen(
-        ["munged", "--foreground", "--force", f"--socket={root}/munge.socket", f"--key-file={root}/munge.key",
-         f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log", f"--seed-file={root}/munged.seed"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    daemons = [
+        subprocess.Popen(
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--socket={root}/munge.socket",
+                f"--key-file={root}/munge.key",
+                f"--pid-file={root}/munged.pid",
+                f"--log-file={root}/munged.log",
+                f"--seed-file={root}/munged.seed",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
         _wait(lambda: (root / "munge.socket").exists(), 10, "munged start")
-        daemons.append(subprocess.Popen(["slurmctld", "-D", "-c", "-i"], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        daemons.append(subprocess.Popen(["slurmd", "-D", "-N", "localhost"], env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        daemons.append(
+            subprocess.Popen(
+                ["slurmctld", "-D", "-c", "-i"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        daemons.append(
+            subprocess.Popen(
+                ["slurmd", "-D", "-N", "localhost"],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
 
         def idle():
-            out = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
+            out = subprocess.run(
+                ["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True
+            )
             return out.stdout.strip() == "idle"
 
         _wait(idle, 60, "the node becoming idle")
         yield env
     finally:
-        subprocess.run(["scancel", "--full", "--quiet", "--user=root"], env=env, capture_output=True)
+        subprocess.run(
+            ["scancel", "--full", "--quiet", "--user=root"], env=env, capture_output=True
+        )
         for daemon in reversed(daemons):
             daemon.terminate()
         for daemon in daemons:
@@ -119,7 +154,9 @@ def cluster(root: Path):
 
 def jobs(env) -> list[dict]:
     """Every job slurmctld still knows of (MinJobAge keeps finished ones): its fields as a dict."""
-    out = subprocess.run(["scontrol", "show", "job", "--oneliner"], env=env, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "job", "--oneliner"], env=env, capture_output=True, text=True
+    ).stdout
     records = []
     for line in out.splitlines():
         fields = {}

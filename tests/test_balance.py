@@ -1,6 +1,6 @@
-from esmshard.balance import assign, estimated_cost, record_cost
-
 from conftest import PROTEINS, read_records
+
+from esmshard.balance import assign, estimated_cost, record_cost
 
 
 def test_assignment_balances_cost_deterministically():

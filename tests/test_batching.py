@@ -1,8 +1,7 @@
 import pytest
+from conftest import PROTEINS, REPO, read_records
 
 from esmshard import batching
-
-from conftest import PROTEINS, REPO, read_records
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 

@@ -1,10 +1,9 @@
 import pytest
 import yaml
+from conftest import REPO
 from snakemake.utils import validate
 
 from esmshard.config import coerce_config
-
-from conftest import REPO
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 

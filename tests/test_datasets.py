@@ -1,9 +1,9 @@
 import subprocess
 import sys
 
-from esmshard import datasets
-
 from conftest import PROTEOME, REPO, read_records
+
+from esmshard import datasets
 
 
 def test_example_is_every_15th_record_byte_for_byte(tmp_path):
@@ -11,7 +11,9 @@ def test_example_is_every_15th_record_byte_for_byte(tmp_path):
     datasets.write_every_nth_record(PROTEOME, target, 15)
     records = read_records(target)
     assert len(records) == 291 and records == read_records(PROTEOME)[::15]
-    assert target.read_text() in PROTEOME.read_text() or records[0][0] == read_records(PROTEOME)[0][0]
+    assert (
+        target.read_text() in PROTEOME.read_text() or records[0][0] == read_records(PROTEOME)[0][0]
+    )
 
 
 def test_shared_data_is_used_where_it_lies(tmp_path):
@@ -20,12 +22,19 @@ def test_shared_data_is_used_where_it_lies(tmp_path):
 
 
 def test_offline_download_says_where_to_put_the_file(tmp_path):
-    env = {"ESMSHARD_DATA": str(tmp_path / "none"), "https_proxy": "http://127.0.0.1:9", "PATH": "/usr/bin"}
+    env = {
+        "ESMSHARD_DATA": str(tmp_path / "none"),
+        "https_proxy": "http://127.0.0.1:9",
+        "PATH": "/usr/bin",
+    }
     result = subprocess.run(
         [sys.executable, "-m", "esmshard.datasets", "example", str(tmp_path / "cache" / "example.fasta")],
         cwd=REPO, env=env, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 1
-    assert "cannot download ecoli_k12_UP000000625.fasta from https://rest.uniprot.org/" in result.stderr
+    assert (
+        "cannot download ecoli_k12_UP000000625.fasta from https://rest.uniprot.org/"
+        in result.stderr
+    )
     assert f"put ecoli_k12_UP000000625.fasta into {tmp_path / 'cache'}" in result.stderr
     assert not list((tmp_path / "cache").iterdir())  # no partial download left

@@ -1,13 +1,12 @@
 import numpy as np
 import pytest
 import torch
+from conftest import PROTEINS, TINY_MODEL, read_records
 
 from esmshard import model
 from esmshard.batching import make_batches
 from esmshard.embedder import Embedder
 from esmshard.precision import PRECISIONS
-
-from conftest import PROTEINS, TINY_MODEL, read_records
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 
@@ -38,7 +37,9 @@ def collect(embedder, indices, sequences):
     return out, failed
 
 
-def test_injected_out_of_memory_halves_batches_with_identical_results(embedder, monkeypatch, caplog):
+def test_injected_out_of_memory_halves_batches_with_identical_results(
+    embedder, monkeypatch, caplog
+):
     batch = list(range(8))
     sequences = [SEQUENCES[i] for i in batch]
     whole, failed = collect(embedder, batch, sequences)
@@ -57,12 +58,16 @@ def test_pipelined_batches_give_what_batch_by_batch_gives(embedder, monkeypatch)
     # Out-of-memory halving and a sequence that fails alone, in the middle of the stream.
     lengths = [len(s) for s in SEQUENCES[:16]]
     batches = [(b, [SEQUENCES[i] for i in b]) for b in make_batches(lengths, 2048)]
-    monkeypatch.setattr(embedder, "inject_oom_tokens", max(lengths) + 1)  # the longest fail even alone
+    monkeypatch.setattr(
+        embedder, "inject_oom_tokens", max(lengths) + 1
+    )  # the longest fail even alone
     failed_one_by_one, failed_pipelined = [], []
     one_by_one = [embedder.embed(indices, seqs, failed_one_by_one) for indices, seqs in batches]
     pipelined = list(embedder.embed_batches(iter(batches), failed_pipelined))
     assert failed_pipelined == failed_one_by_one
-    assert {f.index for f in failed_one_by_one} == {i for i, n in enumerate(lengths) if n == max(lengths)}
+    assert {f.index for f in failed_one_by_one} == {
+        i for i, n in enumerate(lengths) if n == max(lengths)
+    }
     assert [[done for done, _ in parts] for parts in pipelined] == [
         [done for done, _ in parts] for parts in one_by_one
     ]
@@ -91,6 +96,6 @@ def test_chunked_sequence_is_stitched_from_its_windows(embedder):
     rep = embedder.embed_chunked(7, sequence, 1022, failed)
     assert not failed and rep[6].per_tok.shape == (2500, 320)
     # the first window's part equals that window embedded alone
-    (_, (alone,)), = embedder.embed([0], [sequence[:1022]], [])
+    ((_, (alone,)),) = embedder.embed([0], [sequence[:1022]], [])
     np.testing.assert_allclose(rep[6].per_tok[:500], alone[6].per_tok[:500], atol=1e-5)
     np.testing.assert_allclose(rep[6].bos, alone[6].bos, atol=1e-5)

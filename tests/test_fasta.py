@@ -1,13 +1,22 @@
 """Real-world FASTA: every case reads to the right records, or fails naming the file and line."""
+
 import bz2
 import gzip
 import lzma
 
 import pytest
+from conftest import (
+    ALIGNED,
+    GENE_CALLER,
+    LONG_PROTEIN,
+    NONSTANDARD,
+    NUCLEOTIDE,
+    PROTEINS,
+    PROTEOME,
+    read_records,
+)
 
 from esmshard.fasta import FastaError, looks_nucleotide, normalise, read_fasta
-
-from conftest import ALIGNED, GENE_CALLER, LONG_PROTEIN, NONSTANDARD, NUCLEOTIDE, PROTEOME, PROTEINS, read_records
 
 RECORDS = read_records(PROTEINS)
 ECOLI = RECORDS[:5]
@@ -75,12 +84,16 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path):
     assert next(read_fasta(path)).id == ECOLI[0][0][1:].split()[0]
 
 
-@pytest.mark.parametrize("letter", ["\ufb00", "\u0131", "\u017f", "\u00e9"])  # ﬀ → FF, ı → I, ſ → S
+@pytest.mark.parametrize(
+    "letter", ["\ufb00", "\u0131", "\u017f", "\u00e9"]
+)  # ﬀ → FF, ı → I, ſ → S
 def test_non_ascii_letters_in_a_sequence_stop_with_file_and_line(tmp_path, letter):
     header, seq = ECOLI[1]
     path = write(tmp_path / "p.fa", fasta_text([ECOLI[0], (header, seq[:30] + letter + seq[30:])]))
     line = 2 + (len(ECOLI[0][1]) + 59) // 60
-    with pytest.raises(FastaError, match=f"{path}:{line}: character '{letter}' \\(U\\+{ord(letter):04X}\\)"):
+    with pytest.raises(
+        FastaError, match=f"{path}:{line}: character '{letter}' \\(U\\+{ord(letter):04X}\\)"
+    ):
         list(read_fasta(path))
 
 
@@ -97,7 +110,9 @@ def test_windows_line_endings(tmp_path):
 
 
 def test_blank_lines_between_records(tmp_path):
-    assert sequences(write(tmp_path / "p.fa", "\n" + fasta_text(ECOLI, between="\n"))) == plain(ECOLI)
+    assert sequences(write(tmp_path / "p.fa", "\n" + fasta_text(ECOLI, between="\n"))) == plain(
+        ECOLI
+    )
 
 
 def test_no_newline_at_end_of_file(tmp_path):
@@ -132,7 +147,9 @@ def test_internal_stop_becomes_x():
     assert normalise("MK*VL", "f:1") == ("MKXVL", 1)
 
 
-@pytest.mark.parametrize("letter, becomes", [("B", "B"), ("Z", "Z"), ("O", "O"), ("U", "U"), ("X", "X"), ("J", "X")])
+@pytest.mark.parametrize(
+    "letter, becomes", [("B", "B"), ("Z", "Z"), ("O", "O"), ("U", "U"), ("X", "X"), ("J", "X")]
+)
 def test_ambiguity_letters_in_and_outside_the_alphabet(letter, becomes):
     seq = ECOLI[0][1]
     out, replaced = normalise(seq[:20] + letter + seq[21:], "p.fa:1")
@@ -152,7 +169,11 @@ def test_very_long_record():
 
 
 def test_unwrapped_and_mixed_width(tmp_path):
-    text = fasta_text(ECOLI[:2], width=10**6) + fasta_text(ECOLI[2:3], width=17) + fasta_text(ECOLI[3:], width=80)
+    text = (
+        fasta_text(ECOLI[:2], width=10**6)
+        + fasta_text(ECOLI[2:3], width=17)
+        + fasta_text(ECOLI[3:], width=80)
+    )
     assert sequences(write(tmp_path / "p.fa", text)) == plain(ECOLI)
 
 
@@ -164,7 +185,7 @@ def test_header_with_gt_inside_and_trailing_spaces(tmp_path):
 
 
 def test_ids_with_quotes_shell_metacharacters_and_slashes(tmp_path):
-    names = ["it's\"q\"", "$HOME;rm", "a|b`c`", "../../etc/x"]
+    names = ['it\'s"q"', "$HOME;rm", "a|b`c`", "../../etc/x"]
     records = [(f">{n} {h[1:]}", s) for n, (h, s) in zip(names, ECOLI)]
     assert [r.id for r in read_fasta(write(tmp_path / "p.fa", fasta_text(records)))] == names
 
@@ -174,7 +195,8 @@ def test_record_of_tens_of_thousands_of_residues(tmp_path):
     joined = "".join(plain(read_records(PROTEOME)))[:35_000]
     path = write(
         tmp_path / "long.fa",
-        fasta_text([(">joined_ecoli_records", joined)], width=60) + fasta_text([(">unwrapped", joined)], width=10**6),
+        fasta_text([(">joined_ecoli_records", joined)], width=60)
+        + fasta_text([(">unwrapped", joined)], width=10**6),
     )
     assert [len(s) for s in sequences(path)] == [35_000, 35_000]
 

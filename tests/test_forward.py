@@ -1,16 +1,16 @@
 """esmshard's forward pass against fair-esm's model, same weights, same tokens."""
+
 import numpy as np
 import pytest
 import torch
+from conftest import PROTEINS, read_records
 
+from esmshard import forward
 from esmshard.batching import make_batches
 from esmshard.embedder import Embedder
-from esmshard.precision import PRECISIONS
-from esmshard import forward
 from esmshard.forward import FastESM2
 from esmshard.model import random_model
-
-from conftest import PROTEINS, read_records
+from esmshard.precision import PRECISIONS
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 BF16_MIN_COSINE = 0.9999  # per sequence, CPU autocast (measured: >= 0.99999); docs/benchmarks.md
@@ -23,7 +23,14 @@ def model():
 
 
 def embedder(model, fast, precision="fp32"):
-    return Embedder(model, model.alphabet, [0, 3, 6], torch.device("cpu"), PRECISIONS[precision], fast_path=fast)
+    return Embedder(
+        model,
+        model.alphabet,
+        [0, 3, 6],
+        torch.device("cpu"),
+        PRECISIONS[precision],
+        fast_path=fast,
+    )
 
 
 @pytest.mark.parametrize("dense", ["onednn", "torch"])
@@ -50,7 +57,10 @@ def test_onednn_dense_layers_are_used_on_cpu():
 
 def test_layers_above_the_highest_requested_are_not_run(model):
     ran = []
-    hooks = [layer.final_layer_norm.register_forward_pre_hook(lambda *_, i=i: ran.append(i)) for i, layer in enumerate(model.layers)]
+    hooks = [
+        layer.final_layer_norm.register_forward_pre_hook(lambda *_, i=i: ran.append(i))
+        for i, layer in enumerate(model.layers)
+    ]
     toks = embedder(model, True).tokens(SEQUENCES[:2])
     try:
         with torch.inference_mode():
@@ -76,8 +86,14 @@ def test_bf16_on_cpu_stays_close(model):
 def test_bf16_on_gpu_cosine_at_least_0999(model):
     device = torch.device("cuda")
     fast = Embedder(model, model.alphabet, [6], device, PRECISIONS["bf16"])
-    reference = Embedder(random_model("esm2_t6_8M_UR50D").eval(), model.alphabet, [6], device, PRECISIONS["fp32"],
-                         fast_path=False)
+    reference = Embedder(
+        random_model("esm2_t6_8M_UR50D").eval(),
+        model.alphabet,
+        [6],
+        device,
+        PRECISIONS["fp32"],
+        fast_path=False,
+    )
     for got, want in zip(fast.forward(SEQUENCES), reference.forward(SEQUENCES)):
         a, b = got[6].per_tok.mean(0), want[6].per_tok.mean(0)
         assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.999

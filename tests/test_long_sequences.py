@@ -8,7 +8,10 @@ def test_chunk_windows_cover_every_residue_once(length):
     spans = chunk_spans(length, 1022)
     assert spans[0].keep_from == 0 and spans[-1].keep_to == length
     for span, following in zip(spans, spans[1:] + [None]):
-        assert span.end - span.start <= 1022 and span.start <= span.keep_from < span.keep_to <= span.end
+        assert (
+            span.end - span.start <= 1022
+            and span.start <= span.keep_from < span.keep_to <= span.end
+        )
         if following:
             assert span.keep_to == following.keep_from  # kept parts tile the sequence
             assert span.end - following.start >= 1022 // 4  # windows overlap by at least a quarter

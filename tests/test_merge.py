@@ -1,4 +1,5 @@
 """merge on shard files written by the shard writer, without a model."""
+
 import h5py
 import numpy as np
 import pytest
@@ -22,18 +23,31 @@ def rep(i: int) -> dict[int, Representation]:
 
 @pytest.fixture
 def run(tmp_path):
-    records = [[i, IDS[i], SHARD_OF[i], n, n, 0, 0, f"in.fa:{i}", f"{IDS[i]} protein"] for i, n in enumerate(LENGTHS)]
+    records = [
+        [i, IDS[i], SHARD_OF[i], n, n, 0, 0, f"in.fa:{i}", f"{IDS[i]} protein"]
+        for i, n in enumerate(LENGTHS)
+    ]
     write_tsv(tmp_path / "records.tsv", RECORD_COLUMNS, records)
     paths = []
     for shard in ("shard_0000", "shard_0001"):
-        members = [i for i, s in enumerate(SHARD_OF) if s == shard][::-1]  # processing order differs
-        failed = [Failure(members.pop(), "out of memory even alone")] if shard == "shard_0001" else []
+        members = [i for i, s in enumerate(SHARD_OF) if s == shard][
+            ::-1
+        ]  # processing order differs
+        failed = (
+            [Failure(members.pop(), "out of memory even alone")] if shard == "shard_0001" else []
+        )
         path = tmp_path / f"{shard}.h5"
         with h5py.File(path, "w") as h5:
             writer = ShardWriter(h5, [6], list(KINDS), DIM)
             writer.write(members, [IDS[i] for i in members], [rep(i) for i in members])
             writer.write_failed(failed, dict(enumerate(IDS)))
-            h5.attrs.update(shard=shard, model="m", weights="random", precision="fp32", truncation_seq_length=1022)
+            h5.attrs.update(
+                shard=shard,
+                model="m",
+                weights="random",
+                precision="fp32",
+                truncation_seq_length=1022,
+            )
         paths.append(path)
     return tmp_path, paths
 
@@ -51,9 +65,13 @@ def test_every_kind_lands_in_input_order(run):
             want = rep(i)[6]
             np.testing.assert_array_equal(h5["mean/6"][row], want.per_tok.mean(0))
             np.testing.assert_array_equal(h5["bos/6"][row], want.bos)
-            np.testing.assert_array_equal(h5["per_tok/6"][offsets[row] : offsets[row + 1]], want.per_tok)
+            np.testing.assert_array_equal(
+                h5["per_tok/6"][offsets[row] : offsets[row + 1]], want.per_tok
+            )
         assert set(h5) == {"ids", "headers", "lengths", "truncated", *KINDS}
-    assert read_tsv(folder / "failed.tsv") == [{"id": "P1", "source": "in.fa:1", "reason": "out of memory even alone"}]
+    assert read_tsv(folder / "failed.tsv") == [
+        {"id": "P1", "source": "in.fa:1", "reason": "out of memory even alone"}
+    ]
     assert sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) == []
 
 
@@ -61,14 +79,18 @@ def test_a_representation_kind_merge_does_not_know_is_refused(run):
     folder, paths = run
     with h5py.File(paths[0], "a") as h5:
         h5.create_dataset("attention/6", data=np.zeros((3, DIM)))
-    with pytest.raises(MergeError, match=f"shard file {paths[0]} .*unknown representation kind.*attention"):
+    with pytest.raises(
+        MergeError, match=f"shard file {paths[0]} .*unknown representation kind.*attention"
+    ):
         merge(folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv")
     assert not (folder / "embeddings.h5").exists()
 
 
 def test_a_missing_record_is_named(run):
     folder, paths = run
-    with pytest.raises(MergeError, match="shard file .*shard_0001.h5 holds 2 records where shard shard_0000 has 3"):
+    with pytest.raises(
+        MergeError, match="shard file .*shard_0001.h5 holds 2 records where shard shard_0000 has 3"
+    ):
         with h5py.File(paths[1], "a") as h5:
             h5.attrs["shard"] = "shard_0000"
         merge(folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv")

@@ -4,10 +4,9 @@ import sys
 
 import pytest
 import torch
+from conftest import TINY_MODEL
 
 from esmshard import model
-
-from conftest import TINY_MODEL
 
 
 def test_local_checkpoint_in_fair_esm_format_loads_safely(checkpoint):
@@ -59,7 +58,9 @@ def test_hub_model_found_in_cache_is_loaded_without_network(tmp_path, monkeypatc
     assert loaded.num_layers == 6 and loaded.embed_dim == 320
 
 
-@pytest.mark.parametrize("name", ["esm1b_t33_650M_UR50S", "random:esm2_t99", "weights/my_model.pt"])
+@pytest.mark.parametrize(
+    "name", ["esm1b_t33_650M_UR50S", "random:esm2_t99", "weights/my_model.pt"]
+)
 def test_non_esm2_models_are_rejected(name):
     with pytest.raises(model.ModelError):
         model.parse_spec(name)
@@ -67,6 +68,8 @@ def test_non_esm2_models_are_rejected(name):
 
 def test_jobs_that_run_no_model_do_not_import_torch():
     # The Snakefile and the shard, merge and report steps would each spend about a second on it.
-    code = ("import sys, esmshard, esmshard.model, esmshard.shard, esmshard.merge, esmshard.report; "
-            "sys.exit('torch' in sys.modules)")
+    code = (
+        "import sys, esmshard, esmshard.model, esmshard.shard, esmshard.merge, esmshard.report; "
+        "sys.exit('torch' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

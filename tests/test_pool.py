@@ -27,11 +27,15 @@ def test_cpu_slots_grow_with_demand(tmp_path):
 
 def test_killed_job_frees_its_slot(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from pathlib import Path; from esmshard import pool\n"
-         f"with pool.acquire(['0'], Path({str(tmp_path)!r}), env={{}}):\n"
-         "    print('held', flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from esmshard import pool\n"
+            f"with pool.acquire(['0'], Path({str(tmp_path)!r}), env={{}}):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout.readline().strip() == "held"
     env = {}
@@ -50,7 +54,11 @@ def test_scheduler_assigned_device_is_used_as_given(tmp_path):
     with pool.acquire(devices, env=env) as slot:
         assert slot == pool.Slot(0, "3") and env["CUDA_VISIBLE_DEVICES"] == "3"
         # Another allocation on the node sees its own GPU as device 0 too: no contention.
-        other = {"SLURM_JOB_ID": "43", "CUDA_VISIBLE_DEVICES": "3", "ESMSHARD_POOL_DIR": str(tmp_path)}
+        other = {
+            "SLURM_JOB_ID": "43",
+            "CUDA_VISIBLE_DEVICES": "3",
+            "ESMSHARD_POOL_DIR": str(tmp_path),
+        }
         with pool.acquire(["3"], env=other, poll_seconds=60) as theirs:
             assert theirs == pool.Slot(0, "3")
     assert pool.default_pool_dir(env).name == "slurm-42"

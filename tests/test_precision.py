@@ -1,9 +1,8 @@
 import torch
 import yaml
+from conftest import REPO
 
 from esmshard import precision
-
-from conftest import REPO
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 

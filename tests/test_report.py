@@ -21,18 +21,36 @@ def test_replay_models_devices_taking_the_next_shard():
 
 
 def test_report_from_metrics_and_header_only_telemetry(tmp_path):
-    runs = [metrics("shard_0000", 0, 100.0, 10.0), metrics("shard_0001", 1, 100.0, 10.0), metrics("shard_0002", 0, 110.0, 5.0)]
+    runs = [
+        metrics("shard_0000", 0, 100.0, 10.0),
+        metrics("shard_0001", 1, 100.0, 10.0),
+        metrics("shard_0002", 0, 110.0, 5.0),
+    ]
     metric_files, telemetry_files = [], []
     for m in runs:
         (tmp_path / f"{m['shard']}.json").write_text(json.dumps(m))
-        (tmp_path / f"{m['shard']}.tsv").write_text("time\tutilization_percent\tmemory_used_bytes\n")
+        (tmp_path / f"{m['shard']}.tsv").write_text(
+            "time\tutilization_percent\tmemory_used_bytes\n"
+        )
         metric_files.append(tmp_path / f"{m['shard']}.json")
         telemetry_files.append(tmp_path / f"{m['shard']}.tsv")
-    result = write_report(metric_files, telemetry_files, tmp_path / "scaling.json", tmp_path / "report.html")
+    result = write_report(
+        metric_files, telemetry_files, tmp_path / "scaling.json", tmp_path / "report.html"
+    )
     assert json.loads((tmp_path / "scaling.json").read_text()) == json.loads(json.dumps(result))
-    assert result["n_shards"] == 3 and result["wall_seconds"] == 15.0 and result["busy_seconds"] == 25.0
-    assert result["measured"]["gpus"] == 2 and result["measured"]["speedup"] == pytest.approx(25 / 15)
+    assert (
+        result["n_shards"] == 3
+        and result["wall_seconds"] == 15.0
+        and result["busy_seconds"] == 25.0
+    )
+    assert result["measured"]["gpus"] == 2 and result["measured"]["speedup"] == pytest.approx(
+        25 / 15
+    )
     assert result["load_imbalance"] == pytest.approx(10 / (25 / 3))
     assert result["telemetry"] is False
     html = (tmp_path / "report.html").read_text()
-    assert "No GPU telemetry" in html and "Random-weight model" in html and html.count("data:image/png") == 3
+    assert (
+        "No GPU telemetry" in html
+        and "Random-weight model" in html
+        and html.count("data:image/png") == 3
+    )

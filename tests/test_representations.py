@@ -1,10 +1,9 @@
 import numpy as np
 import pytest
 import yaml
+from conftest import REPO
 
 from esmshard.representations import KINDS, Representation, absolute_layers
-
-from conftest import REPO
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
@@ -21,7 +20,10 @@ def test_every_kind_is_a_config_choice():
 
 
 def test_kinds_rows_per_record_or_per_residue():
-    reps = [Representation(np.ones((3, 4)), np.zeros(4)), Representation(np.full((2, 4), 3.0), np.ones(4))]
+    reps = [
+        Representation(np.ones((3, 4)), np.zeros(4)),
+        Representation(np.full((2, 4), 3.0), np.ones(4)),
+    ]
     for kind in KINDS.values():
         rows = kind.rows(reps)
         assert rows.shape == ((5, 4) if kind.per_residue else (2, 4)), kind.name

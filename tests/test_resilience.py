@@ -1,4 +1,5 @@
 """Nothing lost: kill -9 and resume, corrupt shard files, out-of-memory, awkward real input."""
+
 import csv
 import gzip
 import os
@@ -10,9 +11,6 @@ import time
 import h5py
 import numpy as np
 import pytest
-
-from esmshard import status
-
 from conftest import (
     ALIGNED,
     GENE_CALLER,
@@ -26,6 +24,8 @@ from conftest import (
     snakemake,
     snakemake_command,
 )
+
+from esmshard import status
 
 CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 6}
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
@@ -54,12 +54,20 @@ def baseline(tmp_path_factory):
 
 def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseline):
     cmd, env = snakemake_command(tmp_path, CONFIG, "--resources", "gpu=1")
-    run = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = tmp_path / "results" / "metrics"
     deadline = time.time() + 300
     while len(list(metrics.glob("*.json"))) < 2:
-        assert run.poll() is None and time.time() < deadline, "the run ended before it could be killed"
+        assert run.poll() is None and time.time() < deadline, (
+            "the run ended before it could be killed"
+        )
         time.sleep(0.05)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
@@ -68,14 +76,22 @@ def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseli
     before = stamps(shard_files)
     assert 2 <= len(finished) < 6
     midway = status.render(status.read_state(tmp_path / "results"))
-    assert f"shards {len(finished)}/6 ({100 * len(finished) / 6:.0f}%)" in midway and "finished" not in midway
+    assert (
+        f"shards {len(finished)}/6 ({100 * len(finished) / 6:.0f}%)" in midway
+        and "finished" not in midway
+    )
 
     again = snakemake(tmp_path, CONFIG, "--resources", "gpu=1")
     assert jobs_run(again)["embed"] == 6 - len(finished)
     assert "shard" not in jobs_run(again)
     assert stamps(shard_files) == before
-    done = subprocess.run(["esmshard", "status", str(tmp_path / "results")], env=env,
-                          capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(
+        ["esmshard", "status", str(tmp_path / "results")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "shards 6/6 (100%)" in done and "finished" in done and "idle" in done
     result = means(tmp_path / "results")
     assert list(result) == IDS
@@ -91,7 +107,9 @@ def test_corrupt_shard_is_refused_and_rebuilt_alone(tmp_path):
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
     refused = snakemake(tmp_path, config, check=False)
     assert refused.returncode != 0
-    assert "shard file results/embeddings/shard_0001.h5 is unreadable or incomplete" in refused.stderr
+    assert (
+        "shard file results/embeddings/shard_0001.h5 is unreadable or incomplete" in refused.stderr
+    )
     assert "delete it and run again" in refused.stderr
 
     others = stamps([shards / "shard_0000.h5", shards / "shard_0002.h5"])
@@ -108,7 +126,9 @@ def test_injected_out_of_memory_halves_batches_and_lists_what_cannot_fit(tmp_pat
     outdir = tmp_path / "results"
     logs = "".join(p.read_text() for p in (outdir / "logs" / "embed").glob("*.log"))
     assert "retrying as two halves" in logs
-    too_long = {h[1:].split()[0] for h, s in read_records(PROTEINS) if min(len(s), 1022) + 2 > limit}
+    too_long = {
+        h[1:].split()[0] for h, s in read_records(PROTEINS) if min(len(s), 1022) + 2 > limit
+    }
     failed = failed_rows(outdir)
     assert {row["id"] for row in failed} == too_long and too_long
     assert all("out of memory even alone" in row["reason"] for row in failed)
@@ -117,20 +137,28 @@ def test_injected_out_of_memory_halves_batches_and_lists_what_cannot_fit(tmp_pat
     assert list(embedded) == [i for i in IDS if i not in too_long]
     for name, mean in embedded.items():
         np.testing.assert_allclose(mean, baseline[name], atol=1e-5)
-    assert f"{len(too_long)} sequences failed; the list is in results/failed_sequences.tsv" in result.stderr
+    assert (
+        f"{len(too_long)} sequences failed; the list is in results/failed_sequences.tsv"
+        in result.stderr
+    )
 
 
 def test_awkward_real_input_every_record_accounted_for(tmp_path):
     """Spaces in paths, shell metacharacters in IDs, gzip + CRLF, gene-caller stops, gaps, U/X, 7096 aa."""
     folder = tmp_path / "my proteins; $(touch pwned)"
     folder.mkdir()
-    odd_ids = ["it's\"quoted\"", "$HOME;`touch${IFS}pwned`|x", "../../escape/attempt"]
+    odd_ids = ['it\'s"quoted"', "$HOME;`touch${IFS}pwned`|x", "../../escape/attempt"]
     ecoli = read_records(PROTEINS)[:3]
     with gzip.open(folder / "odd ids.fa.gz", "wb") as fh:
         fh.write("".join(f">{n} {h[1:]}\r\n{s}\r\n" for n, (h, s) in zip(odd_ids, ecoli)).encode())
     inputs = [folder / "odd ids.fa.gz", GENE_CALLER, ALIGNED, NONSTANDARD, LONG_PROTEIN]
-    config = {"input": [str(p) for p in inputs], "model": f"random:{TINY_MODEL}", "shards": 3,
-              "include": ["mean", "per_tok"], "long_sequences": "chunk"}
+    config = {
+        "input": [str(p) for p in inputs],
+        "model": f"random:{TINY_MODEL}",
+        "shards": 3,
+        "include": ["mean", "per_tok"],
+        "long_sequences": "chunk",
+    }
     snakemake(tmp_path / "run dir", config)
     outdir = tmp_path / "run dir" / "results"
     expected = odd_ids + [h[1:].split()[0] for p in inputs[1:] for h, _ in read_records(p)]
@@ -139,7 +167,9 @@ def test_awkward_real_input_every_record_accounted_for(tmp_path):
         offsets, lengths = h5["per_tok/offsets"][:], h5["lengths"][:]
         assert lengths[-1] == 7096 and offsets[-1] - offsets[-2] == 7096
         long_mean = h5["mean/6"][-1]
-        np.testing.assert_allclose(long_mean, h5["per_tok/6"][offsets[-2]:offsets[-1]].mean(0), atol=1e-5)
+        np.testing.assert_allclose(
+            long_mean, h5["per_tok/6"][offsets[-2] : offsets[-1]].mean(0), atol=1e-5
+        )
     assert failed_rows(outdir) == []
     assert not list(tmp_path.rglob("pwned")) and not (tmp_path / "escape").exists()
 
@@ -190,5 +220,7 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".shard_0000.h5.*"))
     assert not (tmp_path / "progress.json").exists() and not (tmp_path / "t.tsv").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "pool", "shards"]
-    with pool.acquire(["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}) as slot:
+    with pool.acquire(
+        ["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}
+    ) as slot:
         assert slot.index == 0

@@ -1,10 +1,9 @@
 import pytest
+from conftest import NUCLEOTIDE, PROTEINS, read_records
 
 from esmshard.fasta import FastaError
 from esmshard.files import read_tsv
 from esmshard.shard import write_shards
-
-from conftest import NUCLEOTIDE, PROTEINS, read_records
 
 
 def test_write_shards_partitions_every_record(tmp_path):
@@ -18,7 +17,9 @@ def test_write_shards_partitions_every_record(tmp_path):
         in_shards.update({int(r["index"]): r["sequence"] for r in rows})
     assert sorted(in_shards) == list(range(len(records)))
     assert [in_shards[i] for i in range(len(records))] == [s for _, s in read_records(PROTEINS)]
-    assert sum(r["truncated"] == "1" for r in records) == sum(len(s) > 1022 for _, s in read_records(PROTEINS))
+    assert sum(r["truncated"] == "1" for r in records) == sum(
+        len(s) > 1022 for _, s in read_records(PROTEINS)
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         ["records.tsv", "plan.tsv", "shard_0000.tsv", "shard_0001.tsv", "shard_0002.tsv"]
     )

@@ -1,9 +1,14 @@
 import bz2
 import gzip
 
-from esmshard.sizing import auto_shard_count, embed_mem_mb, embed_runtime_minutes, estimated_residues
-
 from conftest import PROTEINS
+
+from esmshard.sizing import (
+    auto_shard_count,
+    embed_mem_mb,
+    embed_runtime_minutes,
+    estimated_residues,
+)
 
 
 def test_auto_shard_count_depends_on_size_alone():
@@ -25,7 +30,10 @@ def test_compressed_inputs_count_twice_their_size(tmp_path):
 
 
 def test_cluster_requests_grow_with_the_work_and_double_per_retry():
-    first, retry = embed_runtime_minutes(1e6, 33, 1280), embed_runtime_minutes(1e6, 33, 1280, attempt=2)
+    first, retry = (
+        embed_runtime_minutes(1e6, 33, 1280),
+        embed_runtime_minutes(1e6, 33, 1280, attempt=2),
+    )
     assert 2 * first - 1 <= retry <= 2 * first  # both rounded up
     assert embed_runtime_minutes(1e8, 33, 1280) > embed_runtime_minutes(1e6, 33, 1280) >= 10
     assert embed_mem_mb(33, 1280) > embed_mem_mb(6, 320) > 4096

@@ -1,4 +1,5 @@
 """The workflow on a real SLURM (slurmctld + slurmd + munged on this machine), through profiles/slurm."""
+
 import json
 import os
 import shutil
@@ -10,9 +11,8 @@ import time
 import h5py
 import numpy as np
 import pytest
-import yaml
-
 import slurm_cluster
+import yaml
 from conftest import PROTEINS, REPO, TINY_MODEL, jobs_run, snakemake
 
 CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
@@ -23,8 +23,12 @@ def ensure_slurm_installed():
         return
     if os.geteuid() != 0 and not os.environ.get("CI"):
         pytest.skip("needs root, or the Debian packages slurm-wlm and munge")
-    subprocess.run(["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"], check=True,
-                   env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, capture_output=True)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"],
+        check=True,
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        capture_output=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +43,14 @@ def filled_profile(tmp_path) -> str:
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     profile["default-resources"]["slurm_partition"] = "esmshard-test"
     del profile["default-resources"]["slurm_account"]
-    profile.update({
-        "slurm-no-account": True,
-        "slurm-status-command": "squeue",  # no accounting daemon: sacct cannot answer
-        "slurm-init-seconds-before-status-checks": 1,
-        "seconds-between-status-checks": 1,
-    })
+    profile.update(
+        {
+            "slurm-no-account": True,
+            "slurm-status-command": "squeue",  # no accounting daemon: sacct cannot answer
+            "slurm-init-seconds-before-status-checks": 1,
+            "seconds-between-status-checks": 1,
+        }
+    )
     folder = tmp_path / "profile"
     folder.mkdir()
     (folder / "config.yaml").write_text(yaml.safe_dump(profile))
@@ -54,15 +60,29 @@ def filled_profile(tmp_path) -> str:
 def slurm_command(workdir, profile, env):
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
-    cmd = ["snakemake", "--profile", profile, "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-           "--configfile", str(workdir / "config.yaml")]
-    run_env = {**env, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}",
-               "ESMSHARD_POOL_DIR": str(workdir / "gpu-pool")}
+    cmd = [
+        "snakemake",
+        "--profile",
+        profile,
+        "-s",
+        str(REPO / "Snakefile"),
+        "-d",
+        str(workdir),
+        "--configfile",
+        str(workdir / "config.yaml"),
+    ]
+    run_env = {
+        **env,
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{env['PATH']}",
+        "ESMSHARD_POOL_DIR": str(workdir / "gpu-pool"),
+    }
     return cmd, run_env
 
 
 def queue_empty(env) -> bool:
-    return not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True).stdout.strip()
+    return not subprocess.run(
+        ["squeue", "-h"], env=env, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def means(outdir):
@@ -73,12 +93,20 @@ def means(outdir):
 def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slurm, tmp_path):
     profile = filled_profile(tmp_path)
     cmd, env = slurm_command(tmp_path / "cluster", profile, slurm)
-    run = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     metrics = tmp_path / "cluster" / "results" / "metrics"
     deadline = time.time() + 300
     while not list(metrics.glob("*.json")):
-        assert run.poll() is None and time.time() < deadline, "the SLURM run ended before it could be killed"
+        assert run.poll() is None and time.time() < deadline, (
+            "the SLURM run ended before it could be killed"
+        )
         time.sleep(0.2)
     os.killpg(run.pid, signal.SIGKILL)  # the Snakemake process; its SLURM jobs run on
     run.wait()
@@ -101,9 +129,15 @@ def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slur
         rule = job.get("Comment", "").split("_wildcards_")[0].removeprefix("rule_")
         by_rule.setdefault(rule, []).append(job)
     assert {"shard", "embed", "merge", "report"} <= set(by_rule)
-    assert all(j["JobState"] == "COMPLETED" for rule in ("shard", "embed", "merge", "report") for j in by_rule[rule])
+    assert all(
+        j["JobState"] == "COMPLETED"
+        for rule in ("shard", "embed", "merge", "report")
+        for j in by_rule[rule]
+    )
     assert all("gpu:1" in j.get("TresPerJob", "") for j in by_rule["embed"])
-    assert not any("gpu" in j.get("TresPerJob", "") for r in ("shard", "merge", "report") for j in by_rule[r])
+    assert not any(
+        "gpu" in j.get("TresPerJob", "") for r in ("shard", "merge", "report") for j in by_rule[r]
+    )
     embedded = {j["Comment"].split("_wildcards_")[1] for j in by_rule["embed"]}
     assert embedded == {"shard_0000", "shard_0001", "shard_0002"}
 
@@ -130,7 +164,14 @@ def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
     blocks = {}
     for block in text.split("\n\n"):
         lines = block.strip().splitlines()
-        rule = next((line.split()[-1].rstrip(":") for line in lines if line.startswith(("rule ", "localrule "))), None)
+        rule = next(
+            (
+                line.split()[-1].rstrip(":")
+                for line in lines
+                if line.startswith(("rule ", "localrule "))
+            ),
+            None,
+        )
         resources = next((line for line in lines if line.strip().startswith("resources:")), "")
         if rule:
             blocks.setdefault(rule, []).append(resources)

@@ -23,7 +23,9 @@ def run_in_progress(tmp_path):
         "n_failed": 1, "started_at": 100.0, "finished_at": 110.0, "compute_seconds": 8.0,
         "peak_memory_used_bytes": 5 << 30, "memory_total_bytes": 80 << 30,
     }))  # fmt: skip
-    status.Progress(layout.progress("shard_0000"), shard="shard_0000").update(0)  # finished: not running
+    status.Progress(layout.progress("shard_0000"), shard="shard_0000").update(
+        0
+    )  # finished: not running
     progress = status.Progress(
         layout.progress("shard_0001"), **common, shard="shard_0001", gpu_slot=1, started_at=105.0,
         n_residues=3000, cuda_visible_devices="1", gpu_bus_id="00000000:43:00.0",
@@ -37,15 +39,24 @@ def run_in_progress(tmp_path):
 def test_status_of_a_run_in_progress(run_in_progress):
     state = status.read_state(run_in_progress, now=120.0)
     assert state["residues_done"] == 2000 and state["residues_per_second"] == 100.0
-    assert state["eta_seconds"] == 20.0 and [r["shard"] for r in state["running"]] == ["shard_0001"]
+    assert state["eta_seconds"] == 20.0 and [r["shard"] for r in state["running"]] == [
+        "shard_0001"
+    ]
     text = status.render(state)
-    assert "node7:00000000:43:00.0" in text and "shard_0001 (33%)" in text and "12.0/80.0 GiB" in text
+    assert (
+        "node7:00000000:43:00.0" in text and "shard_0001 (33%)" in text and "12.0/80.0 GiB" in text
+    )
     assert "node7:cpu0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
     assert "shards 1/2 (50%)" in text and "ETA 0m20s" in text and "1 failed" in text
 
 
 def test_console_script_prints_the_same(run_in_progress):
-    out = subprocess.run([Path(sys.executable).parent / "esmshard", "status", str(run_in_progress)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [Path(sys.executable).parent / "esmshard", "status", str(run_in_progress)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "shard_0001" in out.stdout and "shards 1/2 (50%)" in out.stdout
 
 

@@ -1,4 +1,5 @@
 """End to end through the `snakemake` command line, on real proteins with a tiny random ESM-2."""
+
 import argparse
 import json
 import os
@@ -12,19 +13,20 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake, snakemake_command
 from esm.pretrained import load_model_and_alphabet_core
 
 from esmshard.batching import make_batches, padded_fraction
 from esmshard.files import read_tsv
-
-from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake, snakemake_command
 
 RECORDS = read_records(PROTEINS)
 IDS = [header[1:].split()[0] for header, _ in RECORDS]
 
 
 def max_overlap(metrics) -> int:
-    events = sorted([(m["started_at"], 1) for m in metrics] + [(m["finished_at"], -1) for m in metrics])
+    events = sorted(
+        [(m["started_at"], 1) for m in metrics] + [(m["finished_at"], -1) for m in metrics]
+    )
     running = peak = 0
     for _, step in events:
         running += step
@@ -44,8 +46,14 @@ def read_means(outdir, layer=6):
 @pytest.fixture(scope="module")
 def four_gpu_run(tmp_path_factory, checkpoint):
     workdir = tmp_path_factory.mktemp("four_gpus")
-    config = {"input": str(PROTEINS), "model": str(checkpoint), "shards": 8, "gpus": [0, 1, 2, 3],
-              "include": ["mean", "per_tok", "bos"], "repr_layers": [0, -1]}
+    config = {
+        "input": str(PROTEINS),
+        "model": str(checkpoint),
+        "shards": 8,
+        "gpus": [0, 1, 2, 3],
+        "include": ["mean", "per_tok", "bos"],
+        "repr_layers": [0, -1],
+    }
     result = snakemake(workdir, config, "--resources", "gpu=4")
     return workdir / "results", result
 
@@ -65,12 +73,26 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
     assert scaling["n_shards"] == 8 and scaling["n_sequences"] == 40
     assert [m["gpus"] for m in scaling["modelled"]] == [1, 2, 4, 8]
     for metrics in load_metrics(outdir):
-        for key in ("shard", "n_sequences", "n_residues", "seconds", "started_at", "finished_at", "device", "gpu_slot"):
+        for key in (
+            "shard",
+            "n_sequences",
+            "n_residues",
+            "seconds",
+            "started_at",
+            "finished_at",
+            "device",
+            "gpu_slot",
+        ):
             assert key in metrics
         assert metrics["device"] == "cpu" and metrics["gpu_slot"] in range(4)
         # default truncate policy: batched residues are the first 1022 of each record
-        lengths = [min(len(r["sequence"]), 1022) for r in read_tsv(outdir / "shards" / f"{metrics['shard']}.tsv")]
-        assert metrics["padded_fraction"] == padded_fraction(lengths, make_batches(lengths, metrics["token_budget"]))
+        lengths = [
+            min(len(r["sequence"]), 1022)
+            for r in read_tsv(outdir / "shards" / f"{metrics['shard']}.tsv")
+        ]
+        assert metrics["padded_fraction"] == padded_fraction(
+            lengths, make_batches(lengths, metrics["token_budget"])
+        )
     log = (outdir / "logs" / "embed" / "shard_0000.log").read_text()
     assert "computing on the CPU" in log
     assert log.count("NVML is not available") == 1
@@ -84,7 +106,11 @@ def test_overlapping_shard_jobs_hold_different_slots(four_gpu_run):
     assert max_overlap(metrics) > 1, "the jobs never ran at the same time"
     for a in metrics:
         for b in metrics:
-            if a is not b and a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"]:
+            if (
+                a is not b
+                and a["started_at"] < b["finished_at"]
+                and b["started_at"] < a["finished_at"]
+            ):
                 assert a["gpu_slot"] != b["gpu_slot"], (a["shard"], b["shard"])
 
 
@@ -92,7 +118,9 @@ def fair_esm_reference(checkpoint):
     """fair-esm's own loader and batch converter, one sequence at a time (no batching)."""
     with torch.serialization.safe_globals([argparse.Namespace]):
         data = torch.load(checkpoint, weights_only=True)
-        regression = torch.load(str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True)
+        regression = torch.load(
+            str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True
+        )
     net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
     net.eval()
     convert = alphabet.get_batch_converter(truncation_seq_length=1022)
@@ -101,7 +129,11 @@ def fair_esm_reference(checkpoint):
         with torch.no_grad():
             reps = net(toks, repr_layers=[0, 6])["representations"]
         n = min(len(seq), 1022)
-        yield name, {layer: rep[0, 1:n + 1].numpy() for layer, rep in reps.items()}, reps[6][0, 0].numpy()
+        yield (
+            name,
+            {layer: rep[0, 1 : n + 1].numpy() for layer, rep in reps.items()},
+            reps[6][0, 0].numpy(),
+        )
 
 
 def test_embeddings_equal_plain_fair_esm_forward(four_gpu_run, checkpoint):
@@ -111,11 +143,17 @@ def test_embeddings_equal_plain_fair_esm_forward(four_gpu_run, checkpoint):
         assert h5.attrs["weights"] == "pretrained" and h5.attrs["precision"] == "fp32"
         assert h5.attrs["truncation_seq_length"] == 1022
         offsets = h5["per_tok/offsets"][:]
-        assert offsets[-1] == h5["per_tok/6"].shape[0] == sum(min(len(s), 1022) for _, s in RECORDS)
+        assert (
+            offsets[-1] == h5["per_tok/6"].shape[0] == sum(min(len(s), 1022) for _, s in RECORDS)
+        )
         for row, (name, per_tok, bos) in enumerate(fair_esm_reference(checkpoint)):
             for layer in (0, 6):
-                np.testing.assert_allclose(h5[f"mean/{layer}"][row], per_tok[layer].mean(0), atol=1e-4, err_msg=name)
-            np.testing.assert_allclose(h5["per_tok/6"][offsets[row]:offsets[row + 1]], per_tok[6], atol=1e-4)
+                np.testing.assert_allclose(
+                    h5[f"mean/{layer}"][row], per_tok[layer].mean(0), atol=1e-4, err_msg=name
+                )
+            np.testing.assert_allclose(
+                h5["per_tok/6"][offsets[row] : offsets[row + 1]], per_tok[6], atol=1e-4
+            )
             np.testing.assert_allclose(h5["bos/6"][row], bos, atol=1e-4)
         assert h5["truncated"][:].sum() == sum(len(s) > 1022 for _, s in RECORDS) == 3
 
@@ -132,14 +170,20 @@ def test_shard_count_does_not_change_embeddings_and_gpu_limit_holds(tmp_path, fo
     assert len(metrics) == 7 and max_overlap(metrics) == 2
     with h5py.File(tmp_path / "one" / "results" / "embeddings.h5") as h5:
         assert h5.attrs["weights"] == "random"
-    assert "Random-weight" in (tmp_path / "one" / "results" / "report" / "scaling_report.html").read_text()
+    assert (
+        "Random-weight"
+        in (tmp_path / "one" / "results" / "report" / "scaling_report.html").read_text()
+    )
 
 
 def test_duplicate_ids_across_files_stop_the_run(tmp_path):
     second = tmp_path / "more.fasta"
     second.write_text("".join(f"{h}\n{s}\n" for h, s in RECORDS[10:12]))
-    result = snakemake(tmp_path, {"input": [str(PROTEINS), str(second)], "model": f"random:{TINY_MODEL}",
-                                  "shards": 2}, check=False)
+    result = snakemake(
+        tmp_path,
+        {"input": [str(PROTEINS), str(second)], "model": f"random:{TINY_MODEL}", "shards": 2},
+        check=False,
+    )
     assert result.returncode != 0
     assert f"duplicate ID '{IDS[10]}'" in result.stderr
     assert f"{PROTEINS}:" in result.stderr and f"{second}:1" in result.stderr
@@ -148,12 +192,20 @@ def test_duplicate_ids_across_files_stop_the_run(tmp_path):
 
 
 def test_hub_model_without_network_fails_before_shard_work(tmp_path):
-    env = {"TORCH_HOME": str(tmp_path / "torch"), "https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9"}
-    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": "esm2_t33_650M_UR50D"}, env=env, check=False)
+    env = {
+        "TORCH_HOME": str(tmp_path / "torch"),
+        "https_proxy": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+    }
+    result = snakemake(
+        tmp_path, {"input": str(PROTEINS), "model": "esm2_t33_650M_UR50D"}, env=env, check=False
+    )
     assert result.returncode != 0
     assert "cannot download esm2_t33_650M_UR50D" in result.stderr
     assert str(tmp_path / "torch") in result.stderr and "local .pt checkpoint" in result.stderr
-    assert not (tmp_path / "results" / "shards").exists() or not list((tmp_path / "results" / "shards").glob("*.tsv"))
+    assert not (tmp_path / "results" / "shards").exists() or not list(
+        (tmp_path / "results" / "shards").glob("*.tsv")
+    )
 
 
 def test_lint_reports_nothing():
@@ -162,7 +214,9 @@ def test_lint_reports_nothing():
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+    assert (
+        "Congratulations, your workflow is in a good condition!" in result.stdout + result.stderr
+    )
 
 
 def test_config_file_documents_every_key_with_its_default():
@@ -176,9 +230,23 @@ def test_config_file_documents_every_key_with_its_default():
 
 def test_runs_from_another_working_directory_with_the_default_config(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--dry-run",
-         "--config", f"input={PROTEINS}", f"model=random:{TINY_MODEL}"],
-        cwd=tmp_path, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(REPO / "Snakefile"),
+            "-d",
+            str(tmp_path),
+            "--dry-run",
+            "--config",
+            f"input={PROTEINS}",
+            f"model=random:{TINY_MODEL}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "embed" in result.stdout
 
@@ -199,12 +267,15 @@ def test_keys_typed_on_the_command_line_mean_what_a_config_file_says(tmp_path):
     typed = ["gpus=[0,1]", "repr_layers=[-1,3]", "include=[mean,bos]", f"input=[{a},{b}]",
              f"model=random:{TINY_MODEL}", "shards=2"]  # fmt: skip
     snakemake(tmp_path / "yaml", keys, "--resources", "gpu=2")
-    cmd, env = snakemake_command(tmp_path / "typed", {}, "--resources", "gpu=2", "--config", *typed)
+    cmd, env = snakemake_command(
+        tmp_path / "typed", {}, "--resources", "gpu=2", "--config", *typed
+    )
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    with h5py.File(tmp_path / "yaml" / "results" / "embeddings.h5") as want, h5py.File(
-        tmp_path / "typed" / "results" / "embeddings.h5"
-    ) as got:
+    with (
+        h5py.File(tmp_path / "yaml" / "results" / "embeddings.h5") as want,
+        h5py.File(tmp_path / "typed" / "results" / "embeddings.h5") as got,
+    ):
         assert sorted(got["mean"]) == sorted(got["bos"]) == ["3", "6"] and "per_tok" not in got
         assert got["ids"].asstr()[:].tolist() == IDS[:12]
         for name in ("mean/3", "mean/6", "bos/3", "bos/6"):
@@ -217,7 +288,9 @@ def test_keys_typed_on_the_command_line_mean_what_a_config_file_says(tmp_path):
 
 
 def test_a_target_short_of_the_full_run_succeeds(tmp_path):
-    cmd, env = snakemake_command(tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}"}, "--until", "shard")
+    cmd, env = snakemake_command(
+        tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}"}, "--until", "shard"
+    )
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "results" / "shards" / "plan.tsv").is_file()
@@ -241,12 +314,18 @@ def test_workflow_runs_its_own_esmshard_under_an_interpreter_without_it(tmp_path
     assert subprocess.run([python, "-c", "import esmshard"], cwd=tmp_path).returncode != 0
     decoy = tmp_path / "host" / "esmshard"  # an installed copy that must not be picked up
     decoy.mkdir(parents=True)
-    (decoy / "__init__.py").write_text("raise ImportError('the host copy of esmshard was imported')\n")
+    (decoy / "__init__.py").write_text(
+        "raise ImportError('the host copy of esmshard was imported')\n"
+    )
     workdir = tmp_path / "run"
     workdir.mkdir()
     cmd = [python, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2",
            "--config", f"input=[{PROTEINS}]", f"model=random:{TINY_MODEL}", "shards=2"]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "host"), "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(tmp_path / "host"),
+        "ESMSHARD_POOL_DIR": str(tmp_path / "pool"),
+    }
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     with h5py.File(workdir / "results" / "embeddings.h5") as h5:

@@ -2,13 +2,19 @@
 
 Device 3 does not support temperature queries, as some real boards don't.
 """
+
 import time
 from types import SimpleNamespace
 
 NVML_TEMPERATURE_GPU = 0
 GIB = 1 << 30
 DEVICES = [
-    {"name": "NVIDIA H100 80GB HBM3", "bus": f"00000000:{bus:02X}:00.0", "total": 80 * GIB, "uuid": f"GPU-fake-{i}"}
+    {
+        "name": "NVIDIA H100 80GB HBM3",
+        "bus": f"00000000:{bus:02X}:00.0",
+        "total": 80 * GIB,
+        "uuid": f"GPU-fake-{i}",
+    }
     for i, bus in enumerate((0x1B, 0x43, 0x52, 0x9D))
 ]
 DEVICES[3]["name"] = "NVIDIA A100-SXM4-40GB"

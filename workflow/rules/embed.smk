@@ -7,16 +7,16 @@ rule embed:
         metrics=RUN.metrics("{shard}"),
         telemetry=RUN.telemetry("{shard}"),
         progress=RUN.progress("{shard}"),
-    params:
-        **EMBEDDING_PARAMS,
-    resources:
-        gpu=1,
-        runtime=embed_runtime,
-        mem_mb=embed_mem_mb(*ARCH),
-    threads: 2
     log:
         RUN.log("embed", "{shard}"),
     conda:
         "../../envs/esmshard.yaml"
+    threads: 2
+    resources:
+        gpu=1,
+        runtime=embed_runtime,
+        mem_mb=embed_mem_mb(*ARCH),
+    params:
+        **EMBEDDING_PARAMS,
     script:
         "../scripts/embed.py"

@@ -5,12 +5,12 @@ rule merge:
     output:
         embeddings=RUN.embeddings,
         failed=RUN.failed,
-    resources:
-        runtime=io_runtime,
-        mem_mb=4096,
     log:
         RUN.log("merge"),
     conda:
         "../../envs/esmshard.yaml"
+    resources:
+        runtime=io_runtime,
+        mem_mb=4096,
     script:
         "../scripts/merge.py"

@@ -1,7 +1,8 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))  # this workflow's own esmshard
+# esmshard from this workflow's own folder, ahead of any installed copy.
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 
 from esmshard import run_step
 from esmshard.embed import run_shard

@@ -1,7 +1,8 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))  # this workflow's own esmshard
+# esmshard from this workflow's own folder, ahead of any installed copy.
+sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 
 from esmshard import run_step
 from esmshard.model import ensure_available, parse_spec
@@ -9,13 +10,21 @@ from esmshard.shard import write_shards
 from esmshard.sizing import DEFAULT_ARCH
 
 
-def shard(inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences, nucleotide_check):
+def shard(
+    inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences, nucleotide_check
+):
     spec = parse_spec(model)
     # Weights first: a model that cannot be had stops the run before any shard work.
     ensure_available(spec)
     embed_dim = spec.embed_dim or DEFAULT_ARCH[1]
     write_shards(
-        inputs, shard_dir, n_shards, truncation_seq_length, embed_dim, long_sequences, nucleotide_check
+        inputs,
+        shard_dir,
+        n_shards,
+        truncation_seq_length,
+        embed_dim,
+        long_sequences,
+        nucleotide_check,
     )
 
 
