@@ -4,9 +4,11 @@ import atexit
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,26 @@ def snakemake(workdir: Path, config: dict, *args, env: dict | None = None, check
             f"snakemake failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def kill_9_after_shards(cmd, env, metrics_dir: Path, n_shards: int, timeout: float = 300) -> None:
+    """Start a run in its own process group and kill -9 it once `n_shards` shards are finished."""
+    run = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + timeout
+    while len(list(metrics_dir.glob("*.json"))) < n_shards:
+        assert run.poll() is None and time.time() < deadline, (
+            "the run ended before it could be killed"
+        )
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
 
 
 def jobs_run(result) -> dict[str, int]:

@@ -96,40 +96,27 @@ def cluster(root: Path):
         ["mungekey", "--create", "--force", "--keyfile", str(root / "munge.key")], check=True
     )
     (root / "munge.key").chmod(0o600)
-    daemons = [
-        subprocess.Popen(
-            [
-                "munged",
-                "--foreground",
-                "--force",
-                f"--socket={root}/munge.socket",
-                f"--key-file={root}/munge.key",
-                f"--pid-file={root}/munged.pid",
-                f"--log-file={root}/munged.log",
-                f"--seed-file={root}/munged.seed",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+
+    def daemon(argv, **kwargs):
+        return subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **kwargs
         )
+
+    munged = [
+        "munged",
+        "--foreground",
+        "--force",
+        f"--socket={root}/munge.socket",
+        f"--key-file={root}/munge.key",
+        f"--pid-file={root}/munged.pid",
+        f"--log-file={root}/munged.log",
+        f"--seed-file={root}/munged.seed",
     ]
+    daemons = [daemon(munged)]
     try:
         _wait(lambda: (root / "munge.socket").exists(), 10, "munged start")
-        daemons.append(
-            subprocess.Popen(
-                ["slurmctld", "-D", "-c", "-i"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        daemons.append(
-            subprocess.Popen(
-                ["slurmd", "-D", "-N", "localhost"],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+        daemons.append(daemon(["slurmctld", "-D", "-c", "-i"], env=env))
+        daemons.append(daemon(["slurmd", "-D", "-N", "localhost"], env=env))
 
         def idle():
             out = subprocess.run(

@@ -17,9 +17,9 @@ from conftest import (
     LONG_PROTEIN,
     NONSTANDARD,
     PROTEINS,
-    REPO,
     TINY_MODEL,
     jobs_run,
+    kill_9_after_shards,
     read_records,
     snakemake,
     snakemake_command,
@@ -54,23 +54,8 @@ def baseline(tmp_path_factory):
 
 def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseline):
     cmd, env = snakemake_command(tmp_path, CONFIG, "--resources", "gpu=1")
-    run = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     metrics = tmp_path / "results" / "metrics"
-    deadline = time.time() + 300
-    while len(list(metrics.glob("*.json"))) < 2:
-        assert run.poll() is None and time.time() < deadline, (
-            "the run ended before it could be killed"
-        )
-        time.sleep(0.05)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
+    kill_9_after_shards(cmd, env, metrics, 2)
     finished = sorted(p.stem for p in metrics.glob("*.json"))
     shard_files = [tmp_path / "results" / "embeddings" / f"{s}.h5" for s in finished]
     before = stamps(shard_files)

@@ -3,7 +3,6 @@
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import slurm_cluster
 import yaml
-from conftest import PROTEINS, REPO, TINY_MODEL, jobs_run, snakemake
+from conftest import PROTEINS, REPO, TINY_MODEL, jobs_run, kill_9_after_shards, snakemake
 
 CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
 
@@ -93,23 +92,8 @@ def means(outdir):
 def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slurm, tmp_path):
     profile = filled_profile(tmp_path)
     cmd, env = slurm_command(tmp_path / "cluster", profile, slurm)
-    run = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     metrics = tmp_path / "cluster" / "results" / "metrics"
-    deadline = time.time() + 300
-    while not list(metrics.glob("*.json")):
-        assert run.poll() is None and time.time() < deadline, (
-            "the SLURM run ended before it could be killed"
-        )
-        time.sleep(0.2)
-    os.killpg(run.pid, signal.SIGKILL)  # the Snakemake process; its SLURM jobs run on
-    run.wait()
+    kill_9_after_shards(cmd, env, metrics, 1)  # the Snakemake process; its SLURM jobs run on
     deadline = time.time() + 300
     while not queue_empty(slurm):
         assert time.time() < deadline, "SLURM jobs did not finish"

@@ -1,0 +1,49 @@
+"""The README's commands, run as it shows them (a random-weight model instead of downloaded weights)."""
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+from conftest import PROTEINS, REPO, TINY_MODEL, read_records
+
+VENV = Path(sys.prefix)
+ENV = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
+
+
+def test_make_run_writes_the_example_and_runs_the_workflow(tmp_path):
+    args = f"--config model=random:{TINY_MODEL} outdir={tmp_path / 'out'}"
+    env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+    result = subprocess.run(["make", "-C", str(REPO), "run", f"VENV={VENV}", f"ARGS={args}"], env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    example = REPO / "resources" / "ecoli_k12_example.fasta"
+    with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == [
+            h[1:].split()[0] for h, _ in read_records(example)
+        ]
+        assert len(h5["ids"]) == 291 and h5.attrs["weights"] == "random"
+
+
+def test_running_command_as_the_readme_types_it(tmp_path):
+    with gzip.open(tmp_path / "proteome.fasta.gz", "wt") as fh:
+        fh.write(PROTEINS.read_text())
+    env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "all", "--resources", "gpu=4", "--config",
+           "input=proteome.fasta.gz", "outdir=out", f"model=random:{TINY_MODEL}"]  # fmt: skip
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == IDS
+
+    watch = subprocess.Popen(["esmshard", "status", "out", "--watch", "0.2"], cwd=tmp_path, env=env,
+                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(1.5)
+    watch.send_signal(signal.SIGINT)
+    out, _ = watch.communicate(timeout=10)
+    assert watch.returncode == 0 and out.count("finished") >= 2 and "shards 1/1 (100%)" in out
