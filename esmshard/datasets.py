@@ -14,10 +14,11 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from .files import atomic_path
 
 REPO = Path(__file__).resolve().parents[1]
 DOWNLOAD_TIMEOUT_SECONDS = 60
@@ -103,30 +104,24 @@ def _sha256_prefix(path: Path) -> str:
 
 def _download(dataset: Dataset, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        dir=target.parent, prefix=f".{target.name}.", delete=False
-    ) as tmp:
+    with atomic_path(target) as tmp:
         try:
-            try:
-                with urllib.request.urlopen(
-                    dataset.url, timeout=DOWNLOAD_TIMEOUT_SECONDS
-                ) as response:
-                    stream = gzip.GzipFile(fileobj=response) if dataset.gzipped else response
-                    shutil.copyfileobj(stream, tmp)
-            except OSError as err:  # URLError, timeouts, broken streams: the same advice
-                raise DatasetError(
-                    f"cannot download {dataset.name} from {dataset.url} ({err}). Without network access, "
-                    f"put {dataset.name} into {target.parent} (or its data folder beside the checkout, "
-                    f"{shared_data_dir()})"
-                ) from err
-            tmp.close()
-            if dataset.sha256_prefix and _sha256_prefix(Path(tmp.name)) != dataset.sha256_prefix:
-                raise DatasetError(
-                    f"{dataset.url} did not give the expected {dataset.name} (sha256 differs)"
-                )
-            os.replace(tmp.name, target)
-        finally:
-            Path(tmp.name).unlink(missing_ok=True)
+            with (
+                urllib.request.urlopen(dataset.url, timeout=DOWNLOAD_TIMEOUT_SECONDS) as response,
+                open(tmp, "wb") as out,
+            ):
+                stream = gzip.GzipFile(fileobj=response) if dataset.gzipped else response
+                shutil.copyfileobj(stream, out)
+        except OSError as err:  # URLError, timeouts, broken streams: the same advice
+            raise DatasetError(
+                f"cannot download {dataset.name} from {dataset.url} ({err}). Without network access, "
+                f"put {dataset.name} into {target.parent} (or its data folder beside the checkout, "
+                f"{shared_data_dir()})"
+            ) from err
+        if dataset.sha256_prefix and _sha256_prefix(tmp) != dataset.sha256_prefix:
+            raise DatasetError(
+                f"{dataset.url} did not give the expected {dataset.name} (sha256 differs)"
+            )
 
 
 def locate(dataset: Dataset, cache_dir: Path) -> Path:
@@ -149,17 +144,13 @@ def fetch_test_data(cache_dir: Path) -> Path:
 
 def write_every_nth_record(source: Path, target: Path, every: int) -> None:
     """Records 0, n, 2n, ... of `source`, byte for byte."""
-    with (
-        open(source) as fh,
-        tempfile.NamedTemporaryFile("w", dir=target.parent, delete=False) as out,
-    ):
+    with open(source) as fh, atomic_path(target) as tmp, open(tmp, "w") as out:
         index = -1
         for line in fh:
             if line.startswith(">"):
                 index += 1
             if index % every == 0:
                 out.write(line)
-    os.replace(out.name, target)
 
 
 def make_example(target: Path) -> None:

@@ -84,7 +84,7 @@ def run_shard(
     n_residues = sum(len(sequences[k]) for k in batched + chunked)
     spec = esm_model.parse_spec(model)
     torch.set_num_threads(threads)
-    for path in (out_h5, metrics_json, progress_json, telemetry_tsv):
+    for path in (out_h5, metrics_json, telemetry_tsv):  # Progress makes its own folder
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
     with (

@@ -5,7 +5,7 @@ import numpy as np
 
 from .files import atomic_path, read_tsv, write_tsv
 from .representations import KINDS
-from .shardfile import STR_DTYPE, dataset, read_index
+from .shardfile import dataset, read_index, write_strings
 
 FAILED_COLUMNS = ["id", "source", "reason"]
 
@@ -56,8 +56,8 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
     offsets = np.concatenate([[0], np.cumsum(lengths[embedded])])
 
     with atomic_path(out_h5) as tmp, h5py.File(tmp, "w") as out:
-        _strings(out, "ids", [ids[i] for i in embedded])
-        _strings(out, "headers", [records[i]["header"] for i in embedded])
+        write_strings(out, "ids", [ids[i] for i in embedded])
+        write_strings(out, "headers", [records[i]["header"] for i in embedded])
         out.create_dataset("lengths", data=lengths[embedded])
         out.create_dataset(
             "truncated", data=np.array([records[i]["truncated"] == "1" for i in embedded])
@@ -96,10 +96,6 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
         [[ids[i], records[i]["source"], failures[i]] for i in sorted(failures)],
     )
     return {"n_records": n, "n_embedded": int(embedded.size), "n_failed": len(failures)}
-
-
-def _strings(h5, name, values):
-    h5.create_dataset(name, data=np.array(values, dtype=object), dtype=STR_DTYPE)
 
 
 def _check_shard(path, expected, shard, ids) -> None:

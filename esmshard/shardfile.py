@@ -20,6 +20,11 @@ class Failure(NamedTuple):
     reason: str
 
 
+def write_strings(h5, name: str, values) -> None:
+    """A UTF-8 string dataset, as every text column of esmshard's HDF5 files is stored."""
+    h5.create_dataset(name, data=np.array(values, dtype=object), dtype=STR_DTYPE)
+
+
 def dataset(kind: str, layer: int) -> str:
     return f"{kind}/{layer}"
 
@@ -58,16 +63,8 @@ class ShardWriter:
         failed = sorted(failed)
         h5 = self.h5
         h5.create_dataset("failed/index", data=np.array([f.index for f in failed], dtype=np.int64))
-        h5.create_dataset(
-            "failed/ids",
-            data=np.array([ids_by_index[f.index] for f in failed], dtype=object),
-            dtype=STR_DTYPE,
-        )
-        h5.create_dataset(
-            "failed/reason",
-            data=np.array([f.reason for f in failed], dtype=object),
-            dtype=STR_DTYPE,
-        )
+        write_strings(h5, "failed/ids", [ids_by_index[f.index] for f in failed])
+        write_strings(h5, "failed/reason", [f.reason for f in failed])
 
 
 class ShardIndex(NamedTuple):
