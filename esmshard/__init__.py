@@ -1,15 +1,22 @@
 """esmshard: sharded, multi-GPU ESM-2 protein embeddings."""
 
 import logging
+import os
 import signal
+import socket
 import sys
 
 __version__ = "0.1.0"
 
 
 def run_step(log_path, step, **kwargs):
-    """Run one workflow step with its log file; input problems end it with their message alone."""
+    """Run one workflow step with its log file, which records how the step ended, whatever it was.
+
+    Known problems (bad input, a model that cannot be had, a full disk) end the step with their
+    message alone; anything else with its traceback; a signal with its name.
+    """
     from .fasta import FastaError
+    from .files import DiskFullError
     from .merge import MergeError
     from .model import ModelError
 
@@ -20,13 +27,43 @@ def run_step(log_path, step, **kwargs):
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[logging.FileHandler(log_path, mode="w"), console],
+        # Appended: a retried or concurrent attempt adds to the log instead of erasing it.
+        handlers=[logging.FileHandler(log_path, mode="a"), console],
     )
+    log = logging.getLogger("esmshard")
+    log.info("%s: started on %s, process %d", step.__name__, socket.gethostname(), os.getpid())
+
     # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
     # removed and the GPU slot's lock is released on the way out.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    def stop(signum, frame):
+        log.error(
+            "%s: stopped by %s (a time limit, scancel or kill); its incomplete outputs are removed",
+            step.__name__,
+            signal.Signals(signum).name,
+        )
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        return step(**kwargs)
-    except (FastaError, ModelError, MergeError, ValueError) as err:
-        logging.getLogger("esmshard").error("%s", err)
-        sys.exit(1)
+        result = step(**kwargs)
+    except (FastaError, ModelError, MergeError, DiskFullError, ValueError) as err:
+        log.error("%s", err)
+        _exit(1)
+    except KeyboardInterrupt:
+        log.error(
+            "%s: stopped by SIGINT (Ctrl-C); its incomplete outputs are removed", step.__name__
+        )
+        _exit(128 + signal.SIGINT)
+    except Exception:
+        log.exception("%s: unexpected error (please report it with this log)", step.__name__)
+        _exit(1)
+    log.info("%s: done", step.__name__)
+    return result
+
+
+def _exit(status: int):
+    # Straight out once the log is written: after a failed write (a full disk) HDF5's own
+    # clean-up at interpreter exit can crash the process and hide the status.
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(status)

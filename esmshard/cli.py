@@ -8,6 +8,13 @@ from pathlib import Path
 from .status import read_state, render
 
 
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds greater than 0")
+    return value
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="esmshard", description="esmshard run tools")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -19,16 +26,20 @@ def main(argv=None):
         "--watch",
         nargs="?",
         const=5.0,
-        type=float,
+        type=seconds,
         metavar="SECONDS",
         help="refresh every SECONDS (default 5) until interrupted",
     )
     args = parser.parse_args(argv)
+    if not args.outdir.is_dir():
+        what = "is a file" if args.outdir.exists() else "does not exist"
+        parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")
     while True:
-        text = render(read_state(args.outdir))
+        state = read_state(args.outdir)
+        text = render(state)
         if not args.watch:
             print(text)
-            return 0
+            return 0 if state["planned"] or state["started"] else 1
         sys.stdout.write("\033[H\033[J" + text + "\n")
         sys.stdout.flush()
         try:

@@ -10,6 +10,20 @@ import re
 
 import jsonschema
 
+# Settings that change the embeddings' numbers, plus `checkpoint` (which weights file exactly):
+# a change re-runs the embed jobs (Snakemake's params trigger), and merge refuses a shard file
+# computed with other values. `gpus` and `toks_per_batch` are not among them, so that moving to
+# other GPUs or another batch size never invalidates finished shards.
+EMBEDDING_KEYS = (
+    "model",
+    "repr_layers",
+    "include",
+    "truncation_seq_length",
+    "long_sequences",
+    "precision",
+    "fast_path",
+)
+
 INTEGER = re.compile(r"[+-]?\d+")
 BOOLEANS = {"true": True, "false": False}
 
@@ -46,3 +60,8 @@ def coerce_config(config: dict, schema: dict) -> dict:
         key: coerce(value, properties[key]) if key in properties else value
         for key, value in config.items()
     }
+
+
+def embedding_settings(config: dict, checkpoint: str) -> dict:
+    """The settings an embedding was computed with, as embed jobs record them and merge checks them."""
+    return {**{key: config[key] for key in EMBEDDING_KEYS}, "checkpoint": checkpoint}

@@ -1,6 +1,8 @@
 """The embed job: one shard's sequences on a pooled device, written atomically with its metrics."""
 
+import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -15,11 +17,12 @@ from . import pool, telemetry
 from .batching import make_batches, padded_fraction, token_budget
 from .embedder import Embedder
 from .files import atomic_path, read_tsv, write_json
+from .layout import Layout
 from .long_sequences import embedded_residues, skip_reason
 from .precision import resolve as resolve_precision
 from .representations import absolute_layers
-from .shardfile import Failure, ShardWriter
-from .status import Progress, rate
+from .shardfile import Failure, ShardWriter, output_bytes
+from .status import Progress, rate, shards_done
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +72,27 @@ def run_shard(
     long_sequences,
     precision,
     fast_path,
+    checkpoint,
     gpus,
     threads,
     progress_json,
     telemetry_tsv,
-    plan_tsv,
+    outdir,
 ):
-    """Embed one shard's sequences on a pooled device and write its outputs atomically."""
+    """Embed one shard's sequences on a pooled device and write its outputs atomically.
+
+    The settings from `model` to `checkpoint` are stored in the shard file, for merge to check.
+    """
+    settings = dict(
+        model=model,
+        repr_layers=repr_layers,
+        include=include,
+        truncation_seq_length=truncation_seq_length,
+        long_sequences=long_sequences,
+        precision=precision,
+        fast_path=fast_path,
+        checkpoint=checkpoint,
+    )
     rows = read_tsv(shard_tsv)
     indices = [int(r["index"]) for r in rows]
     ids = [r["id"] for r in rows]
@@ -88,7 +105,7 @@ def run_shard(
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
     with (
-        pool.acquire(pool.pool_devices(gpus)) as slot,
+        pool.acquire(pool.pool_devices(gpus), job=shard) as slot,
         telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
     ):
         started = time.time()
@@ -111,6 +128,7 @@ def run_shard(
             device=str(device),
             device_name=sampler.name or device_name,
             host=socket.gethostname(),
+            pid=os.getpid(),
             cuda_visible_devices=slot.cuda_visible_devices,
             gpu_bus_id=sampler.bus_id,
             started_at=started,
@@ -126,7 +144,8 @@ def run_shard(
         loaded = time.time()
 
         progress.update(0, sampler)
-        with progress, atomic_path(out_h5) as tmp:
+        size = output_bytes(len(rows), n_residues, len(layers), include, net.embed_dim)
+        with progress, atomic_path(out_h5, needed_bytes=size) as tmp:
             with h5py.File(tmp, "w") as h5, ThreadPoolExecutor(1) as background:
                 writer = ShardWriter(h5, layers, include, net.embed_dim)
                 written = []  # one batch's results are written while the next one computes
@@ -166,6 +185,7 @@ def run_shard(
                     device=str(device),
                     truncation_seq_length=limit,
                     long_sequences=long_sequences,
+                    settings=json.dumps(settings),
                 )
         finished = time.time()
 
@@ -209,8 +229,7 @@ def run_shard(
         metrics["seconds"],
         len(failed),
     )
-    done = len(list(Path(metrics_json).parent.glob("*.json")))
-    total = len(read_tsv(plan_tsv))
+    done, total = shards_done(Layout(outdir))
     console(
         f"shard {done}/{total} done on {device}: {shard}, {rate(metrics['residues_per_second'])} residues/s"
         + (f", {len(failed)} failed" if failed else "")

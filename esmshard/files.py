@@ -1,25 +1,87 @@
-"""Reading and writing the run's files: atomic writes and the TSV tables.
+"""Reading and writing the run's files: atomic writes, free space, and the TSV tables.
 
 Every file is written under a temporary name of its own writer (host and process in the name,
 so two writers never share one) and renamed when complete: a file under its final name is whole.
 """
 
 import csv
+import errno
 import json
 import os
+import shutil
 import socket
 from contextlib import contextmanager
 from pathlib import Path
 
 
+class DiskFullError(OSError):
+    """Not enough space for an output; the message names the path and the bytes it needs."""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def free_bytes(path) -> int:
+    """Free space on the filesystem that holds `path` (or would hold it, if it does not exist yet)."""
+    path = Path(path).absolute()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def disk_full_error(path, needed: int | None) -> DiskFullError:
+    need = f"about {human_bytes(needed)}" if needed else "more space"
+    err = DiskFullError(
+        f"no space left for {path}: it needs {need} and {human_bytes(free_bytes(path))} are free "
+        "on that filesystem. Nothing incomplete was kept; free some space (or set `outdir` to a "
+        "larger disk) and run the same command again"
+    )
+    err.errno = errno.ENOSPC
+    return err
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """True if `err`, or an error it arose from, is ENOSPC (HDF5 reports it as a later error)."""
+    while err is not None:
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def require_space(path, needed_bytes: int | None) -> None:
+    """Refuse to start writing `path` where its filesystem has less than `needed_bytes` free."""
+    if needed_bytes is not None and free_bytes(path) < needed_bytes:
+        raise disk_full_error(path, needed_bytes)
+
+
+def raise_if_disk_full(err: BaseException, path, needed_bytes: int | None) -> None:
+    """Re-raise an error that a full disk caused as DiskFullError naming `path`."""
+    if is_disk_full(err) and not isinstance(err, DiskFullError):
+        raise disk_full_error(path, needed_bytes) from err
+
+
 @contextmanager
-def atomic_path(path):
-    """Yield a temporary path beside `path`; rename it to `path` if the block succeeds, else remove it."""
+def atomic_path(path, needed_bytes: int | None = None):
+    """Yield a temporary path beside `path`; rename it to `path` if the block succeeds, else remove it.
+
+    With `needed_bytes`, refuse to start when the filesystem has less free; a disk that fills
+    up while writing is reported as DiskFullError naming `path` either way.
+    """
     path = Path(path)
+    require_space(path, needed_bytes)
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
         yield tmp
         os.replace(tmp, path)
+    except Exception as err:
+        tmp.unlink(missing_ok=True)  # first, so that the free space reported is true
+        raise_if_disk_full(err, path, needed_bytes)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

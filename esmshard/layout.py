@@ -5,7 +5,6 @@ Paths are strings, so that the rules can pass a wildcard such as "{shard}" for t
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -58,13 +57,19 @@ class Layout:
     def scaling_html(self) -> str:
         return self._path("report", "scaling_report.html")
 
+    @property
+    def run_lock(self) -> str:
+        """Held by the run in progress (esmshard.runlock)."""
+        return self._path(".esmshard", "run.lock")
+
+    @property
+    def input_checksums(self) -> str:
+        """The inputs' sha256, by file version (esmshard.checksums)."""
+        return self._path(".esmshard", "input-checksums.json")
+
     def log(self, step: str, shard: str | None = None) -> str:
         return (
             self._path("logs", step, f"{shard}.log")
             if shard
             else self._path("logs", f"{step}.log")
         )
-
-    def existing(self, path_of) -> list[Path]:
-        """The files that exist of one per-shard kind, e.g. `existing(layout.metrics)`."""
-        return sorted(Path(self.outdir).glob(os.path.relpath(path_of("*"), self.outdir)))

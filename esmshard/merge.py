@@ -1,5 +1,9 @@
 """Merging shard files into one HDF5 file in input order, with the list of failed records."""
 
+import json
+import os
+from pathlib import Path
+
 import h5py
 import numpy as np
 
@@ -14,8 +18,12 @@ class MergeError(RuntimeError):
     """A shard file that does not match its shard, or records unaccounted for."""
 
 
-def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
-    """Stream shard files into `out_h5`; every input record lands there or in `failed_tsv`."""
+def merge(records_tsv, shard_files, out_h5, failed_tsv, settings: dict) -> dict:
+    """Stream shard files into `out_h5`; every input record lands there or in `failed_tsv`.
+
+    Each shard file must be its own shard's, computed with `settings` (the run's embedding
+    settings): anything else is refused by name rather than merged into a wrong answer.
+    """
     records = read_tsv(records_tsv)
     ids = [r["id"] for r in records]
     n = len(records)
@@ -37,6 +45,7 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
             ) from err
         attrs, layers = shard.attrs, shard.layers
         lengths[shard.index] = shard.lengths
+        _check_settings(path, shard.attrs, settings)
         _check_shard(path, expected, shard, ids)
         status[shard.index] = 1
         precisions.add(str(attrs["precision"]))
@@ -55,7 +64,8 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
     row_of[embedded] = np.arange(embedded.size)
     offsets = np.concatenate([[0], np.cumsum(lengths[embedded])])
 
-    with atomic_path(out_h5) as tmp, h5py.File(tmp, "w") as out:
+    size = sum(os.path.getsize(path) for path in shard_files)
+    with atomic_path(out_h5, needed_bytes=size) as tmp, h5py.File(tmp, "w") as out:
         write_strings(out, "ids", [ids[i] for i in embedded])
         write_strings(out, "headers", [records[i]["header"] for i in embedded])
         out.create_dataset("lengths", data=lengths[embedded])
@@ -88,6 +98,7 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
             truncation_seq_length=attrs["truncation_seq_length"],
             n_embedded=embedded.size,
             n_failed=len(failures),
+            settings=json.dumps(settings),
         )
 
     write_tsv(
@@ -98,9 +109,29 @@ def merge(records_tsv, shard_files, out_h5, failed_tsv) -> dict:
     return {"n_records": n, "n_embedded": int(embedded.size), "n_failed": len(failures)}
 
 
+def _check_settings(path, attrs, settings: dict) -> None:
+    """The shard file must have been computed with the run's settings, every one of them."""
+    try:
+        found = json.loads(attrs["settings"])
+    except (KeyError, ValueError):
+        found = {}
+    for key, value in settings.items():
+        if found.get(key) != value:
+            raise MergeError(
+                f"shard file {path} was computed with {key} = {json.dumps(found.get(key))}, but "
+                f"this run has {key} = {json.dumps(value)}; it is not this run's (copied from "
+                "another run?): delete it and run again to recompute it"
+            )
+
+
 def _check_shard(path, expected, shard, ids) -> None:
     """The shard file must hold exactly its shard's records, each once, under the right IDs."""
-    name = shard.attrs["shard"]
+    name = Path(path).stem  # the shard that the file's place stands for
+    if shard.attrs.get("shard") != name:
+        raise MergeError(
+            f"shard file {path} holds shard {shard.attrs.get('shard')}, not {name} "
+            "(copied from another shard?): delete it and run again to rebuild it"
+        )
     got = sorted(shard.index.tolist() + [f.index for f in shard.failures])
     if got != expected.get(name, []):
         raise MergeError(

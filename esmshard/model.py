@@ -42,6 +42,19 @@ class ModelSpec:
         return "random" if self.kind == "random" else "pretrained"
 
     @property
+    def checkpoint(self) -> str:
+        """Which weights exactly: a local file by its path, size and modification time."""
+        if self.kind == "random":
+            return f"random weights, seed {RANDOM_SEED}"
+        if self.kind == "hub":
+            return f"{self.name} from fair-esm's hub"
+        path = self.path.resolve()
+        if not path.is_file():
+            return f"{path} (missing)"
+        stat = path.stat()
+        return f"{path}, {stat.st_size} bytes, modified {stat.st_mtime_ns} ns"
+
+    @property
     def num_layers(self) -> int:
         return ESM2_ARCHS[self.name][0] if self.name in ESM2_ARCHS else None
 

@@ -85,7 +85,11 @@ def default_pool_dir(env=os.environ) -> Path:
 
 @contextmanager
 def acquire(
-    devices: list[str], pool_dir: Path | None = None, poll_seconds: float = 0.5, env=os.environ
+    devices: list[str],
+    pool_dir: Path | None = None,
+    poll_seconds: float = 0.5,
+    env=os.environ,
+    job: str = "this job",
 ):
     """Hold a slot for the life of the block and point CUDA_VISIBLE_DEVICES at its device.
 
@@ -115,6 +119,14 @@ def acquire(
                 fh.close()
             return
         if not waited:
-            log.info("all %d GPU slots are busy; waiting for one to free up", len(devices))
+            # A warning, so that the run's own output shows it: the job holds memory meanwhile.
+            log.warning(
+                "%s waits for a GPU: all %d of the pool's GPUs are in use by other jobs. "
+                "Run with `--resources gpu=%d` so that Snakemake starts no more embed jobs "
+                "than there are GPUs",
+                job,
+                len(devices),
+                len(devices),
+            )
             waited = True
         time.sleep(poll_seconds)

@@ -13,9 +13,9 @@ from .fasta import (
     looks_nucleotide,
     read_fasta,
 )
-from .files import atomic_path, write_tsv
+from .files import atomic_path, raise_if_disk_full, require_space, write_tsv
 from .long_sequences import embedded_residues
-from .sizing import shard_names
+from .sizing import estimated_text_bytes, shard_names
 
 RECORD_COLUMNS = [
     "index",
@@ -49,6 +49,32 @@ def write_shards(
     """
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)
+    needed = 2 * estimated_text_bytes(inputs)  # the spooled sequences, then the shard files
+    require_space(shard_dir, needed)
+    try:
+        return _write_shards(
+            inputs,
+            shard_dir,
+            n_shards,
+            truncation_seq_length,
+            embed_dim,
+            long_sequences,
+            nucleotide_check,
+        )
+    except OSError as err:
+        raise_if_disk_full(err, shard_dir, needed)
+        raise
+
+
+def _write_shards(
+    inputs,
+    shard_dir: Path,
+    n_shards: int,
+    truncation_seq_length: int,
+    embed_dim: int,
+    long_sequences: str,
+    nucleotide_check: bool,
+) -> list[dict]:
     names = shard_names(n_shards)
     records, first_seen, costs, too_long, nucleotide = [], {}, [], [], {}
     with tempfile.TemporaryFile("w+", dir=shard_dir) as spool:

@@ -2,7 +2,9 @@
 
 Layout: `index` (input index of each row), `ids`, `length` (residues embedded), one dataset
 `<kind>/<layer>` per representation kind and layer (rows in processing order; per-residue kinds
-concatenated), `failed/index`, `failed/ids`, `failed/reason`, and the run's settings as attributes.
+concatenated), `failed/index`, `failed/ids`, `failed/reason`, and attributes: the shard's name,
+the precision and device it ran with, and `settings`, the JSON of the embedding settings
+(esmshard.config.embedding_settings) that merge checks.
 """
 
 from typing import NamedTuple
@@ -23,6 +25,12 @@ class Failure(NamedTuple):
 def write_strings(h5, name: str, values) -> None:
     """A UTF-8 string dataset, as every text column of esmshard's HDF5 files is stored."""
     h5.create_dataset(name, data=np.array(values, dtype=object), dtype=STR_DTYPE)
+
+
+def output_bytes(n_records: int, n_residues: int, n_layers: int, include, dim: int) -> int:
+    """About the size of a file of these embeddings: float32 rows plus 1 MB for the rest."""
+    rows = sum(n_residues if KINDS[kind].per_residue else n_records for kind in include)
+    return 4 * rows * n_layers * dim + (1 << 20)
 
 
 def dataset(kind: str, layer: int) -> str:

@@ -20,12 +20,15 @@ DEFAULT_ARCH = (
 )  # layers, D: for checkpoints of unknown architecture, assume the 650M model
 
 
+def estimated_text_bytes(paths) -> int:
+    """The inputs' size once decompressed, estimated from the files' sizes."""
+    return int(
+        sum(os.path.getsize(p) * (COMPRESSED_EXPANSION if compression(p) else 1) for p in paths)
+    )
+
+
 def estimated_residues(paths) -> int:
-    total = 0
-    for path in paths:
-        size = os.path.getsize(path)
-        total += size * COMPRESSED_EXPANSION if compression(path) else size
-    return int(total * RESIDUES_PER_BYTE)
+    return int(estimated_text_bytes(paths) * RESIDUES_PER_BYTE)
 
 
 def auto_shard_count(residues: int) -> int:

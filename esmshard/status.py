@@ -5,6 +5,8 @@ after a run, and on a cluster where the jobs ran on other nodes of a shared file
 """
 
 import json
+import os
+import socket
 import time
 from pathlib import Path
 
@@ -12,6 +14,9 @@ from .files import read_tsv, write_json
 from .layout import Layout
 
 GIB = 1 << 30
+# A job on another host whose progress file has not changed for this long is taken for dead
+# (on its own host, a job is dead when its process is gone).
+STALE_AFTER_SECONDS = 30 * 60
 
 
 def rate(per_second) -> str:
@@ -111,17 +116,59 @@ class Progress:
             self.path.unlink(missing_ok=True)
 
 
+def _current(layout: Layout, path_of, plan: list[dict]) -> list[dict]:
+    """The plan's shards' files of one kind written since the plan; older ones are from an earlier
+    sharding of this outdir (e.g. with another `shards`) and count for nothing."""
+    plan_mtime = Path(layout.plan).stat().st_mtime
+    paths = (Path(path_of(row["shard"])) for row in plan)
+    return _read_json(p for p in paths if p.is_file() and p.stat().st_mtime >= plan_mtime)
+
+
+def shards_done(layout: Layout) -> tuple[int, int]:
+    """(finished shards, shards) of the current plan."""
+    plan = read_tsv(layout.plan)
+    return len(_current(layout, layout.metrics, plan)), len(plan)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): os.kill's answer stands
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def stale_reason(progress: dict, now: float) -> str | None:
+    """Why a job's progress file is no longer updated by a live job, if it is not."""
+    if progress.get("host") == socket.gethostname() and "pid" in progress:
+        if not process_alive(progress["pid"]):
+            return f"process {progress['pid']} is gone"
+    quiet = now - progress.get("updated_at", progress["started_at"])
+    return f"no update for {_duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
+
+
 def read_state(outdir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     layout = Layout(str(outdir))
     if not Path(layout.plan).is_file():
-        return {"outdir": str(outdir), "planned": False}
+        started = any(Path(p).exists() for p in (layout.log("shard"), layout.run_lock))
+        return {"outdir": str(outdir), "planned": False, "started": started}
     plan = read_tsv(layout.plan)
-    done = _read_json(layout.existing(layout.metrics))
+    done = _current(layout, layout.metrics, plan)
     finished = {m["shard"] for m in done}
-    running = [
-        r for r in _read_json(layout.existing(layout.progress)) if r["shard"] not in finished
-    ]
+    running, stale = [], []
+    for r in _current(layout, layout.progress, plan):
+        if r["shard"] in finished:
+            continue
+        r["stale"] = stale_reason(r, now)
+        (stale if r["stale"] else running).append(r)
     total_residues = sum(int(p["n_residues"]) for p in plan)
     done_residues = sum(m["n_residues"] for m in done) + sum(r["residues_done"] for r in running)
     starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
@@ -146,12 +193,17 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "eta_seconds": eta,
         "failed": sum(m.get("n_failed", 0) for m in done),
         "slots": per_slot(done),
-        "running": running,
+        "running": stale + running,  # a live job shows over a dead one of its slot
     }
 
 
 def render(state: dict) -> str:
     if not state["planned"]:
+        if not state["started"]:
+            return (
+                f"esmshard status {state['outdir']}: no esmshard run here (no shards/plan.tsv, "
+                "logs/shard.log or .esmshard/); give the `outdir` of the run's config"
+            )
         return f"esmshard status {state['outdir']}: not sharded yet (no shards/plan.tsv)"
     rows = [("slot", "device", "shard", "done", "residues/s", "memory")]
     slots = state["slots"]
@@ -161,7 +213,8 @@ def render(state: dict) -> str:
         name = (r or s)["device_name"]
         device = (r or s)["device"]
         if r is not None:
-            shard = f"{r['shard']} ({100 * r['residues_done'] / max(r['n_residues'], 1):.0f}%)"
+            shard = f"{r['shard']} ({100 * r['residues_done'] / max(r['n_residues'], 1):.0f}%"
+            shard += f", stale: {r['stale']})" if r["stale"] else ")"
             memory = _memory(r.get("memory_used_bytes"), r.get("memory_total_bytes"))
         else:
             shard, memory = (
@@ -181,7 +234,7 @@ def render(state: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    percent = 100 * state["shards_done"] / state["shards_total"]
+    percent = 100 * state["shards_done"] / state["shards_total"] if state["shards_total"] else 100
     eta = (
         "finished"
         if state["complete"]

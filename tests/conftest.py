@@ -1,6 +1,7 @@
 """Shared test set-up: the real data (read where it lies, subsets made at run time) and `snakemake` runs."""
 
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -148,3 +149,26 @@ def checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(
         random_model(TINY_MODEL), tmp_path_factory.mktemp("weights"), TINY_MODEL
     )
+
+
+@contextlib.contextmanager
+def small_disk(folder: Path, megabytes: int):
+    """A real filesystem of `megabytes` (a tmpfs) at `folder`, for a disk that fills up."""
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (it needs root): {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def fill(disk: Path, leave_bytes: int) -> None:
+    """Write a filler file until `leave_bytes` are free (tmpfs counts written pages)."""
+    with open(disk / "filler", "ab") as fh:
+        fh.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave_bytes))

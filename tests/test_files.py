@@ -1,8 +1,11 @@
 import os
+import subprocess
+import sys
 
 import pytest
+from conftest import small_disk
 
-from esmshard.files import atomic_path, read_tsv, write_json, write_tsv
+from esmshard.files import DiskFullError, atomic_path, read_tsv, write_json, write_tsv
 
 
 def test_a_failed_write_leaves_neither_the_file_nor_its_temporary(tmp_path):
@@ -27,3 +30,31 @@ def test_tsv_and_json_round_trip(tmp_path):
     write_json(tmp_path / "m.json", {"k": 1})
     assert (tmp_path / "m.json").read_text() == '{\n  "k": 1\n}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json", "t.tsv"]
+
+
+def test_a_disk_that_fills_while_hdf5_writes_is_named_in_the_log_without_a_crash(tmp_path):
+    """Past the up-front check (another writer took the space): the error, not a SIGSEGV."""
+    with small_disk(tmp_path / "disk", 4) as disk:
+        script = (
+            "import h5py, numpy as np\n"
+            "from esmshard import run_step\n"
+            "from esmshard.files import atomic_path\n"
+            "def write(path):\n"
+            "    with atomic_path(path) as tmp, h5py.File(tmp, 'w') as h5:\n"
+            "        h5.create_dataset('x', data=np.ones((2000, 1000), np.float32))\n"
+            f"run_step({str(tmp_path / 'job.log')!r}, write, path={str(disk / 'out.h5')!r})\n"
+        )
+        job = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+        assert job.returncode == 1, job.stderr
+        log = (tmp_path / "job.log").read_text()
+        assert f"ERROR esmshard: no space left for {disk / 'out.h5'}: it needs more space" in log
+        assert "run the same command again" in job.stderr
+        assert os.listdir(disk) == []
+
+
+def test_an_output_that_cannot_fit_is_refused_before_writing(tmp_path):
+    with small_disk(tmp_path / "disk", 1) as disk:
+        with pytest.raises(DiskFullError, match=r"it needs about 2\.0 MB and .* are free"):
+            with atomic_path(disk / "big.h5", needed_bytes=2_000_000):
+                raise AssertionError("not reached")
+        assert os.listdir(disk) == []

@@ -1,5 +1,7 @@
 """merge on shard files written by the shard writer, without a model."""
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -14,6 +16,16 @@ DIM = 4
 LENGTHS = [3, 5, 2, 4, 6]
 IDS = [f"P{i}" for i in range(len(LENGTHS))]
 SHARD_OF = ["shard_0000", "shard_0001", "shard_0000", "shard_0001", "shard_0000"]
+SETTINGS = {
+    "model": "random:esm2_t6_8M_UR50D",
+    "repr_layers": [-1],
+    "include": ["mean", "per_tok", "bos"],
+    "truncation_seq_length": 1022,
+    "long_sequences": "truncate",
+    "precision": "auto",
+    "fast_path": True,
+    "checkpoint": "random weights, seed 0",
+}
 
 
 def rep(i: int) -> dict[int, Representation]:
@@ -47,6 +59,7 @@ def run(tmp_path):
                 weights="random",
                 precision="fp32",
                 truncation_seq_length=1022,
+                settings=json.dumps(SETTINGS),
             )
         paths.append(path)
     return tmp_path, paths
@@ -54,7 +67,9 @@ def run(tmp_path):
 
 def test_every_kind_lands_in_input_order(run):
     folder, paths = run
-    summary = merge(folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv")
+    summary = merge(
+        folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv", SETTINGS
+    )
     assert summary == {"n_records": 5, "n_embedded": 4, "n_failed": 1}
     embedded = [0, 2, 3, 4]  # P1 failed
     with h5py.File(folder / "embeddings.h5") as h5:
@@ -82,15 +97,60 @@ def test_a_representation_kind_merge_does_not_know_is_refused(run):
     with pytest.raises(
         MergeError, match=f"shard file {paths[0]} .*unknown representation kind.*attention"
     ):
-        merge(folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv")
+        merge(
+            folder / "records.tsv",
+            paths,
+            folder / "embeddings.h5",
+            folder / "failed.tsv",
+            SETTINGS,
+        )
     assert not (folder / "embeddings.h5").exists()
 
 
 def test_a_missing_record_is_named(run):
     folder, paths = run
+    rows = read_tsv(folder / "records.tsv")
+    rows[1]["shard"] = "shard_0000"  # the plan puts P1 where the shard file lacks it
+    write_tsv(
+        folder / "records.tsv", RECORD_COLUMNS, [[r[c] for c in RECORD_COLUMNS] for r in rows]
+    )
     with pytest.raises(
-        MergeError, match="shard file .*shard_0001.h5 holds 2 records where shard shard_0000 has 3"
+        MergeError, match="shard file .*shard_0000.h5 holds 3 records where shard shard_0000 has 4"
     ):
-        with h5py.File(paths[1], "a") as h5:
-            h5.attrs["shard"] = "shard_0000"
-        merge(folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv")
+        merge(
+            folder / "records.tsv",
+            paths,
+            folder / "embeddings.h5",
+            folder / "failed.tsv",
+            SETTINGS,
+        )
+
+
+def test_a_shard_file_copied_over_another_shard_is_named(run):
+    folder, paths = run
+    paths[0].write_bytes(paths[1].read_bytes())
+    with pytest.raises(
+        MergeError, match=f"shard file {paths[0]} holds shard shard_0001, not shard_0000"
+    ):
+        merge(
+            folder / "records.tsv",
+            paths,
+            folder / "embeddings.h5",
+            folder / "failed.tsv",
+            SETTINGS,
+        )
+    assert not (folder / "embeddings.h5").exists()
+
+
+@pytest.mark.parametrize("key", sorted(SETTINGS))
+def test_a_shard_file_of_other_settings_is_refused_naming_the_setting(run, key):
+    folder, paths = run
+    other = {**SETTINGS, key: "something else"}
+    with pytest.raises(
+        MergeError,
+        match=f"shard file {paths[0]} was computed with {key} = .*this run has {key} = ",
+    ):
+        merge(
+            folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv", other
+        )
+    assert not (folder / "embeddings.h5").exists()

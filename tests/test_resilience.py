@@ -56,6 +56,7 @@ def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseli
     cmd, env = snakemake_command(tmp_path, CONFIG, "--resources", "gpu=1")
     metrics = tmp_path / "results" / "metrics"
     kill_9_after_shards(cmd, env, metrics, 2)
+    assert (tmp_path / "results" / ".esmshard" / "run.lock").is_file()  # left by the killed run
     finished = sorted(p.stem for p in metrics.glob("*.json"))
     shard_files = [tmp_path / "results" / "embeddings" / f"{s}.h5" for s in finished]
     before = stamps(shard_files)
@@ -188,9 +189,9 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
         f"    out_h5={str(out)!r}, metrics_json={str(tmp_path / 'm.json')!r}, shard='shard_0000',\n"
         f"    model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'], toks_per_batch=1100,\n"
         "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', fast_path=True, gpus=[0],\n"
-        "    threads=1,\n"
+        "    threads=1, checkpoint='random weights, seed 0',\n"
         f"    progress_json={str(tmp_path / 'progress.json')!r}, telemetry_tsv={str(tmp_path / 't.tsv')!r},\n"
-        f"    plan_tsv={str(tmp_path / 'shards' / 'plan.tsv')!r})\n"
+        f"    outdir={str(tmp_path)!r})\n"
     )
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     job = subprocess.Popen([sys.executable, "-c", script], env=env)
@@ -204,6 +205,7 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     assert time.time() - started < 30
     assert not out.exists() and not list(tmp_path.glob(".shard_0000.h5.*"))
     assert not (tmp_path / "progress.json").exists() and not (tmp_path / "t.tsv").exists()
+    assert "run_shard: stopped by SIGTERM" in (tmp_path / "job.log").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "pool", "shards"]
     with pool.acquire(
         ["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}

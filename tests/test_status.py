@@ -1,4 +1,6 @@
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -61,4 +63,74 @@ def test_console_script_prints_the_same(run_in_progress):
 
 
 def test_before_sharding(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "shard.log").write_text("")
     assert "not sharded yet" in status.render(status.read_state(tmp_path))
+
+
+def esmshard_status(*args):
+    return subprocess.run(
+        [Path(sys.executable).parent / "esmshard", "status", *map(str, args)],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_console_script_names_what_is_not_a_run(tmp_path):
+    missing = esmshard_status(tmp_path / "nowhere")
+    assert missing.returncode == 2 and "nowhere does not exist" in missing.stderr
+    (tmp_path / "file").write_text("")
+    a_file = esmshard_status(tmp_path / "file")
+    assert a_file.returncode == 2 and "file is a file" in a_file.stderr
+    (tmp_path / "empty").mkdir()
+    empty = esmshard_status(tmp_path / "empty")
+    assert empty.returncode == 1 and "no esmshard run here" in empty.stdout
+    for bad in ("-1", "0"):
+        watch = esmshard_status(tmp_path / "empty", "--watch", bad)
+        assert watch.returncode == 2 and "greater than 0" in watch.stderr
+        assert "Traceback" not in watch.stderr
+
+
+def test_a_plan_without_shards(tmp_path):
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "plan.tsv").write_text(
+        "shard\tn_sequences\tn_residues\testimated_cost\n"
+    )
+    text = status.render(status.read_state(tmp_path))
+    assert "shards 0/0 (100%)" in text and "finished" in text
+
+
+def test_files_of_an_earlier_sharding_count_for_nothing(run_in_progress):
+    plan = run_in_progress / "shards" / "plan.tsv"
+    stale = {"host": "node7", "device": "cuda:0", "device_name": "x", "gpu_slot": 0,
+             "cuda_visible_devices": "", "n_residues": 9000, "n_failed": 0, "started_at": 1.0,
+             "finished_at": 2.0, "compute_seconds": 1.0}  # fmt: skip
+    for name in ("shard_0001", "shard_0005"):  # in the plan and not, both older than it
+        (run_in_progress / "metrics" / f"{name}.json").write_text(
+            json.dumps({**stale, "shard": name})
+        )
+    os.utime(plan, (plan.stat().st_mtime + 10,) * 2)  # the plan is rewritten after them
+    for path in (run_in_progress / "progress").iterdir():
+        os.utime(path, (plan.stat().st_mtime,) * 2)
+    metrics = run_in_progress / "metrics" / "shard_0000.json"
+    os.utime(metrics, (plan.stat().st_mtime,) * 2)
+    state = status.read_state(run_in_progress, now=120.0)
+    assert (state["shards_done"], state["shards_total"]) == (1, 2)
+    assert state["residues_done"] == 2000 and state["eta_seconds"] == 20.0
+    assert status.shards_done(Layout(str(run_in_progress))) == (1, 2)
+
+
+def test_a_job_that_died_shows_stale(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout  # fmt: skip
+    here = {
+        "host": socket.gethostname(),
+        "pid": int(dead),
+        "started_at": 100.0,
+        "updated_at": 110.0,
+    }
+    assert status.stale_reason(here, now=111.0) == f"process {int(dead)} is gone"
+    assert status.stale_reason({**here, "pid": os.getpid()}, now=111.0) is None
+    elsewhere = {**here, "host": "another-node"}
+    assert status.stale_reason(elsewhere, now=111.0) is None
+    assert status.stale_reason(elsewhere, now=110.0 + 31 * 60) == "no update for 31m00s"

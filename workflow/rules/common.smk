@@ -12,10 +12,12 @@ from snakemake.utils import validate
 WORKFLOW_ROOT = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1]
 sys.path.insert(0, str(WORKFLOW_ROOT))
 
-from esmshard.config import coerce_config
+from esmshard.checksums import input_checksums
+from esmshard.config import coerce_config, embedding_settings
 from esmshard.files import read_tsv
 from esmshard.layout import Layout
 from esmshard.model import ModelError, parse_spec
+from esmshard.runlock import RunActiveError, hold
 from esmshard.sizing import (
     DEFAULT_ARCH,
     auto_shard_count,
@@ -51,18 +53,9 @@ N_SHARDS = (
 )
 SHARDS = shard_names(N_SHARDS)
 
-# Settings that change the embeddings; a change re-runs the shards (Snakemake's params trigger).
-# `gpus` and `toks_per_batch` are read from the config inside the job instead, so that moving
-# to other GPUs or another batch size never invalidates finished shards.
-EMBEDDING_PARAMS = {
-    "model": config["model"],
-    "repr_layers": config["repr_layers"],
-    "include": config["include"],
-    "truncation_seq_length": config["truncation_seq_length"],
-    "long_sequences": config["long_sequences"],
-    "precision": config["precision"],
-    "fast_path": config["fast_path"],
-}
+# Settings that change the embeddings: a change re-runs the embed jobs (params trigger), and
+# merge checks every shard file against them.
+EMBEDDING_PARAMS = embedding_settings(config, MODEL.checkpoint)
 
 
 wildcard_constraints:
@@ -92,3 +85,11 @@ def report_failures():
     with open(RUN.failed) as fh:
         n_failed = sum(1 for _ in fh) - 1
     logger.info(f"esmshard: {n_failed} sequences failed; the list is in {RUN.failed}")
+
+
+def hold_run_lock():
+    """Refuse to start where another run is active in the same outdir (esmshard.runlock)."""
+    try:
+        hold(RUN.run_lock, config["outdir"])
+    except RunActiveError as err:
+        raise WorkflowError(str(err))

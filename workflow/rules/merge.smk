@@ -12,5 +12,7 @@ rule merge:
     resources:
         runtime=io_runtime,
         mem_mb=4096,
+    params:
+        **EMBEDDING_PARAMS,
     script:
         "../scripts/merge.py"

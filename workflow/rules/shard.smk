@@ -14,6 +14,8 @@ rule shard:
         # one row per record (~200 bytes) plus the ID index
         mem_mb=lambda wildcards, input: 2048 + math.ceil(2 * input.size_mb),
     params:
+        # New content under an old mtime re-runs this step too (esmshard.checksums).
+        input_sha256=input_checksums(INPUTS, RUN.input_checksums),
         n_shards=N_SHARDS,
         model=config["model"],
         truncation_seq_length=config["truncation_seq_length"],

@@ -11,7 +11,7 @@ run_step(
     snakemake.log[0],
     run_shard,
     shard_tsv=snakemake.input.shard,
-    plan_tsv=snakemake.input.plan,
+    outdir=snakemake.config["outdir"],
     out_h5=snakemake.output.embeddings,
     metrics_json=snakemake.output.metrics,
     telemetry_tsv=snakemake.output.telemetry,

@@ -14,4 +14,5 @@ run_step(
     shard_files=list(snakemake.input.shards),
     out_h5=snakemake.output.embeddings,
     failed_tsv=snakemake.output.failed,
+    settings=dict(snakemake.params.items()),
 )

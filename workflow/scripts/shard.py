@@ -28,10 +28,12 @@ def shard(
     )
 
 
+params = dict(snakemake.params.items())
+del params["input_sha256"]  # there to re-run this step when an input's content changes
 run_step(
     snakemake.log[0],
     shard,
     inputs=list(snakemake.input),
     shard_dir=Path(snakemake.output.records).parent,
-    **dict(snakemake.params.items()),
+    **params,
 )

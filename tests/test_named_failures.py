@@ -1,0 +1,262 @@
+"""Failures users provoke, through the `snakemake` command line: each named, nothing lost, no wrong answer.
+
+Two runs in one outdir, shard files from elsewhere, counts of an earlier sharding, a full disk,
+errors and signals in job logs, a truncated .gz, a busy GPU pool, and an input replaced by other
+content under an old modification time.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import h5py
+import numpy as np
+import pytest
+from conftest import (
+    PROTEINS,
+    REPO,
+    TINY_MODEL,
+    fill,
+    jobs_run,
+    read_records,
+    small_disk,
+    snakemake,
+    snakemake_command,
+    write_subset,
+)
+
+RECORDS = read_records(PROTEINS)
+IDS = [h[1:].split()[0] for h, _ in RECORDS]
+CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
+
+
+def means(outdir):
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        return dict(zip(h5["ids"].asstr()[:], h5["mean/6"][:]))
+
+
+def leftovers(outdir):
+    """Temporary files of any writer left in the outdir."""
+    return sorted(str(p.relative_to(outdir)) for p in outdir.rglob("*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished run of the test proteins in 3 shards: the reference for the runs below."""
+    workdir = tmp_path_factory.mktemp("finished")
+    snakemake(workdir, CONFIG)
+    return workdir
+
+
+def test_a_second_run_in_an_active_outdir_is_refused_by_name_and_the_first_finishes(
+    tmp_path, finished_run
+):
+    cmd, env = snakemake_command(tmp_path, CONFIG)
+    runs = [
+        subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    outputs = [run.communicate(timeout=600)[0].decode() for run in runs]
+    codes = sorted((run.returncode, k) for k, run in enumerate(runs))
+    (ok, winner), (refused, loser) = codes
+    assert ok == 0 and refused != 0, outputs
+    other = runs[winner].pid
+    assert (
+        f"another esmshard run is active in results: the run of process {other} on host "
+        f"{os.uname().nodename}, started " in outputs[loser]
+    )
+    assert "Finished jobid" not in outputs[loser]  # it ran no job
+    outdir = tmp_path / "results"
+    reference = means(finished_run / "results")
+    got = means(outdir)
+    assert list(got) == IDS
+    for name in IDS:
+        np.testing.assert_array_equal(got[name], reference[name])
+    assert leftovers(outdir) == []
+    # The lock died with its run: the same command again is not blocked.
+    again = snakemake(tmp_path, CONFIG)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+
+def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, checkpoint):
+    shutil.copytree(finished_run / "results", tmp_path / "results")
+    shards = tmp_path / "results" / "embeddings"
+
+    # Another shard's file under this shard's name.
+    shutil.copy(shards / "shard_0001.h5", shards / "shard_0000.h5")
+    refused = snakemake(tmp_path, CONFIG, check=False)
+    assert refused.returncode != 0
+    assert (
+        "shard file results/embeddings/shard_0000.h5 holds shard shard_0001, not shard_0000"
+        in refused.stderr
+    )
+
+    # This shard's file from a run of another model.
+    other_model = tmp_path / "other"
+    snakemake(other_model, CONFIG, "--config", f"model={checkpoint}", "--until", "embed")
+    shutil.copy(other_model / "results" / "embeddings" / "shard_0000.h5", shards)
+    refused = snakemake(tmp_path, CONFIG, check=False)
+    assert refused.returncode != 0
+    assert (
+        f'shard file results/embeddings/shard_0000.h5 was computed with model = "{checkpoint}", '
+        f'but this run has model = "random:{TINY_MODEL}"' in refused.stderr
+    )
+    assert "delete it and run again" in refused.stderr
+
+    # Deleting it, as the message says, recomputes that shard alone.
+    (shards / "shard_0000.h5").unlink()
+    rebuilt = snakemake(tmp_path, CONFIG)
+    assert jobs_run(rebuilt)["embed"] == 1
+    assert means(tmp_path / "results").keys() == means(finished_run / "results").keys()
+
+
+def test_counts_come_from_the_current_plan_and_a_killed_job_shows_stale(tmp_path):
+    six = snakemake(tmp_path, CONFIG, "--config", "shards=6")
+    assert "shard 6/6 done" in six.stderr
+    two = snakemake(tmp_path, CONFIG, "--config", "shards=2")
+    assert "shard 1/2 done" in two.stderr and "shard 2/2 done" in two.stderr
+    assert "/2 done" not in two.stderr.replace("1/2 done", "").replace("2/2 done", "")
+    status = subprocess.run(
+        ["esmshard", "status", str(tmp_path / "results")], capture_output=True, text=True
+    )
+    assert "shards 2/2 (100%)" in status.stdout and "finished" in status.stdout
+
+    # kill -9 the Snakemake run and its job while a shard is half done.
+    workdir = tmp_path / "killed"
+    typed = ["--config", "shards=2", "toks_per_batch=1100"]
+    cmd, env = snakemake_command(workdir, CONFIG, *typed, "--resources", "gpu=1")
+    run = subprocess.Popen(cmd, cwd=REPO, env=env, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    outdir = workdir / "results"
+    deadline = time.time() + 300
+    while not any(
+        json.loads(p.read_text() or "{}").get("residues_done", 0) > 0
+        for p in (outdir / "progress").glob("shard_*.json")
+    ):
+        assert run.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    for _ in range(50):  # the job's process ends a moment after the signal
+        text = subprocess.run(
+            ["esmshard", "status", str(outdir)], capture_output=True, text=True
+        ).stdout
+        if "stale" in text:
+            break
+        time.sleep(0.1)
+    n_done = len(list((outdir / "metrics").glob("*.json")))
+    assert "stale: process" in text and "is gone" in text
+    assert f"shards {n_done}/2" in text and "finished" not in text and "ETA -" not in text
+    # Resume is the same command: the killed run's lock does not block it.
+    snakemake(workdir, CONFIG, *typed, "--resources", "gpu=1")
+    assert list(means(outdir)) == IDS
+
+
+def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishes(tmp_path):
+    with small_disk(tmp_path / "disk", 64) as disk:
+        config = {**CONFIG, "outdir": str(disk / "results"), "include": ["mean", "per_tok"]}
+        outdir = disk / "results"
+        snakemake(tmp_path, config, "--until", "shard")
+        fill(disk, 512 << 10)  # half a megabyte left: no shard's embeddings fit
+        full = snakemake(tmp_path, config, check=False)
+        assert full.returncode != 0
+        message = f"no space left for {outdir}/embeddings/shard_0000.h5: it needs about "
+        assert message in full.stderr and "run the same command again" in full.stderr
+        assert message in (outdir / "logs" / "embed" / "shard_0000.log").read_text()
+        assert leftovers(outdir) == [] and not list((outdir / "embeddings").glob("*.h5"))
+        assert "Segmentation" not in full.stderr and "SIGSEGV" not in full.stderr
+
+        # Room for the shards but not for the merged file.
+        (disk / "filler").unlink()
+        snakemake(tmp_path, config, "--until", "embed")
+        shard_bytes = sum(p.stat().st_size for p in (outdir / "embeddings").glob("*.h5"))
+        fill(disk, shard_bytes // 2)
+        full = snakemake(tmp_path, config, check=False)
+        assert full.returncode != 0
+        assert f"no space left for {outdir}/embeddings.h5" in full.stderr
+        assert "no space left" in (outdir / "logs" / "merge.log").read_text()
+        assert leftovers(outdir) == [] and not (outdir / "embeddings.h5").exists()
+
+        (disk / "filler").unlink()
+        done = snakemake(tmp_path, config)
+        assert jobs_run(done)["merge"] == 1 and "embed" not in jobs_run(done)
+        assert list(means(outdir)) == IDS
+
+
+def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
+    # An unexpected error (the pool folder is a file): its traceback is in the job's log.
+    (tmp_path / "not-a-folder").write_text("")
+    failed = snakemake(tmp_path / "a", CONFIG, "--config", "shards=1", check=False,
+                       env={"ESMSHARD_POOL_DIR": str(tmp_path / "not-a-folder")})  # fmt: skip
+    assert failed.returncode != 0
+    log = (tmp_path / "a" / "results" / "logs" / "embed" / "shard_0000.log").read_text()
+    assert "run_shard: unexpected error" in log and "Traceback" in log
+    assert "Error" in log.splitlines()[-1] and "not-a-folder" in log
+
+    # SIGTERM to the job (a cluster's time limit): its log says so; the same command finishes.
+    workdir = tmp_path / "b"
+    cmd, env = snakemake_command(workdir, CONFIG, "--config", "shards=1", "toks_per_batch=1100")
+    run = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    progress = workdir / "results" / "progress" / "shard_0000.json"
+    deadline = time.time() + 300
+    while not progress.exists():
+        assert run.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.kill(json.loads(progress.read_text())["pid"], signal.SIGTERM)
+    output = run.communicate(timeout=300)[0].decode()
+    assert run.returncode != 0
+    log = (workdir / "results" / "logs" / "embed" / "shard_0000.log").read_text()
+    assert "run_shard: stopped by SIGTERM" in log and "stopped by SIGTERM" in output
+    assert leftovers(workdir / "results") == [] and not progress.exists()
+    snakemake(workdir, CONFIG, "--config", "shards=1", "toks_per_batch=1100")
+    log = (workdir / "results" / "logs" / "embed" / "shard_0000.log").read_text()
+    assert log.rstrip().endswith("run_shard: done")
+
+
+def test_a_truncated_gz_is_named_and_leaves_nothing(tmp_path):
+    whole = tmp_path / "proteins.fa.gz"
+    subprocess.run(["gzip", "-c", str(PROTEINS)], stdout=whole.open("wb"), check=True)
+    truncated = tmp_path / "truncated.fa.gz"
+    truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    for shards in ("3", "auto"):
+        result = snakemake(
+            tmp_path, CONFIG, "--config", f"input={truncated}", f"shards={shards}", check=False
+        )
+        assert result.returncode != 0
+        message = f"{truncated}: cannot be read to its end"
+        assert message in result.stderr and "truncated or corrupt" in result.stderr
+        assert message in (tmp_path / "results" / "logs" / "shard.log").read_text()
+        assert not (tmp_path / "results" / "shards").exists() or not any(
+            (tmp_path / "results" / "shards").iterdir()
+        )
+        assert leftovers(tmp_path / "results") == []
+
+
+def test_jobs_waiting_for_the_gpu_pool_say_so_in_the_run_output(tmp_path):
+    result = snakemake(tmp_path, CONFIG, "--config", "gpus=[0]")  # no --resources gpu=1
+    assert "waits for a GPU: all 1 of the pool's GPUs are in use by other jobs" in result.stderr
+    assert "Run with `--resources gpu=1`" in result.stderr
+    quiet = snakemake(tmp_path / "limited", CONFIG, "--config", "gpus=[0]", "--resources", "gpu=1")
+    assert "waits for a GPU" not in quiet.stderr
+
+
+def test_input_replaced_by_other_content_under_an_old_mtime_is_rerun(tmp_path):
+    first = write_subset("first_half.fasta", lambda i, h, s: i % 240 == 0)
+    second = write_subset("second_half.fasta", lambda i, h, s: i % 240 == 120)
+    data = tmp_path / "proteins.fasta"
+    shutil.copy(first, data)
+    config = {**CONFIG, "input": str(data), "shards": 2}
+    snakemake(tmp_path, config)
+    old = data.stat().st_mtime - 3600
+    shutil.copy(second, data)
+    os.utime(data, (old, old))  # as `cp -p` or `rsync -t` of an older file leaves it
+    rerun = snakemake(tmp_path, config)
+    assert "Params have changed" in rerun.stdout + rerun.stderr
+    assert list(means(tmp_path / "results")) == [h[1:].split()[0] for h, _ in read_records(second)]
+    again = snakemake(tmp_path, config)
+    assert "Nothing to be done" in again.stdout + again.stderr
