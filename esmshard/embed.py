@@ -64,15 +64,8 @@ def run_shard(
     metrics_json,
     *,
     shard,
-    model,
-    repr_layers,
-    include,
+    settings: dict,
     toks_per_batch,
-    truncation_seq_length,
-    long_sequences,
-    precision,
-    fast_path,
-    checkpoint,
     gpus,
     threads,
     progress_json,
@@ -81,22 +74,15 @@ def run_shard(
 ):
     """Embed one shard's sequences on a pooled device and write its outputs atomically.
 
-    The settings from `model` to `checkpoint` are stored in the shard file, for merge to check.
+    `settings` are the run's embedding settings (esmshard.config.embedding_settings); the shard
+    file keeps them for merge to check.
     """
-    settings = dict(
-        model=model,
-        repr_layers=repr_layers,
-        include=include,
-        truncation_seq_length=truncation_seq_length,
-        long_sequences=long_sequences,
-        precision=precision,
-        fast_path=fast_path,
-        checkpoint=checkpoint,
-    )
+    model, repr_layers, include = settings["model"], settings["repr_layers"], settings["include"]
+    long_sequences, precision = settings["long_sequences"], settings["precision"]
+    limit = settings["truncation_seq_length"]
     rows = read_tsv(shard_tsv)
     indices = [int(r["index"]) for r in rows]
     ids = [r["id"] for r in rows]
-    limit = truncation_seq_length
     sequences, batched, chunked, failed = split_records(rows, limit, long_sequences)
     n_residues = sum(len(sequences[k]) for k in batched + chunked)
     spec = esm_model.parse_spec(model)
@@ -138,7 +124,7 @@ def run_shard(
         net, alphabet = esm_model.load(spec)
         layers = absolute_layers(repr_layers, net.num_layers)
         budget = token_budget(toks_per_batch, device, net, resolved)
-        embedder = Embedder(net, alphabet, layers, device, resolved, fast_path)
+        embedder = Embedder(net, alphabet, layers, device, resolved, settings["fast_path"])
         batch_lengths = [len(sequences[k]) for k in batched]
         batches = make_batches(batch_lengths, budget)
         loaded = time.time()
@@ -215,7 +201,7 @@ def run_shard(
         "model": model,
         "weights": spec.weights,
         "precision": resolved.name,
-        "fast_path": fast_path,
+        "fast_path": settings["fast_path"],
         "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
         if device.type == "cuda"
         else None,

@@ -187,9 +187,10 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
         "from esmshard.embed import run_shard\n"
         f"run_step({str(tmp_path / 'job.log')!r}, run_shard, shard_tsv={str(tmp_path / 'shards' / 'shard_0000.tsv')!r},\n"
         f"    out_h5={str(out)!r}, metrics_json={str(tmp_path / 'm.json')!r}, shard='shard_0000',\n"
-        f"    model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'], toks_per_batch=1100,\n"
-        "    truncation_seq_length=1022, long_sequences='truncate', precision='auto', fast_path=True, gpus=[0],\n"
-        "    threads=1, checkpoint='random weights, seed 0',\n"
+        f"    settings=dict(model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'],\n"
+        "        truncation_seq_length=1022, long_sequences='truncate', precision='auto', fast_path=True,\n"
+        "        checkpoint='random weights, seed 0'),\n"
+        "    toks_per_batch=1100, gpus=[0], threads=1,\n"
         f"    progress_json={str(tmp_path / 'progress.json')!r}, telemetry_tsv={str(tmp_path / 't.tsv')!r},\n"
         f"    outdir={str(tmp_path)!r})\n"
     )

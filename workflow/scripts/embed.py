@@ -20,5 +20,5 @@ run_step(
     gpus=snakemake.config["gpus"],
     toks_per_batch=snakemake.config["toks_per_batch"],
     threads=snakemake.threads,
-    **dict(snakemake.params.items()),
+    settings=dict(snakemake.params.items()),
 )
