@@ -30,6 +30,7 @@ def run_step(log_path, step, **kwargs):
         # Appended: a retried or concurrent attempt adds to the log instead of erasing it.
         handlers=[logging.FileHandler(log_path, mode="a"), console],
     )
+    logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
     log = logging.getLogger("esmshard")
     log.info("%s: started on %s, process %d", step.__name__, socket.gethostname(), os.getpid())
 
@@ -44,6 +45,15 @@ def run_step(log_path, step, **kwargs):
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+
+    # After a failed write (a full disk) h5py reports each object it cannot free, dozens of
+    # tracebacks (through both hooks); they go to the job log only, so that the run's output
+    # shows the error itself. The step's own errors are handled below.
+    def log_ignored(*args):
+        error = args[1] if len(args) == 3 else args[0].exc_value
+        log.info("while cleaning up: %r", error)
+
+    sys.excepthook = sys.unraisablehook = log_ignored
     try:
         result = step(**kwargs)
     except (FastaError, ModelError, MergeError, DiskFullError, ValueError) as err:

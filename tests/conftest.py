@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -169,6 +170,11 @@ def small_disk(folder: Path, megabytes: int):
 
 
 def fill(disk: Path, leave_bytes: int) -> None:
-    """Write a filler file until `leave_bytes` are free (tmpfs counts written pages)."""
-    with open(disk / "filler", "ab") as fh:
-        fh.write(b"\0" * max(0, shutil.disk_usage(disk).free - leave_bytes))
+    """Write a filler file until `leave_bytes` are free, or the disk is full (others write too)."""
+    with open(disk / "filler", "ab", buffering=0) as fh:
+        try:
+            while (free := shutil.disk_usage(disk).free) > leave_bytes:
+                fh.write(b"\0" * min(free - leave_bytes, 1 << 20))
+        except OSError as err:
+            if err.errno != errno.ENOSPC:
+                raise

@@ -169,6 +169,23 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
         assert leftovers(outdir) == [] and not list((outdir / "embeddings").glob("*.h5"))
         assert "Segmentation" not in full.stderr and "SIGSEGV" not in full.stderr
 
+        # The disk fills up while the shards are written (after the check before writing).
+        (disk / "filler").unlink()
+        cmd, env = snakemake_command(tmp_path, config)
+        run = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        deadline = time.time() + 300
+        while not list((outdir / "embeddings").glob(".shard_*.h5.*.tmp")):
+            assert run.poll() is None and time.time() < deadline
+            time.sleep(0.02)
+        fill(disk, 4096)
+        output = run.communicate(timeout=300)[0].decode()
+        assert run.returncode != 0
+        assert f"no space left for {outdir}/embeddings/shard_" in output
+        assert "Traceback" not in output and "Exception ignored" not in output  # HDF5's noise
+        assert leftovers(outdir) == []
+
         # Room for the shards but not for the merged file.
         (disk / "filler").unlink()
         snakemake(tmp_path, config, "--until", "embed")
