@@ -20,10 +20,9 @@ def run_step(log_path, step, **kwargs):
     from .merge import MergeError
     from .model import ModelError
 
+    # The job log gets everything; the run's output (the job's stderr) only problems.
     console = logging.StreamHandler(sys.stderr)
-    console.setLevel(
-        logging.WARNING
-    )  # the job log gets everything; the run's output only problems
+    console.setLevel(logging.WARNING)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
