@@ -158,7 +158,8 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     layout = Layout(str(outdir))
     if not Path(layout.plan).is_file():
-        started = any(Path(p).exists() for p in (layout.log("shard"), layout.run_lock))
+        marks = (layout.log("shard"), Path(layout.run_lock).parent)  # .esmshard/: run or dry run
+        started = any(Path(p).exists() for p in marks)
         return {"outdir": str(outdir), "planned": False, "started": started}
     plan = read_tsv(layout.plan)
     done = _current(layout, layout.metrics, plan)

@@ -62,9 +62,10 @@ def test_console_script_prints_the_same(run_in_progress):
     assert "shard_0001" in out.stdout and "shards 1/2 (50%)" in out.stdout
 
 
-def test_before_sharding(tmp_path):
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "shard.log").write_text("")
+@pytest.mark.parametrize("mark", ["logs/shard.log", ".esmshard/input-checksums.json"])
+def test_before_sharding(tmp_path, mark):
+    (tmp_path / mark).parent.mkdir()
+    (tmp_path / mark).write_text("")
     assert "not sharded yet" in status.render(status.read_state(tmp_path))
 
 
