@@ -65,11 +65,15 @@ def run(tmp_path):
     return tmp_path, paths
 
 
+def merge_run(folder, paths, settings=SETTINGS) -> dict:
+    return merge(
+        folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv", settings
+    )
+
+
 def test_every_kind_lands_in_input_order(run):
     folder, paths = run
-    summary = merge(
-        folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv", SETTINGS
-    )
+    summary = merge_run(folder, paths)
     assert summary == {"n_records": 5, "n_embedded": 4, "n_failed": 1}
     embedded = [0, 2, 3, 4]  # P1 failed
     with h5py.File(folder / "embeddings.h5") as h5:
@@ -97,13 +101,7 @@ def test_a_representation_kind_merge_does_not_know_is_refused(run):
     with pytest.raises(
         MergeError, match=f"shard file {paths[0]} .*unknown representation kind.*attention"
     ):
-        merge(
-            folder / "records.tsv",
-            paths,
-            folder / "embeddings.h5",
-            folder / "failed.tsv",
-            SETTINGS,
-        )
+        merge_run(folder, paths)
     assert not (folder / "embeddings.h5").exists()
 
 
@@ -117,13 +115,7 @@ def test_a_missing_record_is_named(run):
     with pytest.raises(
         MergeError, match="shard file .*shard_0000.h5 holds 3 records where shard shard_0000 has 4"
     ):
-        merge(
-            folder / "records.tsv",
-            paths,
-            folder / "embeddings.h5",
-            folder / "failed.tsv",
-            SETTINGS,
-        )
+        merge_run(folder, paths)
 
 
 def test_a_shard_file_copied_over_another_shard_is_named(run):
@@ -132,13 +124,7 @@ def test_a_shard_file_copied_over_another_shard_is_named(run):
     with pytest.raises(
         MergeError, match=f"shard file {paths[0]} holds shard shard_0001, not shard_0000"
     ):
-        merge(
-            folder / "records.tsv",
-            paths,
-            folder / "embeddings.h5",
-            folder / "failed.tsv",
-            SETTINGS,
-        )
+        merge_run(folder, paths)
     assert not (folder / "embeddings.h5").exists()
 
 
@@ -150,7 +136,5 @@ def test_a_shard_file_of_other_settings_is_refused_naming_the_setting(run, key):
         MergeError,
         match=f"shard file {paths[0]} was computed with {key} = .*this run has {key} = ",
     ):
-        merge(
-            folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv", other
-        )
+        merge_run(folder, paths, other)
     assert not (folder / "embeddings.h5").exists()
