@@ -53,37 +53,35 @@ def is_disk_full(err: BaseException) -> bool:
     return False
 
 
-def require_space(path, needed_bytes: int | None) -> None:
-    """Refuse to start writing `path` where its filesystem has less than `needed_bytes` free."""
+@contextmanager
+def naming_disk_full(path, needed_bytes: int | None = None):
+    """Writing `path` inside the block: with `needed_bytes`, refuse to start where its filesystem
+    has less free; a disk that fills up meanwhile is reported as DiskFullError naming `path`."""
     if needed_bytes is not None and free_bytes(path) < needed_bytes:
         raise disk_full_error(path, needed_bytes)
-
-
-def raise_if_disk_full(err: BaseException, path, needed_bytes: int | None) -> None:
-    """Re-raise an error that a full disk caused as DiskFullError naming `path`."""
-    if is_disk_full(err) and not isinstance(err, DiskFullError):
-        raise disk_full_error(path, needed_bytes) from err
+    try:
+        yield
+    except Exception as err:
+        if is_disk_full(err) and not isinstance(err, DiskFullError):
+            raise disk_full_error(path, needed_bytes) from err
+        raise
 
 
 @contextmanager
 def atomic_path(path, needed_bytes: int | None = None):
     """Yield a temporary path beside `path`; rename it to `path` if the block succeeds, else remove it.
 
-    With `needed_bytes`, refuse to start when the filesystem has less free; a disk that fills
-    up while writing is reported as DiskFullError naming `path` either way.
+    A full disk is reported as in `naming_disk_full`, once the temporary file is gone (so that
+    the free space reported is true).
     """
     path = Path(path)
-    require_space(path, needed_bytes)
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    except Exception as err:
-        tmp.unlink(missing_ok=True)  # first, so that the free space reported is true
-        raise_if_disk_full(err, path, needed_bytes)
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
+    with naming_disk_full(path, needed_bytes):
+        tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def write_text(path, text: str) -> None:

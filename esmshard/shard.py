@@ -13,7 +13,7 @@ from .fasta import (
     looks_nucleotide,
     read_fasta,
 )
-from .files import atomic_path, raise_if_disk_full, require_space, write_tsv
+from .files import atomic_path, naming_disk_full, write_tsv
 from .long_sequences import embedded_residues
 from .sizing import estimated_text_bytes, shard_names
 
@@ -49,35 +49,14 @@ def write_shards(
     """
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)
-    needed = 2 * estimated_text_bytes(inputs)  # the spooled sequences, then the shard files
-    require_space(shard_dir, needed)
-    try:
-        return _write_shards(
-            inputs,
-            shard_dir,
-            n_shards,
-            truncation_seq_length,
-            embed_dim,
-            long_sequences,
-            nucleotide_check,
-        )
-    except OSError as err:
-        raise_if_disk_full(err, shard_dir, needed)
-        raise
-
-
-def _write_shards(
-    inputs,
-    shard_dir: Path,
-    n_shards: int,
-    truncation_seq_length: int,
-    embed_dim: int,
-    long_sequences: str,
-    nucleotide_check: bool,
-) -> list[dict]:
     names = shard_names(n_shards)
     records, first_seen, costs, too_long, nucleotide = [], {}, [], [], {}
-    with tempfile.TemporaryFile("w+", dir=shard_dir) as spool:
+    # The spooled sequences, then the shard files (whose atomic writes name a full disk too).
+    needed = 2 * estimated_text_bytes(inputs)
+    with (
+        naming_disk_full(shard_dir, needed),
+        tempfile.TemporaryFile("w+", dir=shard_dir) as spool,
+    ):
         for path in inputs:
             for record in read_fasta(path):
                 if record.id in first_seen:

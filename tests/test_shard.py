@@ -1,8 +1,10 @@
+import os
+
 import pytest
-from conftest import NUCLEOTIDE, PROTEINS, read_records
+from conftest import NUCLEOTIDE, PROTEINS, fill, read_records, small_disk
 
 from esmshard.fasta import FastaError
-from esmshard.files import read_tsv
+from esmshard.files import DiskFullError, read_tsv
 from esmshard.shard import write_shards
 
 
@@ -49,3 +51,13 @@ def test_nucleotide_file_is_refused_naming_file_and_count(tmp_path):
 def test_nucleotide_check_can_be_switched_off(tmp_path):
     plan = write_shards([NUCLEOTIDE], tmp_path, 1, 1022, 320, nucleotide_check=False)
     assert plan[0]["n_sequences"] == 10
+
+
+def test_a_disk_without_room_for_the_shards_is_refused_before_reading(tmp_path):
+    with small_disk(tmp_path / "disk", 1) as disk:
+        fill(disk, PROTEINS.stat().st_size)  # room for one copy of the input, not two
+        with pytest.raises(
+            DiskFullError, match=f"no space left for {disk / 'shards'}: it needs about"
+        ):
+            write_shards([PROTEINS], disk / "shards", 2, 1022, 320)
+        assert os.listdir(disk / "shards") == []
