@@ -26,12 +26,11 @@ from esm.data import BatchConverter, FastaBatchedDataset
 from esmshard.batching import make_batches, padded_fraction
 from esmshard.embedder import Embedder
 from esmshard.fasta import read_fasta
-from esmshard.files import read_tsv
 from esmshard.forward import onednn_available, onednn_dense
 from esmshard.model import ESM2_ARCHS, random_model
 from esmshard.precision import PRECISIONS
-from esmshard.shard import write_shards
-from esmshard.sizing import DEFAULT_ARCH, auto_shard_count, estimated_residues
+from esmshard.shard import read_shard, write_shards
+from esmshard.sizing import DEFAULT_ARCH
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
@@ -121,16 +120,16 @@ def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
     return time.perf_counter() - start
 
 
-def padding(fasta: Path, toks_per_batch: int) -> list[float]:
-    """Padded fraction of each shard's batches, shards as `shards: auto` cuts the file."""
+def padding(fasta: Path, toks_per_batch: int, n_shards: int = 8) -> list[float]:
+    """Padded fraction of each shard's batches, the file cut into `n_shards` (smaller shards
+    than `shards: auto` makes of one proteome: fewer lengths to group, so more padding)."""
     with tempfile.TemporaryDirectory() as tmp:
-        n = auto_shard_count(estimated_residues([fasta]))
-        plan = write_shards([fasta], tmp, n, TRUNCATION, DEFAULT_ARCH[1])
+        plan = write_shards([fasta], tmp, n_shards, TRUNCATION, DEFAULT_ARCH[1])
         fractions = []
         for p in plan:
             lengths = [
-                min(len(r["sequence"]), TRUNCATION)
-                for r in read_tsv(Path(tmp) / f"{p['shard']}.tsv")
+                min(len(sequence), TRUNCATION)
+                for sequence in read_shard(Path(tmp) / f"{p['shard']}.tsv").sequences
             ]
             fractions.append(padded_fraction(lengths, make_batches(lengths, toks_per_batch)))
         return fractions

@@ -2,9 +2,11 @@
 
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
+import time
 
 __version__ = "0.1.0"
 
@@ -32,6 +34,7 @@ def run_step(log_path, step, **kwargs):
     logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
     log = logging.getLogger("esmshard")
     log.info("%s: started on %s, process %d", step.__name__, socket.gethostname(), os.getpid())
+    started = time.monotonic()
 
     # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
     # removed and the GPU slot's lock is released on the way out.
@@ -66,7 +69,13 @@ def run_step(log_path, step, **kwargs):
     except Exception:
         log.exception("%s: unexpected error (please report it with this log)", step.__name__)
         _exit(1)
-    log.info("%s: done", step.__name__)
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    log.info(
+        "%s: done in %.1f s, peak memory %.0f MB",
+        step.__name__,
+        time.monotonic() - started,
+        peak_kib / 1024,
+    )
     return result
 
 

@@ -16,22 +16,23 @@ from . import model as esm_model
 from . import pool, telemetry
 from .batching import make_batches, padded_fraction, token_budget
 from .embedder import Embedder
-from .files import atomic_path, read_tsv, write_json
+from .files import atomic_path, write_json
 from .layout import Layout
 from .long_sequences import embedded_residues, skip_reason
 from .precision import resolve as resolve_precision
 from .representations import absolute_layers
+from .shard import read_shard
 from .shardfile import Failure, ShardWriter, output_bytes
 from .status import Progress, rate, shards_done
 
 log = logging.getLogger(__name__)
 
 
-def split_records(rows, limit: int, long_sequences: str):
+def split_records(shard_sequences, limit: int, long_sequences: str):
     """The residues each record is embedded with, and which records go batched, chunked or skipped."""
     sequences, batched, chunked, skipped = [], [], [], []
-    for k, row in enumerate(rows):
-        length = len(row["sequence"])
+    for k, sequence in enumerate(shard_sequences):
+        length = len(sequence)
         kept = embedded_residues(length, limit, long_sequences)
         if kept == 0:
             skipped.append(Failure(k, skip_reason(length, limit, long_sequences)))
@@ -39,7 +40,7 @@ def split_records(rows, limit: int, long_sequences: str):
             chunked.append(k)
         else:
             batched.append(k)
-        sequences.append(row["sequence"][:kept])
+        sequences.append(sequence[:kept])
     return sequences, batched, chunked, skipped
 
 
@@ -80,10 +81,9 @@ def run_shard(
     model, repr_layers, include = settings["model"], settings["repr_layers"], settings["include"]
     long_sequences, precision = settings["long_sequences"], settings["precision"]
     limit = settings["truncation_seq_length"]
-    rows = read_tsv(shard_tsv)
-    indices = [int(r["index"]) for r in rows]
-    ids = [r["id"] for r in rows]
-    sequences, batched, chunked, failed = split_records(rows, limit, long_sequences)
+    indices, ids, shard_sequences = read_shard(shard_tsv)
+    sequences, batched, chunked, failed = split_records(shard_sequences, limit, long_sequences)
+    del shard_sequences
     n_residues = sum(len(sequences[k]) for k in batched + chunked)
     spec = esm_model.parse_spec(model)
     torch.set_num_threads(threads)
@@ -100,7 +100,7 @@ def run_shard(
         log.info(
             "shard %s: %d sequences on %s (%s, slot %s, CUDA_VISIBLE_DEVICES=%r), precision %s",
             shard,
-            len(rows),
+            len(ids),
             device,
             device_name,
             slot.index,
@@ -118,7 +118,7 @@ def run_shard(
             cuda_visible_devices=slot.cuda_visible_devices,
             gpu_bus_id=sampler.bus_id,
             started_at=started,
-            n_sequences=len(rows),
+            n_sequences=len(ids),
             n_residues=n_residues,
         )
         net, alphabet = esm_model.load(spec)
@@ -130,7 +130,7 @@ def run_shard(
         loaded = time.time()
 
         progress.update(0, sampler)
-        size = output_bytes(len(rows), n_residues, len(layers), include, net.embed_dim)
+        size = output_bytes(len(ids), n_residues, len(layers), include, net.embed_dim)
         with progress, atomic_path(out_h5, needed_bytes=size) as tmp:
             with h5py.File(tmp, "w") as h5, ThreadPoolExecutor(1) as background:
                 writer = ShardWriter(h5, layers, include, net.embed_dim)
@@ -164,7 +164,7 @@ def run_shard(
                 )
                 h5.attrs.update(
                     shard=shard,
-                    n_records=len(rows),
+                    n_records=len(ids),
                     model=model,
                     weights=spec.weights,
                     precision=resolved.name,
@@ -177,7 +177,7 @@ def run_shard(
 
     metrics = {
         "shard": shard,
-        "n_sequences": len(rows),
+        "n_sequences": len(ids),
         "n_residues": n_residues,
         "n_failed": len(failed),
         "n_batches": len(batches),

@@ -84,6 +84,32 @@ def atomic_path(path, needed_bytes: int | None = None):
             tmp.unlink(missing_ok=True)
 
 
+class Buckets:
+    """Appends to many files with bounded memory: what is added is kept per file and written
+    out, every file at once, when the buffers together pass `limit_bytes` (no open-file limit
+    applies, as each file is open only while written)."""
+
+    def __init__(self, paths, limit_bytes: int = 64 << 20):
+        self.paths = list(paths)
+        self.buffers = [[] for _ in self.paths]
+        self.size = 0
+        self.limit_bytes = limit_bytes
+
+    def add(self, bucket: int, data: bytes) -> None:
+        self.buffers[bucket].append(data)
+        self.size += len(data)
+        if self.size >= self.limit_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        for path, buffer in zip(self.paths, self.buffers):
+            if buffer:
+                with open(path, "ab") as fh:
+                    fh.write(b"".join(buffer))
+                buffer.clear()
+        self.size = 0
+
+
 def write_text(path, text: str) -> None:
     with atomic_path(path) as tmp:
         Path(tmp).write_text(text)

@@ -20,7 +20,7 @@ class Layout:
 
     @property
     def records(self) -> str:
-        return self._path("shards", "records.tsv")
+        return self._path("shards", "records.parquet")
 
     @property
     def plan(self) -> str:

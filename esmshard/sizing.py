@@ -5,15 +5,22 @@ import os
 
 from .fasta import compression
 
-# Shard count for `shards: auto`, from the input's size alone (never the GPU count).
-TARGET_RESIDUES_PER_SHARD = 10_000_000  # a few minutes of GPU work for the 650M model
-MIN_RESIDUES_PER_SHARD = 200_000  # below this, loading the model dominates a job
-MIN_SHARDS_FOR_BALANCE = 64  # many more shards than GPUs, while shards stay above the minimum
+# `shards: auto`, from the input's size and the model alone (never the GPU count): a job's fixed
+# cost (process start, imports, model loading, CUDA start-up) stays under 3% of its GPU time on a
+# fast GPU, no shard holds more than an hour of that GPU's work, and inputs of a few hours get
+# up to 64 shards to balance over many GPUs.
+JOB_OVERHEAD_SECONDS = 20
+MAX_OVERHEAD_FRACTION = 0.03
+MAX_SHARD_SECONDS = 3600
+MAX_SHARDS_FOR_BALANCE = 64
+FAST_GPU_FLOPS = 3.3e14  # an H100 in bf16: 250k tokens/s for the 650M model
+MAX_TOKENS_PER_SECOND = 2e6  # small models are held back by other things than their FLOPs
 RESIDUES_PER_BYTE = 0.7  # FASTA headers and newlines take ~30% of a file's bytes
+BYTES_PER_RECORD = 300  # FASTA bytes per record, on the short side (E. coli: 430)
 COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 
 # Cluster requests (SLURM `runtime`, minutes; `mem_mb`), from the cost model in balance.py.
-ASSUMED_FLOPS = 5e12  # sustained by fair-esm's fp32 forward on a modest datacenter GPU
+ASSUMED_FLOPS = 2.5e13  # sustained by a recent datacenter GPU in bf16 or tf32
 DEFAULT_ARCH = (
     33,
     1280,
@@ -31,10 +38,21 @@ def estimated_residues(paths) -> int:
     return int(estimated_text_bytes(paths) * RESIDUES_PER_BYTE)
 
 
-def auto_shard_count(residues: int) -> int:
-    by_target = math.ceil(residues / TARGET_RESIDUES_PER_SHARD)
-    by_balance = min(MIN_SHARDS_FOR_BALANCE, math.ceil(residues / MIN_RESIDUES_PER_SHARD))
-    return max(1, by_target, by_balance)
+def estimated_records(paths) -> int:
+    return int(estimated_text_bytes(paths) / BYTES_PER_RECORD)
+
+
+def fast_gpu_seconds(residues: int, layers: int, dim: int) -> float:
+    """The input's work on a fast GPU: 24·layers·D² FLOPs per token (esmshard.balance)."""
+    tokens_per_second = min(FAST_GPU_FLOPS / (24 * layers * dim**2), MAX_TOKENS_PER_SECOND)
+    return residues / tokens_per_second
+
+
+def auto_shard_count(residues: int, layers: int, dim: int) -> int:
+    seconds = fast_gpu_seconds(residues, layers, dim)
+    smallest = JOB_OVERHEAD_SECONDS / MAX_OVERHEAD_FRACTION
+    by_overhead = min(MAX_SHARDS_FOR_BALANCE, math.floor(seconds / smallest))
+    return max(1, by_overhead, math.ceil(seconds / MAX_SHARD_SECONDS))
 
 
 def shard_names(n_shards: int) -> list[str]:

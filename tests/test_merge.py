@@ -4,12 +4,14 @@ import json
 
 import h5py
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from esmshard.files import read_tsv, write_tsv
-from esmshard.merge import MergeError, merge
+from esmshard.files import read_tsv
+from esmshard.merge import CHUNK_BYTES, MergeError, merge
+from esmshard.records import SCHEMA
 from esmshard.representations import KINDS, Representation
-from esmshard.shard import RECORD_COLUMNS
 from esmshard.shardfile import Failure, ShardWriter
 
 DIM = 4
@@ -35,11 +37,7 @@ def rep(i: int) -> dict[int, Representation]:
 
 @pytest.fixture
 def run(tmp_path):
-    records = [
-        [i, IDS[i], SHARD_OF[i], n, n, 0, 0, f"in.fa:{i}", f"{IDS[i]} protein"]
-        for i, n in enumerate(LENGTHS)
-    ]
-    write_tsv(tmp_path / "records.tsv", RECORD_COLUMNS, records)
+    write_records(tmp_path, SHARD_OF)
     paths = []
     for shard in ("shard_0000", "shard_0001"):
         members = [i for i, s in enumerate(SHARD_OF) if s == shard][
@@ -65,9 +63,34 @@ def run(tmp_path):
     return tmp_path, paths
 
 
-def merge_run(folder, paths, settings=SETTINGS) -> dict:
+def write_records(folder, shard_of, ids=IDS, lengths=LENGTHS):
+    """The record table as the shard step writes it, for records of in.fa."""
+    rows = [
+        dict(
+            index=i,
+            id=ids[i],
+            shard=shard_of[i],
+            length=n,
+            n_residues=n,
+            truncated=False,
+            n_replaced=0,
+            file="in.fa",
+            line=i,
+            description="protein",
+        )
+        for i, n in enumerate(lengths)
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), folder / "records.parquet")
+
+
+def merge_run(folder, paths, settings=SETTINGS, **output) -> dict:
     return merge(
-        folder / "records.tsv", paths, folder / "embeddings.h5", folder / "failed.tsv", settings
+        folder / "records.parquet",
+        paths,
+        folder / "embeddings.h5",
+        folder / "failed.tsv",
+        settings,
+        **output,
     )
 
 
@@ -107,11 +130,8 @@ def test_a_representation_kind_merge_does_not_know_is_refused(run):
 
 def test_a_missing_record_is_named(run):
     folder, paths = run
-    rows = read_tsv(folder / "records.tsv")
-    rows[1]["shard"] = "shard_0000"  # the plan puts P1 where the shard file lacks it
-    write_tsv(
-        folder / "records.tsv", RECORD_COLUMNS, [[r[c] for c in RECORD_COLUMNS] for r in rows]
-    )
+    # the plan puts P1 where the shard file lacks it
+    write_records(folder, ["shard_0000"] * 3 + SHARD_OF[3:])
     with pytest.raises(
         MergeError, match="shard file .*shard_0000.h5 holds 3 records where shard shard_0000 has 4"
     ):
@@ -138,3 +158,101 @@ def test_a_shard_file_of_other_settings_is_refused_naming_the_setting(run, key):
     ):
         merge_run(folder, paths, other)
     assert not (folder / "embeddings.h5").exists()
+
+
+@pytest.fixture
+def realistic(tmp_path):
+    """400 records with the real proteome's first lengths, two shards, per-residue and mean rows
+    of ESM-2-like scale (normal, sd 0.5, a few large values) in 32 dimensions."""
+    from conftest import PROTEOME, read_records
+
+    lengths = [min(len(s), 300) for _, s in read_records(PROTEOME)[:400]]
+    rng = np.random.default_rng(0)
+    reps = {}
+    for i, n in enumerate(lengths):
+        per_tok = rng.normal(0, 0.5, (n, 32)).astype(np.float32) * (1 + 50 * (i == 7))
+        reps[i] = {6: Representation(per_tok, per_tok[0])}
+    ids = [f"Q{i}" for i in range(400)]
+    write_records(tmp_path, [f"shard_000{i % 2}" for i in range(400)], ids, lengths)
+    paths = []
+    for k in range(2):
+        members = list(range(k, 400, 2))[::-1]
+        path = tmp_path / f"shard_000{k}.h5"
+        with h5py.File(path, "w") as h5:
+            writer = ShardWriter(h5, [6], ["mean", "per_tok"], 32)
+            for start in range(0, len(members), 64):
+                batch = members[start : start + 64]
+                writer.write(batch, [ids[i] for i in batch], [reps[i] for i in batch])
+            writer.write_failed([], {})
+            h5.attrs.update(
+                shard=path.stem,
+                model="m",
+                weights="random",
+                precision="fp32",
+                truncation_seq_length=1022,
+                settings=json.dumps(SETTINGS),
+            )
+        paths.append(path)
+    return tmp_path, paths, reps
+
+
+def stored(path, name) -> int:
+    with h5py.File(path) as h5:
+        return h5[name].id.get_storage_size()
+
+
+def test_float16_and_compressed_per_residue_read_back_within_the_documented_error(realistic):
+    folder, paths, reps = realistic
+    sizes = {}
+    for dtype in ("float32", "float16"):
+        for compression in ("none", "gzip", "lzf"):
+            merge_run(folder, paths, output_dtype=dtype, per_residue_compression=compression)
+            out = folder / "embeddings.h5"
+            sizes[dtype, compression] = stored(out, "per_tok/6"), out.stat().st_size
+            with h5py.File(out) as h5:
+                assert h5["per_tok/6"].dtype == np.dtype(dtype) == h5["mean/6"].dtype
+                offsets = h5["per_tok/offsets"][:]
+                for row in (0, 7, 399):
+                    got = h5["per_tok/6"][offsets[row] : offsets[row + 1]].astype(np.float32)
+                    want = reps[row][6].per_tok
+                    # the README's bound: exact in float32; |error| <= 2^-11·|x| + 2^-25 in float16
+                    bound = 0 if dtype == "float32" else 2**-11 * np.abs(want) + 2**-25
+                    assert np.all(np.abs(got - want) <= bound)
+                    mean = h5["mean/6"][row].astype(np.float32)
+                    assert np.all(
+                        np.abs(mean - want.mean(0)) <= 2**-11 * np.abs(want.mean(0)) + 2**-25
+                    )
+    data = 4 * 32 * sum(len(r[6].per_tok) for r in reps.values())
+    raw = sizes["float32", "none"][0]
+    assert data <= raw < data + CHUNK_BYTES  # chunks of CHUNK_BYTES, the last one partly used
+    assert data / 2 <= sizes["float16", "none"][0] < data / 2 + CHUNK_BYTES
+    assert sizes["float32", "gzip"][0] < data and sizes["float16", "gzip"][0] < data / 2
+    assert sizes["float16", "none"][1] < 0.6 * sizes["float32", "none"][1]  # the whole file
+
+
+def test_values_beyond_float16_are_refused_not_written_as_infinity(realistic):
+    folder, paths, _ = realistic
+    with h5py.File(paths[1], "a") as h5:
+        h5["per_tok/6"][3] = 70000.0
+    with pytest.raises(
+        MergeError,
+        match=f"per_tok/6 in shard file {paths[1]} holds values up to 70000.*output_dtype: float32",
+    ):
+        merge_run(folder, paths, output_dtype="float16")
+    assert not (folder / "embeddings.h5").exists()
+
+
+def test_an_output_of_many_windows_equals_one_window(realistic, monkeypatch):
+    folder, paths, _ = realistic
+    merge_run(folder, paths)
+    whole = folder / "whole.h5"
+    (folder / "embeddings.h5").rename(whole)
+    monkeypatch.setattr(
+        "esmshard.merge.WINDOW_BYTES", 5000
+    )  # 39 rows of 32 floats: ~1,800 windows
+    monkeypatch.setattr("esmshard.merge.BLOCK_BYTES", 3000)
+    merge_run(folder, paths)
+    with h5py.File(whole) as a, h5py.File(folder / "embeddings.h5") as b:
+        for name in ("mean/6", "per_tok/6", "per_tok/offsets", "ids", "lengths"):
+            assert np.array_equal(a[name][:], b[name][:]), name
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []

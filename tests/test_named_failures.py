@@ -7,6 +7,7 @@ content under an old modification time.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -232,7 +233,7 @@ def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
     assert leftovers(workdir / "results") == [] and not progress.exists()
     snakemake(workdir, CONFIG, "--config", "shards=1", "toks_per_batch=1100")
     log = (workdir / "results" / "logs" / "embed" / "shard_0000.log").read_text()
-    assert log.rstrip().endswith("run_shard: done")
+    assert re.search(r"run_shard: done in [\d.]+ s, peak memory \d+ MB$", log.rstrip())
 
 
 def test_a_truncated_gz_is_named_and_leaves_nothing(tmp_path):

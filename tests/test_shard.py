@@ -1,30 +1,45 @@
 import os
 
+import pandas as pd
 import pytest
 from conftest import NUCLEOTIDE, PROTEINS, fill, read_records, small_disk
 
 from esmshard.fasta import FastaError
-from esmshard.files import DiskFullError, read_tsv
-from esmshard.shard import write_shards
+from esmshard.files import DiskFullError
+from esmshard.shard import read_shard, write_shards
 
 
 def test_write_shards_partitions_every_record(tmp_path):
     plan = write_shards([PROTEINS], tmp_path, 3, 1022, 320)
-    records = read_tsv(tmp_path / "records.tsv")
-    assert [r["id"] for r in records] == [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
+    records = pd.read_parquet(tmp_path / "records.parquet")
+    raw = read_records(PROTEINS)
+    assert records["id"].tolist() == [h[1:].split()[0] for h, _ in raw]
+    assert records["description"][0] == raw[0][0][1:].split(maxsplit=1)[1]
+    assert records["index"].tolist() == list(range(len(raw)))
+    assert records["length"].tolist() == [len(s) for _, s in raw]
+    assert (records["file"] == str(PROTEINS)).all() and records["line"][0] == 1
     in_shards = {}
     for p in plan:
-        rows = read_tsv(tmp_path / f"{p['shard']}.tsv")
-        assert len(rows) == p["n_sequences"]
-        in_shards.update({int(r["index"]): r["sequence"] for r in rows})
+        shard = read_shard(tmp_path / f"{p['shard']}.tsv")
+        assert len(shard.ids) == p["n_sequences"] and shard.indices == sorted(shard.indices)
+        assert (records["shard"][shard.indices] == p["shard"]).all()
+        in_shards.update(zip(shard.indices, shard.sequences))
     assert sorted(in_shards) == list(range(len(records)))
-    assert [in_shards[i] for i in range(len(records))] == [s for _, s in read_records(PROTEINS)]
-    assert sum(r["truncated"] == "1" for r in records) == sum(
-        len(s) > 1022 for _, s in read_records(PROTEINS)
-    )
+    assert [in_shards[i] for i in range(len(records))] == [s for _, s in raw]
+    assert records["truncated"].sum() == sum(len(s) > 1022 for _, s in raw)
+    assert (records["n_residues"] == records["length"].clip(upper=1022)).all()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["records.tsv", "plan.tsv", "shard_0000.tsv", "shard_0001.tsv", "shard_0002.tsv"]
+        ["records.parquet", "plan.tsv", "shard_0000.tsv", "shard_0001.tsv", "shard_0002.tsv"]
     )
+
+
+def test_ids_with_quotes_and_tabs_in_headers_survive_the_shard_files(tmp_path):
+    (header, seq), second = read_records(PROTEINS)[:2]
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(f'>it\'s"q"\tdescription\twith tabs\n{seq}\n{second[0]}\n{second[1]}\n')
+    write_shards([fasta], tmp_path / "shards", 1, 1022, 320)
+    shard = read_shard(tmp_path / "shards" / "shard_0000.tsv")
+    assert shard.ids[0] == 'it\'s"q"' and shard.sequences == [seq, second[1]]
 
 
 def test_duplicate_ids_across_files_name_both_places(tmp_path):

@@ -1,3 +1,4 @@
+import functools
 import math
 import os
 import sys
@@ -23,6 +24,7 @@ from esmshard.sizing import (
     auto_shard_count,
     embed_mem_mb,
     embed_runtime_minutes,
+    estimated_records,
     estimated_residues,
     shard_names,
 )
@@ -46,11 +48,13 @@ except ModelError as err:
     raise WorkflowError(str(err))
 
 RUN = Layout(config["outdir"])
+ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
 N_SHARDS = (
-    auto_shard_count(estimated_residues(INPUTS))
+    auto_shard_count(estimated_residues(INPUTS), *ARCH)
     if config["shards"] == "auto"
     else config["shards"]
 )
+N_RECORDS_ESTIMATE = estimated_records(INPUTS)
 SHARDS = shard_names(N_SHARDS)
 
 # Settings that change the embeddings: a change re-runs the embed jobs (params trigger), and
@@ -63,14 +67,19 @@ wildcard_constraints:
 
 
 # Cluster resources (used by profiles/slurm; a profile's set-resources overrides them).
-ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
+
+
+@functools.cache
+def shard_costs(plan_path, plan_mtime_ns):
+    """The plan's estimated cost per shard, read once per version of the plan (not per job)."""
+    return {row["shard"]: float(row["estimated_cost"]) for row in read_tsv(plan_path)}
 
 
 def embed_runtime(wildcards, input, attempt):
     if not os.path.isfile(input.plan):
         return TBDString()  # before sharding; Snakemake evaluates it again once the plan exists
-    plan = {row["shard"]: row for row in read_tsv(input.plan)}
-    return embed_runtime_minutes(float(plan[wildcards.shard]["estimated_cost"]), *ARCH, attempt)
+    costs = shard_costs(input.plan, os.stat(input.plan).st_mtime_ns)
+    return embed_runtime_minutes(costs[wildcards.shard], *ARCH, attempt)
 
 
 def io_runtime(wildcards, input, attempt):

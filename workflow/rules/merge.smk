@@ -11,8 +11,11 @@ rule merge:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        mem_mb=4096,
+        # windows of 256 MB and ~17 bytes per record (esmshard.merge)
+        mem_mb=lambda wildcards: 2048 + math.ceil(17 * N_RECORDS_ESTIMATE / 2**20),
     params:
         **EMBEDDING_PARAMS,
+        output_dtype=config["output_dtype"],
+        per_residue_compression=config["per_residue_compression"],
     script:
         "../scripts/merge.py"

@@ -11,8 +11,8 @@ rule shard:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        # one row per record (~200 bytes) plus the ID index
-        mem_mb=lambda wildcards, input: 2048 + math.ceil(2 * input.size_mb),
+        # streaming: at most ~32 bytes per record (esmshard.shard)
+        mem_mb=lambda wildcards: 2048 + math.ceil(32 * N_RECORDS_ESTIMATE / 2**20),
     params:
         # New content under an old mtime re-runs this step too (esmshard.checksums).
         input_sha256=input_checksums(INPUTS, RUN.input_checksums),

@@ -7,12 +7,15 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 from esmshard import run_step
 from esmshard.merge import merge
 
+settings = dict(snakemake.params.items())
+output = {key: settings.pop(key) for key in ("output_dtype", "per_residue_compression")}
 run_step(
     snakemake.log[0],
     merge,
-    records_tsv=snakemake.input.records,
+    records=snakemake.input.records,
     shard_files=list(snakemake.input.shards),
     out_h5=snakemake.output.embeddings,
     failed_tsv=snakemake.output.failed,
-    settings=dict(snakemake.params.items()),
+    settings=settings,
+    **output,
 )

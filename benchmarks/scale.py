@@ -1,0 +1,173 @@
+"""The data path at scale: the real proteome tiled to N records, through the `snakemake` command.
+
+    python benchmarks/scale.py --records 1000000 10000000 --json docs/scale.json
+
+The E. coli proteome in ../shared/data is repeated under new IDs (`t<copy>_<ID>`, headers and
+sequences unchanged) into a temporary folder. The model is a micro ESM-2 (1 layer, D = 32, random
+weights) in fair-esm's on-disk format, written by esmshard's checkpoint writer, so that the
+steps around the model are what is measured. Each step is its own `snakemake --until <step>`
+command under `/usr/bin/time -v` (wall time; peak memory of its processes, Snakemake's own
+included; blocks written), and each job's log gives its own time and peak memory (`run_step`).
+Shards are `auto`: a local checkpoint's architecture is unknown to esmshard, so the count is
+the one for the 650M model.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROTEOME = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
+STEPS = ("shard", "embed", "merge", "all")  # `all` adds the report
+DONE = re.compile(r"(\w+): done in ([\d.]+) s, peak memory (\d+) MB")
+
+
+def tile(source: Path, n_records: int, target: Path) -> int:
+    """The first n_records of the proteome repeated; returns the residues written."""
+    records = [b">" + r for r in source.read_bytes().lstrip(b">").split(b"\n>")]
+    residues = [sum(len(line) for line in r.split(b"\n")[1:]) for r in records]
+    written = total = 0
+    with open(target, "wb") as out:
+        copy = 0
+        while written < n_records:
+            for record, n in zip(records, residues):
+                if written == n_records:
+                    break
+                out.write(b">t%d_" % copy + record[1:].rstrip(b"\n") + b"\n")
+                written += 1
+                total += n
+            copy += 1
+    return total
+
+
+def micro_checkpoint(directory: Path) -> Path:
+    import torch
+    from esm.model.esm2 import ESM2
+
+    from esmshard.model import write_checkpoint
+
+    torch.manual_seed(0)
+    model = ESM2(num_layers=1, embed_dim=32, attention_heads=2, alphabet="ESM-1b")
+    return write_checkpoint(model.eval(), directory, "esm2_t1_micro")
+
+
+def timed(command: list[str], cwd: Path) -> dict:
+    """Wall seconds, peak memory (bytes) and bytes written of a command, from `/usr/bin/time -v`."""
+    result = subprocess.run(
+        ["/usr/bin/time", "-v", *command], cwd=cwd, capture_output=True, text=True
+    )
+    if result.returncode:
+        sys.exit(f"failed: {' '.join(command)}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    fields = dict(
+        line.strip().rsplit(": ", 1) for line in result.stderr.splitlines() if ": " in line
+    )
+    h, m, s = (["0"] + fields["Elapsed (wall clock) time (h:mm:ss or m:ss)"].split(":"))[-3:]
+    return {
+        "wall_seconds": round(int(h) * 3600 + int(m) * 60 + float(s), 2),
+        "peak_memory_bytes": int(fields["Maximum resident set size (kbytes)"]) * 1024,
+        "blocks_written_bytes": int(fields["File system outputs"]) * 512,
+    }
+
+
+def jobs(logs: Path, step: str) -> dict:
+    """The step's jobs as their logs report them: the longest time and the largest peak."""
+    found = [
+        (float(m.group(2)), int(m.group(3)))
+        for path in ([logs / f"{step}.log"] + sorted((logs / step).glob("*.log")))
+        if path.exists()
+        for m in DONE.finditer(path.read_text())
+    ]
+    if not found:
+        return {}
+    return {
+        "jobs": len(found),
+        "job_seconds_max": max(t for t, _ in found),
+        "job_seconds_sum": round(sum(t for t, _ in found), 1),
+        "job_peak_memory_bytes_max": max(m for _, m in found) << 20,
+    }
+
+
+def du(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def run(n_records: int, workdir: Path, config: list[str], threads: int) -> dict:
+    folder = workdir / f"n{n_records}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    fasta = folder / "tiled.fasta"
+    residues = tile(PROTEOME, n_records, fasta)
+    outdir = folder / "results"
+    base = [
+        "snakemake", "-s", str(REPO / "Snakefile"), "--cores", str(threads),
+        "--resources", "gpu=1", "--quiet", "--config", f"input={fasta}", f"outdir={outdir}",
+        *config,
+    ]  # fmt: skip
+    steps = {}
+    outputs = {"shard": "shards", "embed": "embeddings", "merge": "embeddings.h5", "all": "report"}
+    for step in STEPS:
+        measured = timed(base + ["--until", step] if step != "all" else base, folder)
+        measured["output_bytes"] = du(outdir / outputs[step])
+        measured.update(jobs(outdir / "logs", step if step != "all" else "report"))
+        steps[step] = measured
+        print(n_records, step, json.dumps(measured), flush=True)
+    for command, name in (
+        (["esmshard", "status", str(outdir)], "status"),
+        (base + ["-n"], "dry_run"),
+    ):
+        steps[name] = timed(command, folder)
+    shard_seconds = steps["shard"]["job_seconds_max"]
+    result = {
+        "records": n_records,
+        "residues": residues,
+        "fasta_bytes": fasta.stat().st_size,
+        "shards": len(list((outdir / "shards").glob("shard_*.tsv"))),
+        "shard_residues_per_second": round(residues / shard_seconds),
+        "steps": steps,
+    }
+    shutil.rmtree(folder)
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument(
+        "--truncation", type=int, default=64,
+        help="truncation_seq_length for the embed jobs: the CPU computes the micro model at "
+        "~0.4M residues/s, so full-length records would take hours at 10M records",
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="esmshard-scale-"))
+    checkpoint = micro_checkpoint(workdir / "model")
+    config = [
+        f"model={checkpoint}",
+        f"truncation_seq_length={args.truncation}",
+        "toks_per_batch=16384",
+        "shards=auto",
+    ]
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "config": config,
+        "runs": [run(n, workdir, config, args.threads) for n in args.records],
+    }
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The record table, `shards/records.parquet`: one row per input record, in input order.
+
+Columns: `index`, `id`, `shard`, `length` (residues read), `n_residues` (residues embedded),
+`truncated`, `n_replaced` (letters turned into X), `file` and `line` (where the header is) and
+`description` (the header after the ID). Parquet, written streaming in row groups: pandas,
+polars and pyarrow read it (`pandas.read_parquet("shards/records.parquet")`).
+"""
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROWS_PER_GROUP = 1 << 18
+SCANNED = pa.schema(  # what the shard step knows on its first pass
+    [
+        ("id", pa.string()),
+        ("length", pa.int32()),
+        ("n_replaced", pa.int32()),
+        ("file", pa.dictionary(pa.int32(), pa.string())),
+        ("line", pa.int64()),
+        ("description", pa.string()),
+    ]
+)
+SCHEMA = pa.schema(
+    [
+        ("index", pa.int64()),
+        ("id", pa.string()),
+        ("shard", pa.dictionary(pa.int32(), pa.string())),
+        ("length", pa.int32()),
+        ("n_residues", pa.int32()),
+        ("truncated", pa.bool_()),
+        ("n_replaced", pa.int32()),
+        ("file", pa.dictionary(pa.int32(), pa.string())),
+        ("line", pa.int64()),
+        ("description", pa.string()),
+    ]
+)
+
+
+def source(file: str, line: int) -> str:
+    """Where a record is, as every message names it."""
+    return f"{file}:{line}"
+
+
+class ScanWriter:
+    """The first pass's rows, buffered a row group at a time into a Parquet file."""
+
+    def __init__(self, sink, files: list[str]):
+        self.writer = pq.ParquetWriter(sink, SCANNED, compression="zstd")
+        self.files = pa.array(files, pa.string())
+        self.columns = {name: [] for name in SCANNED.names}
+        self.rows = 0
+
+    def add(self, id_, length, n_replaced, file_number, line, description):
+        for column, value in zip(
+            self.columns.values(), (id_, length, n_replaced, file_number, line, description)
+        ):
+            column.append(value)
+        self.rows += 1
+        if len(self.columns["id"]) == ROWS_PER_GROUP:
+            self.flush()
+
+    def flush(self):
+        if not self.columns["id"]:
+            return
+        arrays = [
+            pa.DictionaryArray.from_arrays(pa.array(values, pa.int32()), self.files)
+            if name == "file"
+            else pa.array(values, SCANNED.field(name).type)
+            for name, values in self.columns.items()
+        ]
+        self.writer.write_batch(pa.record_batch(arrays, schema=SCANNED))
+        self.columns = {name: [] for name in SCANNED.names}
+
+    def close(self):
+        self.flush()
+        self.writer.close()
+
+
+def write_table(scanned, sink, names, shard_of, n_residues, truncated) -> None:
+    """The record table: the first pass's rows with each record's index, shard and residues."""
+    shard_names = pa.array(names, pa.string())
+    with pq.ParquetWriter(sink, SCHEMA, compression="zstd") as writer:
+        start = 0
+        for batch in pq.ParquetFile(scanned).iter_batches(ROWS_PER_GROUP):
+            rows = slice(start, start + batch.num_rows)
+            columns = {
+                "index": pa.array(np.arange(rows.start, rows.stop, dtype=np.int64)),
+                "shard": pa.DictionaryArray.from_arrays(pa.array(shard_of[rows]), shard_names),
+                "n_residues": pa.array(n_residues[rows]),
+                "truncated": pa.array(truncated[rows]),
+            }
+            writer.write_batch(
+                pa.record_batch(
+                    [
+                        columns[name] if name in columns else batch.column(name)
+                        for name in SCHEMA.names
+                    ],
+                    schema=SCHEMA,
+                )
+            )
+            start = rows.stop
+
+
+def read_columns(path, columns) -> pa.Table:
+    return pq.read_table(path, columns=list(columns))
+
+
+def iter_batches(path, columns, rows: int = ROWS_PER_GROUP) -> Iterator[pa.RecordBatch]:
+    return pq.ParquetFile(path).iter_batches(rows, columns=list(columns))
+
+
+def shard_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Each record's shard as a number, and the shard names the numbers stand for."""
+    chunks = table.select(["shard"]).unify_dictionaries().column("shard").chunks
+    if not chunks:
+        return np.zeros(0, dtype=np.int32), []
+    codes = np.concatenate([chunk.indices.to_numpy(zero_copy_only=False) for chunk in chunks])
+    return codes, chunks[0].dictionary.to_pylist()
