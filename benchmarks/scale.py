@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +96,9 @@ def jobs(logs: Path, step: str) -> dict:
 
 
 def du(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def run(n_records: int, workdir: Path, config: list[str], threads: int) -> dict:
@@ -136,15 +139,71 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int) -> dict:
     return result
 
 
+def many_shards(n_records: int, n_shards: int, workdir: Path, config: list[str]) -> dict:
+    """Thousands of shards: the shard step, `snakemake -n`, `esmshard status` on the plan, and the
+    report step's function on n_shards metrics files (copies of one real shard's metrics with
+    shard names and times of their own: running thousands of embed jobs here would take hours)."""
+    from esmshard.report import write_report
+
+    folder = workdir / f"shards{n_shards}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    fasta = folder / "tiled.fasta"
+    tile(PROTEOME, n_records, fasta)
+    outdir = folder / "results"
+    base = [
+        "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2", "--resources", "gpu=1",
+        "--quiet", "--config", f"input={fasta}", f"outdir={outdir}", *config,
+        f"shards={n_shards}",
+    ]  # fmt: skip
+    steps = {"shard": timed(base + ["--until", "shard"], folder)}
+    steps["shard"].update(jobs(outdir / "logs", "shard"))
+    steps["dry_run"] = timed(base + ["-n"], folder)
+    steps["status"] = timed(["esmshard", "status", str(outdir)], folder)
+    # One real shard's metrics, from a run of the first shard alone.
+    first = outdir / "metrics" / "shard_0000.json"
+    timed(base + [str(first)], folder)
+    metric = json.loads(first.read_text())
+    paths = []
+    for k in range(n_shards):
+        m = dict(metric, shard=f"shard_{k:04d}", gpu_slot=k % 8)
+        m["started_at"] = metric["started_at"] + (k // 8) * metric["seconds"]
+        m["finished_at"] = m["started_at"] + metric["seconds"]
+        path = outdir / "metrics" / f"shard_{k:04d}.json"
+        path.write_text(json.dumps(m))
+        paths.append(path)
+    started = time.perf_counter()
+    write_report(paths, [], folder / "scaling.json", folder / "scaling_report.html")
+    steps["report_function"] = {"wall_seconds": round(time.perf_counter() - started, 2)}
+    steps["status_with_metrics"] = timed(["esmshard", "status", str(outdir)], folder)
+    shutil.rmtree(folder)
+    return {"records": n_records, "shards": n_shards, "steps": steps}
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def memory_gib() -> int:
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--records", type=int, nargs="*", default=[1_000_000, 10_000_000])
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument(
         "--truncation", type=int, default=64,
         help="truncation_seq_length for the embed jobs: the CPU computes the micro model at "
         "~0.4M residues/s, so full-length records would take hours at 10M records",
+    )  # fmt: skip
+    parser.add_argument(
+        "--many-shards", type=int, nargs=2, default=[1_000_000, 5000],
+        metavar=("RECORDS", "SHARDS"), help="0 0 to leave it out",
     )  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -157,11 +216,13 @@ def main(argv=None) -> int:
         "shards=auto",
     ]
     results = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB",
         "python": platform.python_version(),
         "config": config,
         "runs": [run(n, workdir, config, args.threads) for n in args.records],
     }
+    if all(args.many_shards):
+        results["many_shards"] = many_shards(*args.many_shards, workdir, config[:-1])
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

@@ -1,6 +1,6 @@
 """Merging shard files into one HDF5 file in input order, with the list of failed records.
 
-Streaming, with memory bounded apart from ~17 bytes per record: each shard file's rows are read
+Streaming, with memory bounded apart from ~26 bytes per record: each shard file's rows are read
 in blocks in the order they were computed and placed by their row in the output; the output is
 built a window of rows at a time (WINDOW_BYTES), through spill files when it has more than one
 window, and each window is written at once into chunked datasets.
@@ -59,13 +59,14 @@ def merge(
     settings): anything else is refused by name rather than merged into a wrong answer.
     """
     dtype = OUTPUT_DTYPES[output_dtype]
-    table = read_columns(records, ["id", "shard"])
-    codes, names = shard_codes(table)
-    id_hashes = np.fromiter(
-        (hash(i) for i in table.column("id").to_pylist()), np.int64, len(table)
-    )
-    del table
+    codes, names = shard_codes(read_columns(records, ["shard"]))
     n = codes.size
+    id_hashes = np.empty(n, dtype=np.int64)  # each shard file's IDs are checked against these
+    start = 0
+    for batch in iter_batches(records, ["id"]):
+        ids = batch.column("id").to_pylist()
+        id_hashes[start : start + len(ids)] = [hash(i) for i in ids]
+        start += len(ids)
 
     # First pass over the shards' small datasets: which records succeeded, and their lengths.
     status = np.zeros(n, dtype=np.int8)  # 0 missing, 1 embedded, 2 failed
@@ -101,7 +102,8 @@ def merge(
 
     embedded = status == 1
     n_embedded = int(embedded.sum())
-    row_of = np.cumsum(embedded, dtype=np.int64) - 1
+    row_of = np.cumsum(embedded, dtype=np.int64)
+    row_of -= 1  # in place: no second array of 8 bytes per record
     per_residue = any(KINDS[kind].per_residue for kind in layers)
     offsets = None
     if per_residue:
@@ -123,7 +125,7 @@ def merge(
         tempfile.TemporaryDirectory(dir=out_dir, prefix=".merge-spill-") as spill_dir,
     ):
         _write_text_columns(out, records, embedded, n_embedded)
-        out.create_dataset("lengths", data=lengths[embedded].astype(np.int64))
+        out.create_dataset("lengths", data=lengths[embedded])
         del lengths
         if per_residue:
             out.create_dataset("per_tok/offsets", data=offsets)

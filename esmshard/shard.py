@@ -32,6 +32,11 @@ PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
 NAMED_AT_MOST = 20  # records a message lists by name; it counts the rest
 
 
+def id_hash(id_: str) -> int:
+    """64 bits of an ID; Python's own string hash, so equal only within one process."""
+    return hash(id_)
+
+
 class Shard(NamedTuple):
     """One shard file's records, in input order."""
 
@@ -136,7 +141,7 @@ def _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences) -> 
         for record in read_raw(path):
             length = len(record.sequence)
             scan.lengths.append(length)
-            scan.id_hashes.append(hash(record.id))  # per process: only compared within this one
+            scan.id_hashes.append(id_hash(record.id))
             if length > truncation_seq_length and long_sequences == "fail":
                 n_too_long += 1
                 if len(scan.too_long) < NAMED_AT_MOST:
@@ -165,7 +170,7 @@ def _refuse_duplicates(id_hashes: array, scanned) -> None:
     first_seen = {}
     for batch in pq.ParquetFile(scanned).iter_batches(columns=["id", "file", "line"]):
         for id_, file, line in zip(*(batch.column(c).to_pylist() for c in ("id", "file", "line"))):
-            if hash(id_) not in suspects:
+            if id_hash(id_) not in suspects:
                 continue
             if id_ in first_seen:
                 raise FastaError(

@@ -5,14 +5,12 @@ import os
 
 from .fasta import compression
 
-# `shards: auto`, from the input's size and the model alone (never the GPU count): a job's fixed
-# cost (process start, imports, model loading, CUDA start-up) stays under 3% of its GPU time on a
-# fast GPU, no shard holds more than an hour of that GPU's work, and inputs of a few hours get
-# up to 64 shards to balance over many GPUs.
+# `shards: auto`, from the input's size and the model alone (never the GPU count): shards as
+# many as possible while a job's fixed cost (process start, imports, model loading, CUDA
+# start-up) stays under 2.5% (3% with a margin) of its GPU time on a fast GPU.
 JOB_OVERHEAD_SECONDS = 20
-MAX_OVERHEAD_FRACTION = 0.03
-MAX_SHARD_SECONDS = 3600
-MAX_SHARDS_FOR_BALANCE = 64
+TARGET_OVERHEAD_FRACTION = 0.025
+MAX_SHARDS = 4096  # beyond this, shards grow instead (Snakemake plans every job up front)
 FAST_GPU_FLOPS = 3.3e14  # an H100 in bf16: 250k tokens/s for the 650M model
 MAX_TOKENS_PER_SECOND = 2e6  # small models are held back by other things than their FLOPs
 RESIDUES_PER_BYTE = 0.7  # FASTA headers and newlines take ~30% of a file's bytes
@@ -49,10 +47,9 @@ def fast_gpu_seconds(residues: int, layers: int, dim: int) -> float:
 
 
 def auto_shard_count(residues: int, layers: int, dim: int) -> int:
-    seconds = fast_gpu_seconds(residues, layers, dim)
-    smallest = JOB_OVERHEAD_SECONDS / MAX_OVERHEAD_FRACTION
-    by_overhead = min(MAX_SHARDS_FOR_BALANCE, math.floor(seconds / smallest))
-    return max(1, by_overhead, math.ceil(seconds / MAX_SHARD_SECONDS))
+    smallest = JOB_OVERHEAD_SECONDS / TARGET_OVERHEAD_FRACTION  # GPU seconds per shard
+    by_overhead = math.floor(fast_gpu_seconds(residues, layers, dim) / smallest)
+    return max(1, min(MAX_SHARDS, by_overhead))
 
 
 def shard_names(n_shards: int) -> list[str]:

@@ -221,3 +221,16 @@ def test_bad_input_names_file_and_line(tmp_path, text, message):
     with pytest.raises(FastaError) as err:
         list(read_fasta(path))
     assert str(path) in str(err.value) and message in str(err.value)
+
+
+@pytest.mark.parametrize("eol", ["\n", "\r\n"])
+@pytest.mark.parametrize("block", [1, 7, 64, 1000])
+def test_records_across_block_boundaries_read_the_same(tmp_path, monkeypatch, eol, block):
+    """Blocks of a few bytes put every boundary everywhere: inside headers, sequences, CRLFs."""
+    path = write(tmp_path / "p.fa", "\n" + fasta_text(RECORDS[:12], eol=eol, between=eol))
+    whole = list(read_fasta(path))
+    monkeypatch.setattr("esmshard.fasta._BLOCK_BYTES", block)
+    assert list(read_fasta(path)) == whole
+    assert [r.sequence for r in whole] == plain(RECORDS[:12])
+    # a blank line first, and two after each record (`between` is a line end of its own)
+    assert whole[1].source == f"{path}:{5 + (len(RECORDS[0][1]) + 59) // 60}"

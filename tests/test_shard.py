@@ -76,3 +76,28 @@ def test_a_disk_without_room_for_the_shards_is_refused_before_reading(tmp_path):
         ):
             write_shards([PROTEINS], disk / "shards", 2, 1022, 320)
         assert os.listdir(disk / "shards") == []
+
+
+def test_ids_whose_hashes_collide_are_not_duplicates(tmp_path, monkeypatch):
+    monkeypatch.setattr("esmshard.shard.id_hash", lambda id_: 7)  # every ID collides
+    plan = write_shards([PROTEINS], tmp_path / "shards", 2, 1022, 320)
+    assert sum(p["n_sequences"] for p in plan) == len(read_records(PROTEINS))
+    header, seq = read_records(PROTEINS)[5]
+    second = tmp_path / "second.fasta"
+    second.write_text(f"{header}\n{seq}\n")
+    with pytest.raises(
+        FastaError, match=f"duplicate ID '{header[1:].split()[0]}': at {PROTEINS}:"
+    ):
+        write_shards([PROTEINS, second], tmp_path / "again", 2, 1022, 320)
+
+
+def test_too_long_records_are_named_up_to_twenty_and_counted(tmp_path):
+    header, seq = max(read_records(PROTEINS), key=lambda r: len(r[1]))
+    fasta = tmp_path / "long.fasta"
+    fasta.write_text("".join(f">long{i}\n{seq}\n" for i in range(25)))
+    with pytest.raises(FastaError) as err:
+        write_shards([fasta], tmp_path / "shards", 1, 100, 320, long_sequences="fail")
+    message = str(err.value)
+    assert message.startswith("25 sequences are longer than truncation_seq_length (100)")
+    assert f"long19 ({len(seq)} residues, {fasta}:39)" in message and "long20" not in message
+    assert "and 5 more" in message

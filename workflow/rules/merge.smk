@@ -11,8 +11,8 @@ rule merge:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        # windows of 256 MB and ~17 bytes per record (esmshard.merge)
-        mem_mb=lambda wildcards: 2048 + math.ceil(17 * N_RECORDS_ESTIMATE / 2**20),
+        # windows of 256 MB and ~26 bytes per record (esmshard.merge)
+        mem_mb=lambda wildcards: 2048 + math.ceil(32 * N_RECORDS_ESTIMATE / 2**20),
     params:
         **EMBEDDING_PARAMS,
         output_dtype=config["output_dtype"],
