@@ -101,7 +101,7 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def run(n_records: int, workdir: Path, config: list[str], threads: int) -> dict:
+def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bool) -> dict:
     folder = workdir / f"n{n_records}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -135,7 +135,8 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int) -> dict:
         "shard_residues_per_second": round(residues / shard_seconds),
         "steps": steps,
     }
-    shutil.rmtree(folder)
+    if not keep:
+        shutil.rmtree(folder)
     return result
 
 
@@ -151,20 +152,19 @@ def many_shards(n_records: int, n_shards: int, workdir: Path, config: list[str])
     fasta = folder / "tiled.fasta"
     tile(PROTEOME, n_records, fasta)
     outdir = folder / "results"
-    base = [
-        "snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2", "--resources", "gpu=1",
-        "--quiet", "--config", f"input={fasta}", f"outdir={outdir}", *config,
-        f"shards={n_shards}",
-    ]  # fmt: skip
+    head = ["snakemake", "-s", str(REPO / "Snakefile")]
+    options = ["--cores", "2", "--resources", "gpu=1", "--config", f"input={fasta}"]
+    options += [f"outdir={outdir}", *config, f"shards={n_shards}"]
+    base = head + options
     steps = {"shard": timed(base + ["--until", "shard"], folder)}
     steps["shard"].update(jobs(outdir / "logs", "shard"))
     steps["dry_run"] = timed(base + ["-n"], folder)
     steps["status"] = timed(["esmshard", "status", str(outdir)], folder)
     # One real shard's metrics, from a run of the first shard alone.
     first = outdir / "metrics" / "shard_0000.json"
-    timed(base + [str(first)], folder)
+    timed(head + [str(first)] + options, folder)
     metric = json.loads(first.read_text())
-    paths = []
+    paths, telemetry = [], []
     for k in range(n_shards):
         m = dict(metric, shard=f"shard_{k:04d}", gpu_slot=k % 8)
         m["started_at"] = metric["started_at"] + (k // 8) * metric["seconds"]
@@ -172,8 +172,12 @@ def many_shards(n_records: int, n_shards: int, workdir: Path, config: list[str])
         path = outdir / "metrics" / f"shard_{k:04d}.json"
         path.write_text(json.dumps(m))
         paths.append(path)
+        samples = outdir / "telemetry" / f"shard_{k:04d}.tsv"
+        if k:
+            shutil.copyfile(outdir / "telemetry" / "shard_0000.tsv", samples)
+        telemetry.append(samples)
     started = time.perf_counter()
-    write_report(paths, [], folder / "scaling.json", folder / "scaling_report.html")
+    write_report(paths, telemetry, folder / "scaling.json", folder / "scaling_report.html")
     steps["report_function"] = {"wall_seconds": round(time.perf_counter() - started, 2)}
     steps["status_with_metrics"] = timed(["esmshard", "status", str(outdir)], folder)
     shutil.rmtree(folder)
@@ -206,6 +210,7 @@ def main(argv=None) -> int:
         metavar=("RECORDS", "SHARDS"), help="0 0 to leave it out",
     )  # fmt: skip
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", action="store_true", help="keep each run's folder")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="esmshard-scale-"))
     checkpoint = micro_checkpoint(workdir / "model")
@@ -219,15 +224,22 @@ def main(argv=None) -> int:
         "machine": f"{cpu_model()}, {os.cpu_count()} cores, {memory_gib()} GiB",
         "python": platform.python_version(),
         "config": config,
-        "runs": [run(n, workdir, config, args.threads) for n in args.records],
+        "runs": [],
     }
+    for n in args.records:
+        results["runs"].append(run(n, workdir, config, args.threads, args.keep))
+        save(results, args.json)
     if all(args.many_shards):
         results["many_shards"] = many_shards(*args.many_shards, workdir, config[:-1])
+        save(results, args.json)
+    return 0
+
+
+def save(results: dict, path: Path | None) -> None:
     text = json.dumps(results, indent=2)
     print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    if path:
+        path.write_text(text + "\n")
 
 
 if __name__ == "__main__":

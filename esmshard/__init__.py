@@ -69,14 +69,18 @@ def run_step(log_path, step, **kwargs):
     except Exception:
         log.exception("%s: unexpected error (please report it with this log)", step.__name__)
         _exit(1)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     log.info(
         "%s: done in %.1f s, peak memory %.0f MB",
         step.__name__,
         time.monotonic() - started,
-        peak_kib / 1024,
+        peak_memory_mb(),
     )
     return result
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory so far (Linux reports it in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _exit(status: int):

@@ -1,12 +1,13 @@
 """Merging shard files into one HDF5 file in input order, with the list of failed records.
 
-Streaming, with memory bounded apart from ~26 bytes per record: each shard file's rows are read
+Streaming, with memory bounded apart from ~13 bytes per record: each shard file's rows are read
 in blocks in the order they were computed and placed by their row in the output; the output is
 built a window of rows at a time (WINDOW_BYTES), through spill files when it has more than one
 window, and each window is written at once into chunked datasets.
 """
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -15,10 +16,13 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
+from . import peak_memory_mb
 from .files import Buckets, atomic_path, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
 from .shardfile import STR_DTYPE, dataset, read_index
+
+log = logging.getLogger(__name__)
 
 FAILED_COLUMNS = ["id", "source", "reason"]
 # The representations' type in embeddings.h5: float16 halves the file; its values are read
@@ -61,11 +65,11 @@ def merge(
     dtype = OUTPUT_DTYPES[output_dtype]
     codes, names = shard_codes(read_columns(records, ["shard"]))
     n = codes.size
-    id_hashes = np.empty(n, dtype=np.int64)  # each shard file's IDs are checked against these
+    id_hashes = np.empty(n, dtype=np.uint32)  # each shard file's IDs are checked against these
     start = 0
     for batch in iter_batches(records, ["id"]):
         ids = batch.column("id").to_pylist()
-        id_hashes[start : start + len(ids)] = [hash(i) for i in ids]
+        id_hashes[start : start + len(ids)] = [id_hash32(i) for i in ids]
         start += len(ids)
 
     # First pass over the shards' small datasets: which records succeeded, and their lengths.
@@ -92,6 +96,12 @@ def merge(
             status[failure.index] = 2
             failures[failure.index] = failure.reason
     del codes, id_hashes
+    log.info(
+        "%d shard files checked (%d records); peak memory so far %.0f MB",
+        len(shard_files),
+        n,
+        peak_memory_mb(),
+    )
     missing = np.flatnonzero(status == 0)
     if missing.size:
         first = _rows(records, ["id", "file", "line"], missing[:1])[0]
@@ -102,8 +112,8 @@ def merge(
 
     embedded = status == 1
     n_embedded = int(embedded.sum())
-    row_of = np.cumsum(embedded, dtype=np.int64)
-    row_of -= 1  # in place: no second array of 8 bytes per record
+    row_of = np.cumsum(embedded, dtype=np.int32 if n < 2**31 else np.int64)
+    row_of -= 1  # in place: no second array per record
     per_residue = any(KINDS[kind].per_residue for kind in layers)
     offsets = None
     if per_residue:
@@ -125,6 +135,7 @@ def merge(
         tempfile.TemporaryDirectory(dir=out_dir, prefix=".merge-spill-") as spill_dir,
     ):
         _write_text_columns(out, records, embedded, n_embedded)
+        log.info("ids and headers written; peak memory so far %.0f MB", peak_memory_mb())
         out.create_dataset("lengths", data=lengths[embedded])
         del lengths
         if per_residue:
@@ -146,6 +157,7 @@ def merge(
                     compression=compression,
                 )
                 _copy_in_input_order(shard_files, name, target, placement, spill_dir)
+                log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
         out.attrs.update(
             model=attrs["model"],
             weights=attrs["weights"],
@@ -208,7 +220,7 @@ def _check_shard(path, records, shard, codes, code_of, expected_counts, id_hashe
             f"shard file {path} holds {held.size} records where shard {name} has {expected}, "
             "or other records than its own; delete it and run again to rebuild it"
         )
-    found = np.fromiter((hash(i) for i in shard.ids), np.int64, len(shard.ids))
+    found = np.fromiter((id_hash32(i) for i in shard.ids), np.uint32, len(shard.ids))
     wrong = np.flatnonzero(found != id_hashes[shard.index])
     if wrong.size:
         index = int(shard.index[wrong[0]])
@@ -217,6 +229,12 @@ def _check_shard(path, records, shard, codes, code_of, expected_counts, id_hashe
             f"shard file {path}: record {index} is '{shard.ids[wrong[0]]}' where the input has "
             f"'{input_id}'; delete it and run again to rebuild it"
         )
+
+
+def id_hash32(id_: str) -> int:
+    """32 bits of an ID: a shard file of other records differs in most of them, and 4 bytes per
+    record keep merge's memory small."""
+    return hash(id_) & 0xFFFFFFFF
 
 
 def _rows(records, columns, indices) -> list[tuple]:
@@ -310,7 +328,7 @@ def _blocks_with_rows(path, name, placement: Placement, dtype):
     with h5py.File(path, "r") as h5:
         data = h5[name]
         index = h5["index"][:]
-        first_row = placement.row_of[index]
+        first_row = placement.row_of[index].astype(np.int64)
         if KINDS[kind].per_residue:
             counts = h5["length"][:]
             first_row = placement.offsets[first_row]

@@ -256,3 +256,15 @@ def test_an_output_of_many_windows_equals_one_window(realistic, monkeypatch):
         for name in ("mean/6", "per_tok/6", "per_tok/offsets", "ids", "lengths"):
             assert np.array_equal(a[name][:], b[name][:]), name
     assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_shard_file_with_other_ids_is_named(run):
+    folder, paths = run
+    with h5py.File(paths[0], "a") as h5:
+        ids = h5["ids"].asstr()[:].tolist()
+        h5["ids"][1] = "not-" + ids[1]
+    with pytest.raises(
+        MergeError, match=f"shard file {paths[0]}: record \\d+ is 'not-P\\d' where the input has"
+    ):
+        merge_run(folder, paths)
+    assert not (folder / "embeddings.h5").exists()

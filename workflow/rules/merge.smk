@@ -11,7 +11,7 @@ rule merge:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        # windows of 256 MB and ~26 bytes per record (esmshard.merge)
+        # windows of 256 MB and ~13 bytes per record (esmshard.merge)
         mem_mb=lambda wildcards: 2048 + math.ceil(32 * N_RECORDS_ESTIMATE / 2**20),
     params:
         **EMBEDDING_PARAMS,
