@@ -348,3 +348,32 @@ def test_dot_test_runs_as_the_workflow_catalog_runs_it(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     with h5py.File(dot_test / config["outdir"] / "embeddings.h5") as h5:
         assert h5.attrs["weights"] == "random" and len(h5["ids"]) == len(IDS)
+
+
+def test_output_options_typed_on_the_command_line_rerun_only_the_merge(tmp_path):
+    """float16 and gzip as users type them; switching back recomputes nothing but the merge."""
+    a, _ = split_input(tmp_path / "in")
+    typed = [f"input={a}", f"model=random:{TINY_MODEL}", "include=[mean,per_tok]", "shards=2"]
+    results = tmp_path / "run" / "results"
+
+    def run(*extra):
+        cmd, env = snakemake_command(tmp_path / "run", {}, "--config", *typed, *extra)
+        result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return result.stdout + result.stderr
+
+    run()
+    with h5py.File(results / "embeddings.h5") as h5:
+        float32 = {name: h5[name][:] for name in ("mean/6", "per_tok/6")}
+    shard_files = {p: p.stat().st_mtime_ns for p in (results / "embeddings").glob("*.h5")}
+    output = run("output_dtype=float16", "per_residue_compression=gzip")
+    assert "rule embed" not in output and "rule merge" in output
+    assert {p: p.stat().st_mtime_ns for p in shard_files} == shard_files
+    with h5py.File(results / "embeddings.h5") as h5:
+        assert h5["per_tok/6"].compression == "gzip" and h5["mean/6"].compression is None
+        assert h5.attrs["output_dtype"] == "float16"
+        for name, want in float32.items():
+            got = h5[name][:]
+            assert got.dtype == np.float16
+            # the README's bound for float16
+            assert np.all(np.abs(got.astype(np.float32) - want) <= 2**-11 * np.abs(want) + 2**-25)
