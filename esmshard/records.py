@@ -13,16 +13,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROWS_PER_GROUP = 1 << 18
-SCANNED = pa.schema(  # what the shard step knows on its first pass
-    [
-        ("id", pa.string()),
-        ("length", pa.int32()),
-        ("n_replaced", pa.int32()),
-        ("file", pa.dictionary(pa.int32(), pa.string())),
-        ("line", pa.int64()),
-        ("description", pa.string()),
-    ]
-)
 SCHEMA = pa.schema(
     [
         ("index", pa.int64()),
@@ -36,6 +26,10 @@ SCHEMA = pa.schema(
         ("line", pa.int64()),
         ("description", pa.string()),
     ]
+)
+# What the shard step knows on its first pass; the rest is added when the table is written.
+SCANNED = pa.schema(
+    [SCHEMA.field(name) for name in ("id", "length", "n_replaced", "file", "line", "description")]
 )
 
 

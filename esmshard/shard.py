@@ -9,6 +9,7 @@ line `index  id  sequence`, then one record per line in input order.
 import tempfile
 from array import array
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -57,14 +58,15 @@ def read_shard(path) -> Shard:
     return Shard(indices, ids, sequences)
 
 
-class Scan(NamedTuple):
+@dataclass
+class Scan:
     """What the first pass keeps of every record, and what it found wrong."""
 
-    lengths: array  # int32
-    id_hashes: array  # int64
-    nucleotide: dict  # path -> [count, first record's ID, its source]
-    too_long: list  # the first NAMED_AT_MOST, described
-    n_too_long: int
+    lengths: array = field(default_factory=lambda: array("i"))
+    id_hashes: array = field(default_factory=lambda: array("q"))
+    nucleotide: dict = field(default_factory=dict)  # path -> [count, first ID, its source]
+    too_long: list = field(default_factory=list)  # the first NAMED_AT_MOST, described
+    n_too_long: int = 0
 
 
 def write_shards(
@@ -131,8 +133,7 @@ def write_shards(
 
 def _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences) -> Scan:
     """The first pass: every record read, checked and spooled; its length and ID hash kept."""
-    scan = Scan(array("i"), array("q"), {}, [], 0)
-    n_too_long = 0
+    scan = Scan()
     table = ScanWriter(scanned, [str(path) for path in inputs])
     spool = sequences.write
     index = 0
@@ -143,7 +144,7 @@ def _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences) -> 
             scan.lengths.append(length)
             scan.id_hashes.append(id_hash(record.id))
             if length > truncation_seq_length and long_sequences == "fail":
-                n_too_long += 1
+                scan.n_too_long += 1
                 if len(scan.too_long) < NAMED_AT_MOST:
                     where = source(path, record.line)
                     scan.too_long.append(f"{record.id} ({length} residues, {where})")
@@ -155,7 +156,7 @@ def _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences) -> 
             table.add(record.id, length, record.n_replaced, number, record.line, description)
             index += 1
     table.close()
-    return scan._replace(n_too_long=n_too_long)
+    return scan
 
 
 def _refuse_duplicates(id_hashes: array, scanned) -> None:

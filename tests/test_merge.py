@@ -35,6 +35,18 @@ def rep(i: int) -> dict[int, Representation]:
     return {6: Representation(per_tok, np.full(DIM, i, dtype=np.float32))}
 
 
+def stamp(h5, shard: str) -> None:
+    """The attributes an embed job gives its shard file, with this module's settings."""
+    h5.attrs.update(
+        shard=shard,
+        model="m",
+        weights="random",
+        precision="fp32",
+        truncation_seq_length=1022,
+        settings=json.dumps(SETTINGS),
+    )
+
+
 @pytest.fixture
 def run(tmp_path):
     write_records(tmp_path, SHARD_OF)
@@ -51,14 +63,7 @@ def run(tmp_path):
             writer = ShardWriter(h5, [6], list(KINDS), DIM)
             writer.write(members, [IDS[i] for i in members], [rep(i) for i in members])
             writer.write_failed(failed, dict(enumerate(IDS)))
-            h5.attrs.update(
-                shard=shard,
-                model="m",
-                weights="random",
-                precision="fp32",
-                truncation_seq_length=1022,
-                settings=json.dumps(SETTINGS),
-            )
+            stamp(h5, shard)
         paths.append(path)
     return tmp_path, paths
 
@@ -184,14 +189,7 @@ def realistic(tmp_path):
                 batch = members[start : start + 64]
                 writer.write(batch, [ids[i] for i in batch], [reps[i] for i in batch])
             writer.write_failed([], {})
-            h5.attrs.update(
-                shard=path.stem,
-                model="m",
-                weights="random",
-                precision="fp32",
-                truncation_seq_length=1022,
-                settings=json.dumps(SETTINGS),
-            )
+            stamp(h5, path.stem)
         paths.append(path)
     return tmp_path, paths, reps
 
