@@ -1,4 +1,4 @@
-"""Input checksums: an input replaced by other content re-runs the shard step, whatever its mtime.
+"""File checksums, cached by file version: inputs replaced by other content, and store parts that fail their check.
 
 Snakemake re-runs a job when an input is newer than its outputs; a file replaced by a copy with
 an older modification time (`cp -p`, `rsync -t`, an archive extracted) slips past that. The
@@ -25,8 +25,8 @@ def sha256(path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def input_checksums(paths, cache_path) -> list[str]:
-    """The sha256 of each input, hashing only the files that changed since the cache saw them."""
+def file_checksums(paths, cache_path) -> list[str]:
+    """The sha256 of each file, hashing only the files that changed since the cache saw them."""
     cache_path = Path(cache_path)
     try:
         cache = json.loads(cache_path.read_text())

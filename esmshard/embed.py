@@ -1,4 +1,4 @@
-"""The embed job: one shard's sequences on a pooled device, written atomically with its metrics."""
+"""The embed job: one shard's sequences on a pooled device, written into the store with its metrics."""
 
 import json
 import logging
@@ -16,7 +16,7 @@ from . import model as esm_model
 from . import pool, telemetry
 from .batching import make_batches, padded_fraction, token_budget
 from .embedder import Embedder
-from .files import atomic_path, write_json
+from .files import atomic_path, naming_disk_full, write_json
 from .layout import Layout
 from .long_sequences import embedded_residues, skip_reason
 from .precision import resolve as resolve_precision
@@ -24,6 +24,7 @@ from .representations import absolute_layers
 from .shard import read_shard
 from .shardfile import Failure, ShardWriter, output_bytes
 from .status import Progress, rate, shards_done
+from .store import write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ def pick_device(slot: pool.Slot, threads: int) -> tuple[torch.device, str]:
 def run_shard(
     shard_tsv,
     out_h5,
+    manifest_json,
     metrics_json,
     *,
     shard,
@@ -76,12 +78,14 @@ def run_shard(
     """Embed one shard's sequences on a pooled device and write its outputs atomically.
 
     `settings` are the run's embedding settings (esmshard.config.embedding_settings); the shard
-    file keeps them for merge to check.
+    file keeps them for merge to check. `out_h5` is a store part (esmshard.store): it is renamed
+    into place last, after its manifest and this job's other outputs, so that a part that exists
+    is a finished job whatever happens to the run.
     """
     model, repr_layers, include = settings["model"], settings["repr_layers"], settings["include"]
     long_sequences, precision = settings["long_sequences"], settings["precision"]
     limit = settings["truncation_seq_length"]
-    indices, ids, shard_sequences = read_shard(shard_tsv)
+    keys, ids, shard_sequences = read_shard(shard_tsv)
     sequences, batched, chunked, failed = split_records(shard_sequences, limit, long_sequences)
     del shard_sequences
     n_residues = sum(len(sequences[k]) for k in batched + chunked)
@@ -90,124 +94,127 @@ def run_shard(
     for path in (out_h5, metrics_json, telemetry_tsv):  # Progress makes its own folder
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
-    with (
-        pool.acquire(pool.pool_devices(gpus), job=shard) as slot,
-        telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
-    ):
-        started = time.time()
-        device, device_name = pick_device(slot, threads)
-        resolved = resolve_precision(precision, device)
-        log.info(
-            "shard %s: %d sequences on %s (%s, slot %s, CUDA_VISIBLE_DEVICES=%r), precision %s",
-            shard,
-            len(ids),
-            device,
-            device_name,
-            slot.index,
-            slot.cuda_visible_devices,
-            resolved.name,
-        )
-        progress = Progress(  # exits with the block below
-            progress_json,
-            shard=shard,
-            gpu_slot=slot.index,
-            device=str(device),
-            device_name=sampler.name or device_name,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            cuda_visible_devices=slot.cuda_visible_devices,
-            gpu_bus_id=sampler.bus_id,
-            started_at=started,
-            n_sequences=len(ids),
-            n_residues=n_residues,
-        )
-        net, alphabet = esm_model.load(spec)
-        layers = absolute_layers(repr_layers, net.num_layers)
-        budget = token_budget(toks_per_batch, device, net, resolved)
-        embedder = Embedder(net, alphabet, layers, device, resolved, settings["fast_path"])
-        batch_lengths = [len(sequences[k]) for k in batched]
-        batches = make_batches(batch_lengths, budget)
-        loaded = time.time()
+    # The part is renamed into place last, once its manifest and the other outputs are written.
+    with atomic_path(out_h5) as part:
+        with (
+            pool.acquire(pool.pool_devices(gpus), job=shard) as slot,
+            telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
+        ):
+            started = time.time()
+            device, device_name = pick_device(slot, threads)
+            resolved = resolve_precision(precision, device)
+            log.info(
+                "shard %s: %d sequences on %s (%s, slot %s, CUDA_VISIBLE_DEVICES=%r), precision %s",
+                shard,
+                len(ids),
+                device,
+                device_name,
+                slot.index,
+                slot.cuda_visible_devices,
+                resolved.name,
+            )
+            progress = Progress(  # exits with the block below
+                progress_json,
+                shard=shard,
+                gpu_slot=slot.index,
+                device=str(device),
+                device_name=sampler.name or device_name,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                cuda_visible_devices=slot.cuda_visible_devices,
+                gpu_bus_id=sampler.bus_id,
+                started_at=started,
+                n_sequences=len(ids),
+                n_residues=n_residues,
+            )
+            net, alphabet = esm_model.load(spec)
+            layers = absolute_layers(repr_layers, net.num_layers)
+            budget = token_budget(toks_per_batch, device, net, resolved)
+            embedder = Embedder(net, alphabet, layers, device, resolved, settings["fast_path"])
+            batch_lengths = [len(sequences[k]) for k in batched]
+            batches = make_batches(batch_lengths, budget)
+            loaded = time.time()
 
-        progress.update(0, sampler)
-        size = output_bytes(len(ids), n_residues, len(layers), include, net.embed_dim)
-        with progress, atomic_path(out_h5, needed_bytes=size) as tmp:
-            with h5py.File(tmp, "w") as h5, ThreadPoolExecutor(1) as background:
-                writer = ShardWriter(h5, layers, include, net.embed_dim)
-                written = []  # one batch's results are written while the next one computes
+            progress.update(0, sampler)
+            size = output_bytes(len(ids), n_residues, len(layers), include, net.embed_dim)
+            with progress, naming_disk_full(out_h5, size):
+                with h5py.File(part, "w") as h5, ThreadPoolExecutor(1) as background:
+                    writer = ShardWriter(h5, layers, include, net.embed_dim)
+                    written = []  # one batch's results are written while the next one computes
 
-                def write(done, reps):
+                    def write(done, reps):
+                        if written:
+                            written.pop().result()
+                        done_ids = [ids[k] for k in done]
+                        written.append(
+                            background.submit(writer.write, [keys[k] for k in done], done_ids, reps)
+                        )
+
+                    jobs = [[batched[b] for b in batch] for batch in batches]
+                    results = embedder.embed_batches(
+                        ((m, [sequences[k] for k in m]) for m in jobs), failed
+                    )
+                    for members, parts in zip(jobs, results):
+                        for done, reps in parts:
+                            write(done, reps)
+                        progress.update(sum(len(sequences[k]) for k in members), sampler)
+                    for k in chunked:
+                        rep = embedder.embed_chunked(k, sequences[k], limit, failed)
+                        if rep is not None:
+                            write([k], [rep])
+                        progress.update(len(sequences[k]), sampler)
                     if written:
                         written.pop().result()
-                    done_ids = [ids[k] for k in done]
-                    written.append(
-                        background.submit(writer.write, [indices[k] for k in done], done_ids, reps)
+                    writer.write_failed(
+                        [Failure(keys[k], reason) for k, reason in failed], dict(zip(keys, ids))
                     )
+                    h5.attrs.update(
+                        shard=shard,
+                        n_records=len(ids),
+                        model=model,
+                        weights=spec.weights,
+                        precision=resolved.name,
+                        device=str(device),
+                        truncation_seq_length=limit,
+                        long_sequences=long_sequences,
+                        settings=json.dumps(settings),
+                    )
+            finished = time.time()
 
-                jobs = [[batched[b] for b in batch] for batch in batches]
-                results = embedder.embed_batches(
-                    ((m, [sequences[k] for k in m]) for m in jobs), failed
-                )
-                for members, parts in zip(jobs, results):
-                    for done, reps in parts:
-                        write(done, reps)
-                    progress.update(sum(len(sequences[k]) for k in members), sampler)
-                for k in chunked:
-                    rep = embedder.embed_chunked(k, sequences[k], limit, failed)
-                    if rep is not None:
-                        write([k], [rep])
-                    progress.update(len(sequences[k]), sampler)
-                if written:
-                    written.pop().result()
-                writer.write_failed(
-                    [Failure(indices[k], reason) for k, reason in failed], dict(zip(indices, ids))
-                )
-                h5.attrs.update(
-                    shard=shard,
-                    n_records=len(ids),
-                    model=model,
-                    weights=spec.weights,
-                    precision=resolved.name,
-                    device=str(device),
-                    truncation_seq_length=limit,
-                    long_sequences=long_sequences,
-                    settings=json.dumps(settings),
-                )
-        finished = time.time()
-
-    metrics = {
-        "shard": shard,
-        "n_sequences": len(ids),
-        "n_residues": n_residues,
-        "n_failed": len(failed),
-        "n_batches": len(batches),
-        "toks_per_batch": toks_per_batch,
-        "token_budget": budget(batch_lengths[batches[0][0]] + 2)
-        if callable(budget) and batches
-        else budget,
-        "padded_fraction": padded_fraction(batch_lengths, batches),
-        "seconds": finished - started,
-        "load_seconds": loaded - started,
-        "compute_seconds": finished - loaded,
-        "started_at": started,
-        "finished_at": finished,
-        "residues_per_second": n_residues / (finished - loaded) if finished > loaded else None,
-        "device": str(device),
-        "device_name": device_name,
-        "gpu_slot": slot.index,
-        "cuda_visible_devices": slot.cuda_visible_devices,
-        "host": socket.gethostname(),
-        "threads": threads,
-        "model": model,
-        "weights": spec.weights,
-        "precision": resolved.name,
-        "fast_path": settings["fast_path"],
-        "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
-        if device.type == "cuda"
-        else None,
-        **sampler.summary(),
-    }
-    write_json(metrics_json, metrics)
+        metrics = {
+            "shard": shard,
+            "n_sequences": len(ids),
+            "n_residues": n_residues,
+            "n_failed": len(failed),
+            "n_batches": len(batches),
+            "toks_per_batch": toks_per_batch,
+            "token_budget": budget(batch_lengths[batches[0][0]] + 2)
+            if callable(budget) and batches
+            else budget,
+            "padded_fraction": padded_fraction(batch_lengths, batches),
+            "seconds": finished - started,
+            "load_seconds": loaded - started,
+            "compute_seconds": finished - loaded,
+            "started_at": started,
+            "finished_at": finished,
+            "residues_per_second": n_residues / (finished - loaded) if finished > loaded else None,
+            "device": str(device),
+            "device_name": device_name,
+            "gpu_slot": slot.index,
+            "cuda_visible_devices": slot.cuda_visible_devices,
+            "host": socket.gethostname(),
+            "threads": threads,
+            "model": model,
+            "weights": spec.weights,
+            "precision": resolved.name,
+            "fast_path": settings["fast_path"],
+            "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
+            if device.type == "cuda"
+            else None,
+            **sampler.summary(),
+        }
+        write_json(metrics_json, metrics)
+        write_manifest(manifest_json, part, len(ids) - len(failed))
     log.info(
         "shard %s done: %d residues in %.1f s, %d failed",
         shard,

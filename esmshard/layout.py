@@ -29,9 +29,6 @@ class Layout:
     def shard_tsv(self, shard: str) -> str:
         return self._path("shards", f"{shard}.tsv")
 
-    def shard_h5(self, shard: str) -> str:
-        return self._path("embeddings", f"{shard}.h5")
-
     def metrics(self, shard: str) -> str:
         return self._path("metrics", f"{shard}.json")
 
@@ -44,6 +41,15 @@ class Layout:
     @property
     def embeddings(self) -> str:
         return self._path("embeddings.h5")
+
+    @property
+    def plan_json(self) -> str:
+        """What the run reuses from the store and computes (esmshard.shard.write_shards)."""
+        return self._path("shards", "plan.json")
+
+    @property
+    def run_json(self) -> str:
+        return self._path("run.json")
 
     @property
     def failed(self) -> str:
@@ -63,9 +69,9 @@ class Layout:
         return self._path(".esmshard", "run.lock")
 
     @property
-    def input_checksums(self) -> str:
-        """The inputs' sha256, by file version (esmshard.checksums)."""
-        return self._path(".esmshard", "input-checksums.json")
+    def checksums(self) -> str:
+        """The sha256 of inputs, checkpoints and store parts, by file version (esmshard.checksums)."""
+        return self._path(".esmshard", "checksums.json")
 
     def log(self, step: str, shard: str | None = None) -> str:
         return (

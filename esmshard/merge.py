@@ -1,9 +1,12 @@
-"""Merging shard files into one HDF5 file in input order, with the list of failed records.
+"""Merging the parts that hold a run's sequences into one HDF5 file in input order, with the
+list of failed records.
 
-Streaming, with memory bounded apart from ~13 bytes per record: each shard file's rows are read
-in blocks in the order they were computed and placed by their row in the output; the output is
-built a window of rows at a time (WINDOW_BYTES), through spill files when it has more than one
-window, and each window is written at once into chunked datasets.
+The parts are shard files (esmshard.shardfile) of this run and of the store; each record's
+part is in the record table, and its row there is found by its sequence's key. Streaming, with
+memory bounded apart from ~40 bytes per record: each part's rows are read in blocks and placed
+by their rows in the output; the output is built a window of rows at a time (WINDOW_BYTES),
+through spill files when it has more than one window, and each window is written at once into
+chunked datasets.
 """
 
 import json
@@ -17,10 +20,11 @@ import h5py
 import numpy as np
 
 from . import peak_memory_mb
-from .files import Buckets, atomic_path, write_tsv
+from .files import Buckets, atomic_path, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
-from .shardfile import STR_DTYPE, dataset, read_index
+from .shardfile import SHA256_DTYPE, STR_DTYPE, dataset, read_index
+from .store import KEY_DTYPE, Store, check_part, keys_of
 
 log = logging.getLogger(__name__)
 
@@ -50,55 +54,93 @@ class Placement(NamedTuple):
 
 def merge(
     records,
-    shard_files,
+    plan_json,
     out_h5,
     failed_tsv,
+    run_json,
     settings: dict,
+    checksum_cache,
     output_dtype: str = "float32",
     per_residue_compression: str = "none",
 ) -> dict:
-    """Stream shard files into `out_h5`; every input record lands there or in `failed_tsv`.
+    """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
+    (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
 
-    Each shard file must be its own shard's, computed with `settings` (the run's embedding
-    settings): anything else is refused by name rather than merged into a wrong answer.
+    The parts are this run's shards and the store's (esmshard.store), as `plan_json` and the
+    record table say. Each must be the part it is named as, computed with `settings` (the run's
+    embedding settings), and hold its records' sequences: anything else is refused by name
+    rather than merged into a wrong answer. `run_json` gets the run's counts.
     """
     dtype = OUTPUT_DTYPES[output_dtype]
+    plan = json.loads(Path(plan_json).read_text())
+    store, key = Store(plan["store"]), plan["key"]
     codes, names = shard_codes(read_columns(records, ["shard"]))
     n = codes.size
-    id_hashes = np.empty(n, dtype=np.uint32)  # each shard file's IDs are checked against these
+    keys = np.empty(n, dtype=KEY_DTYPE)  # each part's rows are found by these
     start = 0
-    for batch in iter_batches(records, ["id"]):
-        ids = batch.column("id").to_pylist()
-        id_hashes[start : start + len(ids)] = [id_hash32(i) for i in ids]
-        start += len(ids)
+    for batch in iter_batches(records, ["sequence_sha256"]):
+        keys[start : start + batch.num_rows] = keys_of(
+            batch.column("sequence_sha256").to_numpy(zero_copy_only=False)
+        )
+        start += batch.num_rows
+    by_part = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[by_part], np.arange(len(names) + 1))
+    del codes
 
-    # First pass over the shards' small datasets: which records succeeded, and their lengths.
+    # First pass over the parts' small datasets: which records succeeded, their rows, lengths.
     status = np.zeros(n, dtype=np.int8)  # 0 missing, 1 embedded, 2 failed
     lengths = np.zeros(n, dtype=np.int32)
+    part_row = np.zeros(n, dtype=np.int64)
     failures, precisions, attrs, layers = {}, set(), None, {}
-    code_of = {name: k for k, name in enumerate(names)}
-    expected_counts = np.bincount(codes, minlength=len(names))
-    for path in shard_files:
+    paths = [store.part(key, name) for name in names]
+    for code, (name, path) in enumerate(zip(names, paths)):
+        if not name.startswith(plan["plan"]):  # from the store: it may have changed since
+            reason = check_part(store, key, name, checksum_cache)
+            if reason:
+                raise MergeError(
+                    f"store part {path} fails its check ({reason}); delete "
+                    f"{Path(plan_json).parent} and run the same command again to recompute "
+                    "its sequences"
+                )
         try:
             with h5py.File(path, "r") as h5:
-                shard = read_index(h5)
+                part = read_index(h5)
         except (OSError, KeyError) as err:
             raise MergeError(
                 f"shard file {path} is unreadable or incomplete ({err}); delete it and run again"
             ) from err
-        attrs, layers = shard.attrs, shard.layers
-        _check_settings(path, shard.attrs, settings)
-        _check_shard(path, records, shard, codes, code_of, expected_counts, id_hashes, status)
-        status[shard.index] = 1
-        lengths[shard.index] = shard.lengths
+        attrs, layers = part.attrs, part.layers
+        _check_settings(path, part.attrs, settings)
+        if part.attrs.get("shard") != name:
+            raise MergeError(
+                f"shard file {path} holds shard {part.attrs.get('shard')}, not {name} "
+                "(copied from another shard?): delete it and run again to rebuild it"
+            )
+        members = by_part[bounds[code] : bounds[code + 1]]
+        rows = _rows_of(part.keys, keys[members])
+        failed_keys = keys_of([f.key for f in part.failures])
+        failed_at = _rows_of(failed_keys, keys[members])
+        lost = np.flatnonzero((rows < 0) & (failed_at < 0))
+        if lost.size:
+            index = int(members[lost[0]])
+            id_, file, line = _rows(records, ["id", "file", "line"], [index])[0]
+            raise MergeError(
+                f"shard file {path} holds no result for record '{id_}' ({source(file, line)}) "
+                f"nor for {lost.size - 1} more of the records it should; it is not this run's: "
+                "delete it and run again to rebuild it"
+            )
+        done = rows >= 0
+        status[members[done]] = 1
+        part_row[members[done]] = rows[done]
+        lengths[members[done]] = part.lengths[rows[done]]
+        for k in np.flatnonzero(~done):
+            status[members[k]] = 2
+            failures[int(members[k])] = part.failures[failed_at[k]].reason
         precisions.add(str(attrs["precision"]))
-        for failure in shard.failures:
-            status[failure.index] = 2
-            failures[failure.index] = failure.reason
-    del codes, id_hashes
+    del keys
     log.info(
-        "%d shard files checked (%d records); peak memory so far %.0f MB",
-        len(shard_files),
+        "%d parts checked (%d records); peak memory so far %.0f MB",
+        len(names),
         n,
         peak_memory_mb(),
     )
@@ -120,8 +162,15 @@ def merge(
         offsets = np.zeros(n_embedded + 1, dtype=np.int64)
         np.cumsum(lengths[embedded], out=offsets[1:])
     placement = Placement(embedded, row_of, offsets)
+    parts = []  # each part's embedded records, by their row in it
+    for code, path in enumerate(paths):
+        members = by_part[bounds[code] : bounds[code + 1]]
+        members = members[status[members] == 1]
+        order = np.argsort(part_row[members], kind="stable")
+        parts.append(PartRows(path, part_row[members][order], members[order]))
+    del by_part, part_row
 
-    dim = _dim(shard_files[0], layers) if layers else 0
+    dim = _dim(paths[0], layers) if layers else 0
     itemsize = np.dtype(dtype).itemsize
     total_rows = sum(
         (offsets[-1] if KINDS[kind].per_residue else n_embedded) * len(kind_layers)
@@ -156,7 +205,7 @@ def merge(
                     else None,
                     compression=compression,
                 )
-                _copy_in_input_order(shard_files, name, target, placement, spill_dir)
+                _copy_in_input_order(parts, name, target, placement, spill_dir)
                 log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
         out.attrs.update(
             model=attrs["model"],
@@ -179,7 +228,26 @@ def merge(
             for i, (id_, file, line) in zip(failed, _rows(records, ["id", "file", "line"], failed))
         ],
     )
-    return {"n_records": n, "n_embedded": n_embedded, "n_failed": len(failures)}
+    counts = {
+        "records": n,
+        "unique_sequences": plan["unique_sequences"],
+        "computed": plan["computed"],
+        "from_store": plan["from_store"],
+        "embedded": n_embedded,
+        "failed": len(failures),
+        "store": plan["store"],
+    }
+    write_json(run_json, counts)
+    log.info(
+        "%d records, %d unique sequences: %d computed by this run, %d from the store; "
+        "%d records failed",
+        n,
+        counts["unique_sequences"],
+        counts["computed"],
+        counts["from_store"],
+        len(failures),
+    )
+    return counts
 
 
 def _check_settings(path, attrs, settings: dict) -> None:
@@ -197,44 +265,13 @@ def _check_settings(path, attrs, settings: dict) -> None:
             )
 
 
-def _check_shard(path, records, shard, codes, code_of, expected_counts, id_hashes, status):
-    """The shard file must hold exactly its shard's records, each once, under the right IDs."""
-    name = Path(path).stem  # the shard that the file's place stands for
-    if shard.attrs.get("shard") != name:
-        raise MergeError(
-            f"shard file {path} holds shard {shard.attrs.get('shard')}, not {name} "
-            "(copied from another shard?): delete it and run again to rebuild it"
-        )
-    held = np.concatenate([shard.index, np.array([f.index for f in shard.failures], np.int64)])
-    code = code_of.get(name, -1)
-    expected = int(expected_counts[code]) if code >= 0 else 0
-    inside = held[(held >= 0) & (held < codes.size)]
-    if (
-        held.size != expected
-        or inside.size != held.size
-        or np.any(codes[held] != code)
-        or np.unique(held).size != held.size
-        or np.any(status[held] != 0)
-    ):
-        raise MergeError(
-            f"shard file {path} holds {held.size} records where shard {name} has {expected}, "
-            "or other records than its own; delete it and run again to rebuild it"
-        )
-    found = np.fromiter((id_hash32(i) for i in shard.ids), np.uint32, len(shard.ids))
-    wrong = np.flatnonzero(found != id_hashes[shard.index])
-    if wrong.size:
-        index = int(shard.index[wrong[0]])
-        (input_id,) = _rows(records, ["id"], [index])[0]
-        raise MergeError(
-            f"shard file {path}: record {index} is '{shard.ids[wrong[0]]}' where the input has "
-            f"'{input_id}'; delete it and run again to rebuild it"
-        )
-
-
-def id_hash32(id_: str) -> int:
-    """32 bits of an ID: a shard file of other records differs in most of them, and 4 bytes per
-    record keep merge's memory small."""
-    return hash(id_) & 0xFFFFFFFF
+def _rows_of(part_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The row of each of `keys` among `part_keys`, or -1 where it is not there."""
+    if not part_keys.size:
+        return np.full(keys.size, -1, dtype=np.int64)
+    order = np.argsort(part_keys, kind="stable")
+    at = np.minimum(np.searchsorted(part_keys[order], keys), part_keys.size - 1)
+    return np.where(part_keys[order][at] == keys, order[at], -1)
 
 
 def _rows(records, columns, indices) -> list[tuple]:
@@ -252,12 +289,15 @@ def _rows(records, columns, indices) -> list[tuple]:
 
 
 def _write_text_columns(out, records, embedded, n_embedded) -> None:
-    """`ids`, `headers` and `truncated` of the embedded records, streamed from the record table."""
+    """`ids`, `headers`, `truncated` and `sequence_sha256` of the embedded records, streamed from
+    the record table."""
     ids = out.create_dataset("ids", (n_embedded,), dtype=STR_DTYPE)
     headers = out.create_dataset("headers", (n_embedded,), dtype=STR_DTYPE)
     truncated = out.create_dataset("truncated", (n_embedded,), dtype=bool)
+    sha256 = out.create_dataset("sequence_sha256", (n_embedded,), dtype=SHA256_DTYPE)
     row = start = 0
-    for batch in iter_batches(records, ["id", "description", "truncated"], STRINGS_AT_ONCE):
+    columns = ["id", "description", "truncated", "sequence_sha256"]
+    for batch in iter_batches(records, columns, STRINGS_AT_ONCE):
         keep = np.flatnonzero(embedded[start : start + batch.num_rows])
         start += batch.num_rows
         if not keep.size:
@@ -271,6 +311,9 @@ def _write_text_columns(out, records, embedded, n_embedded) -> None:
             [f"{i} {d}" if d else i for i, d in zip(batch_ids, described)], dtype=object
         )
         truncated[rows] = taken.column("truncated").to_numpy(zero_copy_only=False)
+        sha256[rows] = np.asarray(
+            taken.column("sequence_sha256").to_numpy(zero_copy_only=False), dtype=SHA256_DTYPE
+        )
         row = rows.stop
 
 
@@ -280,8 +323,17 @@ def _dim(path, layers) -> int:
         return h5[dataset(kind, kind_layers[0])].shape[1]
 
 
-def _copy_in_input_order(shard_files, name, target, placement: Placement, spill_dir) -> None:
-    """Copy dataset `name` of every shard file into `target`, rows in input order.
+class PartRows(NamedTuple):
+    """The embedded records that one part holds, by their row in it (a row repeats where
+    several records have its sequence)."""
+
+    path: str
+    rows: np.ndarray  # ascending
+    records: np.ndarray  # the input index of each
+
+
+def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -> None:
+    """Copy dataset `name` of every part into `target`, rows in input order.
 
     One window of output rows when it fits WINDOW_BYTES; else each block read goes to the spill
     files of the windows its rows fall in, and each window is then assembled and written.
@@ -294,8 +346,8 @@ def _copy_in_input_order(shard_files, name, target, placement: Placement, spill_
     spill = Path(spill_dir)
     spills = Buckets([spill / f"{w}.{part}" for w in range(windows) for part in ("rows", "data")])
     whole = np.empty((total, dim), target.dtype) if windows == 1 else None
-    for path in shard_files:
-        for rows, block in _blocks_with_rows(path, name, placement, target.dtype):
+    for part in parts:
+        for rows, block in _blocks_with_rows(part, name, placement, target.dtype):
             if whole is not None:
                 whole[rows] = block
                 continue
@@ -303,9 +355,9 @@ def _copy_in_input_order(shard_files, name, target, placement: Placement, spill_
             order = np.argsort(window, kind="stable")
             bounds = np.searchsorted(window[order], np.arange(windows + 1))
             for w in np.flatnonzero(np.diff(bounds)):
-                part = order[bounds[w] : bounds[w + 1]]
-                spills.add(2 * w, (rows[part] - w * rows_per_window).astype(np.uint32).tobytes())
-                spills.add(2 * w + 1, block[part].tobytes())
+                chosen = order[bounds[w] : bounds[w + 1]]
+                spills.add(2 * w, (rows[chosen] - w * rows_per_window).astype(np.uint32).tobytes())
+                spills.add(2 * w + 1, block[chosen].tobytes())
     if whole is not None:
         target[:] = whole
         return
@@ -322,30 +374,37 @@ def _copy_in_input_order(shard_files, name, target, placement: Placement, spill_
         target[first : first + buffer.shape[0]] = buffer
 
 
-def _blocks_with_rows(path, name, placement: Placement, dtype):
-    """Blocks of a shard file's dataset, each with the output row of every one of its rows."""
-    kind = name.split("/")[0]
-    with h5py.File(path, "r") as h5:
+def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
+    """Blocks of the rows of a part's dataset that the run uses, each with their output rows.
+
+    A block spans at most BLOCK_BYTES of the part and is read at once; rows it holds for no
+    record are read with it and dropped, rows that several records share are repeated.
+    """
+    if not part.rows.size:
+        return
+    per_residue = KINDS[name.split("/")[0]].per_residue
+    with h5py.File(part.path, "r") as h5:
         data = h5[name]
-        index = h5["index"][:]
-        first_row = placement.row_of[index].astype(np.int64)
-        if KINDS[kind].per_residue:
-            counts = h5["length"][:]
-            first_row = placement.offsets[first_row]
-        else:
-            counts = np.ones(index.size, dtype=np.int64)
+        counts = h5["length"][:] if per_residue else np.ones(data.shape[0], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)])
-        rows_per_record = max(1, int(starts[-1] // max(1, index.size)))
+        rows_per_record = max(1, int(starts[-1] // max(1, counts.size)))
         records_per_block = max(1, BLOCK_BYTES // (data.shape[1] * 4 * rows_per_record))
-        for k0 in range(0, index.size, records_per_block):
-            k1 = min(index.size, k0 + records_per_block)
-            block = data[starts[k0] : starts[k1]]
+        block_of = part.rows // records_per_block
+        edges = np.flatnonzero(np.diff(block_of)) + 1
+        for chosen in np.split(np.arange(part.rows.size), edges):
+            rows, records = part.rows[chosen], part.records[chosen]
+            first, last = int(starts[rows[0]]), int(starts[rows[-1] + 1])
+            block = data[first:last]
+            n = counts[rows]
+            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            source = np.repeat(starts[rows] - first, n) + within
+            output_row = placement.row_of[records].astype(np.int64)
+            if per_residue:
+                output_row = placement.offsets[output_row]
+            taken = block[source]
             if dtype != np.float32:
-                block = _narrowed(block, dtype, path, name)
-            rows = np.repeat(first_row[k0:k1] - starts[k0:k1], counts[k0:k1]) + np.arange(
-                starts[k0], starts[k1]
-            )
-            yield rows, block
+                taken = _narrowed(taken, dtype, part.path, name)
+            yield np.repeat(output_row, n) + within, taken
 
 
 def _narrowed(block: np.ndarray, dtype, path, name) -> np.ndarray:

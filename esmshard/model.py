@@ -10,6 +10,8 @@ import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
+from .checksums import file_checksums
+
 # (layers, embedding dim, attention heads) of the published ESM-2 models.
 ESM2_ARCHS = {
     "esm2_t6_8M_UR50D": (6, 320, 20),
@@ -41,18 +43,17 @@ class ModelSpec:
     def weights(self) -> str:
         return "random" if self.kind == "random" else "pretrained"
 
-    @property
-    def checkpoint(self) -> str:
-        """Which weights exactly: a local file by its path, size and modification time."""
+    def identity(self, checksum_cache) -> str:
+        """Which weights exactly: a local file by the sha256 of its content (computed once per
+        file version, esmshard.checksums), so that a copy elsewhere is the same weights."""
         if self.kind == "random":
             return f"random weights, seed {RANDOM_SEED}"
         if self.kind == "hub":
             return f"{self.name} from fair-esm's hub"
-        path = self.path.resolve()
-        if not path.is_file():
-            return f"{path} (missing)"
-        stat = path.stat()
-        return f"{path}, {stat.st_size} bytes, modified {stat.st_mtime_ns} ns"
+        if not self.path.is_file():
+            return f"{self.path.resolve()} (missing)"
+        (digest,) = file_checksums([self.path], checksum_cache)
+        return f"{self.name} checkpoint, sha256 {digest}"
 
     @property
     def num_layers(self) -> int:

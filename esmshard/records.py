@@ -1,6 +1,8 @@
 """The record table, `shards/records.parquet`: one row per input record, in input order.
 
-Columns: `index`, `id`, `shard`, `length` (residues read), `n_residues` (residues embedded),
+Columns: `index`, `id`, `sequence_sha256` (hex SHA-256 of the residues after the input rules),
+`shard` (the part that holds the record's embedding: a shard of this run, or one of the
+store's, esmshard.store), `length` (residues read), `n_residues` (residues embedded),
 `truncated`, `n_replaced` (letters turned into X), `file` and `line` (where the header is) and
 `description` (the header after the ID). Parquet, written streaming in row groups: pandas,
 polars and pyarrow read it (`pandas.read_parquet("shards/records.parquet")`).
@@ -17,6 +19,7 @@ SCHEMA = pa.schema(
     [
         ("index", pa.int64()),
         ("id", pa.string()),
+        ("sequence_sha256", pa.string()),
         ("shard", pa.dictionary(pa.int32(), pa.string())),
         ("length", pa.int32()),
         ("n_residues", pa.int32()),
@@ -29,7 +32,10 @@ SCHEMA = pa.schema(
 )
 # What the shard step knows on its first pass; the rest is added when the table is written.
 SCANNED = pa.schema(
-    [SCHEMA.field(name) for name in ("id", "length", "n_replaced", "file", "line", "description")]
+    [SCHEMA.field(name) for name in (
+            "id", "sequence_sha256", "length", "n_replaced", "file", "line", "description"
+        )
+    ]
 )
 
 
@@ -47,9 +53,10 @@ class ScanWriter:
         self.columns = {name: [] for name in SCANNED.names}
         self.rows = 0
 
-    def add(self, id_, length, n_replaced, file_number, line, description):
+    def add(self, id_, sha256, length, n_replaced, file_number, line, description):
         for column, value in zip(
-            self.columns.values(), (id_, length, n_replaced, file_number, line, description)
+            self.columns.values(),
+            (id_, sha256, length, n_replaced, file_number, line, description),
         ):
             column.append(value)
         self.rows += 1
@@ -73,8 +80,8 @@ class ScanWriter:
         self.writer.close()
 
 
-def write_table(scanned, sink, names, shard_of, n_residues, truncated) -> None:
-    """The record table: the first pass's rows with each record's index, shard and residues."""
+def write_table(scanned, sink, names, part_of, n_residues, truncated) -> None:
+    """The record table: the first pass's rows with each record's index, part and residues."""
     shard_names = pa.array(names, pa.string())
     with pq.ParquetWriter(sink, SCHEMA, compression="zstd") as writer:
         start = 0
@@ -82,7 +89,7 @@ def write_table(scanned, sink, names, shard_of, n_residues, truncated) -> None:
             rows = slice(start, start + batch.num_rows)
             columns = {
                 "index": pa.array(np.arange(rows.start, rows.stop, dtype=np.int64)),
-                "shard": pa.DictionaryArray.from_arrays(pa.array(shard_of[rows]), shard_names),
+                "shard": pa.DictionaryArray.from_arrays(pa.array(part_of[rows]), shard_names),
                 "n_residues": pa.array(n_residues[rows]),
                 "truncated": pa.array(truncated[rows]),
             }

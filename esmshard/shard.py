@@ -1,11 +1,18 @@
-"""The shard step: read every input once, check it, and split it into size-balanced shards.
+"""The shard step: read every input once, check it, find what the store already holds, and
+split the rest into size-balanced shards.
 
 Streaming: the first pass keeps 12 bytes per record in memory (the length and a 64-bit hash of
-the ID) and spools the sequences and the record table's rows to unnamed temporary files; the
-second pass deals the spooled sequences out to the shard files. A shard file is TSV, a header
-line `index  id  sequence`, then one record per line in input order.
+the ID), spools the sequences and the record table's rows to unnamed temporary files, and
+spreads each record's sequence key (esmshard.store) over bucket files; the buckets are then
+matched one at a time against each other and against the store's keys. The second pass deals
+the first record of each sequence that the store lacks out to the shard files. A shard file is
+TSV, a header line `sequence_sha256  id  sequence`, then one sequence per line in input order.
 """
 
+import hashlib
+import logging
+import os
+import secrets
 import tempfile
 from array import array
 from contextlib import ExitStack
@@ -24,13 +31,31 @@ from .fasta import (
     looks_nucleotide,
     read_raw,
 )
-from .files import Buckets, atomic_path, naming_disk_full, write_tsv
+from .files import Buckets, atomic_path, naming_disk_full, write_json, write_tsv
 from .records import ScanWriter, source, write_table
-from .sizing import estimated_text_bytes, shard_names
+from .sizing import auto_shard_count, estimated_text_bytes
+from .store import (
+    KEY_BYTES,
+    KEY_DTYPE,
+    Store,
+    add_settings,
+    check_part,
+    part_keys,
+    set_aside,
+    settings_key,
+)
 
-SHARD_COLUMNS = ["index", "id", "sequence"]
+log = logging.getLogger(__name__)
+
+SHARD_COLUMNS = ["sequence_sha256", "id", "sequence"]
 PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
 NAMED_AT_MOST = 20  # records a message lists by name; it counts the rest
+PLAN_ID_BYTES = 6
+N_BUCKETS = 256
+KEYS_AT_ONCE = 1 << 20
+RECORDS_AT_ONCE = 1 << 22
+RUN_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int64)])  # value: the record's index
+STORED_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int32)])  # value: the part's number
 
 
 def id_hash(id_: str) -> int:
@@ -39,23 +64,23 @@ def id_hash(id_: str) -> int:
 
 
 class Shard(NamedTuple):
-    """One shard file's records, in input order."""
+    """One shard file's sequences: each with its key and the first record's ID."""
 
-    indices: list[int]
+    keys: list[str]  # sequence_sha256, hex
     ids: list[str]
     sequences: list[str]
 
 
 def read_shard(path) -> Shard:
-    indices, ids, sequences = [], [], []
+    keys, ids, sequences = [], [], []
     with open(path) as fh:
         next(fh)  # the header line
         for line in fh:
-            index, id_, sequence = line.rstrip("\n").split("\t")
-            indices.append(int(index))
+            key, id_, sequence = line.rstrip("\n").split("\t")
+            keys.append(key)
             ids.append(id_)
             sequences.append(sequence)
-    return Shard(indices, ids, sequences)
+    return Shard(keys, ids, sequences)
 
 
 @dataclass
@@ -72,28 +97,37 @@ class Scan:
 def write_shards(
     inputs,
     shard_dir,
-    n_shards: int,
+    shards,
     truncation_seq_length: int,
-    embed_dim: int,
+    arch: tuple[int, int],
+    store_root,
+    settings: dict,
+    checksum_cache,
     long_sequences: str = "truncate",
     nucleotide_check: bool = True,
-) -> list[dict]:
-    """Read every input once, check it, and write the shard files, the record table and the plan.
+) -> dict:
+    """Read every input once, check it, and write the shard files of the work the store lacks,
+    the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
 
-    Nothing is written under a final name until every check has passed; every shard file and
-    the record table appear together, or none.
+    `shards` is a number or "auto" (esmshard.sizing, from the new work alone); `arch` is the
+    model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
+    the first record of each sequence that the store (`store_root`, embeddings made with
+    `settings`) lacks. Nothing is written under a final name until every check has passed; the
+    shard files and the record table appear together, or none.
     """
     shard_dir = Path(shard_dir)
     shard_dir.mkdir(parents=True, exist_ok=True)
-    names = shard_names(n_shards)
+    store, key = Store(str(store_root)), settings_key(settings)
     # The spooled sequences, then the shard files (whose atomic writes name a full disk too).
     needed = 2 * estimated_text_bytes(inputs)
     with (
         naming_disk_full(shard_dir, needed),
         tempfile.TemporaryFile(dir=shard_dir) as sequences,
         tempfile.TemporaryFile(dir=shard_dir) as scanned,
+        tempfile.TemporaryDirectory(dir=shard_dir, prefix=".keys-") as work,
     ):
-        scan = _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences)
+        run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)
+        scan = _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences)
         _refuse_duplicates(scan.id_hashes, scanned)
         del scan.id_hashes[:]
         _refuse_nucleotides(scan.nucleotide if nucleotide_check else {})
@@ -113,10 +147,23 @@ def write_shards(
             if long_sequences == "truncate"
             else np.zeros(lengths.size, dtype=bool)
         )
-        costs = record_costs(lengths, truncation_seq_length, long_sequences, embed_dim)
-        shard_of = assign(costs, n_shards)
-        plan = _plan(names, shard_of, n_residues, costs)
+        parts = store.parts(key)
+        stored = _index_store(store, key, parts, Path(work) / "store")
+        match = _match(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
+        new = match.new_records
+        costs = record_costs(lengths[new], truncation_seq_length, long_sequences, arch[1])
+        n_shards = min(
+            new.size,
+            auto_shard_count(int(n_residues[new].sum()), *arch) if shards == "auto" else shards,
+        )
+        plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
+        names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
+        shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
+        plan = _plan(names, shard_of, n_residues[new], costs)
         del costs
+        part_of = _part_of(match, shard_of, len(parts))
+        target = np.full(lengths.size, -1, dtype=np.int32)
+        target[new] = shard_of
 
         with ExitStack() as renamed_together:
             paths = [
@@ -124,18 +171,41 @@ def write_shards(
                 for name in names
             ]
             table = renamed_together.enter_context(atomic_path(shard_dir / "records.parquet"))
-            _deal_out(sequences, shard_of, paths)
+            _deal_out(sequences, target, paths)
             scanned.seek(0)
-            write_table(scanned, table, names, shard_of, n_residues, truncated)
+            write_table(scanned, table, parts + names, part_of, n_residues, truncated)
+    add_settings(store, key, settings)
     write_tsv(shard_dir / "plan.tsv", PLAN_COLUMNS, [[p[c] for c in PLAN_COLUMNS] for p in plan])
-    return plan
+    summary = {
+        "plan": plan_id,
+        "store": str(Path(store.root).resolve()),
+        "key": key,
+        "records": int(lengths.size),
+        "unique_sequences": match.n_unique,
+        "from_store": match.n_unique - int(new.size),
+        "computed": int(new.size),
+    }
+    write_json(shard_dir / "plan.json", summary)
+    log.info(
+        "%d records, %d unique sequences: %d found in the store (%s), %d to compute in %d shards",
+        summary["records"],
+        summary["unique_sequences"],
+        summary["from_store"],
+        store.folder(key),
+        summary["computed"],
+        n_shards,
+    )
+    return {**summary, "shards": plan}
 
 
-def _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences) -> Scan:
-    """The first pass: every record read, checked and spooled; its length and ID hash kept."""
+def _scan(
+    inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences
+) -> Scan:
+    """The first pass: every record read, checked and spooled; its length, ID hash and key kept."""
     scan = Scan()
     table = ScanWriter(scanned, [str(path) for path in inputs])
     spool = sequences.write
+    keys = bytearray()
     index = 0
     for number, path in enumerate(inputs):
         path = str(path)
@@ -151,12 +221,144 @@ def _scan(inputs, sequences, scanned, truncation_seq_length, long_sequences) -> 
             if looks_nucleotide(record.sequence):
                 found = scan.nucleotide.setdefault(path, [0, record.id, source(path, record.line)])
                 found[0] += 1
-            spool(b"%d\t%s\t%s\n" % (index, record.id.encode(), record.sequence))
+            digest = hashlib.sha256(record.sequence)
+            keys += digest.digest()[:KEY_BYTES]
+            sha256 = digest.hexdigest()
+            spool(b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence))
             description = record.header[len(record.id) :].lstrip()
-            table.add(record.id, length, record.n_replaced, number, record.line, description)
+            table.add(
+                record.id, sha256, length, record.n_replaced, number, record.line, description
+            )
             index += 1
+            if len(keys) >= KEYS_AT_ONCE * KEY_BYTES:
+                _add_run_keys(run_keys, keys, index)
+    _add_run_keys(run_keys, keys, index)
+    run_keys.flush()
     table.close()
     return scan
+
+
+def _add_run_keys(run_keys, keys: bytearray, end: int) -> None:
+    """The keys of the records before `end` not yet added, each with its record's index."""
+    found = np.frombuffer(bytes(keys), dtype=KEY_DTYPE)
+    run_keys.add(found, np.arange(end - found.size, end, dtype=np.int64))
+    del keys[:]
+
+
+class KeyBuckets:
+    """(key, value) entries spread over files by the key's first byte, so that each bucket
+    can be matched in memory on its own (an external hash partition)."""
+
+    def __init__(self, stem: Path, entry: np.dtype):
+        self.entry = entry
+        self.buckets = Buckets([f"{stem}.{b}" for b in range(N_BUCKETS)])
+
+    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+        entries = np.empty(keys.size, self.entry)
+        entries["key"], entries["value"] = keys, values
+        first = keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0]
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(N_BUCKETS + 1))
+        for b in np.flatnonzero(np.diff(bounds)):
+            self.buckets.add(int(b), entries[order[bounds[b] : bounds[b + 1]]].tobytes())
+
+    def flush(self) -> None:
+        self.buckets.flush()
+
+    def read(self, bucket: int) -> np.ndarray:
+        path = self.buckets.paths[bucket]
+        if not os.path.exists(path):
+            return np.zeros(0, self.entry)
+        return np.fromfile(path, self.entry)
+
+
+def _index_store(store: Store, key: str, parts: list[str], stem: Path) -> KeyBuckets:
+    """The keys every part of the store holds, each with its part's number in `parts`."""
+    stored = KeyBuckets(stem, STORED_ENTRY)
+    for code, name in enumerate(parts):
+        try:
+            keys = part_keys(store.part(key, name))
+        except (OSError, KeyError, ValueError) as err:
+            set_aside(store, key, name, f"unreadable: {err}")
+            continue
+        stored.add(keys, np.full(keys.size, code, dtype=np.int32))
+    stored.flush()
+    return stored
+
+
+class Match(NamedTuple):
+    """Each record's sequence against the others' and the store's."""
+
+    first_of: np.ndarray  # the first record with the same sequence (itself if none before)
+    stored_in: np.ndarray  # the store part that holds the sequence, or -1
+    new_records: np.ndarray  # the first record of each sequence that the store lacks
+    n_unique: int
+
+
+def _match(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
+    """Find every record's first equal, and the store parts holding the sequences, bucket by
+    bucket; a part to be used must pass its check first (else it is set aside and the lookup
+    done again without it)."""
+    first_of = np.empty(n, dtype=np.int64 if n >= 2**31 else np.int32)
+    stored_in = np.full(n, -1, dtype=np.int32)
+    checked, failed = set(), set()
+    while True:
+        used, n_unique = set(), 0
+        for bucket in range(N_BUCKETS):
+            entries = run_keys.read(bucket)
+            if not entries.size:
+                continue
+            order = np.argsort(entries["key"], kind="stable")  # ties stay in input order
+            keys, index = entries["key"][order], entries["value"][order]
+            first = np.ones(keys.size, dtype=bool)
+            np.not_equal(keys[1:], keys[:-1], out=first[1:])
+            group = np.cumsum(first) - 1
+            first_of[index] = index[first][group]
+            held = _lookup(stored.read(bucket), keys[first], failed)
+            stored_in[index] = held[group]
+            used.update(np.unique(held[held >= 0]).tolist())
+            n_unique += int(first.sum())
+        if used <= checked:
+            break
+        for code in sorted(used - checked):
+            reason = check_part(store, key, parts[code], checksum_cache)
+            if reason:
+                set_aside(store, key, parts[code], reason)
+                failed.add(code)
+            checked.add(code)
+    new_records = np.concatenate(
+        [
+            start + np.flatnonzero(
+                (first_of[start : start + RECORDS_AT_ONCE] == np.arange(start, min(n, start + RECORDS_AT_ONCE)))
+                & (stored_in[start : start + RECORDS_AT_ONCE] < 0)
+            )
+            for start in range(0, n, RECORDS_AT_ONCE)
+        ]
+        or [np.zeros(0, dtype=np.int64)]
+    )
+    return Match(first_of, stored_in, new_records, n_unique)
+
+
+def _lookup(stored: np.ndarray, keys: np.ndarray, failed: set) -> np.ndarray:
+    """The part holding each of `keys` (sorted, unique), or -1."""
+    if failed:
+        stored = stored[~np.isin(stored["value"], sorted(failed))]
+    if not stored.size:
+        return np.full(keys.size, -1, dtype=np.int32)
+    stored = stored[np.argsort(stored["key"], kind="stable")]
+    at = np.minimum(np.searchsorted(stored["key"], keys), stored.size - 1)
+    return np.where(stored["key"][at] == keys, stored["value"][at], -1).astype(np.int32)
+
+
+def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:
+    """Each record's part, numbered as the store's `n_parts` parts and then the new shards."""
+    part_of = match.stored_in  # reused in place: no second array per record
+    for start in range(0, part_of.size, RECORDS_AT_ONCE):
+        block = part_of[start : start + RECORDS_AT_ONCE]
+        missing = np.flatnonzero(block < 0)
+        first = match.first_of[start : start + RECORDS_AT_ONCE][missing]
+        block[missing] = n_parts + shard_of[np.searchsorted(match.new_records, first)]
+    return part_of
 
 
 def _refuse_duplicates(id_hashes: array, scanned) -> None:
@@ -210,14 +412,15 @@ def _plan(names, shard_of, n_residues, costs) -> list[dict]:
     ]
 
 
-def _deal_out(sequences, shard_of, paths, records_at_once: int = 1 << 20) -> None:
-    """The second pass: each spooled line to its shard's file, in input order."""
+def _deal_out(sequences, target, paths, records_at_once: int = 1 << 20) -> None:
+    """The second pass: each spooled line with a target shard (>= 0) to its file, in input order."""
     for path in paths:
         Path(path).write_bytes(("\t".join(SHARD_COLUMNS) + "\n").encode())
     buckets = Buckets(paths)
     add = buckets.add
     sequences.seek(0)
-    for start in range(0, shard_of.size, records_at_once):
-        for shard, line in zip(shard_of[start : start + records_at_once].tolist(), sequences):
-            add(shard, line)
+    for start in range(0, target.size, records_at_once):
+        for shard, line in zip(target[start : start + records_at_once].tolist(), sequences):
+            if shard >= 0:
+                add(shard, line)
     buckets.flush()

@@ -1,10 +1,12 @@
-"""The shard file: one shard's embeddings in HDF5, as embed jobs write it and merge reads it.
+"""The shard file: one shard's embeddings in HDF5, as embed jobs write it into the store and
+merge reads it.
 
-Layout: `index` (input index of each row), `ids`, `length` (residues embedded), one dataset
+Layout: `sequence_sha256` (the key of each row's sequence, hex), `ids` (the first record with
+that sequence in the run that computed it), `length` (residues embedded), one dataset
 `<kind>/<layer>` per representation kind and layer (rows in processing order; per-residue kinds
-concatenated), `failed/index`, `failed/ids`, `failed/reason`, and attributes: the shard's name,
-the precision and device it ran with, and `settings`, the JSON of the embedding settings
-(esmshard.config.embedding_settings) that merge checks.
+concatenated), `failed/sequence_sha256`, `failed/ids`, `failed/reason`, and attributes: the
+shard's name, the precision and device it ran with, and `settings`, the JSON of the embedding
+settings (esmshard.config.embedding_settings) that merge checks.
 """
 
 from typing import NamedTuple
@@ -13,12 +15,14 @@ import h5py
 import numpy as np
 
 from .representations import KINDS, Representation
+from .store import keys_of
 
 STR_DTYPE = h5py.string_dtype("utf-8")
+SHA256_DTYPE = np.dtype("S64")  # hex digests, fixed-length ASCII
 
 
 class Failure(NamedTuple):
-    index: int  # the record's input index
+    key: str  # the sequence's sha256, hex
     reason: str
 
 
@@ -43,7 +47,8 @@ class ShardWriter:
     def __init__(self, h5: h5py.File, layers, include, dim):
         self.h5 = h5
         self.include = include
-        for name, dtype in (("index", np.int64), ("length", np.int64), ("ids", STR_DTYPE)):
+        columns = (("sequence_sha256", SHA256_DTYPE), ("length", np.int64), ("ids", STR_DTYPE))
+        for name, dtype in columns:
             h5.create_dataset(name, (0,), dtype=dtype, maxshape=(None,), chunks=True)
         for kind in include:
             for layer in layers:
@@ -57,8 +62,8 @@ class ShardWriter:
         dset.resize(start + len(rows), axis=0)
         dset[start:] = rows
 
-    def write(self, indices, ids, reps: list[dict[int, Representation]]):
-        self._append(self.h5["index"], np.asarray(indices, dtype=np.int64))
+    def write(self, keys, ids, reps: list[dict[int, Representation]]):
+        self._append(self.h5["sequence_sha256"], np.asarray(keys, dtype=SHA256_DTYPE))
         self._append(self.h5["ids"], np.asarray(ids, dtype=object))
         lengths = [len(next(iter(r.values())).per_tok) for r in reps]
         self._append(self.h5["length"], np.asarray(lengths, dtype=np.int64))
@@ -67,11 +72,12 @@ class ShardWriter:
             for kind in self.include:
                 self._append(self.h5[dataset(kind, layer)], KINDS[kind].rows(at_layer))
 
-    def write_failed(self, failed: list[Failure], ids_by_index):
+    def write_failed(self, failed: list[Failure], ids_by_key):
         failed = sorted(failed)
         h5 = self.h5
-        h5.create_dataset("failed/index", data=np.array([f.index for f in failed], dtype=np.int64))
-        write_strings(h5, "failed/ids", [ids_by_index[f.index] for f in failed])
+        keys = np.array([f.key for f in failed], dtype=SHA256_DTYPE)
+        h5.create_dataset("failed/sequence_sha256", data=keys, dtype=SHA256_DTYPE)
+        write_strings(h5, "failed/ids", [ids_by_key[f.key] for f in failed])
         write_strings(h5, "failed/reason", [f.reason for f in failed])
 
 
@@ -79,7 +85,7 @@ class ShardIndex(NamedTuple):
     """What merge reads of a shard file before copying its representations."""
 
     attrs: dict
-    index: np.ndarray
+    keys: np.ndarray  # KEY_DTYPE (esmshard.store), one per row
     ids: list[str]
     lengths: np.ndarray
     failures: list[Failure]
@@ -93,14 +99,14 @@ def read_index(h5: h5py.File) -> ShardIndex:
     if unknown:
         raise KeyError(f"unknown representation kind(s) {sorted(unknown)}")
     failures = [
-        Failure(i, reason)
-        for i, reason in zip(
-            h5["failed/index"][:].tolist(), h5["failed/reason"].asstr()[:].tolist()
+        Failure(key.decode(), reason)
+        for key, reason in zip(
+            h5["failed/sequence_sha256"][:].tolist(), h5["failed/reason"].asstr()[:].tolist()
         )
     ]
     return ShardIndex(
         attrs=dict(h5.attrs),
-        index=h5["index"][:],
+        keys=keys_of(h5["sequence_sha256"][:]),
         ids=h5["ids"].asstr()[:].tolist(),
         lengths=h5["length"][:],
         failures=failures,

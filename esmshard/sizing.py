@@ -52,11 +52,6 @@ def auto_shard_count(residues: int, layers: int, dim: int) -> int:
     return max(1, min(MAX_SHARDS, by_overhead))
 
 
-def shard_names(n_shards: int) -> list[str]:
-    width = max(4, len(str(n_shards - 1)))
-    return [f"shard_{i:0{width}d}" for i in range(n_shards)]
-
-
 def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt: int = 1) -> int:
     """10 minutes for start-up and model loading plus twice the predicted compute; doubled per retry.
 

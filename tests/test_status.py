@@ -62,7 +62,7 @@ def test_console_script_prints_the_same(run_in_progress):
     assert "shard_0001" in out.stdout and "shards 1/2 (50%)" in out.stdout
 
 
-@pytest.mark.parametrize("mark", ["logs/shard.log", ".esmshard/input-checksums.json"])
+@pytest.mark.parametrize("mark", ["logs/shard.log", ".esmshard/checksums.json"])
 def test_before_sharding(tmp_path, mark):
     (tmp_path / mark).parent.mkdir()
     (tmp_path / mark).write_text("")

@@ -1,4 +1,5 @@
 import functools
+import json
 import math
 import os
 import sys
@@ -13,7 +14,7 @@ from snakemake.utils import validate
 WORKFLOW_ROOT = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1]
 sys.path.insert(0, str(WORKFLOW_ROOT))
 
-from esmshard.checksums import input_checksums
+from esmshard.checksums import file_checksums
 from esmshard.config import coerce_config, embedding_settings
 from esmshard.files import read_tsv
 from esmshard.layout import Layout
@@ -21,13 +22,11 @@ from esmshard.model import ModelError, parse_spec
 from esmshard.runlock import RunActiveError, hold
 from esmshard.sizing import (
     DEFAULT_ARCH,
-    auto_shard_count,
     embed_mem_mb,
     embed_runtime_minutes,
     estimated_records,
-    estimated_residues,
-    shard_names,
 )
+from esmshard.store import Store, settings_key
 
 # Command-line values arrive as YAML's base loader reads them ('gpus=[0,1]' as strings):
 # each takes the form the schema asks for before validation, so both ways mean the same.
@@ -49,21 +48,30 @@ except ModelError as err:
 
 RUN = Layout(config["outdir"])
 ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
-N_SHARDS = (
-    auto_shard_count(estimated_residues(INPUTS), *ARCH)
-    if config["shards"] == "auto"
-    else config["shards"]
-)
 N_RECORDS_ESTIMATE = estimated_records(INPUTS)
-SHARDS = shard_names(N_SHARDS)
 
-# Settings that change the embeddings: a change re-runs the embed jobs (params trigger), and
-# merge checks every shard file against them.
-EMBEDDING_PARAMS = embedding_settings(config, MODEL.checkpoint)
+# Settings that change the embeddings: the store keeps what was computed with each (KEY), and
+# merge checks every part against them (esmshard.config, esmshard.store).
+EMBEDDING_PARAMS = embedding_settings(config, MODEL.identity(RUN.checksums))
+STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
+KEY = settings_key(EMBEDDING_PARAMS)
 
 
 wildcard_constraints:
-    shard=r"shard_\d+",
+    shard=r"[0-9a-f]+-[0-9]+",
+
+
+def planned_shards(wildcards=None):
+    """This run's shards: known once the shard step (a checkpoint) has read the input and the store."""
+    checkpoints.shard.get()
+    return [row["shard"] for row in read_tsv(RUN.plan)]
+
+
+def merge_inputs(wildcards):
+    """The record table, the plan and this run's shards; the store's parts that the run reuses
+    are no job's outputs here, and merge checks them itself."""
+    shards = [STORE.part(KEY, shard) for shard in planned_shards()]
+    return {"records": RUN.records, "plan": RUN.plan_json, "shards": shards}
 
 
 # Cluster resources (used by profiles/slurm; a profile's set-resources overrides them).
@@ -87,13 +95,18 @@ def io_runtime(wildcards, input, attempt):
     return math.ceil(10 + input.size_mb / 200) * attempt
 
 
-def report_failures():
-    """The run's last line: how many sequences failed (only when merge ran, e.g. not with --until)."""
-    if not os.path.isfile(RUN.failed):
+def report_run():
+    """The run's last lines: what was computed or reused, and how many sequences failed (only
+    when merge ran, e.g. not with --until)."""
+    if not os.path.isfile(RUN.run_json):
         return
-    with open(RUN.failed) as fh:
-        n_failed = sum(1 for _ in fh) - 1
-    logger.info(f"esmshard: {n_failed} sequences failed; the list is in {RUN.failed}")
+    with open(RUN.run_json) as fh:
+        run = json.load(fh)
+    logger.info(
+        f"esmshard: {run['records']} records, {run['unique_sequences']} unique sequences: "
+        f"{run['computed']} computed by this run, {run['from_store']} from the store "
+        f"({run['store']}); {run['failed']} records failed, listed in {RUN.failed}"
+    )
 
 
 def hold_run_lock():

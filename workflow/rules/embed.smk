@@ -3,7 +3,9 @@ rule embed:
         shard=RUN.shard_tsv("{shard}"),
         plan=RUN.plan,
     output:
-        embeddings=RUN.shard_h5("{shard}"),
+        # The part is renamed into the store last: once it exists, so do the others.
+        embeddings=STORE.part(KEY, "{shard}"),
+        manifest=STORE.manifest(KEY, "{shard}"),
         metrics=RUN.metrics("{shard}"),
         telemetry=RUN.telemetry("{shard}"),
         progress=RUN.progress("{shard}"),

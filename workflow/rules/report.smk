@@ -1,7 +1,7 @@
 rule report:
     input:
-        metrics=expand(RUN.metrics("{shard}"), shard=SHARDS),
-        telemetry=expand(RUN.telemetry("{shard}"), shard=SHARDS),
+        metrics=lambda wildcards: [RUN.metrics(shard) for shard in planned_shards()],
+        telemetry=lambda wildcards: [RUN.telemetry(shard) for shard in planned_shards()],
     output:
         json=RUN.scaling_json,
         html=RUN.scaling_html,

@@ -1,10 +1,9 @@
-rule shard:
+# A checkpoint: which shards there are is known only once the input and the store are read.
+checkpoint shard:
     input:
         INPUTS,
     output:
-        shards=expand(RUN.shard_tsv("{shard}"), shard=SHARDS),
-        records=RUN.records,
-        plan=RUN.plan,
+        directory(RUN.shard_dir),
     log:
         RUN.log("shard"),
     conda:
@@ -15,9 +14,11 @@ rule shard:
         mem_mb=lambda wildcards: 2048 + math.ceil(32 * N_RECORDS_ESTIMATE / 2**20),
     params:
         # New content under an old mtime re-runs this step too (esmshard.checksums).
-        input_sha256=input_checksums(INPUTS, RUN.input_checksums),
-        n_shards=N_SHARDS,
-        model=config["model"],
+        input_sha256=file_checksums(INPUTS, RUN.checksums),
+        shards=config["shards"],
+        arch=list(ARCH),
+        store=STORE.root,
+        settings=EMBEDDING_PARAMS,
         truncation_seq_length=config["truncation_seq_length"],
         long_sequences=config["long_sequences"],
         nucleotide_check=config["nucleotide_check"],

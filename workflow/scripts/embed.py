@@ -13,6 +13,7 @@ run_step(
     shard_tsv=snakemake.input.shard,
     outdir=snakemake.config["outdir"],
     out_h5=snakemake.output.embeddings,
+    manifest_json=snakemake.output.manifest,
     metrics_json=snakemake.output.metrics,
     telemetry_tsv=snakemake.output.telemetry,
     progress_json=snakemake.output.progress,

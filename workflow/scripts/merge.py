@@ -5,6 +5,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 
 from esmshard import run_step
+from esmshard.layout import Layout
 from esmshard.merge import merge
 
 settings = dict(snakemake.params.items())
@@ -13,9 +14,11 @@ run_step(
     snakemake.log[0],
     merge,
     records=snakemake.input.records,
-    shard_files=list(snakemake.input.shards),
+    plan_json=snakemake.input.plan,
     out_h5=snakemake.output.embeddings,
     failed_tsv=snakemake.output.failed,
+    run_json=snakemake.output.run,
     settings=settings,
+    checksum_cache=Layout(snakemake.config["outdir"]).checksums,
     **output,
 )

@@ -5,27 +5,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 
 from esmshard import run_step
+from esmshard.layout import Layout
 from esmshard.model import ensure_available, parse_spec
 from esmshard.shard import write_shards
-from esmshard.sizing import DEFAULT_ARCH
 
 
-def shard(
-    inputs, shard_dir, n_shards, model, truncation_seq_length, long_sequences, nucleotide_check
-):
-    spec = parse_spec(model)
+def shard(settings, **params):
     # Weights first: a model that cannot be had stops the run before any shard work.
-    ensure_available(spec)
-    embed_dim = spec.embed_dim or DEFAULT_ARCH[1]
-    write_shards(
-        inputs,
-        shard_dir,
-        n_shards,
-        truncation_seq_length,
-        embed_dim,
-        long_sequences,
-        nucleotide_check,
-    )
+    ensure_available(parse_spec(settings["model"]))
+    return write_shards(settings=settings, **params)
 
 
 params = dict(snakemake.params.items())
@@ -34,6 +22,8 @@ run_step(
     snakemake.log[0],
     shard,
     inputs=list(snakemake.input),
-    shard_dir=Path(snakemake.output.records).parent,
+    shard_dir=snakemake.output[0],
+    store_root=params.pop("store"),
+    checksum_cache=Layout(snakemake.config["outdir"]).checksums,
     **params,
 )

@@ -1,0 +1,167 @@
+"""The store: embeddings already computed, kept by sequence content and by the settings that made them.
+
+Layout of a store directory (config `store`, by default `outdir/store`; several outdirs and
+runs may share one):
+
+    <store>/<key>/settings.json    the embedding settings (esmshard.config.embedding_settings)
+    <store>/<key>/<part>.h5        one embed job's results (esmshard.shardfile), never rewritten
+    <store>/<key>/<part>.json      its manifest: the file's sha256 and size, and its sequences
+
+`key` is a hash of the settings, so that sequences computed with other settings are never
+found. A part counts once its `.h5` exists: the manifest is written before the `.h5` is renamed
+into place, and both are written atomically, so two runs adding parts at once never see each
+other's half-written files. A part whose file fails its manifest's sha256 or size is set aside
+(renamed `.corrupt`) and its sequences are computed again.
+
+Sequences are matched on the first 128 bits of their SHA-256: a chance of a false match of
+about n²/2¹²⁹, 10⁻¹⁵ for a trillion sequences.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from .checksums import file_checksums
+from .files import write_json
+
+log = logging.getLogger(__name__)
+
+KEY_BYTES = 16
+KEY_DTYPE = np.dtype(f"S{KEY_BYTES}")
+_HEX_VALUES = np.full(256, 255, dtype=np.uint8)
+for _digit, _value in zip(b"0123456789abcdef", range(16)):
+    _HEX_VALUES[_digit] = _value
+
+
+def sequence_sha256(sequence: bytes) -> str:
+    """The key of a sequence (its residues after the input rules), as lowercase hex."""
+    return hashlib.sha256(sequence).hexdigest()
+
+
+def keys_of(hex_digests) -> np.ndarray:
+    """The 128-bit keys (KEY_DTYPE) of hex SHA-256 digests (str, bytes or an array of them)."""
+    text = np.asarray(hex_digests, dtype="S64")
+    nibbles = _HEX_VALUES[text.view(np.uint8).reshape(-1, 64)[:, : 2 * KEY_BYTES]]
+    if np.any(nibbles == 255):
+        raise ValueError("not a lowercase hex SHA-256 digest")
+    return (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).copy().view(KEY_DTYPE).ravel()
+
+
+def settings_key(settings: dict) -> str:
+    """The name of the store folder for embeddings computed with `settings`."""
+    text = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Store:
+    root: str
+
+    def folder(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def part(self, key: str, name: str) -> str:
+        return os.path.join(self.root, key, f"{name}.h5")
+
+    def manifest(self, key: str, name: str) -> str:
+        return os.path.join(self.root, key, f"{name}.json")
+
+    def settings(self, key: str) -> str:
+        return os.path.join(self.root, key, "settings.json")
+
+    def keys(self) -> list[str]:
+        """The settings held, by key."""
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(k for k in os.listdir(self.root) if os.path.isfile(self.settings(k)))
+
+    def parts(self, key: str) -> list[str]:
+        """The parts present under `key` (a part is present once its .h5 is in place)."""
+        folder = Path(self.folder(key))
+        if not folder.is_dir():
+            return []
+        return sorted(p.stem for p in folder.glob("*.h5") if not p.name.startswith("."))
+
+
+def add_settings(store: Store, key: str, settings: dict) -> None:
+    """Record what `key` stands for, once (atomic: concurrent runs write the same file)."""
+    path = Path(store.settings(key))
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, settings)
+
+
+def write_manifest(path, part_file, n_sequences: int) -> None:
+    """The manifest of a part about to be renamed into place from `part_file`."""
+    with open(part_file, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    write_json(
+        path,
+        {"sha256": digest, "bytes": os.path.getsize(part_file), "n_sequences": n_sequences},
+    )
+
+
+def part_keys(path) -> np.ndarray:
+    """The keys of the sequences that a part holds embeddings of (its failures excluded)."""
+    with h5py.File(path, "r") as h5:
+        return keys_of(h5["sequence_sha256"][:])
+
+
+def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
+    """None if the part is whole (its manifest's size and sha256); else what is wrong with it."""
+    part, manifest = store.part(key, name), store.manifest(key, name)
+    try:
+        expected = json.loads(Path(manifest).read_text())
+        size = os.path.getsize(part)
+    except (OSError, ValueError) as err:
+        return f"no readable manifest ({err})"
+    if size != expected.get("bytes"):
+        return f"{size} bytes where its manifest says {expected.get('bytes')}"
+    (found,) = file_checksums([part], checksum_cache)
+    if found != expected.get("sha256"):
+        return f"sha256 {found} where its manifest says {expected.get('sha256')}"
+    return None
+
+
+def set_aside(store: Store, key: str, name: str, reason: str) -> None:
+    """Move a part that failed its check out of the way, so that no run uses it again."""
+    part = Path(store.part(key, name))
+    log.warning("store part %s fails its check (%s): set aside, its sequences are recomputed", part, reason)
+    try:
+        os.replace(part, part.with_suffix(".h5.corrupt"))
+    except FileNotFoundError:
+        pass  # another run set it aside first
+
+
+def summary(store: Store) -> list[dict]:
+    """Per settings key: the settings, the parts, the sequences and the bytes held."""
+    rows = []
+    for key in store.keys():
+        settings = json.loads(Path(store.settings(key)).read_text())
+        n_sequences = n_bytes = 0
+        parts = store.parts(key)
+        for name in parts:
+            try:
+                manifest = json.loads(Path(store.manifest(key, name)).read_text())
+            except (OSError, ValueError):
+                continue
+            n_sequences += manifest["n_sequences"]
+            n_bytes += manifest["bytes"]
+        rows.append(
+            {"key": key, "settings": settings, "parts": len(parts), "sequences": n_sequences, "bytes": n_bytes}
+        )
+    return rows
+
+
+def remove(store: Store, key: str) -> None:
+    """Remove every entry computed with the settings `key`."""
+    if key not in store.keys():
+        raise KeyError(f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them")
+    shutil.rmtree(store.folder(key))
