@@ -101,6 +101,13 @@ def du(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+def planned(outdir: Path) -> list[str]:
+    """The shards of the run's plan."""
+    from esmshard.files import read_tsv
+
+    return [row["shard"] for row in read_tsv(outdir / "shards" / "plan.tsv")]
+
+
 def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bool) -> dict:
     folder = workdir / f"n{n_records}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -114,7 +121,7 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bo
         *config,
     ]  # fmt: skip
     steps = {}
-    outputs = {"shard": "shards", "embed": "embeddings", "merge": "embeddings.h5", "all": "report"}
+    outputs = {"shard": "shards", "embed": "store", "merge": "embeddings.h5", "all": "report"}
     for step in STEPS:
         measured = timed(base + ["--until", step] if step != "all" else base, folder)
         measured["output_bytes"] = du(outdir / outputs[step])
@@ -131,7 +138,7 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bo
         "records": n_records,
         "residues": residues,
         "fasta_bytes": fasta.stat().st_size,
-        "shards": len(list((outdir / "shards").glob("shard_*.tsv"))),
+        "shards": len(planned(outdir)),
         "shard_residues_per_second": round(residues / shard_seconds),
         "steps": steps,
     }
@@ -161,20 +168,21 @@ def many_shards(n_records: int, n_shards: int, workdir: Path, config: list[str])
     steps["dry_run"] = timed(base + ["-n"], folder)
     steps["status"] = timed(["esmshard", "status", str(outdir)], folder)
     # One real shard's metrics, from a run of the first shard alone.
-    first = outdir / "metrics" / "shard_0000.json"
+    names = planned(outdir)
+    first = outdir / "metrics" / f"{names[0]}.json"
     timed(head + [str(first)] + options, folder)
     metric = json.loads(first.read_text())
     paths, telemetry = [], []
-    for k in range(n_shards):
-        m = dict(metric, shard=f"shard_{k:04d}", gpu_slot=k % 8)
+    for k, name in enumerate(names):
+        m = dict(metric, shard=name, gpu_slot=k % 8)
         m["started_at"] = metric["started_at"] + (k // 8) * metric["seconds"]
         m["finished_at"] = m["started_at"] + metric["seconds"]
-        path = outdir / "metrics" / f"shard_{k:04d}.json"
+        path = outdir / "metrics" / f"{name}.json"
         path.write_text(json.dumps(m))
         paths.append(path)
-        samples = outdir / "telemetry" / f"shard_{k:04d}.tsv"
+        samples = outdir / "telemetry" / f"{name}.tsv"
         if k:
-            shutil.copyfile(outdir / "telemetry" / "shard_0000.tsv", samples)
+            shutil.copyfile(outdir / "telemetry" / f"{names[0]}.tsv", samples)
         telemetry.append(samples)
     started = time.perf_counter()
     write_report(paths, telemetry, folder / "scaling.json", folder / "scaling_report.html")

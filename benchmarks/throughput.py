@@ -124,12 +124,16 @@ def padding(fasta: Path, toks_per_batch: int, n_shards: int = 8) -> list[float]:
     """Padded fraction of each shard's batches, the file cut into `n_shards` (smaller shards
     than `shards: auto` makes of one proteome: fewer lengths to group, so more padding)."""
     with tempfile.TemporaryDirectory() as tmp:
-        plan = write_shards([fasta], tmp, n_shards, TRUNCATION, DEFAULT_ARCH[1])
+        shards, store, cache = (Path(tmp) / name for name in ("shards", "store", "checksums"))
+        settings = {"model": "padding only"}  # an empty store of its own: every record planned
+        plan = write_shards(
+            [fasta], shards, n_shards, TRUNCATION, DEFAULT_ARCH, store, settings, cache
+        )
         fractions = []
-        for p in plan:
+        for p in plan["shards"]:
             lengths = [
                 min(len(sequence), TRUNCATION)
-                for sequence in read_shard(Path(tmp) / f"{p['shard']}.tsv").sequences
+                for sequence in read_shard(shards / f"{p['shard']}.tsv").sequences
             ]
             fractions.append(padded_fraction(lengths, make_batches(lengths, toks_per_batch)))
         return fractions

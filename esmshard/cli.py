@@ -1,10 +1,13 @@
 """The `esmshard` console script."""
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
+from . import store as stores
+from .files import human_bytes
 from .status import read_state, render
 
 
@@ -30,7 +33,16 @@ def main(argv=None):
         metavar="SECONDS",
         help="refresh every SECONDS (default 5) until interrupted",
     )
+    store = commands.add_parser(
+        "store", help="what a store of computed embeddings holds; remove one setting's entries"
+    )
+    store.add_argument("path", type=Path, help="a store, or a run's outdir (its store is used)")
+    store.add_argument(
+        "--remove", metavar="KEY", help="remove every entry computed with the settings KEY"
+    )
     args = parser.parse_args(argv)
+    if args.command == "store":
+        return show_store(parser, args.path, args.remove)
     if not args.outdir.is_dir():
         what = "is a file" if args.outdir.exists() else "does not exist"
         parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")
@@ -46,3 +58,36 @@ def main(argv=None):
             time.sleep(args.watch)
         except KeyboardInterrupt:
             return 0
+
+
+def store_of(path: Path) -> Path:
+    """The store that `path` names: the store itself, or the one a run in outdir `path` used."""
+    try:
+        return Path(json.loads((path / "run.json").read_text())["store"])
+    except (OSError, ValueError, KeyError):
+        return path / "store" if (path / "store").is_dir() else path
+
+
+def show_store(parser, path: Path, remove: str | None) -> int:
+    if not path.is_dir():
+        parser.error(f"{path} is not a folder; give a store or a run's outdir")
+    store = stores.Store(str(store_of(path)))
+    if remove:
+        try:
+            stores.remove(store, remove)
+        except KeyError as err:
+            parser.error(err.args[0])
+        print(f"removed the entries of settings {remove} from {store.root}")
+        return 0
+    rows = stores.summary(store)
+    if not rows:
+        print(f"{store.root}: no embeddings stored")
+        return 1
+    print(f"{store.root}:")
+    for row in rows:
+        settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in row["settings"].items())
+        print(
+            f"  {row['key']}: {row['sequences']} sequences in {row['parts']} parts, "
+            f"{human_bytes(row['bytes'])}\n    {settings}"
+        )
+    return 0

@@ -147,7 +147,9 @@ def run_shard(
                             written.pop().result()
                         done_ids = [ids[k] for k in done]
                         written.append(
-                            background.submit(writer.write, [keys[k] for k in done], done_ids, reps)
+                            background.submit(
+                                writer.write, [keys[k] for k in done], done_ids, reps
+                            )
                         )
 
                     jobs = [[batched[b] for b in batch] for batch in batches]
@@ -165,9 +167,7 @@ def run_shard(
                         progress.update(len(sequences[k]), sampler)
                     if written:
                         written.pop().result()
-                    writer.write_failed(
-                        [Failure(keys[k], reason) for k, reason in failed], dict(zip(keys, ids))
-                    )
+                    writer.write_failed(failed, keys, ids)
                     h5.attrs.update(
                         shard=shard,
                         n_records=len(ids),

@@ -118,8 +118,7 @@ def merge(
             )
         members = by_part[bounds[code] : bounds[code + 1]]
         rows = _rows_of(part.keys, keys[members])
-        failed_keys = keys_of([f.key for f in part.failures])
-        failed_at = _rows_of(failed_keys, keys[members])
+        failed_at = _rows_of(part.failed_keys, keys[members])
         lost = np.flatnonzero((rows < 0) & (failed_at < 0))
         if lost.size:
             index = int(members[lost[0]])
@@ -135,7 +134,7 @@ def merge(
         lengths[members[done]] = part.lengths[rows[done]]
         for k in np.flatnonzero(~done):
             status[members[k]] = 2
-            failures[int(members[k])] = part.failures[failed_at[k]].reason
+            failures[int(members[k])] = part.failed_reasons[failed_at[k]]
         precisions.add(str(attrs["precision"]))
     del keys
     log.info(

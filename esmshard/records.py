@@ -32,8 +32,16 @@ SCHEMA = pa.schema(
 )
 # What the shard step knows on its first pass; the rest is added when the table is written.
 SCANNED = pa.schema(
-    [SCHEMA.field(name) for name in (
-            "id", "sequence_sha256", "length", "n_replaced", "file", "line", "description"
+    [
+        SCHEMA.field(name)
+        for name in (
+            "id",
+            "sequence_sha256",
+            "length",
+            "n_replaced",
+            "file",
+            "line",
+            "description",
         )
     ]
 )

@@ -17,6 +17,7 @@ from .files import write_json, write_text  # noqa: E402
 from .status import per_slot, slot_key  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
+NOTHING_COMPUTED = "This run computed nothing: the store held every sequence."
 LABELLED_SHARDS = 64  # plots name each shard up to this many
 # Speedups that multi-GPU guides promise for data-parallel inference.
 GUIDE_SPEEDUP = {2: (1.8, 2.0), 4: (3.5, 4.0), 8: (7.0, 8.0)}
@@ -360,6 +361,11 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 
 def write_report(metric_files, telemetry_files, out_json, out_html) -> dict:
     metrics = load_metrics(metric_files)
+    if not metrics:  # every sequence came from the store: no job to report on
+        result = {"n_shards": 0, "n_sequences": 0, "note": NOTHING_COMPUTED}
+        write_json(out_json, result)
+        write_text(out_html, f"<!doctype html><html><body><p>{NOTHING_COMPUTED}</p></body></html>\n")
+        return result
     result = scaling(metrics)
     write_json(out_json, result)
     write_text(out_html, render_html(result, read_telemetry(metrics, telemetry_files)))

@@ -198,9 +198,7 @@ def write_shards(
     return {**summary, "shards": plan}
 
 
-def _scan(
-    inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences
-) -> Scan:
+def _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences) -> Scan:
     """The first pass: every record read, checked and spooled; its length, ID hash and key kept."""
     scan = Scan()
     table = ScanWriter(scanned, [str(path) for path in inputs])
@@ -328,8 +326,12 @@ def _match(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
             checked.add(code)
     new_records = np.concatenate(
         [
-            start + np.flatnonzero(
-                (first_of[start : start + RECORDS_AT_ONCE] == np.arange(start, min(n, start + RECORDS_AT_ONCE)))
+            start
+            + np.flatnonzero(
+                (
+                    first_of[start : start + RECORDS_AT_ONCE]
+                    == np.arange(start, min(n, start + RECORDS_AT_ONCE))
+                )
                 & (stored_in[start : start + RECORDS_AT_ONCE] < 0)
             )
             for start in range(0, n, RECORDS_AT_ONCE)

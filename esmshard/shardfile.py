@@ -22,7 +22,7 @@ SHA256_DTYPE = np.dtype("S64")  # hex digests, fixed-length ASCII
 
 
 class Failure(NamedTuple):
-    key: str  # the sequence's sha256, hex
+    index: int  # the sequence's position in its shard
     reason: str
 
 
@@ -72,12 +72,13 @@ class ShardWriter:
             for kind in self.include:
                 self._append(self.h5[dataset(kind, layer)], KINDS[kind].rows(at_layer))
 
-    def write_failed(self, failed: list[Failure], ids_by_key):
+    def write_failed(self, failed: list[Failure], keys: list[str], ids: list[str]):
+        """The failed sequences, by their position in the shard's `keys` and `ids`."""
         failed = sorted(failed)
         h5 = self.h5
-        keys = np.array([f.key for f in failed], dtype=SHA256_DTYPE)
-        h5.create_dataset("failed/sequence_sha256", data=keys, dtype=SHA256_DTYPE)
-        write_strings(h5, "failed/ids", [ids_by_key[f.key] for f in failed])
+        failed_keys = np.array([keys[f.index] for f in failed], dtype=SHA256_DTYPE)
+        h5.create_dataset("failed/sequence_sha256", data=failed_keys, dtype=SHA256_DTYPE)
+        write_strings(h5, "failed/ids", [ids[f.index] for f in failed])
         write_strings(h5, "failed/reason", [f.reason for f in failed])
 
 
@@ -86,9 +87,9 @@ class ShardIndex(NamedTuple):
 
     attrs: dict
     keys: np.ndarray  # KEY_DTYPE (esmshard.store), one per row
-    ids: list[str]
     lengths: np.ndarray
-    failures: list[Failure]
+    failed_keys: np.ndarray  # KEY_DTYPE, one per failed sequence
+    failed_reasons: list[str]
     layers: dict[str, list[int]]  # representation kind -> layers
 
 
@@ -98,17 +99,11 @@ def read_index(h5: h5py.File) -> ShardIndex:
     unknown = groups - set(KINDS)
     if unknown:
         raise KeyError(f"unknown representation kind(s) {sorted(unknown)}")
-    failures = [
-        Failure(key.decode(), reason)
-        for key, reason in zip(
-            h5["failed/sequence_sha256"][:].tolist(), h5["failed/reason"].asstr()[:].tolist()
-        )
-    ]
     return ShardIndex(
         attrs=dict(h5.attrs),
         keys=keys_of(h5["sequence_sha256"][:]),
-        ids=h5["ids"].asstr()[:].tolist(),
         lengths=h5["length"][:],
-        failures=failures,
+        failed_keys=keys_of(h5["failed/sequence_sha256"][:]),
+        failed_reasons=h5["failed/reason"].asstr()[:].tolist(),
         layers={kind: sorted(int(layer) for layer in h5[kind]) for kind in KINDS if kind in h5},
     )

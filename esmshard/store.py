@@ -133,7 +133,9 @@ def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
 def set_aside(store: Store, key: str, name: str, reason: str) -> None:
     """Move a part that failed its check out of the way, so that no run uses it again."""
     part = Path(store.part(key, name))
-    log.warning("store part %s fails its check (%s): set aside, its sequences are recomputed", part, reason)
+    log.warning(
+        "store part %s fails its check (%s): set aside, its sequences are recomputed", part, reason
+    )
     try:
         os.replace(part, part.with_suffix(".h5.corrupt"))
     except FileNotFoundError:
@@ -155,7 +157,13 @@ def summary(store: Store) -> list[dict]:
             n_sequences += manifest["n_sequences"]
             n_bytes += manifest["bytes"]
         rows.append(
-            {"key": key, "settings": settings, "parts": len(parts), "sequences": n_sequences, "bytes": n_bytes}
+            {
+                "key": key,
+                "settings": settings,
+                "parts": len(parts),
+                "sequences": n_sequences,
+                "bytes": n_bytes,
+            }
         )
     return rows
 
@@ -163,5 +171,7 @@ def summary(store: Store) -> list[dict]:
 def remove(store: Store, key: str) -> None:
     """Remove every entry computed with the settings `key`."""
     if key not in store.keys():
-        raise KeyError(f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them")
+        raise KeyError(
+            f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them"
+        )
     shutil.rmtree(store.folder(key))

@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -11,12 +12,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
+import h5py
 import pytest
 import yaml
 
 from esmshard.datasets import DatasetError, fetch_test_data
+from esmshard.shardfile import ShardWriter
+from esmshard.store import Store, add_settings, settings_key, write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = "esm2_t6_8M_UR50D"
@@ -132,14 +137,18 @@ def kill_9_after_shards(cmd, env, metrics_dir: Path, n_shards: int, timeout: flo
 
 
 def jobs_run(result) -> dict[str, int]:
-    """Snakemake's job table ("Job stats") of a run: rule -> number of jobs."""
+    """The jobs a run executed (or, with -n, would execute): rule -> number of jobs.
+
+    Counted from each job's header; the "Job stats" table cannot say it, as the embed jobs are
+    known only after the shard step (a checkpoint)."""
     text = result.stdout + result.stderr
-    table = text[text.index("Job stats:") :].split("\n\n")[0]
-    return {
-        m.group(1): int(m.group(2))
-        for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M)
-        if m.group(1) != "total"
-    }
+    return dict(
+        Counter(
+            m.group(1)
+            for m in re.finditer(r"^(?:local)?(?:rule|checkpoint) (\w+):$", text, re.M)
+            if m.group(1) != "all"
+        )
+    )
 
 
 @pytest.fixture(scope="session")
@@ -178,3 +187,42 @@ def fill(disk: Path, leave_bytes: int) -> None:
         except OSError as err:
             if err.errno != errno.ENOSPC:
                 raise
+
+
+def write_part(store_root, settings, name, keys, ids, reps, failed=(), include=("mean",)) -> Path:
+    """A store part as an embed job leaves it (esmshard.store): `reps` (one {layer:
+    Representation} per sequence, in the order written), `failed` (esmshard.shardfile.Failure,
+    by position in `keys`) and its manifest."""
+    store, key = Store(str(store_root)), settings_key(settings)
+    path = Path(store.part(key, name))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    add_settings(store, key, settings)
+    tmp = path.with_name(f".{path.name}.tmp")
+    done = [k for k in range(len(keys)) if k not in {f.index for f in failed}]
+    layers = sorted(reps[0]) if reps else [6]
+    dim = next(iter(reps[0].values())).bos.size if reps else 4
+    with h5py.File(tmp, "w") as h5:
+        writer = ShardWriter(h5, layers, list(include), dim)
+        if done:
+            writer.write([keys[k] for k in done], [ids[k] for k in done], reps)
+        writer.write_failed(list(failed), keys, ids)
+        h5.attrs.update(
+            shard=name,
+            model=settings["model"],
+            weights="random",
+            precision="fp32",
+            truncation_seq_length=1022,
+            settings=json.dumps(settings),
+        )
+    write_manifest(store.manifest(key, name), tmp, len(done))
+    os.replace(tmp, path)
+    return path
+
+
+def planned_parts(outdir: Path) -> dict[str, Path]:
+    """The shards of a run's plan, each with its part in the store."""
+    plan = json.loads((outdir / "shards" / "plan.json").read_text())
+    store = Store(plan["store"])
+    rows = (outdir / "shards" / "plan.tsv").read_text().splitlines()[1:]
+    names = [row.split("\t")[0] for row in rows]
+    return {name: Path(store.part(plan["key"], name)) for name in names}

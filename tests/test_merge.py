@@ -1,23 +1,28 @@
 """merge on shard files written by the shard writer, without a model."""
 
 import json
+from hashlib import sha256
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import write_part
 
 from esmshard.files import read_tsv
 from esmshard.merge import CHUNK_BYTES, MergeError, merge
 from esmshard.records import SCHEMA
 from esmshard.representations import KINDS, Representation
-from esmshard.shardfile import Failure, ShardWriter
+from esmshard.shardfile import Failure
+from esmshard.store import Store, settings_key
 
 DIM = 4
 LENGTHS = [3, 5, 2, 4, 6]
 IDS = [f"P{i}" for i in range(len(LENGTHS))]
-SHARD_OF = ["shard_0000", "shard_0001", "shard_0000", "shard_0001", "shard_0000"]
+PLAN = "0123456789ab"  # this run's plan: its shards are PLAN-0000 and PLAN-0001
+SHARD_OF = [f"{PLAN}-000{k}" for k in (0, 1, 0, 1, 0)]
 SETTINGS = {
     "model": "random:esm2_t6_8M_UR50D",
     "repr_layers": [-1],
@@ -30,50 +35,55 @@ SETTINGS = {
 }
 
 
+def key(i: int) -> str:
+    """The sequence key of record i's made-up sequence."""
+    return sha256(f"SEQUENCE{i}".encode()).hexdigest()
+
+
 def rep(i: int) -> dict[int, Representation]:
     per_tok = np.arange(LENGTHS[i] * DIM, dtype=np.float32).reshape(LENGTHS[i], DIM) + 100 * i
     return {6: Representation(per_tok, np.full(DIM, i, dtype=np.float32))}
 
 
-def stamp(h5, shard: str) -> None:
-    """The attributes an embed job gives its shard file, with this module's settings."""
-    h5.attrs.update(
-        shard=shard,
-        model="m",
-        weights="random",
-        precision="fp32",
-        truncation_seq_length=1022,
-        settings=json.dumps(SETTINGS),
-    )
+def part_path(folder, name) -> Path:
+    return Path(Store(str(folder / "store")).part(settings_key(SETTINGS), name))
 
 
 @pytest.fixture
 def run(tmp_path):
     write_records(tmp_path, SHARD_OF)
     paths = []
-    for shard in ("shard_0000", "shard_0001"):
+    for shard in sorted(set(SHARD_OF)):
         members = [i for i, s in enumerate(SHARD_OF) if s == shard][
             ::-1
         ]  # processing order differs
         failed = (
-            [Failure(members.pop(), "out of memory even alone")] if shard == "shard_0001" else []
+            [Failure(len(members) - 1, "out of memory even alone")] if shard.endswith("1") else []
         )
-        path = tmp_path / f"{shard}.h5"
-        with h5py.File(path, "w") as h5:
-            writer = ShardWriter(h5, [6], list(KINDS), DIM)
-            writer.write(members, [IDS[i] for i in members], [rep(i) for i in members])
-            writer.write_failed(failed, dict(enumerate(IDS)))
-            stamp(h5, shard)
-        paths.append(path)
+        done = members[: len(members) - len(failed)]
+        paths.append(
+            write_part(
+                tmp_path / "store",
+                SETTINGS,
+                shard,
+                [key(i) for i in members],
+                [IDS[i] for i in members],
+                [rep(i) for i in done],
+                failed,
+                include=list(KINDS),
+            )
+        )
     return tmp_path, paths
 
 
-def write_records(folder, shard_of, ids=IDS, lengths=LENGTHS):
-    """The record table as the shard step writes it, for records of in.fa."""
+def write_records(folder, shard_of, ids=IDS, lengths=LENGTHS, keys=None, plan=PLAN):
+    """The record table and plan.json as the shard step writes them, for records of in.fa."""
+    keys = keys or [key(i) for i in range(len(lengths))]
     rows = [
         dict(
             index=i,
             id=ids[i],
+            sequence_sha256=keys[i],
             shard=shard_of[i],
             length=n,
             n_residues=n,
@@ -86,23 +96,31 @@ def write_records(folder, shard_of, ids=IDS, lengths=LENGTHS):
         for i, n in enumerate(lengths)
     ]
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), folder / "records.parquet")
+    unique = len(set(keys))
+    computed = len({k for k, s in zip(keys, shard_of) if s.startswith(plan)})
+    plan_json = {"plan": plan, "store": str(folder / "store"), "key": settings_key(SETTINGS)}
+    counts = {"unique_sequences": unique, "computed": computed, "from_store": unique - computed}
+    (folder / "plan.json").write_text(json.dumps({**plan_json, **counts}))
 
 
-def merge_run(folder, paths, settings=SETTINGS, **output) -> dict:
+def merge_run(folder, settings=SETTINGS, **output) -> dict:
     return merge(
         folder / "records.parquet",
-        paths,
+        folder / "plan.json",
         folder / "embeddings.h5",
         folder / "failed.tsv",
+        folder / "run.json",
         settings,
+        folder / "checksums.json",
         **output,
     )
 
 
 def test_every_kind_lands_in_input_order(run):
     folder, paths = run
-    summary = merge_run(folder, paths)
-    assert summary == {"n_records": 5, "n_embedded": 4, "n_failed": 1}
+    summary = merge_run(folder)
+    assert summary == json.loads((folder / "run.json").read_text())
+    assert (summary["records"], summary["embedded"], summary["failed"]) == (5, 4, 1)
     embedded = [0, 2, 3, 4]  # P1 failed
     with h5py.File(folder / "embeddings.h5") as h5:
         assert h5["ids"].asstr()[:].tolist() == [IDS[i] for i in embedded]
@@ -115,7 +133,8 @@ def test_every_kind_lands_in_input_order(run):
             np.testing.assert_array_equal(
                 h5["per_tok/6"][offsets[row] : offsets[row + 1]], want.per_tok
             )
-        assert set(h5) == {"ids", "headers", "lengths", "truncated", *KINDS}
+        assert h5["sequence_sha256"][:].astype(str).tolist() == [key(i) for i in embedded]
+        assert set(h5) == {"ids", "headers", "lengths", "truncated", "sequence_sha256", *KINDS}
     assert read_tsv(folder / "failed.tsv") == [
         {"id": "P1", "source": "in.fa:1", "reason": "out of memory even alone"}
     ]
@@ -129,27 +148,56 @@ def test_a_representation_kind_merge_does_not_know_is_refused(run):
     with pytest.raises(
         MergeError, match=f"shard file {paths[0]} .*unknown representation kind.*attention"
     ):
-        merge_run(folder, paths)
+        merge_run(folder)
     assert not (folder / "embeddings.h5").exists()
 
 
 def test_a_missing_record_is_named(run):
     folder, paths = run
     # the plan puts P1 where the shard file lacks it
-    write_records(folder, ["shard_0000"] * 3 + SHARD_OF[3:])
+    write_records(folder, [SHARD_OF[0]] * 3 + SHARD_OF[3:])
     with pytest.raises(
-        MergeError, match="shard file .*shard_0000.h5 holds 3 records where shard shard_0000 has 4"
+        MergeError, match=f"shard file {paths[0]} holds no result for record 'P1' \\(in.fa:1\\)"
     ):
-        merge_run(folder, paths)
+        merge_run(folder)
+
+
+def test_records_with_one_sequence_get_bitwise_equal_rows(run):
+    folder, _ = run
+    ids, lengths, keys = IDS + ["copy-of-P3", "copy-of-P0"], LENGTHS + [4, 3], None
+    keys = [key(i) for i in range(5)] + [key(3), key(0)]
+    write_records(folder, SHARD_OF + [SHARD_OF[3], SHARD_OF[0]], ids, lengths, keys)
+    assert merge_run(folder)["unique_sequences"] == 5
+    with h5py.File(folder / "embeddings.h5") as h5:
+        row = {id_: k for k, id_ in enumerate(h5["ids"].asstr()[:])}
+        offsets = h5["per_tok/offsets"][:]
+        for copy, original in (("copy-of-P3", "P3"), ("copy-of-P0", "P0")):
+            for name in ("mean/6", "bos/6"):
+                assert h5[name][row[copy]].tobytes() == h5[name][row[original]].tobytes()
+            tokens = [
+                h5["per_tok/6"][offsets[row[i]] : offsets[row[i] + 1]] for i in (copy, original)
+            ]
+            assert tokens[0].tobytes() == tokens[1].tobytes()
+
+
+def test_a_store_part_changed_since_the_plan_is_named(run):
+    folder, paths = run
+    write_records(folder, SHARD_OF, plan="fedcba987654")  # both parts: from the store
+    with open(paths[1], "r+b") as fh:
+        fh.seek(-50, 2)
+        fh.write(b"\xff")
+    with pytest.raises(MergeError, match=f"store part {paths[1]} fails its check \\(sha256"):
+        merge_run(folder)
+    assert not (folder / "embeddings.h5").exists()
 
 
 def test_a_shard_file_copied_over_another_shard_is_named(run):
     folder, paths = run
     paths[0].write_bytes(paths[1].read_bytes())
     with pytest.raises(
-        MergeError, match=f"shard file {paths[0]} holds shard shard_0001, not shard_0000"
+        MergeError, match=f"shard file {paths[0]} holds shard {PLAN}-0001, not {PLAN}-0000"
     ):
-        merge_run(folder, paths)
+        merge_run(folder)
     assert not (folder / "embeddings.h5").exists()
 
 
@@ -161,7 +209,7 @@ def test_a_shard_file_of_other_settings_is_refused_naming_the_setting(run, key):
         MergeError,
         match=f"shard file {paths[0]} was computed with {key} = .*this run has {key} = ",
     ):
-        merge_run(folder, paths, other)
+        merge_run(folder, other)
     assert not (folder / "embeddings.h5").exists()
 
 
@@ -178,19 +226,21 @@ def realistic(tmp_path):
         per_tok = rng.normal(0, 0.5, (n, 32)).astype(np.float32) * (1 + 50 * (i == 7))
         reps[i] = {6: Representation(per_tok, per_tok[0])}
     ids = [f"Q{i}" for i in range(400)]
-    write_records(tmp_path, [f"shard_000{i % 2}" for i in range(400)], ids, lengths)
+    write_records(tmp_path, [f"{PLAN}-000{i % 2}" for i in range(400)], ids, lengths)
     paths = []
     for k in range(2):
         members = list(range(k, 400, 2))[::-1]
-        path = tmp_path / f"shard_000{k}.h5"
-        with h5py.File(path, "w") as h5:
-            writer = ShardWriter(h5, [6], ["mean", "per_tok"], 32)
-            for start in range(0, len(members), 64):
-                batch = members[start : start + 64]
-                writer.write(batch, [ids[i] for i in batch], [reps[i] for i in batch])
-            writer.write_failed([], {})
-            stamp(h5, path.stem)
-        paths.append(path)
+        paths.append(
+            write_part(
+                tmp_path / "store",
+                SETTINGS,
+                f"{PLAN}-000{k}",
+                [key(i) for i in members],
+                [ids[i] for i in members],
+                [reps[i] for i in members],
+                include=["mean", "per_tok"],
+            )
+        )
     return tmp_path, paths, reps
 
 
@@ -204,7 +254,7 @@ def test_float16_and_compressed_per_residue_read_back_within_the_documented_erro
     sizes = {}
     for dtype in ("float32", "float16"):
         for compression in ("none", "gzip", "lzf"):
-            merge_run(folder, paths, output_dtype=dtype, per_residue_compression=compression)
+            merge_run(folder, output_dtype=dtype, per_residue_compression=compression)
             out = folder / "embeddings.h5"
             sizes[dtype, compression] = stored(out, "per_tok/6"), out.stat().st_size
             with h5py.File(out) as h5:
@@ -236,33 +286,30 @@ def test_values_beyond_float16_are_refused_not_written_as_infinity(realistic):
         MergeError,
         match=f"per_tok/6 in shard file {paths[1]} holds values up to 70000.*output_dtype: float32",
     ):
-        merge_run(folder, paths, output_dtype="float16")
+        merge_run(folder, output_dtype="float16")
     assert not (folder / "embeddings.h5").exists()
 
 
 def test_an_output_of_many_windows_equals_one_window(realistic, monkeypatch):
     folder, paths, _ = realistic
-    merge_run(folder, paths)
+    merge_run(folder)
     whole = folder / "whole.h5"
     (folder / "embeddings.h5").rename(whole)
     monkeypatch.setattr(
         "esmshard.merge.WINDOW_BYTES", 5000
     )  # 39 rows of 32 floats: ~1,800 windows
     monkeypatch.setattr("esmshard.merge.BLOCK_BYTES", 3000)
-    merge_run(folder, paths)
+    merge_run(folder)
     with h5py.File(whole) as a, h5py.File(folder / "embeddings.h5") as b:
         for name in ("mean/6", "per_tok/6", "per_tok/offsets", "ids", "lengths"):
             assert np.array_equal(a[name][:], b[name][:]), name
     assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
 
 
-def test_a_shard_file_with_other_ids_is_named(run):
+def test_a_part_whose_sequences_are_other_ones_is_named(run):
     folder, paths = run
     with h5py.File(paths[0], "a") as h5:
-        ids = h5["ids"].asstr()[:].tolist()
-        h5["ids"][1] = "not-" + ids[1]
-    with pytest.raises(
-        MergeError, match=f"shard file {paths[0]}: record \\d+ is 'not-P\\d' where the input has"
-    ):
-        merge_run(folder, paths)
+        h5["sequence_sha256"][1] = key(99).encode()
+    with pytest.raises(MergeError, match=f"shard file {paths[0]} holds no result for record 'P"):
+        merge_run(folder)
     assert not (folder / "embeddings.h5").exists()

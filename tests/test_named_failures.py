@@ -22,6 +22,7 @@ from conftest import (
     TINY_MODEL,
     fill,
     jobs_run,
+    planned_parts,
     read_records,
     small_disk,
     snakemake,
@@ -84,31 +85,31 @@ def test_a_second_run_in_an_active_outdir_is_refused_by_name_and_the_first_finis
 
 def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, checkpoint):
     shutil.copytree(finished_run / "results", tmp_path / "results")
-    shards = tmp_path / "results" / "embeddings"
+    parts = planned_parts(tmp_path / "results")
+    (first, first_part), (second, second_part) = list(parts.items())[:2]
+    shown = f"results/store/{first_part.parent.name}/{first_part.name}"
 
     # Another shard's file under this shard's name.
-    shutil.copy(shards / "shard_0001.h5", shards / "shard_0000.h5")
+    shutil.copy(second_part, first_part)
     refused = snakemake(tmp_path, CONFIG, check=False)
     assert refused.returncode != 0
-    assert (
-        "shard file results/embeddings/shard_0000.h5 holds shard shard_0001, not shard_0000"
-        in refused.stderr
-    )
+    assert f"shard file {shown} holds shard {second}, not {first}" in refused.stderr
 
     # This shard's file from a run of another model.
     other_model = tmp_path / "other"
     snakemake(other_model, CONFIG, "--config", f"model={checkpoint}", "--until", "embed")
-    shutil.copy(other_model / "results" / "embeddings" / "shard_0000.h5", shards)
+    other_part = next(iter(planned_parts(other_model / "results").values()))
+    shutil.copy(other_part, first_part)
     refused = snakemake(tmp_path, CONFIG, check=False)
     assert refused.returncode != 0
     assert (
-        f'shard file results/embeddings/shard_0000.h5 was computed with model = "{checkpoint}", '
+        f'shard file {shown} was computed with model = "{checkpoint}", '
         f'but this run has model = "random:{TINY_MODEL}"' in refused.stderr
     )
     assert "delete it and run again" in refused.stderr
 
     # Deleting it, as the message says, recomputes that shard alone.
-    (shards / "shard_0000.h5").unlink()
+    first_part.unlink()
     rebuilt = snakemake(tmp_path, CONFIG)
     assert jobs_run(rebuilt)["embed"] == 1
     assert means(tmp_path / "results").keys() == means(finished_run / "results").keys()
@@ -117,7 +118,8 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
 def test_counts_come_from_the_current_plan_and_a_killed_job_shows_stale(tmp_path):
     six = snakemake(tmp_path, CONFIG, "--config", "shards=6")
     assert "shard 6/6 done" in six.stderr
-    two = snakemake(tmp_path, CONFIG, "--config", "shards=2")
+    # Other settings (the store holds nothing of them), in another number of shards.
+    two = snakemake(tmp_path, CONFIG, "--config", "shards=2", "repr_layers=[5]")
     assert "shard 1/2 done" in two.stderr and "shard 2/2 done" in two.stderr
     assert "/2 done" not in two.stderr.replace("1/2 done", "").replace("2/2 done", "")
     status = subprocess.run(
@@ -135,7 +137,7 @@ def test_counts_come_from_the_current_plan_and_a_killed_job_shows_stale(tmp_path
     deadline = time.time() + 300
     while not any(
         json.loads(p.read_text() or "{}").get("residues_done", 0) > 0
-        for p in (outdir / "progress").glob("shard_*.json")
+        for p in (outdir / "progress").glob("*.json")
     ):
         assert run.poll() is None and time.time() < deadline
         time.sleep(0.05)
@@ -161,13 +163,15 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
         config = {**CONFIG, "outdir": str(disk / "results"), "include": ["mean", "per_tok"]}
         outdir = disk / "results"
         snakemake(tmp_path, config, "--until", "shard")
+        (name, part), *_ = planned_parts(outdir).items()
+        store = part.parent
         fill(disk, 512 << 10)  # half a megabyte left: no shard's embeddings fit
         full = snakemake(tmp_path, config, check=False)
         assert full.returncode != 0
-        message = f"no space left for {outdir}/embeddings/shard_0000.h5: it needs about "
+        message = f"no space left for {part}: it needs about "
         assert message in full.stderr and "run the same command again" in full.stderr
-        assert message in (outdir / "logs" / "embed" / "shard_0000.log").read_text()
-        assert leftovers(outdir) == [] and not list((outdir / "embeddings").glob("*.h5"))
+        assert message in (outdir / "logs" / "embed" / f"{name}.log").read_text()
+        assert leftovers(outdir) == [] and not list(store.glob("*.h5"))
         assert "Segmentation" not in full.stderr and "SIGSEGV" not in full.stderr
 
         # The disk fills up while the shards are written (after the check before writing).
@@ -177,20 +181,20 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )
         deadline = time.time() + 300
-        while not list((outdir / "embeddings").glob(".shard_*.h5.*.tmp")):
+        while not list(store.glob(".*.h5.*.tmp")):
             assert run.poll() is None and time.time() < deadline
             time.sleep(0.02)
         fill(disk, 4096)
         output = run.communicate(timeout=300)[0].decode()
         assert run.returncode != 0
-        assert f"no space left for {outdir}/embeddings/shard_" in output
+        assert f"no space left for {store}/" in output
         assert "Traceback" not in output and "Exception ignored" not in output  # HDF5's noise
         assert leftovers(outdir) == []
 
         # Room for the shards but not for the merged file.
         (disk / "filler").unlink()
         snakemake(tmp_path, config, "--until", "embed")
-        shard_bytes = sum(p.stat().st_size for p in (outdir / "embeddings").glob("*.h5"))
+        shard_bytes = sum(p.stat().st_size for p in store.glob("*.h5"))
         fill(disk, shard_bytes // 2)
         full = snakemake(tmp_path, config, check=False)
         assert full.returncode != 0
@@ -210,7 +214,7 @@ def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
     failed = snakemake(tmp_path / "a", CONFIG, "--config", "shards=1", check=False,
                        env={"ESMSHARD_POOL_DIR": str(tmp_path / "not-a-folder")})  # fmt: skip
     assert failed.returncode != 0
-    log = (tmp_path / "a" / "results" / "logs" / "embed" / "shard_0000.log").read_text()
+    (log,) = [p.read_text() for p in (tmp_path / "a" / "results" / "logs" / "embed").glob("*.log")]
     assert "run_shard: unexpected error" in log and "Traceback" in log
     assert "Error" in log.splitlines()[-1] and "not-a-folder" in log
 
@@ -220,19 +224,20 @@ def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
     run = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    progress = workdir / "results" / "progress" / "shard_0000.json"
     deadline = time.time() + 300
-    while not progress.exists():
+    while not list((workdir / "results" / "progress").glob("*.json")):
         assert run.poll() is None and time.time() < deadline
         time.sleep(0.05)
+    (progress,) = (workdir / "results" / "progress").glob("*.json")
+    job_log = workdir / "results" / "logs" / "embed" / f"{progress.stem}.log"
     os.kill(json.loads(progress.read_text())["pid"], signal.SIGTERM)
     output = run.communicate(timeout=300)[0].decode()
     assert run.returncode != 0
-    log = (workdir / "results" / "logs" / "embed" / "shard_0000.log").read_text()
+    log = job_log.read_text()
     assert "run_shard: stopped by SIGTERM" in log and "stopped by SIGTERM" in output
     assert leftovers(workdir / "results") == [] and not progress.exists()
     snakemake(workdir, CONFIG, "--config", "shards=1", "toks_per_batch=1100")
-    log = (workdir / "results" / "logs" / "embed" / "shard_0000.log").read_text()
+    log = job_log.read_text()
     assert re.search(r"run_shard: done in [\d.]+ s, peak memory \d+ MB$", log.rstrip())
 
 

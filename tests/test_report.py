@@ -54,3 +54,10 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
         and "Random-weight model" in html
         and html.count("data:image/png") == 3
     )
+
+
+def test_a_run_that_computed_nothing_says_so(tmp_path):
+    result = write_report([], [], tmp_path / "scaling.json", tmp_path / "report.html")
+    assert result["n_shards"] == 0
+    assert json.loads((tmp_path / "scaling.json").read_text()) == result
+    assert "computed nothing" in (tmp_path / "report.html").read_text()

@@ -20,6 +20,7 @@ from conftest import (
     TINY_MODEL,
     jobs_run,
     kill_9_after_shards,
+    planned_parts,
     read_records,
     snakemake,
     snakemake_command,
@@ -58,7 +59,8 @@ def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseli
     kill_9_after_shards(cmd, env, metrics, 2)
     assert (tmp_path / "results" / ".esmshard" / "run.lock").is_file()  # left by the killed run
     finished = sorted(p.stem for p in metrics.glob("*.json"))
-    shard_files = [tmp_path / "results" / "embeddings" / f"{s}.h5" for s in finished]
+    parts = planned_parts(tmp_path / "results")
+    shard_files = [parts[s] for s in finished]
     before = stamps(shard_files)
     assert 2 <= len(finished) < 6
     midway = status.render(status.read_state(tmp_path / "results"))
@@ -88,21 +90,18 @@ def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseli
 def test_corrupt_shard_is_refused_and_rebuilt_alone(tmp_path):
     config = {**CONFIG, "shards": 3}
     snakemake(tmp_path, config)
-    shards = tmp_path / "results" / "embeddings"
-    bad = shards / "shard_0001.h5"
+    first, bad, last = planned_parts(tmp_path / "results").values()
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
     refused = snakemake(tmp_path, config, check=False)
     assert refused.returncode != 0
-    assert (
-        "shard file results/embeddings/shard_0001.h5 is unreadable or incomplete" in refused.stderr
-    )
+    assert f"shard file results/store/{bad.parent.name}/{bad.name} is unreadable" in refused.stderr
     assert "delete it and run again" in refused.stderr
 
-    others = stamps([shards / "shard_0000.h5", shards / "shard_0002.h5"])
+    others = stamps([first, last])
     bad.unlink()
     rebuilt = snakemake(tmp_path, config)
-    assert jobs_run(rebuilt) == {"embed": 1, "merge": 1, "report": 1, "all": 1}
-    assert stamps([shards / "shard_0000.h5", shards / "shard_0002.h5"]) == others
+    assert jobs_run(rebuilt) == {"embed": 1, "merge": 1, "report": 1}
+    assert stamps([first, last]) == others
     assert list(means(tmp_path / "results")) == IDS
 
 
@@ -173,20 +172,25 @@ def test_long_sequence_policies(tmp_path, policy):
         assert result.returncode != 0
         assert "3 sequences are longer than truncation_seq_length (1022)" in result.stderr
         assert all(i in result.stderr for i in long_ids)
-        assert not (tmp_path / "results" / "embeddings").exists()
+        assert not (tmp_path / "results" / "store").exists()
 
 
 def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     from esmshard import pool
     from esmshard.shard import write_shards
 
-    write_shards([PROTEINS], tmp_path / "shards", 1, 1022, 320)
-    out = tmp_path / "shard_0000.h5"
+    shards = tmp_path / "shards"
+    plan = write_shards(
+        [PROTEINS], shards, 1, 1022, (6, 320), shards / "store", {}, shards / "checksums.json"
+    )
+    name = plan["shards"][0]["shard"]
+    out = tmp_path / f"{name}.h5"
     script = (
         "from esmshard import run_step\n"
         "from esmshard.embed import run_shard\n"
-        f"run_step({str(tmp_path / 'job.log')!r}, run_shard, shard_tsv={str(tmp_path / 'shards' / 'shard_0000.tsv')!r},\n"
-        f"    out_h5={str(out)!r}, metrics_json={str(tmp_path / 'm.json')!r}, shard='shard_0000',\n"
+        f"run_step({str(tmp_path / 'job.log')!r}, run_shard, shard_tsv={str(shards / f'{name}.tsv')!r},\n"
+        f"    out_h5={str(out)!r}, manifest_json={str(tmp_path / 'manifest.json')!r},\n"
+        f"    metrics_json={str(tmp_path / 'm.json')!r}, shard={name!r},\n"
         f"    settings=dict(model='random:{TINY_MODEL}', repr_layers=[-1], include=['mean'],\n"
         "        truncation_seq_length=1022, long_sequences='truncate', precision='auto', fast_path=True,\n"
         "        checkpoint='random weights, seed 0'),\n"
@@ -197,14 +201,14 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     job = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.time() + 60
-    while not list(tmp_path.glob(".shard_0000.h5.*.tmp")):  # this writer's own temporary name
+    while not list(tmp_path.glob(f".{name}.h5.*.tmp")):  # this writer's own temporary name
         assert job.poll() is None and time.time() < deadline
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
     started = time.time()
     assert job.wait(timeout=30) == 128 + signal.SIGTERM
     assert time.time() - started < 30
-    assert not out.exists() and not list(tmp_path.glob(".shard_0000.h5.*"))
+    assert not out.exists() and not list(tmp_path.glob(f".{name}.h5.*"))
     assert not (tmp_path / "progress.json").exists() and not (tmp_path / "t.tsv").exists()
     assert "run_shard: stopped by SIGTERM" in (tmp_path / "job.log").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "pool", "shards"]

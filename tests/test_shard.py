@@ -1,44 +1,116 @@
 import os
+from hashlib import sha256
 
+import numpy as np
 import pandas as pd
 import pytest
-from conftest import NUCLEOTIDE, PROTEINS, fill, read_records, small_disk
+from conftest import NUCLEOTIDE, PROTEINS, fill, read_records, small_disk, write_part
 
 from esmshard.fasta import FastaError
 from esmshard.files import DiskFullError
+from esmshard.representations import Representation
 from esmshard.shard import read_shard, write_shards
+
+SETTINGS = {"model": "random:esm2_t6_8M_UR50D", "repr_layers": [-1]}
+
+
+def embed_without_a_model(store, shard_tsv):
+    """The store part of a shard file, with made-up representations."""
+    shard = read_shard(shard_tsv)
+    reps = [
+        {6: Representation(np.ones((len(s), 4), np.float32), np.zeros(4, np.float32))}
+        for s in shard.sequences
+    ]
+    return write_part(store, SETTINGS, shard_tsv.stem, shard.keys, shard.ids, reps)
+
+
+def plan_shards(inputs, shard_dir, n_shards, limit=1022, store=None, **options):
+    """write_shards with a store (by default its own) and a checksum cache beside `shard_dir`."""
+    store = store or shard_dir.with_name(f"{shard_dir.name}-store")
+    cache = shard_dir.with_name(f"{shard_dir.name}-checksums.json")
+    return write_shards(
+        inputs, shard_dir, n_shards, limit, (6, 320), store, SETTINGS, cache, **options
+    )
 
 
 def test_write_shards_partitions_every_record(tmp_path):
-    plan = write_shards([PROTEINS], tmp_path, 3, 1022, 320)
+    plan = plan_shards([PROTEINS], tmp_path, 3)
     records = pd.read_parquet(tmp_path / "records.parquet")
     raw = read_records(PROTEINS)
     assert records["id"].tolist() == [h[1:].split()[0] for h, _ in raw]
     assert records["description"][0] == raw[0][0][1:].split(maxsplit=1)[1]
     assert records["index"].tolist() == list(range(len(raw)))
     assert records["length"].tolist() == [len(s) for _, s in raw]
+    assert records["sequence_sha256"].tolist() == [sha256(s.encode()).hexdigest() for _, s in raw]
     assert (records["file"] == str(PROTEINS)).all() and records["line"][0] == 1
     in_shards = {}
-    for p in plan:
+    for p in plan["shards"]:
         shard = read_shard(tmp_path / f"{p['shard']}.tsv")
-        assert len(shard.ids) == p["n_sequences"] and shard.indices == sorted(shard.indices)
-        assert (records["shard"][shard.indices] == p["shard"]).all()
-        in_shards.update(zip(shard.indices, shard.sequences))
-    assert sorted(in_shards) == list(range(len(records)))
-    assert [in_shards[i] for i in range(len(records))] == [s for _, s in raw]
+        assert len(shard.ids) == p["n_sequences"]
+        rows = records.set_index("id").loc[shard.ids]
+        assert rows["index"].is_monotonic_increasing and (rows["shard"] == p["shard"]).all()
+        assert rows["sequence_sha256"].tolist() == shard.keys
+        in_shards.update(zip(shard.ids, shard.sequences))
+    assert [in_shards[h[1:].split()[0]] for h, _ in raw] == [s for _, s in raw]
     assert records["truncated"].sum() == sum(len(s) > 1022 for _, s in raw)
     assert (records["n_residues"] == records["length"].clip(upper=1022)).all()
+    names = [p["shard"] for p in plan["shards"]]
+    assert names == [f"{plan['plan']}-{k:04d}" for k in range(3)]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        ["records.parquet", "plan.tsv", "shard_0000.tsv", "shard_0001.tsv", "shard_0002.tsv"]
+        ["records.parquet", "plan.tsv", "plan.json"] + [f"{name}.tsv" for name in names]
     )
+    assert plan["records"] == plan["unique_sequences"] == plan["computed"] == len(raw)
+
+
+def test_each_sequence_is_planned_once_and_what_the_store_holds_not_at_all(tmp_path):
+    raw = read_records(PROTEINS)
+    first = tmp_path / "first.fasta"
+    first.write_text("".join(f"{h}\n{s}\n" for h, s in raw[::2]))
+    grown = tmp_path / "grown.fasta"  # the first, then every other record, then 3 again as copies
+    copies = [(f">copy{k} of {h[1:]}", s) for k, (h, s) in enumerate(raw[:6:2])]
+    grown.write_text("".join(f"{h}\n{s}\n" for h, s in raw[::2] + raw[1::2] + copies))
+    store = tmp_path / "store"
+    plan_shards([first], tmp_path / "a", 2, store=store)
+    for path in (tmp_path / "a").glob("*-*.tsv"):  # as if the embed jobs had run
+        embed_without_a_model(store, path)
+
+    plan = plan_shards([grown], tmp_path / "b", 2, store=store)
+    assert (plan["records"], plan["unique_sequences"]) == (len(raw) + 3, len(raw))
+    assert (plan["from_store"], plan["computed"]) == (len(raw[::2]), len(raw[1::2]))
+    planned = [read_shard(tmp_path / "b" / f"{p['shard']}.tsv") for p in plan["shards"]]
+    assert sorted(s for shard in planned for s in shard.sequences) == sorted(
+        s for _, s in raw[1::2]
+    )
+    records = pd.read_parquet(tmp_path / "b" / "records.parquet").set_index("id")
+    for k, (h, _) in enumerate(raw[:6:2]):
+        assert records.loc[f"copy{k}", "shard"] == records.loc[h[1:].split()[0], "shard"]
+    old = set(records["shard"]) - {p["shard"] for p in plan["shards"]}
+    assert old == {p.stem for p in (tmp_path / "a").glob("*-*.tsv")}
+
+
+def test_a_store_part_that_fails_its_check_is_set_aside_and_recomputed(tmp_path):
+    store = tmp_path / "store"
+    plan_shards([PROTEINS], tmp_path / "a", 2, store=store)
+    parts = [embed_without_a_model(store, p) for p in sorted((tmp_path / "a").glob("*-*.tsv"))]
+    with open(parts[0], "r+b") as fh:  # one flipped byte, size unchanged
+        fh.seek(-100, os.SEEK_END)
+        byte = fh.read(1)
+        fh.seek(-100, os.SEEK_END)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+    plan = plan_shards([PROTEINS], tmp_path / "b", 2, store=store)
+    damaged = read_shard(tmp_path / "a" / f"{parts[0].stem}.tsv")
+    assert plan["computed"] == len(damaged.keys)
+    assert not parts[0].exists() and parts[0].with_suffix(".h5.corrupt").exists()
+    assert parts[1].exists()
 
 
 def test_ids_with_quotes_and_tabs_in_headers_survive_the_shard_files(tmp_path):
     (header, seq), second = read_records(PROTEINS)[:2]
     fasta = tmp_path / "in.fasta"
     fasta.write_text(f'>it\'s"q"\tdescription\twith tabs\n{seq}\n{second[0]}\n{second[1]}\n')
-    write_shards([fasta], tmp_path / "shards", 1, 1022, 320)
-    shard = read_shard(tmp_path / "shards" / "shard_0000.tsv")
+    plan = plan_shards([fasta], tmp_path / "shards", 1)
+    shard = read_shard(tmp_path / "shards" / f"{plan['shards'][0]['shard']}.tsv")
     assert shard.ids[0] == 'it\'s"q"' and shard.sequences == [seq, second[1]]
 
 
@@ -47,7 +119,7 @@ def test_duplicate_ids_across_files_name_both_places(tmp_path):
     second = tmp_path / "second.fasta"
     second.write_text(f"{header}\n{seq}\n")
     with pytest.raises(FastaError) as err:
-        write_shards([PROTEINS, second], tmp_path / "shards", 2, 1022, 320)
+        plan_shards([PROTEINS, second], tmp_path / "shards", 2)
     message = str(err.value)
     assert "duplicate" in message and header[1:].split()[0] in message
     assert f"{PROTEINS}:" in message and f"{second}:1" in message
@@ -56,7 +128,7 @@ def test_duplicate_ids_across_files_name_both_places(tmp_path):
 
 def test_nucleotide_file_is_refused_naming_file_and_count(tmp_path):
     with pytest.raises(FastaError) as err:
-        write_shards([PROTEINS, NUCLEOTIDE], tmp_path / "shards", 2, 1022, 320)
+        plan_shards([PROTEINS, NUCLEOTIDE], tmp_path / "shards", 2)
     message = str(err.value)
     assert f"{NUCLEOTIDE}: 10 records" in message and "nucleotide_check: false" in message
     assert str(PROTEINS) not in message
@@ -64,8 +136,8 @@ def test_nucleotide_file_is_refused_naming_file_and_count(tmp_path):
 
 
 def test_nucleotide_check_can_be_switched_off(tmp_path):
-    plan = write_shards([NUCLEOTIDE], tmp_path, 1, 1022, 320, nucleotide_check=False)
-    assert plan[0]["n_sequences"] == 10
+    plan = plan_shards([NUCLEOTIDE], tmp_path, 1, nucleotide_check=False)
+    assert plan["shards"][0]["n_sequences"] == 10
 
 
 def test_a_disk_without_room_for_the_shards_is_refused_before_reading(tmp_path):
@@ -74,21 +146,21 @@ def test_a_disk_without_room_for_the_shards_is_refused_before_reading(tmp_path):
         with pytest.raises(
             DiskFullError, match=f"no space left for {disk / 'shards'}: it needs about"
         ):
-            write_shards([PROTEINS], disk / "shards", 2, 1022, 320)
+            plan_shards([PROTEINS], disk / "shards", 2)
         assert os.listdir(disk / "shards") == []
 
 
 def test_ids_whose_hashes_collide_are_not_duplicates(tmp_path, monkeypatch):
     monkeypatch.setattr("esmshard.shard.id_hash", lambda id_: 7)  # every ID collides
-    plan = write_shards([PROTEINS], tmp_path / "shards", 2, 1022, 320)
-    assert sum(p["n_sequences"] for p in plan) == len(read_records(PROTEINS))
+    plan = plan_shards([PROTEINS], tmp_path / "shards", 2)
+    assert sum(p["n_sequences"] for p in plan["shards"]) == len(read_records(PROTEINS))
     header, seq = read_records(PROTEINS)[5]
     second = tmp_path / "second.fasta"
     second.write_text(f"{header}\n{seq}\n")
     with pytest.raises(
         FastaError, match=f"duplicate ID '{header[1:].split()[0]}': at {PROTEINS}:"
     ):
-        write_shards([PROTEINS, second], tmp_path / "again", 2, 1022, 320)
+        plan_shards([PROTEINS, second], tmp_path / "again", 2)
 
 
 def test_too_long_records_are_named_up_to_twenty_and_counted(tmp_path):
@@ -96,7 +168,7 @@ def test_too_long_records_are_named_up_to_twenty_and_counted(tmp_path):
     fasta = tmp_path / "long.fasta"
     fasta.write_text("".join(f">long{i}\n{seq}\n" for i in range(25)))
     with pytest.raises(FastaError) as err:
-        write_shards([fasta], tmp_path / "shards", 1, 100, 320, long_sequences="fail")
+        plan_shards([fasta], tmp_path / "shards", 1, 100, long_sequences="fail")
     message = str(err.value)
     assert message.startswith("25 sequences are longer than truncation_seq_length (100)")
     assert f"long19 ({len(seq)} residues, {fasta}:39)" in message and "long20" not in message

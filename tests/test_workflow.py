@@ -93,12 +93,12 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
         assert metrics["padded_fraction"] == padded_fraction(
             lengths, make_batches(lengths, metrics["token_budget"])
         )
-    log = (outdir / "logs" / "embed" / "shard_0000.log").read_text()
+    log = sorted((outdir / "logs" / "embed").glob("*.log"))[0].read_text()
     assert "computing on the CPU" in log
     assert log.count("NVML is not available") == 1
     assert scaling["telemetry"] is False and len(list((outdir / "telemetry").glob("*.tsv"))) == 8
     assert len(scaling["devices"]) == len({m["gpu_slot"] for m in load_metrics(outdir)})
-    assert result.stderr.count(" done on cpu: shard_") == 8 and "shard 8/8 done" in result.stderr
+    assert result.stderr.count(" done on cpu: ") == 8 and "shard 8/8 done" in result.stderr
 
 
 def test_overlapping_shard_jobs_hold_different_slots(four_gpu_run):
@@ -188,7 +188,7 @@ def test_duplicate_ids_across_files_stop_the_run(tmp_path):
     assert f"duplicate ID '{IDS[10]}'" in result.stderr
     assert f"{PROTEINS}:" in result.stderr and f"{second}:1" in result.stderr
     assert not (tmp_path / "results" / "embeddings.h5").exists()
-    assert not (tmp_path / "results" / "embeddings").exists()
+    assert not (tmp_path / "results" / "store").exists()
 
 
 def test_hub_model_without_network_fails_before_shard_work(tmp_path):
@@ -294,7 +294,7 @@ def test_a_target_short_of_the_full_run_succeeds(tmp_path):
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "results" / "shards" / "plan.tsv").is_file()
-    assert not (tmp_path / "results" / "embeddings").exists() and "Error" not in result.stderr
+    assert not (tmp_path / "results" / "store").exists() and "Error" not in result.stderr
 
 
 def python_without_esmshard(folder) -> Path:
@@ -365,7 +365,7 @@ def test_output_options_typed_on_the_command_line_rerun_only_the_merge(tmp_path)
     run()
     with h5py.File(results / "embeddings.h5") as h5:
         float32 = {name: h5[name][:] for name in ("mean/6", "per_tok/6")}
-    shard_files = {p: p.stat().st_mtime_ns for p in (results / "embeddings").glob("*.h5")}
+    shard_files = {p: p.stat().st_mtime_ns for p in (results / "store").rglob("*.h5")}
     output = run("output_dtype=float16", "per_residue_compression=gzip")
     assert "rule embed" not in output and "rule merge" in output
     assert {p: p.stat().st_mtime_ns for p in shard_files} == shard_files

@@ -1,0 +1,233 @@
+"""Each sequence embedded once: the store, incremental runs and duplicates, through `snakemake`."""
+
+import json
+import os
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+from conftest import (
+    PROTEOME,
+    REPO,
+    TINY_MODEL,
+    jobs_run,
+    kill_9_after_shards,
+    read_records,
+    snakemake,
+    snakemake_command,
+)
+
+from esmshard import store as stores
+from esmshard.files import read_tsv
+
+# Run A: every second record of a slice of the real proteome. Run B: A's records, 10% new
+# records, and 5% of A's sequences again under new IDs.
+SLICE = [r for i, r in enumerate(read_records(PROTEOME)) if i % 16 == 0][:240]
+A = SLICE[0::2]
+NEW = SLICE[1::2][: len(A) // 10]
+COPIES = [(f">again{k} {h[1:]}", s) for k, (h, s) in enumerate(A[: len(A) // 20])]
+B = A + NEW + COPIES
+MODEL = f"random:{TINY_MODEL}"
+
+
+def fasta(path, records):
+    path.write_text("".join(f"{h}\n{s}\n" for h, s in records))
+    return path
+
+
+def config(input_path, outdir, *more):
+    """`--config` overrides as a user types them."""
+    return ["--config", f"input={input_path}", f"outdir={outdir}", f"model={MODEL}", *more]
+
+
+def run(workdir, input_path, outdir, *more):
+    return snakemake(workdir, {}, "--resources", "gpu=1", *config(input_path, outdir, *more))
+
+
+def means(outdir, layer=6):
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        return dict(zip(h5["ids"].asstr()[:], h5[f"mean/{layer}"][:]))
+
+
+def run_json(outdir):
+    return json.loads((outdir / "run.json").read_text())
+
+
+def planned(outdir):
+    return [row["shard"] for row in read_tsv(outdir / "shards" / "plan.tsv")]
+
+
+def store_keys(store_root) -> list[str]:
+    """Every sequence key held in the store, over all its parts (repeats included)."""
+    store = stores.Store(str(store_root))
+    found = []
+    for key in store.keys():
+        for name in store.parts(key):
+            with h5py.File(store.part(key, name)) as h5:
+                found += h5["sequence_sha256"][:].astype(str).tolist()
+    return found
+
+
+def unique(records):
+    return len({s for _, s in records})
+
+
+@pytest.fixture(scope="module")
+def incremental(tmp_path_factory):
+    """Run A, then run B into the same outdir, then B from scratch elsewhere."""
+    work = tmp_path_factory.mktemp("incremental")
+    a, b = fasta(work / "a.fasta", A), fasta(work / "b.fasta", B)
+    outdir = work / "results"
+    first = run(work, a, outdir, "shards=2")
+    a_shards = planned(outdir)
+    second = run(work, b, outdir, "shards=2")
+    scratch = work / "scratch"
+    run(work, b, scratch, "shards=2")
+    return work, outdir, scratch, first, second, a_shards
+
+
+def test_a_grown_input_computes_only_the_new_sequences(incremental):
+    work, outdir, scratch, first, second, a_shards = incremental
+    assert run_json(outdir) == {
+        "records": len(B),
+        "unique_sequences": unique(B),
+        "computed": len(NEW),
+        "from_store": unique(A),
+        "embedded": len(B),
+        "failed": 0,
+        "store": str((outdir / "store").resolve()),
+    }
+    shards = planned(outdir)
+    assert not set(shards) & set(a_shards)  # A's shards are never rewritten
+    metrics = [json.loads((outdir / "metrics" / f"{s}.json").read_text()) for s in shards]
+    assert sum(m["n_sequences"] for m in metrics) == len(NEW)
+    assert jobs_run(second)["embed"] == len(shards)
+    assert f"{len(NEW)} computed by this run, {unique(A)} from the store" in second.stderr
+
+    got, want = means(outdir), means(scratch)
+    assert list(got) == [h[1:].split()[0] for h, _ in B]  # every ID, in input order
+    for id_ in want:
+        np.testing.assert_allclose(got[id_], want[id_], atol=1e-5, rtol=0)
+    for k, (h, _) in enumerate(COPIES):
+        assert got[f"again{k}"].tobytes() == got[h.split()[1]].tobytes()
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        keys = h5["sequence_sha256"][:].astype(str).tolist()
+    assert keys == [stores.sequence_sha256(s.encode()) for _, s in B]
+    assert sorted(set(store_keys(outdir / "store"))) == sorted(set(keys))
+    assert len(store_keys(outdir / "store")) == unique(B)  # each sequence computed once
+
+
+def test_the_same_command_again_computes_nothing(incremental):
+    work, outdir, *_ = incremental
+    again = run(work, work / "b.fasta", outdir, "shards=2")
+    assert jobs_run(again) == {}
+
+
+def test_a_shrunk_and_reordered_input_computes_nothing_and_only_merges(incremental):
+    work, outdir, *_ = incremental
+    shrunk = fasta(work / "shrunk.fasta", B[::-3])
+    result = run(work, shrunk, outdir, "shards=2")
+    assert jobs_run(result) == {"shard": 1, "merge": 1, "report": 1}
+    assert run_json(outdir)["computed"] == 0
+    got, want = means(outdir), means(work / "scratch")
+    assert list(got) == [h[1:].split()[0] for h, _ in B[::-3]]
+    for id_, mean in got.items():
+        np.testing.assert_allclose(mean, want[id_], atol=1e-5, rtol=0)
+    run(work, work / "b.fasta", outdir, "shards=2")  # back to B for the tests below
+
+
+@pytest.mark.parametrize(
+    "change, recomputed",
+    [
+        (["repr_layers=[-1,3]"], True),
+        (["model=random:esm2_t12_35M_UR50D"], True),
+        (["toks_per_batch=512", "gpus=[0]"], False),
+    ],
+)
+def test_only_settings_that_change_the_numbers_recompute(incremental, change, recomputed):
+    work, outdir, *_ = incremental
+    result = snakemake(
+        work,
+        {},
+        "--resources",
+        "gpu=1",
+        *config(work / "b.fasta", outdir, "shards=2"),
+        *change,
+    )
+    if recomputed:
+        assert run_json(outdir)["computed"] == unique(B)
+        assert run_json(outdir)["from_store"] == 0
+    else:
+        assert "embed" not in jobs_run(result)
+        assert run_json(outdir)["computed"] == 0
+
+
+def test_kill_9_during_a_grown_run_then_the_same_command(tmp_path):
+    a, b = fasta(tmp_path / "a.fasta", A), fasta(tmp_path / "b.fasta", B)
+    outdir = tmp_path / "results"
+    run(tmp_path, a, outdir, "shards=1")
+    cmd, env = snakemake_command(
+        tmp_path, {}, "--resources", "gpu=1", *config(b, outdir, "shards=4")
+    )
+    kill_9_after_shards(cmd, env, outdir / "metrics", 1 + 2)  # A's one shard, then two of B's
+    shards = planned(outdir)
+    store = stores.Store(str(outdir / "store"))
+    key = store.keys()[0]
+    finished = [s for s in shards if (outdir / "metrics" / f"{s}.json").exists()]
+    parts = {s: store.part(key, s) for s in finished}
+    before = {s: (p, os.stat(p).st_mtime_ns) for s, p in parts.items()}
+    assert 2 <= len(finished) < 4
+
+    again = run(tmp_path, b, outdir, "shards=4")
+    assert jobs_run(again)["embed"] == 4 - len(finished)
+    assert "shard" not in jobs_run(again)
+    assert {s: (p, os.stat(p).st_mtime_ns) for s, (p, _) in before.items()} == before
+    assert run_json(outdir)["computed"] == len(NEW)
+    assert len(store_keys(outdir / "store")) == unique(B)  # no sequence computed twice
+
+
+def test_two_runs_sharing_a_store_at_once(tmp_path, incremental):
+    _, _, scratch, *_ = incremental
+    x = fasta(tmp_path / "x.fasta", B[: len(B) * 2 // 3])
+    y = fasta(tmp_path / "y.fasta", B[len(B) // 3 :])
+    shared = tmp_path / "lab-store"
+    runs = []
+    for name, path in (("x", x), ("y", y)):
+        cmd, env = snakemake_command(
+            tmp_path / name,
+            {},
+            "--resources",
+            "gpu=1",
+            *config(path, tmp_path / name / "results", "shards=2", f"store={shared}"),
+        )
+        runs.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    for process in runs:
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, out + err
+    want = means(scratch)
+    for name in ("x", "y"):
+        got = means(tmp_path / name / "results")
+        for id_, mean in got.items():
+            np.testing.assert_allclose(mean, want[id_], atol=1e-5, rtol=0)
+    store = stores.Store(str(shared))
+    (key,) = store.keys()
+    cache = tmp_path / "checksums.json"
+    assert all(stores.check_part(store, key, name, cache) is None for name in store.parts(key))
+    assert set(store_keys(shared)) == {stores.sequence_sha256(s.encode()) for _, s in B}
+    assert not [p for p in shared.rglob("*") if p.name.startswith(".")]  # nothing half-written
+
+    listing = subprocess.run(
+        ["esmshard", "store", str(tmp_path / "x" / "results")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert f"{shared}:" in listing and f"{key}: {len(store_keys(shared))} sequences" in listing
+    subprocess.run(["esmshard", "store", str(shared), "--remove", key], env=env, check=True)
+    assert store.keys() == []
