@@ -27,6 +27,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PROTEOME = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"
 STEPS = ("shard", "embed", "merge", "all")  # `all` adds the report
+# The command line's target for each step (embed jobs exist only once the shard step has run,
+# so `--until embed` cannot name them: the rule `embedded` is their target).
+TARGETS = {
+    "shard": ["--until", "shard"],
+    "embed": ["embedded"],
+    "merge": ["--until", "merge"],
+    "all": [],
+}
 DONE = re.compile(r"(\w+): done in ([\d.]+) s, peak memory (\d+) MB")
 
 
@@ -123,7 +131,7 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bo
     steps = {}
     outputs = {"shard": "shards", "embed": "store", "merge": "embeddings.h5", "all": "report"}
     for step in STEPS:
-        measured = timed(base + ["--until", step] if step != "all" else base, folder)
+        measured = timed(base[:1] + TARGETS[step] + base[1:], folder)  # before --config
         measured["output_bytes"] = du(outdir / outputs[step])
         measured.update(jobs(outdir / "logs", step if step != "all" else "report"))
         steps[step] = measured

@@ -55,6 +55,7 @@ class Placement(NamedTuple):
 def merge(
     records,
     plan_json,
+    store_root,
     out_h5,
     failed_tsv,
     run_json,
@@ -66,14 +67,14 @@ def merge(
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
 
-    The parts are this run's shards and the store's (esmshard.store), as `plan_json` and the
-    record table say. Each must be the part it is named as, computed with `settings` (the run's
+    The parts are this run's shards and the store's (`store_root`, esmshard.store), as
+    `plan_json` and the record table say. Each must be the part it is named as, computed with `settings` (the run's
     embedding settings), and hold its records' sequences: anything else is refused by name
     rather than merged into a wrong answer. `run_json` gets the run's counts.
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
-    store, key = Store(plan["store"]), plan["key"]
+    store, key = Store(str(store_root)), plan["key"]
     codes, names = shard_codes(read_columns(records, ["shard"]))
     n = codes.size
     keys = np.empty(n, dtype=KEY_DTYPE)  # each part's rows are found by these
@@ -234,7 +235,7 @@ def merge(
         "from_store": plan["from_store"],
         "embedded": n_embedded,
         "failed": len(failures),
-        "store": plan["store"],
+        "store": str(Path(store_root).resolve()),
     }
     write_json(run_json, counts)
     log.info(

@@ -364,7 +364,9 @@ def write_report(metric_files, telemetry_files, out_json, out_html) -> dict:
     if not metrics:  # every sequence came from the store: no job to report on
         result = {"n_shards": 0, "n_sequences": 0, "note": NOTHING_COMPUTED}
         write_json(out_json, result)
-        write_text(out_html, f"<!doctype html><html><body><p>{NOTHING_COMPUTED}</p></body></html>\n")
+        write_text(
+            out_html, f"<!doctype html><html><body><p>{NOTHING_COMPUTED}</p></body></html>\n"
+        )
         return result
     result = scaling(metrics)
     write_json(out_json, result)

@@ -94,13 +94,13 @@ def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = Non
         str(REPO / "Snakefile"),
         "-d",
         str(workdir),
+        *args,  # first: a target in them is not taken for a value of the options below
         "--configfile",
         str(cfg),
         "--cores",
         "8",
         "--set-threads",
         "embed=1",
-        *args,
     ]
     return cmd, full_env
 
@@ -220,9 +220,9 @@ def write_part(store_root, settings, name, keys, ids, reps, failed=(), include=(
 
 
 def planned_parts(outdir: Path) -> dict[str, Path]:
-    """The shards of a run's plan, each with its part in the store."""
+    """The shards of a run's plan, each with its part in the store (the default store)."""
     plan = json.loads((outdir / "shards" / "plan.json").read_text())
-    store = Store(plan["store"])
+    store = Store(str(outdir / "store"))
     rows = (outdir / "shards" / "plan.tsv").read_text().splitlines()[1:]
     names = [row.split("\t")[0] for row in rows]
     return {name: Path(store.part(plan["key"], name)) for name in names}

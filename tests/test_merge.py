@@ -107,6 +107,7 @@ def merge_run(folder, settings=SETTINGS, **output) -> dict:
     return merge(
         folder / "records.parquet",
         folder / "plan.json",
+        folder / "store",
         folder / "embeddings.h5",
         folder / "failed.tsv",
         folder / "run.json",

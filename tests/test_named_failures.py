@@ -97,7 +97,7 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
 
     # This shard's file from a run of another model.
     other_model = tmp_path / "other"
-    snakemake(other_model, CONFIG, "--config", f"model={checkpoint}", "--until", "embed")
+    snakemake(other_model, CONFIG, "embedded", "--config", f"model={checkpoint}")
     other_part = next(iter(planned_parts(other_model / "results").values()))
     shutil.copy(other_part, first_part)
     refused = snakemake(tmp_path, CONFIG, check=False)
@@ -193,7 +193,7 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
 
         # Room for the shards but not for the merged file.
         (disk / "filler").unlink()
-        snakemake(tmp_path, config, "--until", "embed")
+        snakemake(tmp_path, config, "embedded")
         shard_bytes = sum(p.stat().st_size for p in store.glob("*.h5"))
         fill(disk, shard_bytes // 2)
         full = snakemake(tmp_path, config, check=False)

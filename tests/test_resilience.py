@@ -123,8 +123,7 @@ def test_injected_out_of_memory_halves_batches_and_lists_what_cannot_fit(tmp_pat
     for name, mean in embedded.items():
         np.testing.assert_allclose(mean, baseline[name], atol=1e-5)
     assert (
-        f"{len(too_long)} sequences failed; the list is in results/failed_sequences.tsv"
-        in result.stderr
+        f"{len(too_long)} records failed, listed in results/failed_sequences.tsv" in result.stderr
     )
 
 

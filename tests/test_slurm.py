@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 import slurm_cluster
 import yaml
-from conftest import PROTEINS, REPO, TINY_MODEL, jobs_run, kill_9_after_shards, snakemake
+from conftest import (
+    PROTEINS,
+    REPO,
+    TINY_MODEL,
+    jobs_run,
+    kill_9_after_shards,
+    planned_parts,
+    snakemake,
+)
 
 CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
 
@@ -123,7 +131,7 @@ def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slur
         "gpu" in j.get("TresPerJob", "") for r in ("shard", "merge", "report") for j in by_rule[r]
     )
     embedded = {j["Comment"].split("_wildcards_")[1] for j in by_rule["embed"]}
-    assert embedded == {"shard_0000", "shard_0001", "shard_0002"}
+    assert embedded == set(planned_parts(tmp_path / "cluster" / "results"))
 
     # SLURM chose the GPU of every embed job (CUDA_VISIBLE_DEVICES), and the pool used it.
     for path in sorted(metrics.glob("*.json")):
@@ -142,6 +150,12 @@ def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
         ensure_slurm_installed()
     profile = filled_profile(tmp_path)
     cmd, env = slurm_command(tmp_path / "dry", profile, dict(os.environ))
+    # The embed jobs are known once the shard step (a checkpoint) has run: here, locally.
+    local = [c for c in cmd if c not in ("--profile", profile)] + ["--cores", "1"]
+    shard = subprocess.run(
+        [*local, "--until", "shard"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert shard.returncode == 0, shard.stdout + shard.stderr
     result = subprocess.run([*cmd, "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     text = result.stdout + result.stderr
@@ -152,7 +166,7 @@ def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
             (
                 line.split()[-1].rstrip(":")
                 for line in lines
-                if line.startswith(("rule ", "localrule "))
+                if line.startswith(("rule ", "localrule ", "checkpoint ", "localcheckpoint "))
             ),
             None,
         )
@@ -161,4 +175,4 @@ def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
             blocks.setdefault(rule, []).append(resources)
     assert len(blocks["embed"]) == 3
     assert all("gpu=1" in r and "slurm_partition=esmshard-test" in r for r in blocks["embed"])
-    assert all("gpu=" not in r for rule in ("shard", "merge", "report") for r in blocks[rule])
+    assert all("gpu=" not in r for rule in ("merge", "report") for r in blocks[rule])

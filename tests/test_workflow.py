@@ -68,7 +68,7 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
     # No NVML on this machine: one note per job log, no telemetry, and the report says so.
     assert "No GPU telemetry: NVML was not available" in html
     assert (outdir / "failed_sequences.tsv").read_text() == "id\tsource\treason\n"
-    assert "0 sequences failed" in result.stderr
+    assert "0 records failed, listed in" in result.stderr
     scaling = json.loads((outdir / "report" / "scaling.json").read_text())
     assert scaling["n_shards"] == 8 and scaling["n_sequences"] == 40
     assert [m["gpus"] for m in scaling["modelled"]] == [1, 2, 4, 8]

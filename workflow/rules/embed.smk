@@ -22,3 +22,10 @@ rule embed:
         **EMBEDDING_PARAMS,
     script:
         "../scripts/embed.py"
+
+
+# `snakemake embedded`: the shard step and every embed job, without merge (`--until embed`
+# cannot name jobs that exist only once the shard step, a checkpoint, has run).
+rule embedded:
+    input:
+        lambda wildcards: [STORE.part(KEY, shard) for shard in planned_shards()],

@@ -15,6 +15,7 @@ rule merge:
         mem_mb=lambda wildcards: 2048 + math.ceil(48 * N_RECORDS_ESTIMATE / 2**20),
     params:
         **EMBEDDING_PARAMS,
+        store=STORE.root,
         output_dtype=config["output_dtype"],
         per_residue_compression=config["per_residue_compression"],
     script:

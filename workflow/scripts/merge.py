@@ -10,11 +10,13 @@ from esmshard.merge import merge
 
 settings = dict(snakemake.params.items())
 output = {key: settings.pop(key) for key in ("output_dtype", "per_residue_compression")}
+store_root = settings.pop("store")
 run_step(
     snakemake.log[0],
     merge,
     records=snakemake.input.records,
     plan_json=snakemake.input.plan,
+    store_root=store_root,
     out_h5=snakemake.output.embeddings,
     failed_tsv=snakemake.output.failed,
     run_json=snakemake.output.run,
