@@ -88,18 +88,20 @@ class ScanWriter:
         self.writer.close()
 
 
-def write_table(scanned, sink, names, part_of, n_residues, truncated) -> None:
-    """The record table: the first pass's rows with each record's index, part and residues."""
+def write_table(scanned, sink, names, part_of, embedded) -> None:
+    """The record table: the first pass's rows with each record's index, part and residues
+    (`embedded(rows)`: the residues embedded of those rows, and which are truncated)."""
     shard_names = pa.array(names, pa.string())
     with pq.ParquetWriter(sink, SCHEMA, compression="zstd") as writer:
         start = 0
         for batch in pq.ParquetFile(scanned).iter_batches(ROWS_PER_GROUP):
             rows = slice(start, start + batch.num_rows)
+            n_residues, truncated = embedded(rows)
             columns = {
                 "index": pa.array(np.arange(rows.start, rows.stop, dtype=np.int64)),
                 "shard": pa.DictionaryArray.from_arrays(pa.array(part_of[rows]), shard_names),
-                "n_residues": pa.array(n_residues[rows]),
-                "truncated": pa.array(truncated[rows]),
+                "n_residues": pa.array(n_residues),
+                "truncated": pa.array(truncated),
             }
             writer.write_batch(
                 pa.record_batch(

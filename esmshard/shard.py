@@ -17,12 +17,14 @@ import tempfile
 from array import array
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from . import peak_memory_mb
 from .balance import assign, embedded_residue_counts, record_costs
 from .fasta import (
     NUCLEOTIDE_LETTERS,
@@ -128,6 +130,7 @@ def write_shards(
     ):
         run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)
         scan = _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences)
+        log.info("%d records read; peak memory so far %.0f MB", len(scan.lengths), peak_memory_mb())
         _refuse_duplicates(scan.id_hashes, scanned)
         del scan.id_hashes[:]
         _refuse_nucleotides(scan.nucleotide if nucleotide_check else {})
@@ -141,29 +144,32 @@ def write_shards(
             )
 
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
-        n_residues = embedded_residue_counts(lengths, truncation_seq_length, long_sequences)
-        truncated = (
-            n_residues < lengths
-            if long_sequences == "truncate"
-            else np.zeros(lengths.size, dtype=bool)
-        )
+
+        def embedded(records) -> tuple[np.ndarray, np.ndarray]:
+            """The residues embedded of `records` (a slice or indices), and which are truncated:
+            computed where needed, not kept for every record."""
+            read = lengths[records]
+            kept = embedded_residue_counts(read, truncation_seq_length, long_sequences)
+            return kept, (kept < read) if long_sequences == "truncate" else np.zeros(
+                read.size, bool
+            )
+
         parts = store.parts(key)
         stored = _index_store(store, key, parts, Path(work) / "store")
         match = _match(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
         new = match.new_records
+        log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
         costs = record_costs(lengths[new], truncation_seq_length, long_sequences, arch[1])
         n_shards = min(
             new.size,
-            auto_shard_count(int(n_residues[new].sum()), *arch) if shards == "auto" else shards,
+            auto_shard_count(int(embedded(new)[0].sum()), *arch) if shards == "auto" else shards,
         )
         plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
         names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
         shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
-        plan = _plan(names, shard_of, n_residues[new], costs)
+        plan = _plan(names, shard_of, embedded(new)[0], costs)
         del costs
         part_of = _part_of(match, shard_of, len(parts))
-        target = np.full(lengths.size, -1, dtype=np.int32)
-        target[new] = shard_of
 
         with ExitStack() as renamed_together:
             paths = [
@@ -171,9 +177,9 @@ def write_shards(
                 for name in names
             ]
             table = renamed_together.enter_context(atomic_path(shard_dir / "records.parquet"))
-            _deal_out(sequences, target, paths)
+            _deal_out(sequences, new, shard_of, paths)
             scanned.seek(0)
-            write_table(scanned, table, parts + names, part_of, n_residues, truncated)
+            write_table(scanned, table, parts + names, part_of, embedded)
     add_settings(store, key, settings)
     write_tsv(shard_dir / "plan.tsv", PLAN_COLUMNS, [[p[c] for c in PLAN_COLUMNS] for p in plan])
     summary = {
@@ -337,7 +343,7 @@ def _match(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
             for start in range(0, n, RECORDS_AT_ONCE)
         ]
         or [np.zeros(0, dtype=np.int64)]
-    )
+    ).astype(first_of.dtype)
     return Match(first_of, stored_in, new_records, n_unique)
 
 
@@ -365,8 +371,8 @@ def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:
 
 def _refuse_duplicates(id_hashes: array, scanned) -> None:
     """IDs must be unique: equal hashes are looked up in the spooled table, by name."""
-    hashes = np.frombuffer(id_hashes, dtype=np.int64).copy()
-    hashes.sort()
+    hashes = np.frombuffer(id_hashes, dtype=np.int64)
+    hashes.sort()  # in place: the hashes are not needed in input order again
     suspects = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
     del hashes
     if not suspects:
@@ -414,15 +420,18 @@ def _plan(names, shard_of, n_residues, costs) -> list[dict]:
     ]
 
 
-def _deal_out(sequences, target, paths, records_at_once: int = 1 << 20) -> None:
-    """The second pass: each spooled line with a target shard (>= 0) to its file, in input order."""
+def _deal_out(sequences, new_records, shard_of, paths, records_at_once: int = 1 << 20) -> None:
+    """The second pass: each planned record's spooled line to its shard's file, in input order."""
     for path in paths:
         Path(path).write_bytes(("\t".join(SHARD_COLUMNS) + "\n").encode())
     buckets = Buckets(paths)
     add = buckets.add
     sequences.seek(0)
-    for start in range(0, target.size, records_at_once):
-        for shard, line in zip(target[start : start + records_at_once].tolist(), sequences):
-            if shard >= 0:
-                add(shard, line)
+    lines = iter(sequences)
+    position = 0  # the spooled line `lines` is at
+    for start in range(0, new_records.size, records_at_once):
+        chosen = new_records[start : start + records_at_once].tolist()
+        for index, shard in zip(chosen, shard_of[start : start + records_at_once].tolist()):
+            add(shard, next(islice(lines, index - position, None)))
+            position = index + 1
     buckets.flush()

@@ -294,7 +294,16 @@ def test_a_target_short_of_the_full_run_succeeds(tmp_path):
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "results" / "shards" / "plan.tsv").is_file()
-    assert not (tmp_path / "results" / "store").exists() and "Error" not in result.stderr
+    assert not list((tmp_path / "results").rglob("*.h5")) and "Error" not in result.stderr
+
+    # `snakemake embedded`: every embed job, no merge.
+    cmd, env = snakemake_command(
+        tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}"}, "embedded"
+    )
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert len(list((tmp_path / "results" / "store").rglob("*.h5"))) == 1  # one auto shard
+    assert not (tmp_path / "results" / "embeddings.h5").exists()
 
 
 def python_without_esmshard(folder) -> Path:
