@@ -69,7 +69,8 @@ def naming_disk_full(path, needed_bytes: int | None = None):
 
 @contextmanager
 def atomic_path(path, needed_bytes: int | None = None):
-    """Yield a temporary path beside `path`; rename it to `path` if the block succeeds, else remove it.
+    """Yield a temporary path beside `path` (for a file, or a folder the block makes); rename it
+    to `path` if the block succeeds, else remove it.
 
     A full disk is reported as in `naming_disk_full`, once the temporary file is gone (so that
     the free space reported is true).
@@ -79,9 +80,14 @@ def atomic_path(path, needed_bytes: int | None = None):
         tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
         try:
             yield tmp
+            if tmp.is_dir() and path.is_dir():
+                shutil.rmtree(path)  # a folder is renamed over an empty one only
             os.replace(tmp, path)
         finally:
-            tmp.unlink(missing_ok=True)
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 class Buckets:

@@ -15,7 +15,6 @@ import os
 import secrets
 import tempfile
 from array import array
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -33,7 +32,7 @@ from .fasta import (
     looks_nucleotide,
     read_raw,
 )
-from .files import Buckets, atomic_path, naming_disk_full, write_json, write_tsv
+from .files import Buckets, atomic_path, write_json, write_tsv
 from .records import ScanWriter, source, write_table
 from .sizing import auto_shard_count, estimated_text_bytes
 from .store import (
@@ -115,22 +114,26 @@ def write_shards(
     model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
     the first record of each sequence that the store (`store_root`, embeddings made with
     `settings`) lacks. Nothing is written under a final name until every check has passed; the
-    shard files and the record table appear together, or none.
+    shard files, the record table and the plan appear together, as `shard_dir`, or none: a
+    folder that exists is a finished step (Snakemake's own record of the job may be missing).
     """
     shard_dir = Path(shard_dir)
-    shard_dir.mkdir(parents=True, exist_ok=True)
+    shard_dir.parent.mkdir(parents=True, exist_ok=True)
     store, key = Store(str(store_root)), settings_key(settings)
-    # The spooled sequences, then the shard files (whose atomic writes name a full disk too).
+    # The spooled sequences, then the shard files.
     needed = 2 * estimated_text_bytes(inputs)
     with (
-        naming_disk_full(shard_dir, needed),
-        tempfile.TemporaryFile(dir=shard_dir) as sequences,
-        tempfile.TemporaryFile(dir=shard_dir) as scanned,
-        tempfile.TemporaryDirectory(dir=shard_dir, prefix=".keys-") as work,
+        atomic_path(shard_dir, needed) as building,
+        tempfile.TemporaryFile(dir=shard_dir.parent) as sequences,
+        tempfile.TemporaryFile(dir=shard_dir.parent) as scanned,
+        tempfile.TemporaryDirectory(dir=shard_dir.parent, prefix=".keys-") as work,
     ):
+        building.mkdir()
         run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)
         scan = _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences)
-        log.info("%d records read; peak memory so far %.0f MB", len(scan.lengths), peak_memory_mb())
+        log.info(
+            "%d records read; peak memory so far %.0f MB", len(scan.lengths), peak_memory_mb()
+        )
         _refuse_duplicates(scan.id_hashes, scanned)
         del scan.id_hashes[:]
         _refuse_nucleotides(scan.nucleotide if nucleotide_check else {})
@@ -160,38 +163,33 @@ def write_shards(
         new = match.new_records
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
         costs = record_costs(lengths[new], truncation_seq_length, long_sequences, arch[1])
+        new_residues = embedded(new)[0]
         n_shards = min(
             new.size,
-            auto_shard_count(int(embedded(new)[0].sum()), *arch) if shards == "auto" else shards,
+            auto_shard_count(int(new_residues.sum()), *arch) if shards == "auto" else shards,
         )
         plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
         names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
         shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
-        plan = _plan(names, shard_of, embedded(new)[0], costs)
-        del costs
+        plan = _plan(names, shard_of, new_residues, costs)
+        del costs, new_residues
         part_of = _part_of(match, shard_of, len(parts))
-
-        with ExitStack() as renamed_together:
-            paths = [
-                renamed_together.enter_context(atomic_path(shard_dir / f"{name}.tsv"))
-                for name in names
-            ]
-            table = renamed_together.enter_context(atomic_path(shard_dir / "records.parquet"))
-            _deal_out(sequences, new, shard_of, paths)
-            scanned.seek(0)
-            write_table(scanned, table, parts + names, part_of, embedded)
-    add_settings(store, key, settings)
-    write_tsv(shard_dir / "plan.tsv", PLAN_COLUMNS, [[p[c] for c in PLAN_COLUMNS] for p in plan])
-    summary = {
-        "plan": plan_id,
-        "store": str(Path(store.root).resolve()),
-        "key": key,
-        "records": int(lengths.size),
-        "unique_sequences": match.n_unique,
-        "from_store": match.n_unique - int(new.size),
-        "computed": int(new.size),
-    }
-    write_json(shard_dir / "plan.json", summary)
+        _deal_out(sequences, new, shard_of, [building / f"{name}.tsv" for name in names])
+        scanned.seek(0)
+        write_table(scanned, building / "records.parquet", parts + names, part_of, embedded)
+        rows = [[p[c] for c in PLAN_COLUMNS] for p in plan]
+        write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
+        summary = {
+            "plan": plan_id,
+            "store": str(Path(store.root).resolve()),
+            "key": key,
+            "records": int(lengths.size),
+            "unique_sequences": match.n_unique,
+            "from_store": match.n_unique - int(new.size),
+            "computed": int(new.size),
+        }
+        write_json(building / "plan.json", summary)
+        add_settings(store, key, settings)
     log.info(
         "%d records, %d unique sequences: %d found in the store (%s), %d to compute in %d shards",
         summary["records"],

@@ -1,11 +1,11 @@
-"""How many shards, and what each job asks a cluster for, from the input's size and the model."""
+"""How many shards, and what each job asks a cluster for, from the work's size and the model."""
 
 import math
 import os
 
 from .fasta import compression
 
-# `shards: auto`, from the input's size and the model alone (never the GPU count): shards as
+# `shards: auto`, from the residues to compute and the model alone (never the GPU count): shards as
 # many as possible while a job's fixed cost (process start, imports, model loading, CUDA
 # start-up) stays under 2.5% (3% with a margin) of its GPU time on a fast GPU.
 JOB_OVERHEAD_SECONDS = 20
@@ -13,7 +13,6 @@ TARGET_OVERHEAD_FRACTION = 0.025
 MAX_SHARDS = 4096  # beyond this, shards grow instead (Snakemake plans every job up front)
 FAST_GPU_FLOPS = 3.3e14  # an H100 in bf16: 250k tokens/s for the 650M model
 MAX_TOKENS_PER_SECOND = 2e6  # small models are held back by other things than their FLOPs
-RESIDUES_PER_BYTE = 0.7  # FASTA headers and newlines take ~30% of a file's bytes
 BYTES_PER_RECORD = 300  # FASTA bytes per record, on the short side (E. coli: 430)
 COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 
@@ -30,10 +29,6 @@ def estimated_text_bytes(paths) -> int:
     return int(
         sum(os.path.getsize(p) * (COMPRESSED_EXPANSION if compression(p) else 1) for p in paths)
     )
-
-
-def estimated_residues(paths) -> int:
-    return int(estimated_text_bytes(paths) * RESIDUES_PER_BYTE)
 
 
 def estimated_records(paths) -> int:

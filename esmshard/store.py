@@ -76,7 +76,7 @@ class Store:
     def settings(self, key: str) -> str:
         return os.path.join(self.root, key, "settings.json")
 
-    def keys(self) -> list[str]:
+    def settings_keys(self) -> list[str]:
         """The settings held, by key."""
         if not os.path.isdir(self.root):
             return []
@@ -145,7 +145,7 @@ def set_aside(store: Store, key: str, name: str, reason: str) -> None:
 def summary(store: Store) -> list[dict]:
     """Per settings key: the settings, the parts, the sequences and the bytes held."""
     rows = []
-    for key in store.keys():
+    for key in store.settings_keys():
         settings = json.loads(Path(store.settings(key)).read_text())
         n_sequences = n_bytes = 0
         parts = store.parts(key)
@@ -170,7 +170,7 @@ def summary(store: Store) -> list[dict]:
 
 def remove(store: Store, key: str) -> None:
     """Remove every entry computed with the settings `key`."""
-    if key not in store.keys():
+    if key not in store.settings_keys():
         raise KeyError(
             f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them"
         )

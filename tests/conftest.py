@@ -116,8 +116,8 @@ def snakemake(workdir: Path, config: dict, *args, env: dict | None = None, check
     return result
 
 
-def kill_9_after_shards(cmd, env, metrics_dir: Path, n_shards: int, timeout: float = 300) -> None:
-    """Start a run in its own process group and kill -9 it once `n_shards` shards are finished."""
+def kill_9_when(cmd, env, ready, timeout: float = 300) -> None:
+    """Start a run in its own process group and kill -9 it once `ready()` is true."""
     run = subprocess.Popen(
         cmd,
         cwd=REPO,
@@ -127,13 +127,18 @@ def kill_9_after_shards(cmd, env, metrics_dir: Path, n_shards: int, timeout: flo
         stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + timeout
-    while len(list(metrics_dir.glob("*.json"))) < n_shards:
+    while not ready():
         assert run.poll() is None and time.time() < deadline, (
             "the run ended before it could be killed"
         )
-        time.sleep(0.05)
+        time.sleep(0.02)
     os.killpg(run.pid, signal.SIGKILL)
     run.wait()
+
+
+def kill_9_after_shards(cmd, env, metrics_dir: Path, n_shards: int, timeout: float = 300) -> None:
+    """kill -9 a run once `n_shards` shards are finished."""
+    kill_9_when(cmd, env, lambda: len(list(metrics_dir.glob("*.json"))) >= n_shards, timeout)
 
 
 def jobs_run(result) -> dict[str, int]:

@@ -17,6 +17,23 @@ def test_a_failed_write_leaves_neither_the_file_nor_its_temporary(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_folder_appears_whole_over_an_older_one_or_not_at_all(tmp_path):
+    target = tmp_path / "shards"
+    target.mkdir()
+    (target / "old.tsv").write_text("from an earlier plan")
+    with atomic_path(target) as tmp:
+        tmp.mkdir()
+        (tmp / "new.tsv").write_text("whole")
+        assert (target / "old.tsv").exists()  # the old folder stays until the new one is whole
+    assert [p.name for p in target.iterdir()] == ["new.tsv"]
+    with pytest.raises(RuntimeError):
+        with atomic_path(tmp_path / "other") as tmp:
+            tmp.mkdir()
+            (tmp / "half.tsv").write_text("half")
+            raise RuntimeError("killed")
+    assert [p.name for p in tmp_path.iterdir()] == ["shards"]
+
+
 def test_temporary_names_belong_to_their_writer(tmp_path):
     with atomic_path(tmp_path / "x") as tmp:
         assert str(os.getpid()) in tmp.name and tmp.parent == tmp_path

@@ -9,7 +9,7 @@ from esmshard.sizing import (
     auto_shard_count,
     embed_mem_mb,
     embed_runtime_minutes,
-    estimated_residues,
+    estimated_text_bytes,
     fast_gpu_seconds,
 )
 
@@ -37,7 +37,7 @@ def test_compressed_inputs_count_twice_their_size(tmp_path):
         path = tmp_path / f"p.fasta{suffix}"
         with opener(path, "wb") as fh:
             fh.write(PROTEINS.read_bytes())
-        assert estimated_residues([path]) == int(path.stat().st_size * 2.0 * 0.7)
+        assert estimated_text_bytes([path]) == int(path.stat().st_size * 2.0)
 
 
 def test_cluster_requests_grow_with_the_work_and_double_per_retry():

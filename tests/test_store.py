@@ -8,11 +8,13 @@ import h5py
 import numpy as np
 import pytest
 from conftest import (
+    PROTEINS,
     PROTEOME,
     REPO,
     TINY_MODEL,
     jobs_run,
     kill_9_after_shards,
+    kill_9_when,
     read_records,
     snakemake,
     snakemake_command,
@@ -62,7 +64,7 @@ def store_keys(store_root) -> list[str]:
     """Every sequence key held in the store, over all its parts (repeats included)."""
     store = stores.Store(str(store_root))
     found = []
-    for key in store.keys():
+    for key in store.settings_keys():
         for name in store.parts(key):
             with h5py.File(store.part(key, name)) as h5:
                 found += h5["sequence_sha256"][:].astype(str).tolist()
@@ -173,7 +175,7 @@ def test_kill_9_during_a_grown_run_then_the_same_command(tmp_path):
     kill_9_after_shards(cmd, env, outdir / "metrics", 1 + 2)  # A's one shard, then two of B's
     shards = planned(outdir)
     store = stores.Store(str(outdir / "store"))
-    key = store.keys()[0]
+    key = store.settings_keys()[0]
     finished = [s for s in shards if (outdir / "metrics" / f"{s}.json").exists()]
     parts = {s: store.part(key, s) for s in finished}
     before = {s: (p, os.stat(p).st_mtime_ns) for s, p in parts.items()}
@@ -215,7 +217,7 @@ def test_two_runs_sharing_a_store_at_once(tmp_path, incremental):
         for id_, mean in got.items():
             np.testing.assert_allclose(mean, want[id_], atol=1e-5, rtol=0)
     store = stores.Store(str(shared))
-    (key,) = store.keys()
+    (key,) = store.settings_keys()
     cache = tmp_path / "checksums.json"
     assert all(stores.check_part(store, key, name, cache) is None for name in store.parts(key))
     assert set(store_keys(shared)) == {stores.sequence_sha256(s.encode()) for _, s in B}
@@ -230,4 +232,21 @@ def test_two_runs_sharing_a_store_at_once(tmp_path, incremental):
     ).stdout
     assert f"{shared}:" in listing and f"{key}: {len(store_keys(shared))} sequences" in listing
     subprocess.run(["esmshard", "store", str(shared), "--remove", key], env=env, check=True)
-    assert store.keys() == []
+    assert store.settings_keys() == []
+
+
+def test_kill_9_during_the_shard_step_then_the_same_command(tmp_path):
+    # Many records (the test proteins under new IDs), so that the shard step takes a while.
+    tiled = "".join(
+        f">copy{k}_{h[1:]}\n{seq}\n" for k in range(1500) for h, seq in read_records(PROTEINS)
+    )
+    big = tmp_path / "tiled.fasta"
+    big.write_text(tiled)
+    outdir = tmp_path / "results"
+    cmd, env = snakemake_command(tmp_path, {}, "--resources", "gpu=1", *config(big, outdir))
+    kill_9_when(cmd, env, lambda: any(outdir.glob(".shards.*.tmp")))
+    assert not (outdir / "shards").exists()  # no half-made plan under the final name
+
+    again = run(tmp_path, big, outdir)
+    assert jobs_run(again)["shard"] == 1
+    assert run_json(outdir)["records"] == 1500 * len(read_records(PROTEINS))
