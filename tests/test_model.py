@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 
@@ -73,3 +74,16 @@ def test_jobs_that_run_no_model_do_not_import_torch():
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_local_weights_are_named_by_content_so_a_copy_is_the_same_weights(tmp_path, checkpoint):
+    cache = tmp_path / "checksums.json"
+    here = model.parse_spec(str(checkpoint)).identity(cache)
+    copy = tmp_path / "elsewhere" / checkpoint.name
+    copy.parent.mkdir()
+    shutil.copy(checkpoint, copy)
+    assert model.parse_spec(str(copy)).identity(cache) == here
+    with open(copy, "ab") as fh:
+        fh.write(b"\0")  # other content under the same name
+    assert model.parse_spec(str(copy)).identity(cache) != here
+    assert model.parse_spec(f"random:{TINY_MODEL}").identity(cache) == "random weights, seed 0"
