@@ -68,9 +68,9 @@ def merge(
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
 
     The parts are this run's shards and the store's (`store_root`, esmshard.store), as
-    `plan_json` and the record table say. Each must be the part it is named as, computed with `settings` (the run's
-    embedding settings), and hold its records' sequences: anything else is refused by name
-    rather than merged into a wrong answer. `run_json` gets the run's counts.
+    `plan_json` and the record table say. Each must be the part it is named as, computed with
+    `settings` (the run's embedding settings), and hold its records' sequences: anything else
+    is refused by name rather than merged into a wrong answer. `run_json` gets the run's counts.
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
