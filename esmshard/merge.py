@@ -24,7 +24,7 @@ from .files import Buckets, atomic_path, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
 from .shardfile import SHA256_DTYPE, STR_DTYPE, dataset, read_index
-from .store import KEY_DTYPE, Store, check_part, keys_of
+from .store import KEY_DTYPE, Store, check_part, keys_of, rows_of
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +118,8 @@ def merge(
                 "(copied from another shard?): delete it and run again to rebuild it"
             )
         members = by_part[bounds[code] : bounds[code + 1]]
-        rows = _rows_of(part.keys, keys[members])
-        failed_at = _rows_of(part.failed_keys, keys[members])
+        rows = rows_of(part.keys, keys[members])
+        failed_at = rows_of(part.failed_keys, keys[members])
         lost = np.flatnonzero((rows < 0) & (failed_at < 0))
         if lost.size:
             index = int(members[lost[0]])
@@ -263,15 +263,6 @@ def _check_settings(path, attrs, settings: dict) -> None:
                 f"this run has {key} = {json.dumps(value)}; it is not this run's (copied from "
                 "another run?): delete it and run again to recompute it"
             )
-
-
-def _rows_of(part_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """The row of each of `keys` among `part_keys`, or -1 where it is not there."""
-    if not part_keys.size:
-        return np.full(keys.size, -1, dtype=np.int64)
-    order = np.argsort(part_keys, kind="stable")
-    at = np.minimum(np.searchsorted(part_keys[order], keys), part_keys.size - 1)
-    return np.where(part_keys[order][at] == keys, order[at], -1)
 
 
 def _rows(records, columns, indices) -> list[tuple]:

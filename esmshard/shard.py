@@ -42,6 +42,7 @@ from .store import (
     add_settings,
     check_part,
     part_keys,
+    rows_of,
     set_aside,
     settings_key,
 )
@@ -346,14 +347,13 @@ def _match(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
 
 
 def _lookup(stored: np.ndarray, keys: np.ndarray, failed: set) -> np.ndarray:
-    """The part holding each of `keys` (sorted, unique), or -1."""
+    """The part holding each of `keys`, or -1."""
     if failed:
         stored = stored[~np.isin(stored["value"], sorted(failed))]
     if not stored.size:
         return np.full(keys.size, -1, dtype=np.int32)
-    stored = stored[np.argsort(stored["key"], kind="stable")]
-    at = np.minimum(np.searchsorted(stored["key"], keys), stored.size - 1)
-    return np.where(stored["key"][at] == keys, stored["value"][at], -1).astype(np.int32)
+    at = rows_of(stored["key"], keys)
+    return np.where(at >= 0, stored["value"][at], -1).astype(np.int32)
 
 
 def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:

@@ -28,7 +28,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .checksums import file_checksums
+from .checksums import file_checksums, sha256
 from .files import write_json
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,15 @@ def keys_of(hex_digests) -> np.ndarray:
     if np.any(nibbles == 255):
         raise ValueError("not a lowercase hex SHA-256 digest")
     return (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).copy().view(KEY_DTYPE).ravel()
+
+
+def rows_of(held: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The row of each of `keys` among the keys `held` (in any order), or -1 where absent."""
+    if not held.size:
+        return np.full(keys.size, -1, dtype=np.int64)
+    order = np.argsort(held, kind="stable")
+    at = np.minimum(np.searchsorted(held[order], keys), held.size - 1)
+    return np.where(held[order][at] == keys, order[at], -1)
 
 
 def settings_key(settings: dict) -> str:
@@ -100,11 +109,13 @@ def add_settings(store: Store, key: str, settings: dict) -> None:
 
 def write_manifest(path, part_file, n_sequences: int) -> None:
     """The manifest of a part about to be renamed into place from `part_file`."""
-    with open(part_file, "rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
     write_json(
         path,
-        {"sha256": digest, "bytes": os.path.getsize(part_file), "n_sequences": n_sequences},
+        {
+            "sha256": sha256(part_file),
+            "bytes": os.path.getsize(part_file),
+            "n_sequences": n_sequences,
+        },
     )
 
 
