@@ -11,6 +11,13 @@ import time
 __version__ = "0.1.0"
 
 
+def open_embeddings(path):
+    """A run's embeddings.h5 (or the outdir that holds it), open for reading: esmshard.reader."""
+    from .reader import Embeddings
+
+    return Embeddings(path)
+
+
 def run_step(log_path, step, **kwargs):
     """Run one workflow step with its log file, which records how the step ended, whatever it was.
 

@@ -6,8 +6,11 @@ import sys
 import time
 from pathlib import Path
 
+from . import export as exports
 from . import store as stores
+from .fasta import FastaError
 from .files import human_bytes
+from .representations import KINDS
 from .status import read_state, render
 
 
@@ -40,9 +43,46 @@ def main(argv=None):
     store.add_argument(
         "--remove", metavar="KEY", help="remove every entry computed with the settings KEY"
     )
+    export = commands.add_parser(
+        "export",
+        help="a run's embeddings in the layout another tool reads",
+        description="Write a finished run's embeddings.h5 as per-protein-h5 (biotrainer, "
+        "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv) or parquet "
+        "(pandas, polars, Spark, HuggingFace datasets); streamed, with a progress bar.",
+    )
+    export.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
+    export.add_argument("--format", required=True, choices=sorted(exports.FORMATS))
+    export.add_argument(
+        "--out", required=True, type=Path, help="the file (or folder for pt, npy) to write"
+    )
+    export.add_argument(
+        "--kind",
+        choices=sorted(KINDS),
+        help="per-protein-h5: the representation written (default mean, if the run has it)",
+    )
+    export.add_argument(
+        "--layer",
+        type=int,
+        help="per-protein-h5: the layer written (default the highest; -1 is the model's last)",
+    )
+    export.add_argument(
+        "--key",
+        choices=["hash", "id"],
+        default="hash",
+        help="per-protein-h5: datasets named by biotrainer's sequence hash (default) or by ID",
+    )
     args = parser.parse_args(argv)
     if args.command == "store":
         return show_store(parser, args.path, args.remove)
+    if args.command == "export":
+        try:
+            exports.export(
+                args.outdir, args.format, args.out, kind=args.kind, layer=args.layer, key=args.key
+            )
+        except (exports.ExportError, KeyError, FastaError) as err:
+            parser.exit(1, f"esmshard export: {err.args[0]}\n")
+        print(f"wrote {args.out}")
+        return 0
     if not args.outdir.is_dir():
         what = "is a file" if args.outdir.exists() else "does not exist"
         parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")

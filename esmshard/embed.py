@@ -172,6 +172,7 @@ def run_shard(
                         shard=shard,
                         n_records=len(ids),
                         model=model,
+                        num_layers=net.num_layers,
                         weights=spec.weights,
                         precision=resolved.name,
                         device=str(device),

@@ -200,8 +200,9 @@ def merge(
                     name,
                     (total, dim),
                     dtype=dtype,
+                    # Stored whole unless compressed, so that readers can memory-map it.
                     chunks=(max(1, min(total, CHUNK_BYTES // (dim * itemsize))), dim)
-                    if total
+                    if total and compression
                     else None,
                     compression=compression,
                 )
@@ -210,6 +211,7 @@ def merge(
         out.attrs.update(
             model=attrs["model"],
             weights=attrs["weights"],
+            num_layers=attrs.get("num_layers", -1),
             precision=",".join(sorted(precisions)),
             truncation_seq_length=attrs["truncation_seq_length"],
             n_embedded=n_embedded,

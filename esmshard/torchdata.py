@@ -1,0 +1,40 @@
+"""embeddings.h5 as a torch Dataset (apart from esmshard.reader, which does not import torch)."""
+
+import os
+
+import numpy as np
+import torch
+
+from .reader import Embeddings
+from .representations import KINDS
+from .shardfile import dataset
+
+
+class EmbeddingDataset(torch.utils.data.Dataset):
+    """(id, tensor) per protein for a torch DataLoader: a per-protein vector, or the per-residue
+    rows. Each worker process opens the file itself (an HDF5 handle does not survive a fork)."""
+
+    def __init__(self, path, kind: str, layer: int):
+        self.path, self.kind, self.layer = path, kind, layer
+        self._opened = None  # (process id, Embeddings)
+        with Embeddings(path) as emb:
+            self.length = len(emb)
+
+    def _embeddings(self) -> Embeddings:
+        if self._opened is None or self._opened[0] != os.getpid():
+            self._opened = (os.getpid(), Embeddings(self.path))
+        return self._opened[1]
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int):
+        emb = self._embeddings()
+        if KINDS[self.kind].per_residue:
+            values = emb.per_residue(index, self.layer)
+        else:
+            values = emb.h5[dataset(self.kind, self.layer)][index]
+        return emb.h5["ids"].asstr()[index], torch.from_numpy(np.asarray(values))
+
+    def __getstate__(self):
+        return {**self.__dict__, "_opened": None}
