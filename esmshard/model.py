@@ -1,4 +1,6 @@
-"""Finding and loading ESM-2 models: hub names, local fair-esm checkpoints, random weights.
+"""Finding and loading ESM-2 models: hub names, local fair-esm checkpoints, models saved by
+HuggingFace `transformers` (from its cache or a folder; esmshard.transformers_weights converts
+them), random weights.
 
 torch and fair-esm are imported by the functions that need them, so that the Snakefile and the
 jobs that run no model (shard, merge, report) read model names without a second spent importing
@@ -7,6 +9,7 @@ torch.
 
 import argparse
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,9 @@ ESM2_ARCHS = {
     "esm2_t48_15B_UR50D": (48, 5120, 40),
 }
 RANDOM_PREFIX = "random:"
+HF_PREFIX = "hf:"
+HF_REPO = re.compile(r"[\w.-]+/[\w.-]+")
+HF_PATTERNS = ["config.json", "*.safetensors"]  # what is downloaded of a hub repository
 RANDOM_SEED = 0
 MODEL_URL = "https://dl.fbaipublicfiles.com/fair-esm/models/{}.pt"
 REGRESSION_URL = "https://dl.fbaipublicfiles.com/fair-esm/regression/{}-contact-regression.pt"
@@ -36,8 +42,10 @@ class ModelSpec:
     """What the `model` config value names."""
 
     name: str  # architecture name, e.g. esm2_t33_650M_UR50D
-    kind: str  # "hub", "local" or "random"
-    path: Path | None = None
+    kind: str  # "hub", "local", "random", "hf" (a HuggingFace hub id) or "transformers" (a folder)
+    path: Path | None = None  # a checkpoint, a folder saved by transformers
+    arch: tuple[int, int, int] | None = None  # (layers, embedding dim, heads), where known
+    repo: str | None = None  # the HuggingFace hub id
 
     @property
     def weights(self) -> str:
@@ -50,18 +58,28 @@ class ModelSpec:
             return f"random weights, seed {RANDOM_SEED}"
         if self.kind == "hub":
             return f"{self.name} from fair-esm's hub"
+        if self.kind == "hf":
+            return f"{self.repo} from the HuggingFace hub"
+        if self.kind == "transformers":
+            from .transformers_weights import weight_files
+
+            files = [self.path / "config.json", *weight_files(self.path)]
+            digests = file_checksums(files, checksum_cache)
+            return "transformers folder, sha256 " + " ".join(
+                f"{f.name}={d}" for f, d in zip(files, digests)
+            )
         if not self.path.is_file():
             return f"{self.path.resolve()} (missing)"
         (digest,) = file_checksums([self.path], checksum_cache)
         return f"{self.name} checkpoint, sha256 {digest}"
 
     @property
-    def num_layers(self) -> int:
-        return ESM2_ARCHS[self.name][0] if self.name in ESM2_ARCHS else None
+    def num_layers(self) -> int | None:
+        return self.arch[0] if self.arch else None
 
     @property
-    def embed_dim(self) -> int:
-        return ESM2_ARCHS[self.name][1] if self.name in ESM2_ARCHS else None
+    def embed_dim(self) -> int | None:
+        return self.arch[1] if self.arch else None
 
 
 def parse_spec(model: str) -> ModelSpec:
@@ -71,7 +89,25 @@ def parse_spec(model: str) -> ModelSpec:
             raise ModelError(
                 f"model '{model}': unknown ESM-2 architecture; use one of {sorted(ESM2_ARCHS)}"
             )
-        return ModelSpec(name, "random")
+        return ModelSpec(name, "random", arch=ESM2_ARCHS[name])
+    if model.startswith(HF_PREFIX):
+        repo = model[len(HF_PREFIX) :]
+        if not HF_REPO.fullmatch(repo):
+            raise ModelError(
+                f"model '{model}': a HuggingFace model is hf:<owner>/<name>, e.g. "
+                "hf:facebook/esm2_t33_650M_UR50D"
+            )
+        from .transformers_weights import arch_of
+
+        name = repo.split("/")[1]
+        cached = hf_snapshot(repo)
+        arch = arch_of(cached) if cached else ESM2_ARCHS.get(name)
+        return ModelSpec(name, "hf", cached, arch, repo)
+    if Path(model).is_dir():
+        from .transformers_weights import arch_of
+
+        path = Path(model)
+        return ModelSpec(path.resolve().name, "transformers", path, arch_of(path))
     if model.endswith(".pt"):
         path = Path(model)
         if not path.stem.startswith("esm2"):
@@ -79,13 +115,36 @@ def parse_spec(model: str) -> ModelSpec:
                 f"model '{model}': a local checkpoint's file name must start with 'esm2' "
                 "(fair-esm reads the architecture family from it)"
             )
-        return ModelSpec(path.stem, "local", path)
+        return ModelSpec(path.stem, "local", path, ESM2_ARCHS.get(path.stem))
     if model not in ESM2_ARCHS:
         raise ModelError(
             f"model '{model}': not an ESM-2 model name; use one of {sorted(ESM2_ARCHS)}, "
-            "a local .pt checkpoint, or random:<name>"
+            "hf:<owner>/<name> (HuggingFace), a folder saved by transformers, a local .pt "
+            "checkpoint, or random:<name>"
         )
-    return ModelSpec(model, "hub")
+    return ModelSpec(model, "hub", arch=ESM2_ARCHS[model])
+
+
+def hf_snapshot(repo: str, download: bool = False) -> Path | None:
+    """The HuggingFace cache's folder of `repo` (config.json and safetensors weights), None if
+    it is not cached; with `download`, fetched into the cache first (ModelError if it cannot be)."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HF_PATTERNS, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub's error types vary between versions)
+        if not download:
+            return None
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HF_PATTERNS))
+    except Exception as err:  # any network failure means the same advice
+        raise ModelError(
+            f"cannot download hf:{repo} from the HuggingFace hub ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}). Without network access, run "
+            f"`hf download {repo}` where there is network and copy the HuggingFace cache "
+            f"({constants.HF_HUB_CACHE}; HF_HOME moves it) here, or set `model:` to a folder "
+            "saved by transformers (config.json and .safetensors files)"
+        ) from err
 
 
 def hub_paths(name: str) -> tuple[Path, Path]:
@@ -102,7 +161,10 @@ def regression_path(model_path: Path) -> Path:
 
 def ensure_available(spec: ModelSpec) -> None:
     """Make sure the weights can be loaded, downloading hub models into the cache once."""
-    if spec.kind == "random":
+    if spec.kind in ("random", "transformers"):
+        return
+    if spec.kind == "hf":
+        hf_snapshot(spec.repo, download=True)
         return
     if spec.kind == "local":
         for path in (spec.path, regression_path(spec.path)):
@@ -161,6 +223,12 @@ def load(spec: ModelSpec):
 
     if spec.kind == "random":
         model = random_model(spec.name)
+        alphabet = model.alphabet
+    elif spec.kind in ("hf", "transformers"):
+        from .transformers_weights import esm2_from_transformers
+
+        folder = hf_snapshot(spec.repo, download=True) if spec.kind == "hf" else spec.path
+        model = esm2_from_transformers(folder)
         alphabet = model.alphabet
     else:
         path = spec.path if spec.kind == "local" else hub_paths(spec.name)[0]
