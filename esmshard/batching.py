@@ -45,20 +45,25 @@ def auto_token_budget(
     heads: int,
     longest_tokens: int,
     bytes_per_value: int = 4,
+    contact_layers: int = 0,
 ) -> int:
     """Tokens per batch that fit the device's free memory next to the model.
 
     Per token a layer holds about 16·D activations (residual, norms, q/k/v, output, the 4·D
     feed-forward in and out) and, as fair-esm materialises attention, 3·H·L scores for the
-    batch's longest sequence L (clamped to the model's maximum length). 20% is kept in reserve.
+    batch's longest sequence L (clamped to the model's maximum length). Contact maps keep every
+    layer's scores, twice (fair-esm stacks them, its contact head permutes them): 2·layers·H·L
+    more. 20% is kept in reserve.
     """
     longest = min(longest_tokens, MODEL_MAX_TOKENS)
-    per_token = bytes_per_value * (16 * embed_dim + 3 * heads * longest)
+    per_token = bytes_per_value * (
+        16 * embed_dim + 3 * heads * longest + 2 * contact_layers * heads * longest
+    )
     usable = 0.8 * free_bytes - model_bytes
     return int(max(longest, min(MAX_AUTO_TOKENS, usable // per_token)))
 
 
-def token_budget(toks_per_batch, device, net, precision: Precision):
+def token_budget(toks_per_batch, device, net, precision: Precision, contacts: bool = False):
     """The budget make_batches uses: the configured number, or one sized to the device's memory.
 
     Called before the model moves to the device, so free memory still includes its place.
@@ -73,5 +78,11 @@ def token_budget(toks_per_batch, device, net, precision: Precision):
     model_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
     heads = net.layers[0].self_attn.num_heads
     return lambda longest: auto_token_budget(
-        free, model_bytes, net.embed_dim, heads, longest, precision.bytes_per_value
+        free,
+        model_bytes,
+        net.embed_dim,
+        heads,
+        longest,
+        precision.bytes_per_value,
+        net.num_layers if contacts else 0,
     )

@@ -15,6 +15,8 @@ import torch
 from . import model as esm_model
 from . import pool, telemetry
 from .batching import make_batches, padded_fraction, token_budget
+from .contacts import NAME as CONTACTS
+from .contacts import triangle_size
 from .embedder import Embedder
 from .files import atomic_path, naming_disk_full, write_json
 from .layout import Layout
@@ -129,14 +131,22 @@ def run_shard(
             )
             net, alphabet = esm_model.load(spec)
             layers = absolute_layers(repr_layers, net.num_layers)
-            budget = token_budget(toks_per_batch, device, net, resolved)
-            embedder = Embedder(net, alphabet, layers, device, resolved, settings["fast_path"])
+            with_contacts = CONTACTS in include
+            budget = token_budget(toks_per_batch, device, net, resolved, with_contacts)
+            embedder = Embedder(
+                net, alphabet, layers, device, resolved, settings["fast_path"], with_contacts
+            )
             batch_lengths = [len(sequences[k]) for k in batched]
             batches = make_batches(batch_lengths, budget)
             loaded = time.time()
 
             progress.update(0, sampler)
-            size = output_bytes(len(ids), n_residues, len(layers), include, net.embed_dim)
+            contact_values = (
+                sum(triangle_size(len(sequences[k])) for k in batched) if with_contacts else 0
+            )
+            size = output_bytes(
+                len(ids), n_residues, len(layers), include, net.embed_dim, contact_values
+            )
             with progress, naming_disk_full(out_h5, size):
                 with h5py.File(part, "w") as h5, ThreadPoolExecutor(1) as background:
                     writer = ShardWriter(h5, layers, include, net.embed_dim)

@@ -6,6 +6,8 @@ import os
 import numpy as np
 import torch
 
+from .contacts import NAME as CONTACTS
+from .contacts import upper_triangle
 from .forward import FastESM2
 from .long_sequences import chunk_spans
 from .precision import Precision, autocast
@@ -21,9 +23,13 @@ INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
 class Embedder:
     """fair-esm's ESM-2 forward pass with fair-esm's token layout, on one device."""
 
-    def __init__(self, model, alphabet, layers, device, precision: Precision, fast_path=True):
+    def __init__(
+        self, model, alphabet, layers, device, precision: Precision, fast_path=True, contacts=False
+    ):
         self.model = model.to(device)
-        self.net = FastESM2(self.model) if fast_path else self.model
+        # Contact maps need the attention maps: fair-esm's own forward pass computes them.
+        self.contacts = contacts
+        self.net = FastESM2(self.model) if fast_path and not contacts else self.model
         self.alphabet = alphabet
         self.layers = layers
         self.device = device
@@ -69,15 +75,21 @@ class Embedder:
         if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
         with torch.inference_mode(), autocast(self.precision, self.device):
-            out = self.net(toks.to(self.device, non_blocking=True), repr_layers=self.layers)
-            reps = {layer: rep.float() for layer, rep in out["representations"].items()}
+            toks = toks.to(self.device, non_blocking=True)
+            if self.contacts:
+                out = self.net(toks, repr_layers=self.layers, return_contacts=True)
+            else:
+                out = self.net(toks, repr_layers=self.layers)
+            results = {layer: rep.float() for layer, rep in out["representations"].items()}
+            if self.contacts:
+                results[CONTACTS] = out["contacts"].float()
             if self.device.type != "cuda":
-                return reps, None
+                return results, None
             host = {
-                layer: torch.empty(rep.shape, dtype=torch.float32, pin_memory=True).copy_(
-                    rep, non_blocking=True
+                name: torch.empty(result.shape, dtype=torch.float32, pin_memory=True).copy_(
+                    result, non_blocking=True
                 )
-                for layer, rep in reps.items()
+                for name, result in results.items()
             }
             copied = torch.cuda.Event()
             copied.record()
@@ -86,17 +98,22 @@ class Embedder:
     @staticmethod
     def finish(launched, sequences: list[str]) -> list[dict[int, Representation]]:
         """Per sequence, {layer: Representation}, float32 on the CPU."""
-        reps, copied = launched
+        results, copied = launched
         if copied is not None:
             copied.synchronize()
-        arrays = {layer: rep.numpy() for layer, rep in reps.items()}
-        return [
-            {
-                layer: Representation(rep[row, 1 : len(seq) + 1], rep[row, 0])
-                for layer, rep in arrays.items()
-            }
-            for row, seq in enumerate(sequences)
-        ]
+        arrays = {name: result.numpy() for name, result in results.items()}
+        maps = arrays.pop(CONTACTS, None)  # B × L × L, BOS and EOS already left out
+        reps = []
+        for row, seq in enumerate(sequences):
+            n = len(seq)
+            triangle = None if maps is None else upper_triangle(maps[row, :n, :n])
+            reps.append(
+                {
+                    layer: Representation(rep[row, 1 : n + 1], rep[row, 0], triangle)
+                    for layer, rep in arrays.items()
+                }
+            )
+        return reps
 
     def forward(self, sequences: list[str]) -> list[dict[int, Representation]]:
         """One batch, start to end."""
@@ -137,9 +154,10 @@ class Embedder:
         for indices, sequences, launched in parts:
             kept = []
             for index, rep in zip(indices, self.finish(launched, sequences)):
+                first = next(iter(rep.values()))
                 if all(
                     np.isfinite(r.per_tok).all() and np.isfinite(r.bos).all() for r in rep.values()
-                ):
+                ) and (first.contacts is None or np.isfinite(first.contacts).all()):
                     kept.append((index, rep))
                 else:
                     failed.append(Failure(index, "non-finite values in the representations"))

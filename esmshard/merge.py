@@ -19,11 +19,11 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from . import peak_memory_mb
+from . import contacts, peak_memory_mb
 from .files import Buckets, atomic_path, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
-from .shardfile import SHA256_DTYPE, STR_DTYPE, dataset, read_index
+from .shardfile import CONTACT_VALUES, SHA256_DTYPE, STR_DTYPE, dataset, read_index
 from .store import KEY_DTYPE, Store, check_part, keys_of, rows_of
 
 log = logging.getLogger(__name__)
@@ -45,11 +45,11 @@ class MergeError(RuntimeError):
 
 
 class Placement(NamedTuple):
-    """Where each input record's rows go in embeddings.h5, for every kind of representation."""
+    """Where each input record's rows go in one dataset of embeddings.h5."""
 
-    embedded: np.ndarray  # bool per input record
     row_of: np.ndarray  # output row of each embedded record (per-protein datasets)
-    offsets: np.ndarray | None  # per-residue datasets: record row r's rows are offsets[r:r+2]
+    offsets: np.ndarray | None  # datasets of rows per residue (or contact value): record row
+    # r's rows are offsets[r:r+2]
 
 
 def merge(
@@ -63,6 +63,7 @@ def merge(
     checksum_cache,
     output_dtype: str = "float32",
     per_residue_compression: str = "none",
+    contacts_dtype: str = "float16",
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
@@ -161,7 +162,8 @@ def merge(
     if per_residue:
         offsets = np.zeros(n_embedded + 1, dtype=np.int64)
         np.cumsum(lengths[embedded], out=offsets[1:])
-    placement = Placement(embedded, row_of, offsets)
+    with_contacts = contacts.NAME in settings["include"]
+    contact_offsets = contacts.offsets(lengths[embedded]) if with_contacts else None
     parts = []  # each part's embedded records, by their row in it
     for code, path in enumerate(paths):
         members = by_part[bounds[code] : bounds[code + 1]]
@@ -177,6 +179,8 @@ def merge(
         for kind, kind_layers in layers.items()
     )
     size = int(total_rows * dim * itemsize) + (1 << 20)
+    if with_contacts:
+        size += int(contact_offsets[-1]) * np.dtype(contacts.DTYPES[contacts_dtype]).itemsize
     out_dir = Path(out_h5).parent
     with (
         atomic_path(out_h5, needed_bytes=2 * size) as tmp,  # the file and its spill files
@@ -206,8 +210,17 @@ def merge(
                     else None,
                     compression=compression,
                 )
+                placement = Placement(row_of, offsets if KINDS[kind].per_residue else None)
                 _copy_in_input_order(parts, name, target, placement, spill_dir)
                 log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
+        if with_contacts:
+            out.create_dataset(f"{contacts.NAME}/offsets", data=contact_offsets)
+            target = out.create_dataset(
+                CONTACT_VALUES, (int(contact_offsets[-1]),), contacts.DTYPES[contacts_dtype]
+            )
+            placement = Placement(row_of, contact_offsets)
+            _copy_in_input_order(parts, CONTACT_VALUES, target, placement, spill_dir)
+            log.info("contact maps written; peak memory so far %.0f MB", peak_memory_mb())
         out.attrs.update(
             model=attrs["model"],
             weights=attrs["weights"],
@@ -219,6 +232,7 @@ def merge(
             settings=json.dumps(settings),
             output_dtype=output_dtype,
             per_residue_compression=per_residue_compression,
+            contacts_dtype=contacts_dtype if with_contacts else "",
         )
 
     failed = sorted(failures)
@@ -331,14 +345,15 @@ def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -
     One window of output rows when it fits WINDOW_BYTES; else each block read goes to the spill
     files of the windows its rows fall in, and each window is then assembled and written.
     """
-    total, dim = target.shape
+    total, row_shape = target.shape[0], target.shape[1:]  # row_shape: (D,), or () for contacts
     if not total:
         return
-    rows_per_window = max(1, WINDOW_BYTES // (dim * target.dtype.itemsize))
+    row_items = int(np.prod(row_shape))
+    rows_per_window = max(1, WINDOW_BYTES // (row_items * target.dtype.itemsize))
     windows = -(-total // rows_per_window)
     spill = Path(spill_dir)
     spills = Buckets([spill / f"{w}.{part}" for w in range(windows) for part in ("rows", "data")])
-    whole = np.empty((total, dim), target.dtype) if windows == 1 else None
+    whole = np.empty(target.shape, target.dtype) if windows == 1 else None
     for part in parts:
         for rows, block in _blocks_with_rows(part, name, placement, target.dtype):
             if whole is not None:
@@ -357,11 +372,11 @@ def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -
     spills.flush()
     for w in range(windows):
         first = w * rows_per_window
-        buffer = np.empty((min(rows_per_window, total - first), dim), target.dtype)
+        buffer = np.empty((min(rows_per_window, total - first), *row_shape), target.dtype)
         rows_file, data_file = spills.paths[2 * w], spills.paths[2 * w + 1]
         if os.path.exists(rows_file):
             rows = np.fromfile(rows_file, np.uint32)
-            buffer[rows] = np.fromfile(data_file, target.dtype).reshape(-1, dim)
+            buffer[rows] = np.fromfile(data_file, target.dtype).reshape(-1, *row_shape)
             os.unlink(rows_file)
             os.unlink(data_file)
         target[first : first + buffer.shape[0]] = buffer
@@ -375,13 +390,18 @@ def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
     """
     if not part.rows.size:
         return
-    per_residue = KINDS[name.split("/")[0]].per_residue
     with h5py.File(part.path, "r") as h5:
         data = h5[name]
-        counts = h5["length"][:] if per_residue else np.ones(data.shape[0], dtype=np.int64)
+        if name == CONTACT_VALUES:
+            counts = contacts.triangle_size(h5["length"][:])
+        elif KINDS[name.split("/")[0]].per_residue:
+            counts = h5["length"][:]
+        else:
+            counts = np.ones(data.shape[0], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(counts)])
         rows_per_record = max(1, int(starts[-1] // max(1, counts.size)))
-        records_per_block = max(1, BLOCK_BYTES // (data.shape[1] * 4 * rows_per_record))
+        row_items = int(np.prod(data.shape[1:]))
+        records_per_block = max(1, BLOCK_BYTES // (row_items * 4 * rows_per_record))
         block_of = part.rows // records_per_block
         edges = np.flatnonzero(np.diff(block_of)) + 1
         for chosen in np.split(np.arange(part.rows.size), edges):
@@ -392,7 +412,7 @@ def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
             within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
             source = np.repeat(starts[rows] - first, n) + within
             output_row = placement.row_of[records].astype(np.int64)
-            if per_residue:
+            if placement.offsets is not None:
                 output_row = placement.offsets[output_row]
             taken = block[source]
             if dtype != np.float32:

@@ -1,7 +1,8 @@
 """What an embedding holds: the representation kinds and fair-esm's layer numbering.
 
 `KINDS` is the one table of representation kinds: the shard writer, merge and the config schema
-all follow it, so a new kind is one entry here.
+all follow it, so a new kind is one entry here. Contact maps (esmshard.contacts) are not a kind:
+one per sequence, not per layer.
 """
 
 from dataclasses import dataclass
@@ -15,6 +16,9 @@ class Representation(NamedTuple):
 
     per_tok: np.ndarray  # residues × D, BOS and EOS excluded
     bos: np.ndarray  # D: the BOS token's representation
+    # The sequence's contact map (esmshard.contacts' triangle), the same at every layer; None
+    # unless `include` asks for contacts.
+    contacts: np.ndarray | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,12 @@ try:
     MODEL = parse_spec(config["model"])
 except ModelError as err:
     raise WorkflowError(str(err))
+if "contacts" in config["include"] and config["long_sequences"] == "chunk":
+    raise WorkflowError(
+        "include: contacts cannot be combined with long_sequences: chunk (a contact map spans "
+        "the whole sequence, a window sees part of it); use long_sequences: truncate, as "
+        "fair-esm's extract does, or skip"
+    )
 
 RUN = Layout(config["outdir"])
 ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH

@@ -18,5 +18,6 @@ rule merge:
         store=STORE.root,
         output_dtype=config["output_dtype"],
         per_residue_compression=config["per_residue_compression"],
+        contacts_dtype=config["contacts_dtype"],
     script:
         "../scripts/merge.py"

@@ -1,0 +1,102 @@
+"""Contact maps: fair-esm's `model(tokens, return_contacts=True)`, kept as upper triangles,
+through the `snakemake` command line, the reader and the `pt` export."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
+
+import esmshard
+from esmshard import contacts
+from esmshard.embedder import Embedder
+from esmshard.model import random_model
+from esmshard.precision import PRECISIONS
+
+RECORDS = read_records(PROTEINS)
+# The three proteins longer than 1022 residues and five others.
+CHOSEN = [r for r in RECORDS if len(r[1]) > 1022] + [r for r in RECORDS if len(r[1]) <= 1022][:5]
+IDS = [h[1:].split()[0] for h, _ in CHOSEN]
+
+
+def fair_esm_contacts(sequences, truncation=1022):
+    """fair-esm's contact maps, one sequence at a time, truncated as its extract script does."""
+    model = random_model(TINY_MODEL).eval()
+    convert = model.alphabet.get_batch_converter(truncation)
+    maps = []
+    for sequence in sequences:
+        _, _, tokens = convert([("x", sequence)])
+        with torch.inference_mode():
+            out = model(tokens, repr_layers=[6], return_contacts=True)
+        n = min(len(sequence), truncation)
+        maps.append(out["contacts"][0, :n, :n].numpy())
+    return maps
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return fair_esm_contacts([s for _, s in CHOSEN])
+
+
+def test_a_triangle_holds_the_whole_symmetric_map():
+    matrix = np.arange(16, dtype=np.float32).reshape(4, 4)
+    matrix = matrix + matrix.T
+    triangle = contacts.upper_triangle(matrix)
+    assert triangle.size == contacts.triangle_size(4) == 10
+    np.testing.assert_array_equal(contacts.full_matrix(triangle, 4), matrix)
+    assert contacts.offsets(np.array([1, 3, 0])).tolist() == [0, 1, 7, 7]
+
+
+def test_batched_triangles_equal_fair_esm_one_sequence_at_a_time(reference):
+    model = random_model(TINY_MODEL)
+    embedder = Embedder(model, model.alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"],
+                        fast_path=True, contacts=True)  # fmt: skip
+    short = [s for _, s in CHOSEN[3:]]  # padded in one batch
+    for rep, want in zip(embedder.forward(short), reference[3:]):
+        got = contacts.full_matrix(rep[6].contacts, len(want))
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+
+
+def test_contacts_through_the_workflow_equal_fair_esm(tmp_path, reference):
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text("".join(f"{h}\n{s}\n" for h, s in CHOSEN))
+    typed = ["--config", f"input={fasta}", f"model=random:{TINY_MODEL}",
+             "include=[mean,contacts]", "precision=fp32", "toks_per_batch=2048"]  # fmt: skip
+    snakemake(tmp_path, {}, *typed, "contacts_dtype=float32")
+    with esmshard.open_embeddings(tmp_path / "results") as emb:
+        assert emb.ids() == IDS
+        for id_, want in zip(IDS, reference):
+            np.testing.assert_allclose(emb.contact_map(id_), want, atol=1e-4, rtol=0)
+            assert emb[id_].contacts.shape == want.shape  # long ones truncated to 1022
+
+    exported = subprocess.run([str(Path(sys.executable).parent / "esmshard"), "export", "results",
+                               "--format", "pt", "--out", "pt"], cwd=tmp_path)  # fmt: skip
+    assert exported.returncode == 0
+    index = dict(
+        line.split("\t") for line in (tmp_path / "pt" / "index.tsv").read_text().split("\n")[1:-1]
+    )
+    for id_, want in zip(IDS, reference):
+        result = torch.load(tmp_path / "pt" / index[id_], weights_only=True)
+        assert result["contacts"].dtype == torch.float32
+        np.testing.assert_allclose(result["contacts"].numpy(), want, atol=1e-4, rtol=0)
+
+    # float16 (the default) from the same store: nothing computed again, values within 1e-4
+    # plus float16's rounding of a probability (at most 2^-12).
+    half = snakemake(tmp_path / "half", {}, *typed, f"store={tmp_path / 'results' / 'store'}")
+    assert json.loads((tmp_path / "half" / "results" / "run.json").read_text())["computed"] == 0
+    with esmshard.open_embeddings(tmp_path / "half" / "results") as emb:
+        assert emb.h5["contacts/values"].dtype == np.float16 and half.returncode == 0
+        for id_, want in zip(IDS, reference):
+            np.testing.assert_allclose(emb.contact_map(id_), want, atol=1e-4 + 2**-12, rtol=0)
+
+
+def test_contacts_with_chunked_long_sequences_are_refused_before_any_work(tmp_path):
+    result = snakemake(tmp_path, {}, "--config", f"input={PROTEINS}", "long_sequences=chunk",
+                       "include=[contacts]", f"model=random:{TINY_MODEL}", check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "include: contacts cannot be combined with long_sequences: chunk" in result.stderr
+    assert not (tmp_path / "results").exists()
