@@ -42,7 +42,7 @@ def test_typed_forms_mean_what_a_yaml_file_means(typed, meant):
     [
         ({"gpus": ["0", "one"]}, "gpus"),
         ({"repr_layers": ["1.5"]}, "repr_layers"),
-        ({"include": ["mean", "contacts"]}, "include"),
+        ({"include": ["mean", "attention"]}, "include"),
         ({"shards": "many"}, "shards"),
         ({"precision": "fp8"}, "precision"),
         ({"fast_path": "maybe"}, "fast_path"),

@@ -100,3 +100,14 @@ def test_contacts_with_chunked_long_sequences_are_refused_before_any_work(tmp_pa
     assert result.returncode != 0
     assert "include: contacts cannot be combined with long_sequences: chunk" in result.stderr
     assert not (tmp_path / "results").exists()
+
+
+def test_contacts_alone_are_kept_and_read(tmp_path, reference):
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text("".join(f"{h}\n{s}\n" for h, s in CHOSEN[3:]))
+    snakemake(tmp_path, {}, "--config", f"input={fasta}", f"model=random:{TINY_MODEL}",
+              "include=contacts", "precision=fp32", "contacts_dtype=float32")  # fmt: skip
+    with esmshard.open_embeddings(tmp_path / "results") as emb:
+        assert emb.layers == {} and emb.ids() == IDS[3:]
+        for id_, want in zip(IDS[3:], reference[3:]):
+            np.testing.assert_allclose(emb[id_].contacts, want, atol=1e-4, rtol=0)

@@ -2,6 +2,7 @@
 
 import gzip
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 import h5py
-from conftest import PROTEINS, REPO, TINY_MODEL, read_records
+from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake
 
 VENV = Path(sys.prefix)
 ENV = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
@@ -47,3 +48,31 @@ def test_running_command_as_the_readme_types_it(tmp_path):
     watch.send_signal(signal.SIGINT)
     out, _ = watch.communicate(timeout=10)
     assert watch.returncode == 0 and out.count("finished") >= 2 and "shards 1/1 (100%)" in out
+
+
+def readme_block(after: str, fence: str) -> str:
+    """The README's first code block opened by `fence` after the text `after`."""
+    text = (REPO / "README.md").read_text()
+    start = text.index(fence, text.index(after)) + len(fence)
+    return text[start : text.index("```", start)]
+
+
+def test_reading_and_exporting_as_the_readme_shows(tmp_path):
+    example = tmp_path / "example.fasta"
+    subprocess.run([sys.executable, "-m", "esmshard.datasets", "example", str(example)], env=ENV,
+                   check=True)  # fmt: skip
+    snakemake(tmp_path, {}, "--config", f"input={example}", f"model=random:{TINY_MODEL}")
+    code = readme_block("## Reading and exporting", "```python\n")
+    read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True)  # fmt: skip
+    assert read.returncode == 0, read.stderr[-3000:]
+    assert "291 proteins; kinds and layers: {'mean': [6]}" in read.stdout
+    assert "256 sp|" in read.stdout and "torch.Size([64, 320])" in read.stdout
+
+    commands = readme_block("esmshard export OUTDIR --format FORMAT", "```\n").splitlines()
+    assert len(commands) == 4
+    for command in commands:
+        done = subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0 and "291/291 proteins (100%)" in done.stderr, done.stderr
+        assert (tmp_path / shlex.split(command)[-1]).exists()

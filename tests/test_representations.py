@@ -3,6 +3,7 @@ import pytest
 import yaml
 from conftest import REPO
 
+from esmshard import contacts
 from esmshard.representations import KINDS, Representation, absolute_layers
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -15,8 +16,8 @@ def test_absolute_layers_follow_fair_esm():
         absolute_layers([7], 6)
 
 
-def test_every_kind_is_a_config_choice():
-    assert SCHEMA["properties"]["include"]["items"]["enum"] == list(KINDS)
+def test_every_kind_and_contacts_are_the_config_choices():
+    assert SCHEMA["properties"]["include"]["items"]["enum"] == [*KINDS, contacts.NAME]
 
 
 def test_kinds_rows_per_record_or_per_residue():

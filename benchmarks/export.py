@@ -1,0 +1,70 @@
+"""`esmshard export` at scale: peak memory and time of each format, by number of proteins.
+
+    python benchmarks/export.py --records 100000 1000000 --json docs/export.json
+
+Each size is a run of the real proteome tiled to N records under new IDs (benchmarks/scale.py's
+input), embedded through the `snakemake` command with scale.py's micro ESM-2 (1 layer, D = 32,
+random weights; the store computes each distinct sequence once) and `include: mean`. Each format
+is then exported by its own `esmshard export` command under `/usr/bin/time -v` (wall time, peak
+resident memory). Memory that stays flat from the smaller size to the larger is the claim.
+"""
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import PROTEOME, REPO, cpu_model, du, micro_checkpoint, tile, timed  # noqa: E402
+
+FORMATS = ["npy", "parquet", "per-protein-h5", "pt"]
+
+
+def run(n_records: int, workdir: Path, checkpoint: Path, formats) -> dict:
+    folder = workdir / f"n{n_records}"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    tile(PROTEOME, n_records, folder / "tiled.fasta")
+    made = subprocess.run(
+        ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "2", "--resources", "gpu=1",
+         "--quiet", "--config", "input=tiled.fasta", "outdir=results", f"model={checkpoint}",
+         "shards=1"], cwd=folder, capture_output=True, text=True,
+    )  # fmt: skip
+    if made.returncode:
+        sys.exit(made.stderr[-3000:])
+    result = {"records": n_records, "embeddings_h5_bytes": du(folder / "results" / "embeddings.h5")}
+    for fmt in formats:
+        out = folder / f"export.{fmt}"
+        measured = timed(["esmshard", "export", "results", "--format", fmt, "--out", out.name], folder)
+        measured["output_bytes"] = du(out)
+        result[fmt] = measured
+        print(n_records, fmt, json.dumps(measured), flush=True)
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    shutil.rmtree(folder)
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, nargs="*", default=[100_000, 1_000_000])
+    parser.add_argument("--formats", nargs="*", default=FORMATS, choices=FORMATS)
+    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="esmshard-export-"))
+    checkpoint = micro_checkpoint(workdir / "model")
+    results = {
+        "machine": {"cpu": cpu_model(), "python": platform.python_version()},
+        "runs": [run(n, workdir, checkpoint, args.formats) for n in args.records],
+    }
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
