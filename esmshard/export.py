@@ -43,7 +43,9 @@ from .representations import KINDS
 from .shardfile import dataset
 
 BLOCK_BYTES = 64 << 20
-OFFSETS_AT_ONCE = 1 << 20
+# Proteins per block at most: their IDs, headers and hashes, read as Python strings, take about
+# a kilobyte each beside the values.
+PROTEINS_PER_BLOCK = 8192
 SAFE = re.compile(rb"[A-Za-z0-9._-]")
 MAX_NAME_BYTES = 200  # file names: most filesystems allow 255 bytes
 
@@ -87,8 +89,8 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
     contact_size = h5["contacts/values"].dtype.itemsize if with_contacts else 0
     start = 0
     while start < n:
-        # The cost of the next proteins, one window of their offsets at a time.
-        stop_at = min(n, start + OFFSETS_AT_ONCE)
+        # The cost of the next proteins, from their offsets.
+        stop_at = min(n, start + PROTEINS_PER_BLOCK)
         cost = np.full(stop_at - start, per_protein + 64, dtype=np.int64)
         if residue_offsets is not None:
             cost += np.diff(residue_offsets[start : stop_at + 1]) * per_residue
@@ -159,7 +161,14 @@ def sequences_in_order(emb: Embeddings, records_path: str):
         for name in batch.column("file").unique().to_pylist():
             if name not in files:
                 files.append(name)
-    wanted = iter(zip(range(len(emb)), emb.h5["ids"].asstr(), emb.h5["sequence_sha256"]))
+    wanted = (
+        (id_, sha256)
+        for start in range(0, len(emb), PROTEINS_PER_BLOCK)
+        for id_, sha256 in zip(
+            emb.ids(start, start + PROTEINS_PER_BLOCK),
+            emb.h5["sequence_sha256"][start : start + PROTEINS_PER_BLOCK],
+        )
+    )
     next_row = next(wanted, None)
     for file in files:
         if not Path(file).is_file():
@@ -170,7 +179,7 @@ def sequences_in_order(emb: Embeddings, records_path: str):
         for record in read_raw(file):
             if next_row is None:
                 return
-            row, id_, sha256 = next_row
+            id_, sha256 = next_row
             if record.id != id_:
                 continue
             if hashlib.sha256(record.sequence).hexdigest().encode() != sha256:
@@ -183,7 +192,7 @@ def sequences_in_order(emb: Embeddings, records_path: str):
             next_row = next(wanted, None)
     if next_row is not None:
         raise ExportError(
-            f"record '{next_row[1]}' of the embeddings is in none of the run's inputs {files}: "
+            f"record '{next_row[0]}' of the embeddings is in none of the run's inputs {files}: "
             "they changed since the run. Run the workflow again, or key by ID (--key id)"
         )
 
@@ -198,7 +207,9 @@ def write_per_protein_h5(emb, target, bar, options: Options):
     ((kind, (layer,)),) = options.kinds.items()
     key = options.key
     sequences = sequences_in_order(emb, options.records) if key == "hash" else None
-    with h5py.File(target, "w") as out:
+    # HDF5's newer group format: its original one slows to a crawl past ~800,000 datasets in a
+    # group; any HDF5 1.10 or later (h5py 2.9 or later) reads this one.
+    with h5py.File(target, "w", libver=("v110", "latest")) as out:
         for block in blocks(emb, options.kinds, False):
             rows = block.values[kind][layer]
             for i, id_ in enumerate(block.ids):
@@ -278,46 +289,66 @@ def write_pt(emb, target, bar, options: Options):
             bar.update(len(block.ids))
 
 
-def write_npy(emb, target, bar, options: Options):
-    from numpy.lib.format import open_memmap
+class NpyWriter:
+    """A .npy file written front to back, a block at a time: no memory map, whose written pages
+    would count as the process's memory until the kernel writes them out."""
 
+    def __init__(self, path, dtype, shape):
+        from numpy.lib import format as npy
+
+        self.path, self.fh = path, open(path, "wb")
+        self.left = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        header = {"descr": npy.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
+        npy.write_array_header_1_0(self.fh, {**header, "shape": tuple(shape)})
+
+    def write(self, values: np.ndarray) -> None:
+        data = np.ascontiguousarray(values).tobytes()
+        self.left -= len(data)
+        self.fh.write(data)
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.left:
+            raise ExportError(f"{self.path}: {self.left} bytes short (embeddings.h5 changed?)")
+
+
+def write_npy(emb, target, bar, options: Options):
     target.mkdir()
-    h5, included = emb.h5, options.kinds
-    arrays = {}
-    for kind, layers in included.items():
+    h5 = emb.h5
+    files = {}  # (kind, layer) or "contacts" -> NpyWriter, filled in the order of the rows
+    for kind, layers in options.kinds.items():
         for layer in layers:
             data = h5[dataset(kind, layer)]
-            arrays[(kind, layer)] = open_memmap(
-                target / f"{kind}_{layer}.npy", "w+", data.dtype, data.shape
+            files[(kind, layer)] = NpyWriter(
+                target / f"{kind}_{layer}.npy", data.dtype, data.shape
             )
-    if any(KINDS[kind].per_residue for kind in included):
-        np.save(target / "per_tok_offsets.npy", h5[OFFSETS][:])  # 8 bytes per protein
-    contact_values = None
+    if any(KINDS[kind].per_residue for kind in options.kinds):
+        _copy_whole(h5[OFFSETS], target / "per_tok_offsets.npy")
     if emb.has_contacts:
         values = h5["contacts/values"]
-        contact_values = open_memmap(target / "contacts.npy", "w+", values.dtype, values.shape)
-        np.save(target / "contacts_offsets.npy", h5["contacts/offsets"][:])
-    residue_at = contact_at = 0
+        files[contacts.NAME] = NpyWriter(target / "contacts.npy", values.dtype, values.shape)
+        _copy_whole(h5["contacts/offsets"], target / "contacts_offsets.npy")
     with open(target / "ids.tsv", "w", encoding="utf-8") as ids:
         ids.write("id\tsequence_sha256\n")
-        for block in blocks(emb, included, emb.has_contacts):
-            stop = block.start + len(block.ids)
+        for block in blocks(emb, options.kinds, emb.has_contacts):
             for kind, layers in block.values.items():
                 for layer, values in layers.items():
-                    if KINDS[kind].per_residue:
-                        arrays[(kind, layer)][residue_at : residue_at + len(values)] = values
-                    else:
-                        arrays[(kind, layer)][block.start : stop] = values
-            if block.residue_offsets is not None:
-                residue_at += int(block.residue_offsets[-1])
-            if contact_values is not None:
-                contact_values[contact_at : contact_at + len(block.contacts)] = block.contacts
-                contact_at += len(block.contacts)
+                    files[(kind, layer)].write(values)
+            if block.contacts is not None:
+                files[contacts.NAME].write(block.contacts)
             ids.writelines(f"{i}\t{s}\n" for i, s in zip(block.ids, block.sha256))
             bar.update(len(block.ids))
-    for array in [*arrays.values(), contact_values]:
-        if array is not None:
-            array.flush()
+    for file in files.values():
+        file.close()
+
+
+def _copy_whole(data, path) -> None:
+    """A one-dimensional dataset into a .npy file, a block at a time."""
+    out = NpyWriter(path, data.dtype, data.shape)
+    step = BLOCK_BYTES // data.dtype.itemsize
+    for start in range(0, data.shape[0], step):
+        out.write(data[start : start + step])
+    out.close()
 
 
 def write_parquet(emb, target, bar, options: Options):

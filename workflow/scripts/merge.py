@@ -9,7 +9,9 @@ from esmshard.layout import Layout
 from esmshard.merge import merge
 
 settings = dict(snakemake.params.items())
-output = {key: settings.pop(key) for key in ("output_dtype", "per_residue_compression", "contacts_dtype")}
+output = {
+    key: settings.pop(key) for key in ("output_dtype", "per_residue_compression", "contacts_dtype")
+}
 store_root = settings.pop("store")
 run_step(
     snakemake.log[0],
