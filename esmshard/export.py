@@ -43,9 +43,10 @@ from .representations import KINDS
 from .shardfile import dataset
 
 BLOCK_BYTES = 64 << 20
-# Proteins per block at most: their IDs, headers and hashes, read as Python strings, take about
-# a kilobyte each beside the values.
+# A protein's ID, header and hash, read as Python strings, take about STRING_BYTES beside its
+# values; and a block holds PROTEINS_PER_BLOCK at most.
 PROTEINS_PER_BLOCK = 8192
+STRING_BYTES = 1024
 SAFE = re.compile(rb"[A-Za-z0-9._-]")
 MAX_NAME_BYTES = 200  # file names: most filesystems allow 255 bytes
 
@@ -91,7 +92,7 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
     while start < n:
         # The cost of the next proteins, from their offsets.
         stop_at = min(n, start + PROTEINS_PER_BLOCK)
-        cost = np.full(stop_at - start, per_protein + 64, dtype=np.int64)
+        cost = np.full(stop_at - start, per_protein + STRING_BYTES, dtype=np.int64)
         if residue_offsets is not None:
             cost += np.diff(residue_offsets[start : stop_at + 1]) * per_residue
         if contact_offsets is not None:
@@ -417,6 +418,11 @@ def export(
     with Embeddings(layout.embeddings) as emb:
         kinds = emb.layers
         if fmt == "per-protein-h5":
+            if not emb.layers:
+                raise ExportError(
+                    f"{layout.embeddings} holds contact maps only (include: contacts), and "
+                    "per-protein-h5 holds a representation: export as pt or npy"
+                )
             chosen = kind or ("mean" if "mean" in emb.layers else next(iter(emb.layers)))
             kinds = {chosen: [emb.layer(chosen, layer)]}
         bar = ProgressBar(len(emb), f"export {fmt}", stream)

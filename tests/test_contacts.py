@@ -111,3 +111,14 @@ def test_contacts_alone_are_kept_and_read(tmp_path, reference):
         assert emb.layers == {} and emb.ids() == IDS[3:]
         for id_, want in zip(IDS[3:], reference[3:]):
             np.testing.assert_allclose(emb[id_].contacts, want, atol=1e-4, rtol=0)
+    esmshard_cli = str(Path(sys.executable).parent / "esmshard")
+    refused = subprocess.run([esmshard_cli, "export", "results", "--format", "per-protein-h5",
+                              "--out", "x.h5"], cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 1 and "holds contact maps only" in refused.stderr
+    exported = subprocess.run([esmshard_cli, "export", "results", "--format", "npy", "--out", "npy"],
+                              cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    values = np.load(tmp_path / "npy" / "contacts.npy", mmap_mode="r")
+    offsets = np.load(tmp_path / "npy" / "contacts_offsets.npy")
+    first = contacts.full_matrix(values[offsets[0] : offsets[1]], len(reference[3]))
+    np.testing.assert_allclose(first, reference[3], atol=1e-4, rtol=0)
