@@ -51,6 +51,7 @@ def test_a_layer_is_memory_mapped_and_named_as_in_fair_esm(outdir, stored):
         np.testing.assert_array_equal(means, stored["mean/6"])
         np.testing.assert_array_equal(emb.array("mean", -4), stored["mean/3"])  # 6 layers
         np.testing.assert_array_equal(emb.array("per_tok", 6), stored["per_tok/6"])
+        np.testing.assert_array_equal(emb.offsets, stored["per_tok/offsets"])
         with pytest.raises(KeyError, match=r"at layers \[3, 6\], not at 5"):
             emb.array("mean", 5)
 
