@@ -73,7 +73,10 @@ def read_config(folder: Path) -> dict:
 
 def arch_of(folder: Path) -> tuple[int, int, int]:
     """(layers, embedding dim, heads) from the folder's config.json."""
-    config = read_config(folder)
+    return _arch(read_config(folder))
+
+
+def _arch(config: dict) -> tuple[int, int, int]:
     return config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
 
 
@@ -109,7 +112,7 @@ def esm2_from_transformers(folder: Path):
     from safetensors.torch import load_file
 
     config = read_config(folder)
-    layers, dim, heads = arch_of(folder)
+    layers, dim, heads = _arch(config)
     with torch.random.fork_rng():  # the language-model head's init, unused, left deterministic
         torch.manual_seed(0)
         model = ESM2(
