@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .files import read_tsv, write_json
 from .layout import Layout
+from .store import Store
 
 GIB = 1 << 30
 # A job on another host whose progress file has not changed for this long is taken for dead
@@ -124,10 +125,20 @@ def _current(layout: Layout, path_of, plan: list[dict]) -> list[dict]:
     return _read_json(p for p in paths if p.is_file() and p.stat().st_mtime >= plan_mtime)
 
 
+def _finished(layout: Layout, plan: list[dict]) -> list[dict]:
+    """The metrics of the plan's finished shards. A shard is finished once its part is in the
+    store: the embed job renames the part into place after its metrics, so a job killed between
+    the two has metrics, yet its shard is computed again."""
+    where = json.loads(Path(layout.plan_json).read_text())
+    store = Store(where["store"])
+    done = _current(layout, layout.metrics, plan)
+    return [m for m in done if os.path.exists(store.part(where["key"], m["shard"]))]
+
+
 def shards_done(layout: Layout) -> tuple[int, int]:
     """(finished shards, shards) of the current plan."""
     plan = read_tsv(layout.plan)
-    return len(_current(layout, layout.metrics, plan)), len(plan)
+    return len(_finished(layout, plan)), len(plan)
 
 
 def process_alive(pid: int) -> bool:
@@ -162,7 +173,7 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         started = any(Path(p).exists() for p in marks)
         return {"outdir": str(outdir), "planned": False, "started": started}
     plan = read_tsv(layout.plan)
-    done = _current(layout, layout.metrics, plan)
+    done = _finished(layout, plan)
     finished = {m["shard"] for m in done}
     running, stale = [], []
     for r in _current(layout, layout.progress, plan):

@@ -136,9 +136,15 @@ def kill_9_when(cmd, env, ready, timeout: float = 300) -> None:
     run.wait()
 
 
-def kill_9_after_shards(cmd, env, metrics_dir: Path, n_shards: int, timeout: float = 300) -> None:
-    """kill -9 a run once `n_shards` shards are finished."""
-    kill_9_when(cmd, env, lambda: len(list(metrics_dir.glob("*.json"))) >= n_shards, timeout)
+def kill_9_after_shards(cmd, env, store_root: Path, n_shards: int, timeout: float = 300) -> None:
+    """kill -9 a run once `n_shards` shards are finished: their parts are in the store (renamed
+    into place after the job's other outputs)."""
+    store = Store(str(store_root))
+
+    def finished() -> int:
+        return sum(len(store.parts(key)) for key in store.settings_keys())
+
+    kill_9_when(cmd, env, lambda: finished() >= n_shards, timeout)
 
 
 def jobs_run(result) -> dict[str, int]:

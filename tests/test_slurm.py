@@ -100,8 +100,11 @@ def means(outdir):
 def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slurm, tmp_path):
     profile = filled_profile(tmp_path)
     cmd, env = slurm_command(tmp_path / "cluster", profile, slurm)
-    metrics = tmp_path / "cluster" / "results" / "metrics"
-    kill_9_after_shards(cmd, env, metrics, 1)  # the Snakemake process; its SLURM jobs run on
+    results = tmp_path / "cluster" / "results"
+    metrics = results / "metrics"
+    kill_9_after_shards(
+        cmd, env, results / "store", 1
+    )  # the Snakemake process; its SLURM jobs run on
     deadline = time.time() + 300
     while not queue_empty(slurm):
         assert time.time() < deadline, "SLURM jobs did not finish"

@@ -9,6 +9,7 @@ import pytest
 
 from esmshard import status
 from esmshard.layout import Layout
+from esmshard.store import Store
 
 
 @pytest.fixture
@@ -18,6 +19,10 @@ def run_in_progress(tmp_path):
     (tmp_path / "shards" / "plan.tsv").write_text(
         "shard\tn_sequences\tn_residues\testimated_cost\nshard_0000\t5\t1000\t1\nshard_0001\t5\t3000\t1\n"
     )
+    store = Store(str(tmp_path / "store"))
+    (tmp_path / "shards" / "plan.json").write_text(json.dumps({"store": store.root, "key": "k1"}))
+    Path(store.folder("k1")).mkdir(parents=True)
+    Path(store.part("k1", "shard_0000")).write_bytes(b"")  # status looks for the part alone
     common = {"host": "node7", "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3"}
     (tmp_path / "metrics").mkdir()
     (tmp_path / "metrics" / "shard_0000.json").write_text(json.dumps({
@@ -50,6 +55,26 @@ def test_status_of_a_run_in_progress(run_in_progress):
     )
     assert "node7:cpu0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
     assert "shards 1/2 (50%)" in text and "ETA 0m20s" in text and "1 failed" in text
+
+
+def test_a_shard_whose_part_is_not_in_the_store_is_not_finished(run_in_progress):
+    """A job killed after writing its metrics, before renaming its part into place."""
+    state = status.read_state(run_in_progress, now=120.0)
+    store = Store(str(run_in_progress / "store"))
+    os.unlink(store.part("k1", "shard_0000"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    metrics = json.loads((run_in_progress / "metrics" / "shard_0000.json").read_text())
+    fields = {k: metrics[k] for k in ("device", "device_name", "gpu_slot", "cuda_visible_devices",
+                                      "n_residues", "started_at")}  # fmt: skip
+    status.Progress(
+        Layout(str(run_in_progress)).progress("shard_0000"), **fields, shard="shard_0000",
+        host=socket.gethostname(), pid=int(gone.stdout),
+    ).update(1000)  # fmt: skip
+    killed = status.read_state(run_in_progress, now=120.0)
+    assert (state["shards_done"], killed["shards_done"]) == (1, 0)
+    text = status.render(killed)
+    assert "shards 0/2 (0%)" in text and f"process {int(gone.stdout)} is gone" in text
 
 
 def test_console_script_prints_the_same(run_in_progress):
@@ -97,6 +122,7 @@ def test_a_plan_without_shards(tmp_path):
     (tmp_path / "shards" / "plan.tsv").write_text(
         "shard\tn_sequences\tn_residues\testimated_cost\n"
     )
+    (tmp_path / "shards" / "plan.json").write_text(json.dumps({"store": "", "key": ""}))
     text = status.render(status.read_state(tmp_path))
     assert "shards 0/0 (100%)" in text and "finished" in text
 

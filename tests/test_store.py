@@ -172,11 +172,11 @@ def test_kill_9_during_a_grown_run_then_the_same_command(tmp_path):
     cmd, env = snakemake_command(
         tmp_path, {}, "--resources", "gpu=1", *config(b, outdir, "shards=4")
     )
-    kill_9_after_shards(cmd, env, outdir / "metrics", 1 + 2)  # A's one shard, then two of B's
+    kill_9_after_shards(cmd, env, outdir / "store", 1 + 2)  # A's one shard, then two of B's
     shards = planned(outdir)
     store = stores.Store(str(outdir / "store"))
-    key = store.settings_keys()[0]
-    finished = [s for s in shards if (outdir / "metrics" / f"{s}.json").exists()]
+    (key,) = store.settings_keys()
+    finished = [s for s in shards if os.path.exists(store.part(key, s))]
     parts = {s: store.part(key, s) for s in finished}
     before = {s: (p, os.stat(p).st_mtime_ns) for s, p in parts.items()}
     assert 2 <= len(finished) < 4
