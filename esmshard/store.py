@@ -59,8 +59,9 @@ def rows_of(held: np.ndarray, keys: np.ndarray) -> np.ndarray:
     if not held.size:
         return np.full(keys.size, -1, dtype=np.int64)
     order = np.argsort(held, kind="stable")
-    at = np.minimum(np.searchsorted(held[order], keys), held.size - 1)
-    return np.where(held[order][at] == keys, order[at], -1)
+    ordered = held[order]
+    at = np.minimum(np.searchsorted(ordered, keys), held.size - 1)
+    return np.where(ordered[at] == keys, order[at], -1)
 
 
 def settings_key(settings: dict) -> str:
