@@ -227,7 +227,8 @@ def load(spec: ModelSpec):
     elif spec.kind in ("hf", "transformers"):
         from .transformers_weights import esm2_from_transformers
 
-        folder = hf_snapshot(spec.repo, download=True) if spec.kind == "hf" else spec.path
+        # An hf: model not cached when its name was read is fetched now.
+        folder = spec.path or hf_snapshot(spec.repo, download=True)
         model = esm2_from_transformers(folder)
         alphabet = model.alphabet
     else:
