@@ -23,7 +23,15 @@ from . import contacts, peak_memory_mb
 from .files import Buckets, atomic_path, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
-from .shardfile import CONTACT_VALUES, SHA256_DTYPE, STR_DTYPE, dataset, read_index
+from .shardfile import (
+    CONTACT_OFFSETS,
+    CONTACT_VALUES,
+    PER_TOK_OFFSETS,
+    SHA256_DTYPE,
+    STR_DTYPE,
+    dataset,
+    read_index,
+)
 from .store import KEY_DTYPE, Store, check_part, keys_of, rows_of
 
 log = logging.getLogger(__name__)
@@ -192,7 +200,7 @@ def merge(
         out.create_dataset("lengths", data=lengths[embedded])
         del lengths
         if per_residue:
-            out.create_dataset("per_tok/offsets", data=offsets)
+            out.create_dataset(PER_TOK_OFFSETS, data=offsets)
         for kind, kind_layers in layers.items():
             total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
             compression = (
@@ -214,7 +222,7 @@ def merge(
                 _copy_in_input_order(parts, name, target, placement, spill_dir)
                 log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
         if with_contacts:
-            out.create_dataset(f"{contacts.NAME}/offsets", data=contact_offsets)
+            out.create_dataset(CONTACT_OFFSETS, data=contact_offsets)
             target = out.create_dataset(
                 CONTACT_VALUES, (int(contact_offsets[-1]),), contacts.DTYPES[contacts_dtype]
             )

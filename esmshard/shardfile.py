@@ -22,6 +22,9 @@ from .store import keys_of
 STR_DTYPE = h5py.string_dtype("utf-8")
 SHA256_DTYPE = np.dtype("S64")  # hex digests, fixed-length ASCII
 CONTACT_VALUES = f"{contacts.NAME}/values"
+# embeddings.h5 (esmshard.merge) alone: where each record's rows, or triangle, start (N + 1 values).
+PER_TOK_OFFSETS = "per_tok/offsets"
+CONTACT_OFFSETS = f"{contacts.NAME}/offsets"
 
 
 class Failure(NamedTuple):
