@@ -37,10 +37,10 @@ from . import contacts
 from .fasta import read_raw
 from .files import atomic_path
 from .layout import Layout
-from .reader import OFFSETS, Embeddings
+from .reader import Embeddings
 from .records import iter_batches, source
 from .representations import KINDS
-from .shardfile import dataset
+from .shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
 
 BLOCK_BYTES = 64 << 20
 # A protein's ID, header and hash, read as Python strings, take about STRING_BYTES beside its
@@ -68,6 +68,13 @@ class Block(NamedTuple):
     contacts: np.ndarray | None  # the proteins' triangles, concatenated
     contact_offsets: np.ndarray | None
 
+    def rows(self, kind: str, i: int) -> dict[int, np.ndarray]:
+        """Protein i's values of `kind`: {layer: its vector, or its rows per residue}."""
+        if KINDS[kind].per_residue:
+            a, b = self.residue_offsets[i : i + 2]
+            return {layer: values[a:b] for layer, values in self.values[kind].items()}
+        return {layer: values[i] for layer, values in self.values[kind].items()}
+
 
 def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
     """The file's proteins in blocks of about BLOCK_BYTES of the `wanted` datasets."""
@@ -85,9 +92,9 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
         for kind, layers in wanted.items()
         if KINDS[kind].per_residue
     )
-    residue_offsets = h5[OFFSETS] if per_residue else None
-    contact_offsets = h5["contacts/offsets"] if with_contacts else None
-    contact_size = h5["contacts/values"].dtype.itemsize if with_contacts else 0
+    residue_offsets = h5[PER_TOK_OFFSETS] if per_residue else None
+    contact_offsets = h5[CONTACT_OFFSETS] if with_contacts else None
+    contact_size = h5[CONTACT_VALUES].dtype.itemsize if with_contacts else 0
     start = 0
     while start < n:
         # The cost of the next proteins, from their offsets.
@@ -122,7 +129,7 @@ def _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets) -> B
         residue_offsets=None if bounds is None else bounds - bounds[0],
         contacts=None
         if contact_bounds is None
-        else h5["contacts/values"][contact_bounds[0] : contact_bounds[-1]],
+        else h5[CONTACT_VALUES][contact_bounds[0] : contact_bounds[-1]],
         contact_offsets=None if contact_bounds is None else contact_bounds - contact_bounds[0],
     )
 
@@ -212,7 +219,6 @@ def write_per_protein_h5(emb, target, bar, options: Options):
     # group; any HDF5 1.10 or later (h5py 2.9 or later) reads this one.
     with h5py.File(target, "w", libver=("v110", "latest")) as out:
         for block in blocks(emb, options.kinds, False):
-            rows = block.values[kind][layer]
             for i, id_ in enumerate(block.ids):
                 if key == "hash":
                     name = biotrainer_hash(next(sequences))
@@ -225,10 +231,7 @@ def write_per_protein_h5(emb, target, bar, options: Options):
                             "key the datasets by sequence hash (--key hash)"
                         )
                     name = id_
-                if block.residue_offsets is not None:
-                    data = rows[block.residue_offsets[i] : block.residue_offsets[i + 1]]
-                else:
-                    data = rows[i]
+                data = block.rows(kind, i)[layer]
                 out.create_dataset(name, data=data, compression="gzip", chunks=True)
                 out[name].attrs["original_id"] = id_
             bar.update(len(block.ids))
@@ -264,15 +267,10 @@ def write_pt(emb, target, bar, options: Options):
         for block in blocks(emb, options.kinds, emb.has_contacts):
             for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
                 result = {"label": header}
-                for kind, layers in block.values.items():
-                    if KINDS[kind].per_residue:
-                        a, b = block.residue_offsets[i : i + 2]
-                        rows = {layer: values[a:b] for layer, values in layers.items()}
-                    else:
-                        rows = {layer: values[i] for layer, values in layers.items()}
+                for kind in block.values:
                     result[PT_KEYS[kind]] = {
                         layer: torch.from_numpy(np.array(row, dtype=np.float32))
-                        for layer, row in rows.items()
+                        for layer, row in block.rows(kind, i).items()
                     }
                 if block.contacts is not None:
                     a, b = block.contact_offsets[i : i + 2]
@@ -324,11 +322,11 @@ def write_npy(emb, target, bar, options: Options):
                 target / f"{kind}_{layer}.npy", data.dtype, data.shape
             )
     if any(KINDS[kind].per_residue for kind in options.kinds):
-        _copy_whole(h5[OFFSETS], target / "per_tok_offsets.npy")
+        _copy_whole(h5[PER_TOK_OFFSETS], target / "per_tok_offsets.npy")
     if emb.has_contacts:
-        values = h5["contacts/values"]
+        values = h5[CONTACT_VALUES]
         files[contacts.NAME] = NpyWriter(target / "contacts.npy", values.dtype, values.shape)
-        _copy_whole(h5["contacts/offsets"], target / "contacts_offsets.npy")
+        _copy_whole(h5[CONTACT_OFFSETS], target / "contacts_offsets.npy")
     with open(target / "ids.tsv", "w", encoding="utf-8") as ids:
         ids.write("id\tsequence_sha256\n")
         for block in blocks(emb, options.kinds, emb.has_contacts):

@@ -18,9 +18,7 @@ import numpy as np
 
 from . import contacts
 from .representations import KINDS
-from .shardfile import dataset
-
-OFFSETS = "per_tok/offsets"  # per-residue rows of protein i: offsets[i] : offsets[i + 1]
+from .shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
 
 
 class Protein(NamedTuple):
@@ -93,6 +91,10 @@ class Embeddings:
                 f"{id_!r} is not in {self.path} (failed, or not in the input)"
             ) from None
 
+    def _row(self, protein: int | str) -> int:
+        """A row given as a row, or as an ID."""
+        return protein if isinstance(protein, (int, np.integer)) else self.row(protein)
+
     def __contains__(self, id_: str) -> bool:
         try:
             self.row(id_)
@@ -127,35 +129,37 @@ class Embeddings:
 
     @property
     def offsets(self) -> np.ndarray:
-        return self.h5[OFFSETS][:]
+        return self.h5[PER_TOK_OFFSETS][:]
 
     def per_residue(self, protein: int | str, layer: int | None = None) -> np.ndarray:
         """One protein's per-residue rows (length × D), by row or ID."""
-        row = protein if isinstance(protein, (int, np.integer)) else self.row(protein)
-        start, stop = self.h5[OFFSETS][row : row + 2]
+        row = self._row(protein)
+        start, stop = self.h5[PER_TOK_OFFSETS][row : row + 2]
         return self.h5[dataset("per_tok", self.layer("per_tok", layer))][start:stop]
+
+    def values(self, protein: int | str, kind: str, layer: int | None = None) -> np.ndarray:
+        """One protein's values of one kind at one layer: its vector, or its per-residue rows."""
+        if KINDS[kind].per_residue:
+            return self.per_residue(protein, layer)
+        return self.h5[dataset(kind, self.layer(kind, layer))][self._row(protein)]
 
     def contact_map(self, protein: int | str) -> np.ndarray:
         """One protein's contact map (length × length), by row or ID."""
         if not self.has_contacts:
             raise KeyError(f"{self.path} holds no contact maps (include: contacts)")
-        row = protein if isinstance(protein, (int, np.integer)) else self.row(protein)
-        start, stop = self.h5["contacts/offsets"][row : row + 2]
-        values = self.h5["contacts/values"][start:stop]
+        row = self._row(protein)
+        start, stop = self.h5[CONTACT_OFFSETS][row : row + 2]
+        values = self.h5[CONTACT_VALUES][start:stop]
         return contacts.full_matrix(values, int(self.h5["lengths"][row]))
 
     def __getitem__(self, protein: int | str) -> Protein:
-        row = protein if isinstance(protein, (int, np.integer)) else self.row(protein)
+        row = self._row(protein)
         if not 0 <= row < len(self):
             raise IndexError(f"row {row} is not in {self.path} ({len(self)} proteins)")
         h5 = self.h5
 
         def rows(kind):
-            if kind not in self.layers:
-                return {}
-            if kind == "per_tok":
-                return {layer: self.per_residue(row, layer) for layer in self.layers[kind]}
-            return {layer: h5[dataset(kind, layer)][row] for layer in self.layers[kind]}
+            return {layer: self.values(row, kind, layer) for layer in self.layers.get(kind, [])}
 
         return Protein(
             id=h5["ids"].asstr()[row],
@@ -172,7 +176,7 @@ class Embeddings:
     ) -> Iterator[Batch]:
         """`size` proteins at a time in input order: memory bounded by the batch, not the file."""
         data = self.h5[dataset(kind, self.layer(kind, layer))]
-        offsets = self.h5[OFFSETS] if KINDS[kind].per_residue else None
+        offsets = self.h5[PER_TOK_OFFSETS] if KINDS[kind].per_residue else None
         for start in range(0, len(self), size):
             stop = min(start + size, len(self))
             if offsets is None:

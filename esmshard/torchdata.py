@@ -6,8 +6,6 @@ import numpy as np
 import torch
 
 from .reader import Embeddings
-from .representations import KINDS
-from .shardfile import dataset
 
 
 class EmbeddingDataset(torch.utils.data.Dataset):
@@ -30,10 +28,7 @@ class EmbeddingDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int):
         emb = self._embeddings()
-        if KINDS[self.kind].per_residue:
-            values = emb.per_residue(index, self.layer)
-        else:
-            values = emb.h5[dataset(self.kind, self.layer)][index]
+        values = emb.values(index, self.kind, self.layer)
         return emb.h5["ids"].asstr()[index], torch.from_numpy(np.asarray(values))
 
     def __getstate__(self):
