@@ -106,7 +106,7 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
 
 def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
     embedder = Embedder(
-        net, alphabet, [net.num_layers], device, PRECISIONS[precision], fast_path=True
+        net, alphabet, [net.num_layers], device, PRECISIONS[precision], kinds=["mean"]
     )
     batches = make_batches([len(s) for s in sequences], toks_per_batch)
     start = time.perf_counter()
@@ -115,7 +115,7 @@ def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> float:
     ):
         for _, reps in parts:
             for rep in reps:
-                rep[net.num_layers].per_tok.mean(0)
+                rep[net.num_layers].mean
     synchronize(device)
     return time.perf_counter() - start
 

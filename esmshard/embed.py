@@ -13,7 +13,7 @@ import h5py
 import torch
 
 from . import model as esm_model
-from . import pool, telemetry
+from . import pool, provenance, telemetry
 from .batching import make_batches, padded_fraction, token_budget
 from .contacts import NAME as CONTACTS
 from .contacts import triangle_size
@@ -22,7 +22,7 @@ from .files import atomic_path, naming_disk_full, write_json
 from .layout import Layout
 from .long_sequences import embedded_residues, skip_reason
 from .precision import resolve as resolve_precision
-from .representations import absolute_layers
+from .representations import KINDS, absolute_layers
 from .shard import read_shard
 from .shardfile import Failure, ShardWriter, output_bytes
 from .status import Progress, rate, shards_done
@@ -134,7 +134,14 @@ def run_shard(
             with_contacts = CONTACTS in include
             budget = token_budget(toks_per_batch, device, net, resolved, with_contacts)
             embedder = Embedder(
-                net, alphabet, layers, device, resolved, settings["fast_path"], with_contacts
+                net,
+                alphabet,
+                layers,
+                device,
+                resolved,
+                settings["fast_path"],
+                with_contacts,
+                [kind for kind in include if kind in KINDS],
             )
             batch_lengths = [len(sequences[k]) for k in batched]
             batches = make_batches(batch_lengths, budget)
@@ -186,6 +193,8 @@ def run_shard(
                         weights=spec.weights,
                         precision=resolved.name,
                         device=str(device),
+                        device_name=sampler.name or device_name,
+                        **provenance.software(),
                         truncation_seq_length=limit,
                         long_sequences=long_sequences,
                         settings=json.dumps(settings),

@@ -2,6 +2,7 @@
 
 import logging
 import os
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -11,29 +12,57 @@ from .contacts import upper_triangle
 from .forward import FastESM2
 from .long_sequences import chunk_spans
 from .precision import Precision, autocast
-from .representations import Representation
+from .representations import KINDS, Representation
 from .shardfile import Failure
 
 log = logging.getLogger(__name__)
+
+MEAN, PER_TOK, BOS = KINDS  # the representation kinds, as the read-back names them
 
 # Test hook: batches of more tokens than this raise an out-of-memory error, as CUDA would.
 INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
 
 
+# What a batch's read-back holds besides the representation kinds and the contact maps.
+FINITE = "finite"  # one flag per sequence: every value at every layer is finite
+
+
+class Launched(NamedTuple):
+    """A batch whose forward pass and read-back are queued; `Embedder.finish` reads it."""
+
+    values: dict[str, torch.Tensor]  # per kind: layers × rows × D; contacts: B × L × L; FINITE: B
+    copied: "torch.cuda.Event | None"  # passed once `values` are on the host (None on a CPU)
+    lengths: np.ndarray  # residues of each sequence
+
+
 class Embedder:
-    """fair-esm's ESM-2 forward pass with fair-esm's token layout, on one device."""
+    """fair-esm's ESM-2 forward pass with fair-esm's token layout, on one device.
+
+    Only what `kinds` asks for leaves the device: the mean over each sequence's residues and the
+    BOS row are reduced there (in fp32, whatever the precision), per-residue rows are gathered
+    without their padding, and each kind crosses to the host as one copy for the whole batch.
+    """
 
     def __init__(
-        self, model, alphabet, layers, device, precision: Precision, fast_path=True, contacts=False
+        self,
+        model,
+        alphabet,
+        layers,
+        device,
+        precision: Precision,
+        fast_path=True,
+        contacts=False,
+        kinds=tuple(KINDS),
     ):
         self.model = model.to(device)
         # Contact maps need the attention maps: fair-esm's own forward pass computes them.
         self.contacts = contacts
         self.net = FastESM2(self.model) if fast_path and not contacts else self.model
         self.alphabet = alphabet
-        self.layers = layers
+        self.layers = sorted(layers)
         self.device = device
         self.precision = precision
+        self.kinds = tuple(kinds)
         self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
         # Token of each byte that is a one-letter token of the alphabet, -1 for the others.
         self.token_of_byte = np.full(256, -1, dtype=np.int64)
@@ -63,72 +92,131 @@ class Embedder:
         toks[np.arange(len(sequences)), lengths + 1] = self.alphabet.eos_idx
         return torch.from_numpy(toks)
 
-    def launch(self, sequences: list[str]):
-        """Start the batch's forward pass; `finish` reads the results back.
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A host array on the device, its copy queued without waiting (pinned memory on a GPU)."""
+        tensor = torch.from_numpy(array)
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
 
-        On a GPU both the forward pass and the copy of its results into pinned host memory are
-        queued, so the host is free until it asks for them.
+    def launch(self, sequences: list[str], kinds=None) -> Launched:
+        """Queue the batch's forward pass and the read-back of `kinds` (default: the Embedder's);
+        `finish` waits for them. The host does not wait for the device here, so on a GPU it can
+        prepare the next batch meanwhile.
         """
+        kinds = self.kinds if kinds is None else kinds
+        lengths = np.array([len(s) for s in sequences])
         toks = self.tokens(sequences)
-        if self.device.type == "cuda":
-            toks = toks.pin_memory()  # lets the copy below overlap with queued GPU work
         if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
-        with torch.inference_mode(), autocast(self.precision, self.device):
-            toks = toks.to(self.device, non_blocking=True)
+        width = toks.shape[1]
+        # Residue positions (BOS, EOS and padding left out), known on the host: no device sync.
+        residue = (np.arange(width) >= 1) & (np.arange(width) <= lengths[:, None])
+        with torch.inference_mode():
+            toks = self.to_device(toks.numpy())
+            with autocast(self.precision, self.device):
+                if self.contacts:
+                    out = self.net(toks, repr_layers=self.layers, return_contacts=True)
+                elif isinstance(self.net, FastESM2):
+                    out = self.net(toks, self.layers, padded=bool(residue.sum() < toks.numel()))
+                else:
+                    out = self.net(toks, repr_layers=self.layers)
+            reps = [out["representations"][layer] for layer in self.layers]
+            values = self.reduce(reps, self.to_device(residue), kinds)
+            if PER_TOK in kinds:
+                values[PER_TOK] = self.gather(reps, self.to_device(np.flatnonzero(residue)))
             if self.contacts:
-                out = self.net(toks, repr_layers=self.layers, return_contacts=True)
-            else:
-                out = self.net(toks, repr_layers=self.layers)
-            results = {layer: rep.float() for layer, rep in out["representations"].items()}
-            if self.contacts:
-                results[CONTACTS] = out["contacts"].float()
+                values[CONTACTS] = out["contacts"].float()
             if self.device.type != "cuda":
-                return results, None
+                return Launched(values, None, lengths)
             host = {
-                name: torch.empty(result.shape, dtype=torch.float32, pin_memory=True).copy_(
-                    result, non_blocking=True
+                name: torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(
+                    value, non_blocking=True
                 )
-                for name, result in results.items()
+                for name, value in values.items()
             }
             copied = torch.cuda.Event()
             copied.record()
-            return host, copied
+            return Launched(host, copied, lengths)
 
     @staticmethod
-    def finish(launched, sequences: list[str]) -> list[dict[int, Representation]]:
-        """Per sequence, {layer: Representation}, float32 on the CPU."""
-        results, copied = launched
+    def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds) -> dict[str, torch.Tensor]:
+        """The per-sequence kinds and the finite flags, on the device, accumulated in fp32.
+
+        A sequence's sum over its residues is finite exactly when each of them is (but for an
+        overflow, which is no usable result either), so it and the BOS row stand for the check.
+        """
+        mask = residue[:, :, None]
+        sums = [rep.masked_fill(~mask, 0).sum(1, dtype=torch.float32) for rep in reps]
+        finite = torch.stack(
+            [
+                torch.isfinite(s).all(1) & torch.isfinite(rep[:, 0]).all(1)
+                for s, rep in zip(sums, reps)
+            ]
+        ).all(0)
+        values = {FINITE: finite}
+        if MEAN in kinds:
+            counts = residue.sum(1, keepdim=True, dtype=torch.float32)
+            values[MEAN] = torch.stack([s / counts for s in sums])
+        if BOS in kinds:
+            values[BOS] = torch.stack([rep[:, 0].float() for rep in reps])
+        return values
+
+    @staticmethod
+    def gather(reps: list[torch.Tensor], positions: torch.Tensor) -> torch.Tensor:
+        """layers × residues × D: every sequence's residue rows, one after the other."""
+        dim = reps[0].shape[-1]
+        out = torch.empty(
+            (len(reps), len(positions), dim), dtype=torch.float32, device=reps[0].device
+        )
+        for k, rep in enumerate(reps):
+            torch.index_select(rep.float().reshape(-1, dim), 0, positions, out=out[k])
+        return out
+
+    def finish(self, launched: Launched) -> tuple[list[dict[int, Representation]], np.ndarray]:
+        """Per sequence, {layer: Representation} (float32, on the CPU), and its finite flag."""
+        values, copied, lengths = launched
         if copied is not None:
             copied.synchronize()
-        arrays = {name: result.numpy() for name, result in results.items()}
+        arrays = {name: value.numpy() for name, value in values.items()}
+        finite = arrays.pop(FINITE)
         maps = arrays.pop(CONTACTS, None)  # B × L × L, BOS and EOS already left out
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
         reps = []
-        for row, seq in enumerate(sequences):
-            n = len(seq)
+        for row, n in enumerate(lengths):
             triangle = None if maps is None else upper_triangle(maps[row, :n, :n])
+            rows = {
+                kind: (slice(offsets[row], offsets[row + 1]) if kind == PER_TOK else row)
+                for kind in arrays
+            }
             reps.append(
                 {
-                    layer: Representation(rep[row, 1 : n + 1], rep[row, 0], triangle)
-                    for layer, rep in arrays.items()
+                    layer: Representation(
+                        int(n),
+                        contacts=triangle,
+                        **{kind: array[k, rows[kind]] for kind, array in arrays.items()},
+                    )
+                    for k, layer in enumerate(self.layers)
                 }
             )
-        return reps
+            if triangle is not None:
+                finite[row] &= np.isfinite(triangle).all()
+        return reps, finite
 
-    def forward(self, sequences: list[str]) -> list[dict[int, Representation]]:
+    def forward(self, sequences: list[str], kinds=None) -> list[dict[int, Representation]]:
         """One batch, start to end."""
-        return self.finish(self.launch(sequences), sequences)
+        return self.finish(self.launch(sequences, kinds))[0]
 
     def launch_halving(
-        self, indices: list[int], sequences: list[str], failed: list[Failure]
+        self, indices: list[int], sequences: list[str], failed: list[Failure], kinds=None
     ) -> list[tuple]:
         """`launch` the batch, or on out-of-memory its halves, down to single sequences.
 
-        Returns (indices, sequences, launched) per part; a sequence that does not fit even alone
-        is appended to `failed`.
+        Returns (indices, launched) per part; a sequence that does not fit even alone is appended
+        to `failed`.
         """
         try:
-            return [(indices, sequences, self.launch(sequences))]
+            return [(indices, self.launch(sequences, kinds))]
         except torch.OutOfMemoryError as err:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -145,31 +233,27 @@ class Embedder:
                 "out of memory on a batch of %d sequences; retrying as two halves", len(sequences)
             )
             return self.launch_halving(
-                indices[:half], sequences[:half], failed
-            ) + self.launch_halving(indices[half:], sequences[half:], failed)
+                indices[:half], sequences[:half], failed, kinds
+            ) + self.launch_halving(indices[half:], sequences[half:], failed, kinds)
 
     def finish_checked(self, parts: list[tuple], failed: list[Failure]) -> list[tuple]:
         """(indices, representations) per launched part; sequences with non-finite values go to `failed`."""
         results = []
-        for indices, sequences, launched in parts:
-            kept = []
-            for index, rep in zip(indices, self.finish(launched, sequences)):
-                first = next(iter(rep.values()))
-                if all(
-                    np.isfinite(r.per_tok).all() and np.isfinite(r.bos).all() for r in rep.values()
-                ) and (first.contacts is None or np.isfinite(first.contacts).all()):
-                    kept.append((index, rep))
-                else:
+        for indices, launched in parts:
+            reps, finite = self.finish(launched)
+            for index, ok in zip(indices, finite):
+                if not ok:
                     failed.append(Failure(index, "non-finite values in the representations"))
+            kept = [(index, rep) for index, rep, ok in zip(indices, reps, finite) if ok]
             if kept:
                 results.append(([i for i, _ in kept], [r for _, r in kept]))
         return results
 
     def embed(
-        self, indices: list[int], sequences: list[str], failed: list[Failure]
+        self, indices: list[int], sequences: list[str], failed: list[Failure], kinds=None
     ) -> list[tuple]:
         """(indices, representations) for the batch, halving it on out-of-memory."""
-        return self.finish_checked(self.launch_halving(indices, sequences, failed), failed)
+        return self.finish_checked(self.launch_halving(indices, sequences, failed, kinds), failed)
 
     def embed_batches(self, batches, failed: list[Failure]):
         """Yield `embed`'s result for each (indices, sequences) of `batches`, in order.
@@ -187,18 +271,24 @@ class Embedder:
             yield self.finish_checked(previous, failed)
 
     def embed_chunked(self, index: int, sequence: str, window: int, failed: list[Failure]):
-        """One long sequence through overlapping windows, stitched; None (and `failed` noted) if a window fails."""
+        """One long sequence through overlapping windows, stitched; None (and `failed` noted) if a window fails.
+
+        The windows' residue rows come back whatever `kinds` says: the mean is over the whole
+        sequence, taken once they are stitched.
+        """
         spans = chunk_spans(len(sequence), window)
         pieces, window_failures = {}, []
         windows = [sequence[span.start : span.end] for span in spans]
-        for done, reps in self.embed(list(range(len(spans))), windows, window_failures):
+        for done, reps in self.embed(
+            list(range(len(spans))), windows, window_failures, (PER_TOK, BOS)
+        ):
             pieces.update(zip(done, reps))
         if window_failures:
             k, reason = window_failures[0]
             failed.append(Failure(index, f"window {k + 1} of {len(spans)} failed: {reason}"))
             return None
         return {
-            layer: Representation(
+            layer: Representation.from_per_tok(
                 np.concatenate(
                     [
                         pieces[k][layer].per_tok[

@@ -96,7 +96,9 @@ class FastESM2(torch.nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
         return out.transpose(1, 2).reshape(batch, length, self.embed_dim)
 
-    def forward(self, tokens, repr_layers):
+    def forward(self, tokens, repr_layers, padded: bool | None = None):
+        """`padded`: whether any token is padding, when the caller knows (asking the device
+        would make the host wait for it)."""
         m = self.model
         padding = tokens.eq(m.padding_idx)
         x = m.embed_scale * m.embed_tokens(tokens)
@@ -119,7 +121,9 @@ class FastESM2(torch.nn.Module):
         representations = {0: x} if 0 in wanted else {}
         cos, sin = self.rotary(tokens.shape[1], tokens.device)
         # Boolean mask, True where attention is allowed: every query sees the real keys only.
-        mask = ~padding[:, None, None, :] if padding.any() else None
+        if padded is None:
+            padded = bool(padding.any())
+        mask = ~padding[:, None, None, :] if padded else None
         for index, layer in enumerate(m.layers[: max(wanted)]):
             attended = self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
             x = dense(attended, layer.self_attn.out_proj, residual=x)

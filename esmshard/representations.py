@@ -6,38 +6,42 @@ one per sequence, not per layer.
 """
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 
 class Representation(NamedTuple):
-    """One sequence at one layer, float32."""
+    """One sequence at one layer, float32; a kind that was not read back is None."""
 
-    per_tok: np.ndarray  # residues × D, BOS and EOS excluded
-    bos: np.ndarray  # D: the BOS token's representation
+    length: int  # residues embedded
+    per_tok: np.ndarray | None = None  # residues × D, BOS and EOS excluded
+    mean: np.ndarray | None = None  # D: the mean over the residues (BOS, EOS, padding excluded)
+    bos: np.ndarray | None = None  # D: the BOS token's representation
     # The sequence's contact map (esmshard.contacts' triangle), the same at every layer; None
     # unless `include` asks for contacts.
     contacts: np.ndarray | None = None
 
+    @classmethod
+    def from_per_tok(cls, per_tok: np.ndarray, bos: np.ndarray, contacts=None):
+        """Every kind from the per-residue rows, the mean taken on the host in fp32."""
+        return cls(len(per_tok), per_tok, per_tok.mean(0, dtype=np.float32), bos, contacts)
+
 
 @dataclass(frozen=True)
 class Kind:
-    name: str
+    name: str  # also the Representation field that holds it
     per_residue: (
         bool  # one row per residue (records concatenated, with offsets), else one per record
     )
-    rows: Callable[[list[Representation]], np.ndarray]  # the rows of a batch of sequences
+
+    def rows(self, reps: list[Representation]) -> np.ndarray:
+        """The rows of a batch of sequences."""
+        values = [getattr(r, self.name) for r in reps]
+        return np.concatenate(values) if self.per_residue else np.stack(values)
 
 
-KINDS = {
-    k.name: k
-    for k in (
-        Kind("mean", False, lambda reps: np.stack([r.per_tok.mean(0) for r in reps])),
-        Kind("per_tok", True, lambda reps: np.concatenate([r.per_tok for r in reps])),
-        Kind("bos", False, lambda reps: np.stack([r.bos for r in reps])),
-    )
-}
+KINDS = {k.name: k for k in (Kind("mean", False), Kind("per_tok", True), Kind("bos", False))}
 
 
 def absolute_layers(repr_layers, num_layers: int) -> list[int]:

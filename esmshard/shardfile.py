@@ -79,7 +79,7 @@ class ShardWriter:
     def write(self, keys, ids, reps: list[dict[int, Representation]]):
         self._append(self.h5["sequence_sha256"], np.asarray(keys, dtype=SHA256_DTYPE))
         self._append(self.h5["ids"], np.asarray(ids, dtype=object))
-        lengths = [len(next(iter(r.values())).per_tok) for r in reps]
+        lengths = [next(iter(r.values())).length for r in reps]
         self._append(self.h5["length"], np.asarray(lengths, dtype=np.int64))
         for layer in reps[0]:
             at_layer = [r[layer] for r in reps]

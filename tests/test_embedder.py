@@ -33,8 +33,63 @@ def collect(embedder, indices, sequences):
     failed, out = [], {}
     for done, reps in embedder.embed(indices, sequences, failed):
         for i, rep in zip(done, reps):
-            out[i] = (rep[6].per_tok.mean(0), rep[6].per_tok)
+            out[i] = (rep[6].mean, rep[6].per_tok)
     return out, failed
+
+
+def test_only_the_kinds_asked_for_leave_the_device(embedder, monkeypatch):
+    """With include: [mean], what is read back per batch is layers × sequences × D (and a flag
+    per sequence): no tensor with a row per token, and one read-back per kind."""
+    net, alphabet = embedder.model, embedder.alphabet
+    means_only = Embedder(
+        net, alphabet, [3, 6], torch.device("cpu"), PRECISIONS["fp32"], kinds=["mean"]
+    )
+    every_kind = Embedder(net, alphabet, [3, 6], torch.device("cpu"), PRECISIONS["fp32"])
+    batches = make_batches([len(s) for s in SEQUENCES], 4096)
+    read_back = []
+    launch = Embedder.launch
+
+    def recording(self, sequences, kinds=None):
+        launched = launch(self, sequences, kinds)
+        if self is means_only:
+            read_back.append(
+                (len(sequences), {k: tuple(v.shape) for k, v in launched.values.items()})
+            )
+        return launched
+
+    monkeypatch.setattr(Embedder, "launch", recording)
+    jobs = [(b, [SEQUENCES[i] for i in b]) for b in batches]
+    got = [
+        r for parts in means_only.embed_batches(iter(jobs), []) for _, reps in parts for r in reps
+    ]
+    want = [
+        r for parts in every_kind.embed_batches(iter(jobs), []) for _, reps in parts for r in reps
+    ]
+    assert len(read_back) == len(batches)
+    for n, shapes in read_back:
+        assert shapes == {"mean": (2, n, 320), "finite": (n,)}
+    for rep, full in zip(got, want):
+        for layer in (3, 6):
+            assert rep[layer].per_tok is None and rep[layer].bos is None
+            assert rep[layer].length == len(full[layer].per_tok)
+            # the device's fp32 mean is the mean of the rows every_kind reads back (summed in
+            # another order: within fp32 rounding of a sum of up to 1022 values)
+            np.testing.assert_allclose(rep[layer].mean, full[layer].per_tok.mean(0), atol=1e-5)
+            np.testing.assert_array_equal(rep[layer].mean, full[layer].mean)
+
+
+def test_a_non_finite_value_fails_only_its_sequence(embedder, monkeypatch):
+    sequences = SEQUENCES[:4]
+    reduce = Embedder.reduce
+
+    def poisoned(reps, residue, kinds):
+        reps[-1][2, 5, 0] = float("nan")  # sequence 2, its fifth residue, at the last layer
+        return reduce(reps, residue, kinds)
+
+    monkeypatch.setattr(Embedder, "reduce", staticmethod(poisoned))
+    failed = []
+    ((done, reps),) = embedder.embed([10, 11, 12, 13], sequences, failed)
+    assert done == [10, 11, 13] and failed == [(12, "non-finite values in the representations")]
 
 
 def test_injected_out_of_memory_halves_batches_with_identical_results(

@@ -42,7 +42,7 @@ def key(i: int) -> str:
 
 def rep(i: int) -> dict[int, Representation]:
     per_tok = np.arange(LENGTHS[i] * DIM, dtype=np.float32).reshape(LENGTHS[i], DIM) + 100 * i
-    return {6: Representation(per_tok, np.full(DIM, i, dtype=np.float32))}
+    return {6: Representation.from_per_tok(per_tok, np.full(DIM, i, dtype=np.float32))}
 
 
 def part_path(folder, name) -> Path:
@@ -225,7 +225,7 @@ def realistic(tmp_path):
     reps = {}
     for i, n in enumerate(lengths):
         per_tok = rng.normal(0, 0.5, (n, 32)).astype(np.float32) * (1 + 50 * (i == 7))
-        reps[i] = {6: Representation(per_tok, per_tok[0])}
+        reps[i] = {6: Representation.from_per_tok(per_tok, per_tok[0])}
     ids = [f"Q{i}" for i in range(400)]
     write_records(tmp_path, [f"{PLAN}-000{i % 2}" for i in range(400)], ids, lengths)
     paths = []

@@ -22,8 +22,8 @@ def test_every_kind_and_contacts_are_the_config_choices():
 
 def test_kinds_rows_per_record_or_per_residue():
     reps = [
-        Representation(np.ones((3, 4)), np.zeros(4)),
-        Representation(np.full((2, 4), 3.0), np.ones(4)),
+        Representation.from_per_tok(np.ones((3, 4)), np.zeros(4)),
+        Representation.from_per_tok(np.full((2, 4), 3.0), np.ones(4)),
     ]
     for kind in KINDS.values():
         rows = kind.rows(reps)

@@ -18,7 +18,7 @@ def embed_without_a_model(store, shard_tsv):
     """The store part of a shard file, with made-up representations."""
     shard = read_shard(shard_tsv)
     reps = [
-        {6: Representation(np.ones((len(s), 4), np.float32), np.zeros(4, np.float32))}
+        {6: Representation.from_per_tok(np.ones((len(s), 4), np.float32), np.zeros(4, np.float32))}
         for s in shard.sequences
     ]
     return write_part(store, SETTINGS, shard_tsv.stem, shard.keys, shard.ids, reps)
