@@ -13,13 +13,14 @@ import json
 import logging
 import os
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
 import h5py
 import numpy as np
 
-from . import contacts, peak_memory_mb
+from . import __version__, contacts, peak_memory_mb, provenance
 from .files import Buckets, atomic_path, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
@@ -102,6 +103,7 @@ def merge(
     lengths = np.zeros(n, dtype=np.int32)
     part_row = np.zeros(n, dtype=np.int64)
     failures, precisions, attrs, layers = {}, set(), None, {}
+    computed_with = Counter()
     paths = [store.part(key, name) for name in names]
     for code, (name, path) in enumerate(zip(names, paths)):
         if not name.startswith(plan["plan"]):  # from the store: it may have changed since
@@ -146,6 +148,8 @@ def merge(
             status[members[k]] = 2
             failures[int(members[k])] = part.failed_reasons[failed_at[k]]
         precisions.add(str(attrs["precision"]))
+        computed_with[provenance.computed_with(attrs)] += 1
+    computed_rows = provenance.summary(computed_with)
     del keys
     log.info(
         "%d parts checked (%d records); peak memory so far %.0f MB",
@@ -241,6 +245,7 @@ def merge(
             output_dtype=output_dtype,
             per_residue_compression=per_residue_compression,
             contacts_dtype=contacts_dtype if with_contacts else "",
+            **provenance.attributes(computed_rows),
         )
 
     failed = sorted(failures)
@@ -260,6 +265,10 @@ def merge(
         "embedded": n_embedded,
         "failed": len(failures),
         "store": str(Path(store_root).resolve()),
+        "esmshard_version": __version__,
+        "precisions": sorted(precisions),
+        "devices": sorted({row["device_name"] for row in computed_rows}),
+        "computed_with": computed_rows,
     }
     write_json(run_json, counts)
     log.info(

@@ -1,5 +1,6 @@
 """The precisions a forward pass can run in: the one table to extend for a new one."""
 
+import os
 from dataclasses import dataclass
 
 
@@ -24,12 +25,16 @@ PRECISIONS = {
 }
 AUTO = "auto"
 AUTO_BF16_CAPABILITY = (8, 0)  # Ampere and newer compute bf16 natively
+# Test hook: what `auto` resolves to on a CPU, standing in for a GPU of another generation.
+CPU_AUTO_ENV = "ESMSHARD_CPU_AUTO_PRECISION"
 
 
 def resolve(name: str, device) -> Precision:
     """The configured precision; `auto` is bf16 on GPUs that compute it natively, else fp32."""
     if name != AUTO:
         return PRECISIONS[name]
+    if device.type == "cpu":
+        return PRECISIONS[os.environ.get(CPU_AUTO_ENV, "fp32")]
     import torch
 
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= AUTO_BF16_CAPABILITY:

@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .files import write_json, write_text  # noqa: E402
+from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
 from .status import per_slot, slot_key  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
@@ -269,7 +270,7 @@ def _fmt(value) -> str:
     return "–" if value is None else str(value)
 
 
-def render_html(result: dict, series: dict) -> str:
+def render_html(result: dict, series: dict, computed_with: str = "") -> str:
     warning = ""
     if result["weights"] == "random":
         warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
@@ -355,20 +356,35 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
             ],
         )
     }
+{computed_with}
 </body></html>
 """
 
 
-def write_report(metric_files, telemetry_files, out_json, out_html) -> dict:
+def computed_with_section(run: dict) -> str:
+    """What computed the run's embeddings (the store's parts included), and a warning where
+    they mix precisions."""
+    rows = run.get("computed_with", [])
+    mixed = mixed_precisions(rows)
+    warning = f"<p class=warn>{html.escape(mixed[0].upper() + mixed[1:])}.</p>" if mixed else ""
+    return f"<h2>Computed with</h2>{warning}" + _table(rows, [*COMPUTED_WITH, "parts"])
+
+
+def write_report(metric_files, telemetry_files, out_json, out_html, run_json=None) -> dict:
+    run = json.loads(Path(run_json).read_text()) if run_json else {}
+    computed_with = computed_with_section(run) if run else ""
     metrics = load_metrics(metric_files)
     if not metrics:  # every sequence came from the store: no job to report on
         result = {"n_shards": 0, "n_sequences": 0, "note": NOTHING_COMPUTED}
         write_json(out_json, result)
         write_text(
-            out_html, f"<!doctype html><html><body><p>{NOTHING_COMPUTED}</p></body></html>\n"
+            out_html,
+            f"<!doctype html><html><body><p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
         )
         return result
     result = scaling(metrics)
     write_json(out_json, result)
-    write_text(out_html, render_html(result, read_telemetry(metrics, telemetry_files)))
+    write_text(
+        out_html, render_html(result, read_telemetry(metrics, telemetry_files), computed_with)
+    )
     return result

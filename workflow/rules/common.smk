@@ -19,6 +19,7 @@ from esmshard.config import coerce_config, embedding_settings
 from esmshard.files import read_tsv
 from esmshard.layout import Layout
 from esmshard.model import ModelError, parse_spec
+from esmshard.provenance import mixed_precisions
 from esmshard.runlock import RunActiveError, hold
 from esmshard.sizing import (
     DEFAULT_ARCH,
@@ -113,6 +114,9 @@ def report_run():
         f"{run['computed']} computed by this run, {run['from_store']} from the store "
         f"({run['store']}); {run['failed']} records failed, listed in {RUN.failed}"
     )
+    mixed = mixed_precisions(run.get("computed_with", []))
+    if mixed:
+        logger.warning(f"esmshard: {mixed}")
 
 
 def hold_run_lock():

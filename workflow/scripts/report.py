@@ -14,4 +14,5 @@ run_step(
     telemetry_files=list(snakemake.input.telemetry),
     out_json=snakemake.output.json,
     out_html=snakemake.output.html,
+    run_json=snakemake.input.run,
 )
