@@ -7,12 +7,20 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
+# `make wheelhouse`: wheels for a GPU node without network (PY: its Python; HAVE: its pip freeze).
+PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+WHEELHOUSE ?= wheelhouse
+HAVE ?=
+# `make gpu-check`: GPU_PYTHON is a Python with CUDA torch and the wheelhouse installed (default:
+# .venv's); the results go to GPU_CHECK_OUT.
+GPU_PYTHON ?= $(BIN)/python
+GPU_CHECK_OUT ?= gpu-check
 BIN = $(VENV)/bin
 # 291 real E. coli K-12 proteins: every 15th record of the reference proteome, taken from
 # ../shared/data beside the checkout or downloaded once from UniProt into resources/.
 EXAMPLE = resources/ecoli_k12_example.fasta
 
-.PHONY: run test lint clean
+.PHONY: run test lint clean wheelhouse gpu-check
 
 $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +44,12 @@ lint: $(BIN)/snakemake $(EXAMPLE)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
+
+wheelhouse: $(BIN)/snakemake
+	$(BIN)/python -m esmshard.wheelhouse --python $(PY) --out $(WHEELHOUSE) $(if $(HAVE),--have $(HAVE))
+
+gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(BIN)/snakemake)
+	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.gpucheck --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf results .snakemake

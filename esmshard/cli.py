@@ -71,7 +71,18 @@ def main(argv=None):
         default="hash",
         help="per-protein-h5: datasets named by biotrainer's sequence hash (default) or by ID",
     )
+    gpu_check = commands.add_parser(
+        "gpu-check",
+        help="prove a GPU machine: GPU tests, a whole run, the throughput benchmark (in a clone)",
+    )
+    gpu_check.add_argument(
+        "--out", type=Path, default=Path("gpu-check"), help="where gpu-check.json and .md go"
+    )
     args = parser.parse_args(argv)
+    if args.command == "gpu-check":
+        from .gpucheck import main as gpu_check_main
+
+        return gpu_check_main(["--out", str(args.out)])
     if args.command == "store":
         return show_store(parser, args.path, args.remove)
     if args.command == "export":

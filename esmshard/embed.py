@@ -47,6 +47,13 @@ def split_records(shard_sequences, limit: int, long_sequences: str):
     return sequences, batched, chunked, skipped
 
 
+def timed(fn, *args) -> float:
+    """Seconds that fn(*args) took."""
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
 def pick_device(slot: pool.Slot, threads: int) -> tuple[torch.device, str]:
     if torch.cuda.is_available():
         device = torch.device("cuda", 0)
@@ -148,6 +155,7 @@ def run_shard(
             loaded = time.time()
 
             progress.update(0, sampler)
+            write_seconds = []
             contact_values = (
                 sum(triangle_size(len(sequences[k])) for k in batched) if with_contacts else 0
             )
@@ -161,11 +169,11 @@ def run_shard(
 
                     def write(done, reps):
                         if written:
-                            written.pop().result()
+                            write_seconds.append(written.pop().result())
                         done_ids = [ids[k] for k in done]
                         written.append(
                             background.submit(
-                                writer.write, [keys[k] for k in done], done_ids, reps
+                                timed, writer.write, [keys[k] for k in done], done_ids, reps
                             )
                         )
 
@@ -183,7 +191,7 @@ def run_shard(
                             write([k], [rep])
                         progress.update(len(sequences[k]), sampler)
                     if written:
-                        written.pop().result()
+                        write_seconds.append(written.pop().result())
                     writer.write_failed(failed, keys, ids)
                     h5.attrs.update(
                         shard=shard,
@@ -215,6 +223,10 @@ def run_shard(
             "seconds": finished - started,
             "load_seconds": loaded - started,
             "compute_seconds": finished - loaded,
+            # the host's own work on the batches: tokens, read-back and checks, then writing
+            # (in a thread of its own, beside the next batch)
+            "host_seconds": embedder.host_seconds,
+            "write_seconds": sum(write_seconds),
             "started_at": started,
             "finished_at": finished,
             "residues_per_second": n_residues / (finished - loaded) if finished > loaded else None,

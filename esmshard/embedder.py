@@ -2,6 +2,7 @@
 
 import logging
 import os
+import time
 from typing import NamedTuple
 
 import numpy as np
@@ -64,6 +65,9 @@ class Embedder:
         self.precision = precision
         self.kinds = tuple(kinds)
         self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
+        # The host's own work on batches (tokens, read-back, checks), in seconds: not the
+        # queueing of the forward pass, which waits for the device once its queue is full.
+        self.host_seconds = 0.0
         # Token of each byte that is a one-letter token of the alphabet, -1 for the others.
         self.token_of_byte = np.full(256, -1, dtype=np.int64)
         for token, index in alphabet.tok_to_idx.items():
@@ -105,8 +109,10 @@ class Embedder:
         prepare the next batch meanwhile.
         """
         kinds = self.kinds if kinds is None else kinds
+        started = time.perf_counter()
         lengths = np.array([len(s) for s in sequences])
         toks = self.tokens(sequences)
+        self.host_seconds += time.perf_counter() - started
         if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
         width = toks.shape[1]
@@ -178,6 +184,7 @@ class Embedder:
         values, copied, lengths = launched
         if copied is not None:
             copied.synchronize()
+        started = time.perf_counter()
         arrays = {name: value.numpy() for name, value in values.items()}
         finite = arrays.pop(FINITE)
         maps = arrays.pop(CONTACTS, None)  # B × L × L, BOS and EOS already left out
@@ -201,6 +208,7 @@ class Embedder:
             )
             if triangle is not None:
                 finite[row] &= np.isfinite(triangle).all()
+        self.host_seconds += time.perf_counter() - started
         return reps, finite
 
     def forward(self, sequences: list[str], kinds=None) -> list[dict[int, Representation]]:
@@ -218,23 +226,26 @@ class Embedder:
         try:
             return [(indices, self.launch(sequences, kinds))]
         except torch.OutOfMemoryError as err:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(sequences) == 1:
-                failed.append(
-                    Failure(
-                        indices[0],
-                        f"out of memory even alone ({len(sequences[0])} residues): {err}",
-                    )
+            reason = str(err)
+        # Retried outside the handler: the exception's traceback holds the failed attempt's
+        # frames, and with them every tensor it had allocated, until the handler is left.
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if len(sequences) == 1:
+            failed.append(
+                Failure(
+                    indices[0],
+                    f"out of memory even alone ({len(sequences[0])} residues): {reason}",
                 )
-                return []
-            half = len(sequences) // 2
-            log.warning(
-                "out of memory on a batch of %d sequences; retrying as two halves", len(sequences)
             )
-            return self.launch_halving(
-                indices[:half], sequences[:half], failed, kinds
-            ) + self.launch_halving(indices[half:], sequences[half:], failed, kinds)
+            return []
+        half = len(sequences) // 2
+        log.warning(
+            "out of memory on a batch of %d sequences; retrying as two halves", len(sequences)
+        )
+        return self.launch_halving(
+            indices[:half], sequences[:half], failed, kinds
+        ) + self.launch_halving(indices[half:], sequences[half:], failed, kinds)
 
     def finish_checked(self, parts: list[tuple], failed: list[Failure]) -> list[tuple]:
         """(indices, representations) per launched part; sequences with non-finite values go to `failed`."""

@@ -105,6 +105,7 @@ def test_half_precision_on_cpu_stays_close_for_every_protein(model, precision):
     assert any(not np.array_equal(got[i][6].mean, want[i][6].mean) for i in order)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_on_gpu_cosine_at_least_0999(model):
     device = torch.device("cuda")
