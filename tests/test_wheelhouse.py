@@ -1,10 +1,12 @@
 """The offline install: `make wheelhouse` where there is network, then pip with no index at all."""
 
 import os
+import shlex
 import subprocess
 import sys
 
 from conftest import REPO
+from test_readme import readme_block
 
 
 def test_the_wheelhouse_installs_offline_next_to_torch(tmp_path):
@@ -37,8 +39,11 @@ def test_the_wheelhouse_installs_offline_next_to_torch(tmp_path):
         "HTTPS_PROXY": "http://127.0.0.1:9",
         "HTTP_PROXY": "http://127.0.0.1:9",
     }
+    command = readme_block("**GPU nodes without network.**", "```\n").strip()
+    assert command == "pip install --no-index --find-links wheelhouse 'esmshard[cluster]'"
     install = subprocess.run(
-        [node_python, "-m", "pip", "install", "--find-links", str(wheels), "esmshard[cluster]"],
+        [node_python, "-m", *shlex.split(command)],  # the README's command, with the node's pip
+        cwd=tmp_path,
         env=offline,
         capture_output=True,
         text=True,
