@@ -24,6 +24,11 @@ EMBEDDING_KEYS = (
     "fast_path",
 )
 
+# Bumped by any change of esmshard that changes the numbers computed with the same settings: it is
+# part of the settings (and so of the store key), which re-runs the embed jobs and keeps the
+# store's older entries apart. Nothing else about esmshard's code re-runs a finished shard.
+NUMERICS_VERSION = 1
+
 INTEGER = re.compile(r"[+-]?\d+")
 BOOLEANS = {"true": True, "false": False}
 
@@ -63,5 +68,13 @@ def coerce_config(config: dict, schema: dict) -> dict:
 
 
 def embedding_settings(config: dict, checkpoint: str) -> dict:
-    """The settings an embedding was computed with, as embed jobs record them and merge checks them."""
-    return {**{key: config[key] for key in EMBEDDING_KEYS}, "checkpoint": checkpoint}
+    """The settings an embedding was computed with, as embed jobs record them and merge checks them.
+
+    Keys in sorted order: Snakemake compares params by their repr(), so one order for good.
+    """
+    settings = {
+        **{key: config[key] for key in EMBEDDING_KEYS},
+        "checkpoint": checkpoint,
+        "numerics": NUMERICS_VERSION,
+    }
+    return dict(sorted(settings.items()))

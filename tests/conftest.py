@@ -76,6 +76,21 @@ NONSTANDARD = write_subset(
 )
 
 
+def clone_of_workflow(folder: Path) -> Path:
+    """A copy of the repository's tracked files, as a fresh clone has them (no example input,
+    no virtualenv, no results)."""
+    files = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        source = REPO / name.decode()
+        if source.is_file():
+            target = folder / name.decode()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return folder
+
+
 def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = None):
     """The `snakemake` command line and environment of a run in `workdir` (the profile applies)."""
     workdir.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,16 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake, snakemake_command
+from conftest import (
+    PROTEINS,
+    REPO,
+    TINY_MODEL,
+    clone_of_workflow,
+    jobs_run,
+    read_records,
+    snakemake,
+    snakemake_command,
+)
 from esm.pretrained import load_model_and_alphabet_core
 
 from esmshard.batching import make_batches, padded_fraction
@@ -208,10 +217,13 @@ def test_hub_model_without_network_fails_before_shard_work(tmp_path):
     )
 
 
-def test_lint_reports_nothing():
+def test_lint_reports_nothing_in_a_clone_without_input_or_network(tmp_path):
+    clone = clone_of_workflow(tmp_path / "clone")
+    assert not (clone / "resources").exists()
+    env = {**os.environ, "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}
     result = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--lint", "--config", f"input=[{PROTEINS}]"],
-        cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "snakemake", "--lint"], cwd=clone, env=env, capture_output=True,
+        text=True,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert (
@@ -386,3 +398,28 @@ def test_output_options_typed_on_the_command_line_rerun_only_the_merge(tmp_path)
             assert got.dtype == np.float16
             # the README's bound for float16
             assert np.all(np.abs(got.astype(np.float32) - want) <= 2**-11 * np.abs(want) + 2**-25)
+
+
+def test_a_touched_script_or_a_moved_clone_reruns_no_finished_shard(tmp_path):
+    """Finished shards re-run only for what changes their numbers: the embedding settings."""
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+
+    def run(clone, *more):
+        cmd = [sys.executable, "-m", "snakemake", "-s", str(clone / "Snakefile"), "-d",
+               str(workdir), "--cores", "2", "--resources", "gpu=1", "--config",
+               f"input=[{PROTEINS}]", f"model=random:{TINY_MODEL}", "shards=2", *more]  # fmt: skip
+        env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+        result = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return jobs_run(result)
+
+    first = clone_of_workflow(tmp_path / "clone")
+    assert run(first)["embed"] == 2
+    for script in (first / "workflow" / "scripts").glob("*.py"):  # a `git pull` touching them
+        script.touch()
+    (first / "esmshard" / "embedder.py").touch()
+    moved = first.rename(tmp_path / "moved")
+    again = run(moved)
+    assert "embed" not in again and "shard" not in again, again
+    assert run(moved, "repr_layers=[3]")["embed"] == 2

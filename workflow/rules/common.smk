@@ -36,12 +36,6 @@ with open(WORKFLOW_ROOT / "workflow" / "schemas" / "config.schema.yaml") as fh:
 validate(config, schema="../schemas/config.schema.yaml")
 
 INPUTS = config["input"]
-for path in INPUTS:
-    if not os.path.isfile(path):
-        raise WorkflowError(
-            f"input FASTA '{path}' does not exist; set `input:` in the config "
-            "(`make run` makes the example input)"
-        )
 try:
     MODEL = parse_spec(config["model"])
 except ModelError as err:
@@ -55,7 +49,6 @@ if "contacts" in config["include"] and config["long_sequences"] == "chunk":
 
 RUN = Layout(config["outdir"])
 ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
-N_RECORDS_ESTIMATE = estimated_records(INPUTS)
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
 # merge checks every part against them (esmshard.config, esmshard.store).
@@ -66,6 +59,23 @@ KEY = settings_key(EMBEDDING_PARAMS)
 
 wildcard_constraints:
     shard=r"[0-9a-f]+-[0-9]+",
+
+
+def fasta_inputs(wildcards):
+    """The input FASTA files, checked when the run is planned rather than when the workflow is
+    read, so that `snakemake --lint` needs none."""
+    for path in INPUTS:
+        if not os.path.isfile(path):
+            raise WorkflowError(
+                f"input FASTA '{path}' does not exist; set `input:` in the config "
+                "(`make run` makes the example input)"
+            )
+    return INPUTS
+
+
+def records_mem_mb(bytes_per_record):
+    """Memory for a step that keeps `bytes_per_record` per input record, and 2 GB."""
+    return lambda wildcards: 2048 + math.ceil(bytes_per_record * estimated_records(INPUTS) / 2**20)
 
 
 def planned_shards(wildcards=None):

@@ -12,7 +12,7 @@ rule merge:
     resources:
         runtime=io_runtime,
         # windows of 256 MB and ~40 bytes per record (esmshard.merge)
-        mem_mb=lambda wildcards: 2048 + math.ceil(48 * N_RECORDS_ESTIMATE / 2**20),
+        mem_mb=records_mem_mb(48),
     params:
         **EMBEDDING_PARAMS,
         store=STORE.root,

@@ -1,7 +1,7 @@
 # A checkpoint: which shards there are is known only once the input and the store are read.
 checkpoint shard:
     input:
-        INPUTS,
+        fasta_inputs,
     output:
         directory(RUN.shard_dir),
     log:
@@ -11,10 +11,10 @@ checkpoint shard:
     resources:
         runtime=io_runtime,
         # streaming: at most ~32 bytes per record (esmshard.shard)
-        mem_mb=lambda wildcards: 2048 + math.ceil(32 * N_RECORDS_ESTIMATE / 2**20),
+        mem_mb=records_mem_mb(32),
     params:
         # New content under an old mtime re-runs this step too (esmshard.checksums).
-        input_sha256=file_checksums(INPUTS, RUN.checksums),
+        input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
         shards=config["shards"],
         arch=list(ARCH),
         store=STORE.root,
