@@ -12,6 +12,7 @@ chunked datasets.
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -33,7 +34,16 @@ from .shardfile import (
     dataset,
     read_index,
 )
-from .store import KEY_DTYPE, Store, check_part, keys_of, rows_of
+from .store import (
+    KEY_DTYPE,
+    Store,
+    check_part,
+    keys_of,
+    part_problem,
+    rows_of,
+    set_aside,
+    settings_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +95,11 @@ def merge(
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
     store, key = Store(str(store_root)), plan["key"]
+    if settings_key(settings) != key:
+        raise MergeError(
+            f"{plan_json} was planned with other embedding settings than this run's; delete "
+            f"{Path(plan_json).parent} and run the same command again"
+        )
     codes, names = shard_codes(read_columns(records, ["shard"]))
     n = codes.size
     keys = np.empty(n, dtype=KEY_DTYPE)  # each part's rows are found by these
@@ -105,41 +120,40 @@ def merge(
     failures, precisions, attrs, layers = {}, set(), None, {}
     computed_with = Counter()
     paths = [store.part(key, name) for name in names]
+    used = []
     for code, (name, path) in enumerate(zip(names, paths)):
-        if not name.startswith(plan["plan"]):  # from the store: it may have changed since
-            reason = check_part(store, key, name, checksum_cache)
-            if reason:
-                raise MergeError(
-                    f"store part {path} fails its check ({reason}); delete "
-                    f"{Path(plan_json).parent} and run the same command again to recompute "
-                    "its sequences"
-                )
+        members = by_part[bounds[code] : bounds[code + 1]]
+        if not members.size:
+            continue  # a store part that the shard step found and did not use
+        used.append(path)
+        from_store = not name.startswith(plan["plan"])
+        # A store part may have changed since the shard step checked it; this run's own are new.
+        reason = (
+            check_part(store, key, name, checksum_cache)
+            if from_store
+            else part_problem(store, key, name)
+        )
+        if reason:
+            _set_aside_and_stop(store, key, name, reason, from_store, records)
         try:
             with h5py.File(path, "r") as h5:
                 part = read_index(h5)
         except (OSError, KeyError) as err:
-            raise MergeError(
-                f"shard file {path} is unreadable or incomplete ({err}); delete it and run again"
-            ) from err
-        attrs, layers = part.attrs, part.layers
-        _check_settings(path, part.attrs, settings)
-        if part.attrs.get("shard") != name:
-            raise MergeError(
-                f"shard file {path} holds shard {part.attrs.get('shard')}, not {name} "
-                "(copied from another shard?): delete it and run again to rebuild it"
+            _set_aside_and_stop(
+                store, key, name, f"unreadable or incomplete ({err})", from_store, records
             )
-        members = by_part[bounds[code] : bounds[code + 1]]
+        attrs, layers = part.attrs, part.layers
         rows = rows_of(part.keys, keys[members])
         failed_at = rows_of(part.failed_keys, keys[members])
         lost = np.flatnonzero((rows < 0) & (failed_at < 0))
         if lost.size:
             index = int(members[lost[0]])
             id_, file, line = _rows(records, ["id", "file", "line"], [index])[0]
-            raise MergeError(
-                f"shard file {path} holds no result for record '{id_}' ({source(file, line)}) "
-                f"nor for {lost.size - 1} more of the records it should; it is not this run's: "
-                "delete it and run again to rebuild it"
+            reason = (
+                f"it holds no result for record '{id_}' ({source(file, line)}) nor for "
+                f"{lost.size - 1} more of the records it should"
             )
+            _set_aside_and_stop(store, key, name, reason, from_store, records)
         done = rows >= 0
         status[members[done]] = 1
         part_row[members[done]] = rows[done]
@@ -184,7 +198,7 @@ def merge(
         parts.append(PartRows(path, part_row[members][order], members[order]))
     del by_part, part_row
 
-    dim = _dim(paths[0], layers) if layers else 0
+    dim = _dim(used[0], layers) if layers else 0
     itemsize = np.dtype(dtype).itemsize
     total_rows = sum(
         (offsets[-1] if KINDS[kind].per_residue else n_embedded) * len(kind_layers)
@@ -283,19 +297,19 @@ def merge(
     return counts
 
 
-def _check_settings(path, attrs, settings: dict) -> None:
-    """The shard file must have been computed with the run's settings, every one of them."""
-    try:
-        found = json.loads(attrs["settings"])
-    except (KeyError, ValueError):
-        found = {}
-    for key, value in settings.items():
-        if found.get(key) != value:
-            raise MergeError(
-                f"shard file {path} was computed with {key} = {json.dumps(found.get(key))}, but "
-                f"this run has {key} = {json.dumps(value)}; it is not this run's (copied from "
-                "another run?): delete it and run again to recompute it"
-            )
+def _set_aside_and_stop(store, key, name, reason, from_store, records) -> None:
+    """A part that cannot be merged is set aside, and the run stops so that the same command
+    recomputes its sequences: a part of this run's plan is an embed job's output, which Snakemake
+    runs again once it is missing; for a store part, the plan is removed, so that the shard step
+    plans its sequences anew."""
+    moved = set_aside(store, key, name, reason)
+    if from_store:
+        shutil.rmtree(Path(records).parent, ignore_errors=True)
+    raise MergeError(
+        f"store part {store.part(key, name)} cannot be merged: {reason}. It is set aside "
+        f"({' and '.join(moved) or 'already gone'}) and nothing was merged; run the same "
+        "command again: it recomputes that part's sequences (no other step is needed)"
+    )
 
 
 def _rows(records, columns, indices) -> list[tuple]:

@@ -10,8 +10,9 @@ runs may share one):
 `key` is a hash of the settings, so that sequences computed with other settings are never
 found. A part counts once its `.h5` exists: the manifest is written before the `.h5` is renamed
 into place, and both are written atomically, so two runs adding parts at once never see each
-other's half-written files. A part whose file fails its manifest's sha256 or size is set aside
-(renamed `.corrupt`) and its sequences are computed again.
+other's half-written files. A part whose file fails its manifest's sha256 or size, or that is
+not what its name says (another shard's, or computed with other settings), is set aside with its
+manifest (both renamed `.corrupt`) and its sequences are computed again.
 
 Sequences are matched on the first 128 bits of their SHA-256: a chance of a false match of
 about n²/2¹²⁹, 10⁻¹⁵ for a trillion sequences.
@@ -126,32 +127,69 @@ def part_keys(path) -> np.ndarray:
         return keys_of(h5["sequence_sha256"][:])
 
 
+def part_problem(store: Store, key: str, name: str) -> str | None:
+    """None if the part is the one its name says: shard `name`, computed with the settings `key`
+    stands for (a part copied in from another shard, model or store is not); else what it is."""
+    try:
+        with h5py.File(store.part(key, name), "r") as h5:
+            shard, found = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
+    except (OSError, KeyError, ValueError) as err:
+        return f"unreadable ({err})"
+    if shard != name:
+        return f"it holds shard {shard}, not {name} (copied from another shard?)"
+    if settings_key(found) != key:
+        try:
+            wanted = json.loads(Path(store.settings(key)).read_text())
+        except (OSError, ValueError):
+            wanted = {}
+        differ = [k for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
+        named = ", ".join(
+            f"{k} = {json.dumps(found.get(k))} where the store has {json.dumps(wanted.get(k))}"
+            for k in differ[:3]
+        )
+        return f"it was computed with other settings ({named or 'not those of ' + key})"
+    return None
+
+
 def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
-    """None if the part is whole (its manifest's size and sha256); else what is wrong with it."""
+    """None if the part is whole (its manifest's size and sha256) and is what its name says
+    (`part_problem`); else what is wrong with it."""
     part, manifest = store.part(key, name), store.manifest(key, name)
+    if not os.path.exists(part):
+        return "its file is gone"
     try:
         expected = json.loads(Path(manifest).read_text())
-        size = os.path.getsize(part)
     except (OSError, ValueError) as err:
         return f"no readable manifest ({err})"
+    size = os.path.getsize(part)
     if size != expected.get("bytes"):
         return f"{size} bytes where its manifest says {expected.get('bytes')}"
     (found,) = file_checksums([part], checksum_cache)
     if found != expected.get("sha256"):
         return f"sha256 {found} where its manifest says {expected.get('sha256')}"
-    return None
+    return part_problem(store, key, name)
 
 
-def set_aside(store: Store, key: str, name: str, reason: str) -> None:
-    """Move a part that failed its check out of the way, so that no run uses it again."""
-    part = Path(store.part(key, name))
+SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed its check
+
+
+def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
+    """Move a part that failed its check, and its manifest, out of the way, so that no run uses
+    them again (`esmshard store --prune` removes them); returns where they went."""
+    moved = []
+    for path in (store.part(key, name), store.manifest(key, name)):
+        try:
+            os.replace(path, path + SET_ASIDE)
+            moved.append(path + SET_ASIDE)
+        except FileNotFoundError:
+            pass  # another run set it aside first, or the part never had one
     log.warning(
-        "store part %s fails its check (%s): set aside, its sequences are recomputed", part, reason
+        "store part %s fails its check (%s): set aside as %s, its sequences are recomputed",
+        store.part(key, name),
+        reason,
+        " and ".join(moved) or "(already gone)",
     )
-    try:
-        os.replace(part, part.with_suffix(".h5.corrupt"))
-    except FileNotFoundError:
-        pass  # another run set it aside first
+    return moved
 
 
 def summary(store: Store) -> list[dict]:

@@ -1,6 +1,7 @@
 """merge on shard files written by the shard writer, without a model."""
 
 import json
+import shutil
 from hashlib import sha256
 from pathlib import Path
 
@@ -35,9 +36,12 @@ SETTINGS = {
 }
 
 
-def key(i: int) -> str:
+def key_(i: int) -> str:
     """The sequence key of record i's made-up sequence."""
     return sha256(f"SEQUENCE{i}".encode()).hexdigest()
+
+
+key = key_
 
 
 def rep(i: int) -> dict[int, Representation]:
@@ -147,10 +151,19 @@ def test_a_representation_kind_merge_does_not_know_is_refused(run):
     with h5py.File(paths[0], "a") as h5:
         h5.create_dataset("attention/6", data=np.zeros((3, DIM)))
     with pytest.raises(
-        MergeError, match=f"shard file {paths[0]} .*unknown representation kind.*attention"
+        MergeError,
+        match=f"store part {paths[0]} cannot be merged: .*unknown representation kind.*attention",
     ):
         merge_run(folder)
     assert not (folder / "embeddings.h5").exists()
+    assert_set_aside(paths[0])
+
+
+def assert_set_aside(path, manifest=True):
+    """The part (and its manifest) renamed out of the way, none left under its own name."""
+    assert not path.exists() and path.with_suffix(".h5.corrupt").is_file()
+    assert path.with_suffix(".json.corrupt").is_file() == manifest
+    assert not path.with_suffix(".json").exists()
 
 
 def test_a_missing_record_is_named(run):
@@ -158,9 +171,13 @@ def test_a_missing_record_is_named(run):
     # the plan puts P1 where the shard file lacks it
     write_records(folder, [SHARD_OF[0]] * 3 + SHARD_OF[3:])
     with pytest.raises(
-        MergeError, match=f"shard file {paths[0]} holds no result for record 'P1' \\(in.fa:1\\)"
+        MergeError,
+        match=f"store part {paths[0]} cannot be merged: it holds no result for record 'P1' "
+        "\\(in.fa:1\\).*run the same command again",
     ):
         merge_run(folder)
+    assert_set_aside(paths[0])
+    assert (folder / "records.parquet").exists()  # this run's part: its embed job runs again
 
 
 def test_records_with_one_sequence_get_bitwise_equal_rows(run):
@@ -187,31 +204,56 @@ def test_a_store_part_changed_since_the_plan_is_named(run):
     with open(paths[1], "r+b") as fh:
         fh.seek(-50, 2)
         fh.write(b"\xff")
-    with pytest.raises(MergeError, match=f"store part {paths[1]} fails its check \\(sha256"):
-        merge_run(folder)
+    plan = folder / "shards"  # the plan's own folder, as a run has it
+    plan.mkdir()
+    for name in ("records.parquet", "plan.json"):
+        (folder / name).rename(plan / name)
+    with pytest.raises(
+        MergeError, match=f"store part {paths[1]} cannot be merged: sha256 .*command again"
+    ):
+        merge(plan / "records.parquet", plan / "plan.json", folder / "store",
+              folder / "embeddings.h5", folder / "failed.tsv", folder / "run.json", SETTINGS,
+              folder / "checksums.json")  # fmt: skip
     assert not (folder / "embeddings.h5").exists()
+    assert_set_aside(paths[1])
+    assert not plan.exists()  # the same command plans the part's sequences anew
 
 
 def test_a_shard_file_copied_over_another_shard_is_named(run):
     folder, paths = run
     paths[0].write_bytes(paths[1].read_bytes())
     with pytest.raises(
-        MergeError, match=f"shard file {paths[0]} holds shard {PLAN}-0001, not {PLAN}-0000"
+        MergeError,
+        match=f"store part {paths[0]} cannot be merged: it holds shard {PLAN}-0001, "
+        f"not {PLAN}-0000",
     ):
         merge_run(folder)
     assert not (folder / "embeddings.h5").exists()
+    assert_set_aside(paths[0])
 
 
 @pytest.mark.parametrize("key", sorted(SETTINGS))
 def test_a_shard_file_of_other_settings_is_refused_naming_the_setting(run, key):
+    """A part of other settings copied over one of the run's, manifest and all."""
     folder, paths = run
     other = {**SETTINGS, key: "something else"}
+    copied = write_part(folder / "elsewhere", other, f"{PLAN}-0000", [key_(0)], ["P0"], [rep(0)])
+    shutil.copy(copied, paths[0])
+    shutil.copy(copied.with_suffix(".json"), paths[0].with_suffix(".json"))
     with pytest.raises(
         MergeError,
-        match=f"shard file {paths[0]} was computed with {key} = .*this run has {key} = ",
+        match=f"store part {paths[0]} cannot be merged: it was computed with other settings "
+        f"\\({key} = .* where the store has ",
     ):
-        merge_run(folder, other)
+        merge_run(folder)
     assert not (folder / "embeddings.h5").exists()
+    assert_set_aside(paths[0])
+
+
+def test_a_run_with_other_settings_than_its_plan_is_refused(run):
+    folder, _ = run
+    with pytest.raises(MergeError, match="planned with other embedding settings"):
+        merge_run(folder, {**SETTINGS, "include": ["mean"]})
 
 
 @pytest.fixture
@@ -311,6 +353,9 @@ def test_a_part_whose_sequences_are_other_ones_is_named(run):
     folder, paths = run
     with h5py.File(paths[0], "a") as h5:
         h5["sequence_sha256"][1] = key(99).encode()
-    with pytest.raises(MergeError, match=f"shard file {paths[0]} holds no result for record 'P"):
+    with pytest.raises(
+        MergeError,
+        match=f"store part {paths[0]} cannot be merged: it holds no result for record 'P",
+    ):
         merge_run(folder)
     assert not (folder / "embeddings.h5").exists()

@@ -2,7 +2,9 @@
 
 import json
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -253,3 +255,47 @@ def test_kill_9_during_the_shard_step_then_the_same_command(tmp_path):
     again = run(tmp_path, big, outdir)
     assert jobs_run(again)["shard"] == 1
     assert run_json(outdir)["records"] == 1500 * len(read_records(PROTEINS))
+
+
+def test_a_damaged_or_foreign_store_part_is_set_aside_and_recomputed_by_the_same_command(
+    tmp_path,
+):
+    """A byte changed in a part, then another model's part (manifest and all) copied over one:
+    each time the next outdir's command sets the part aside, recomputes its sequences and ends
+    with the numbers of a clean run; the same command again runs nothing."""
+    a = fasta(tmp_path / "a.fasta", A)
+    shared = tmp_path / "lab-store"
+    clean = tmp_path / "clean"
+    run(tmp_path, a, clean, "shards=2", f"store={shared}")
+    store = stores.Store(str(shared))
+    (key,) = store.settings_keys()
+    first, second = (Path(store.part(key, name)) for name in store.parts(key))
+    with open(first, "r+b") as fh:  # bit rot in the middle of the file
+        fh.seek(first.stat().st_size // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0x01]))
+
+    other_model = "model=random:esm2_t12_35M_UR50D"
+    run(tmp_path, fasta(tmp_path / "few.fasta", A[:3]), tmp_path / "other", other_model,
+        f"store={shared}")  # fmt: skip
+    (foreign_key,) = set(store.settings_keys()) - {key}
+    (foreign,) = (Path(store.part(foreign_key, n)) for n in store.parts(foreign_key))
+
+    for case, damaged in (("damaged", first), ("foreign", second)):
+        if case == "foreign":
+            shutil.copy(foreign, damaged)
+            shutil.copy(foreign.with_suffix(".json"), damaged.with_suffix(".json"))
+        outdir = tmp_path / case
+        result = run(tmp_path, a, outdir, "shards=1", f"store={shared}")
+        assert jobs_run(result) == {"shard": 1, "embed": 1, "merge": 1, "report": 1}
+        set_aside = [damaged.with_suffix(".h5.corrupt"), damaged.with_suffix(".json.corrupt")]
+        assert all(p.is_file() for p in set_aside) and not damaged.exists()
+        assert not damaged.with_suffix(".json").exists()
+        shard_log = (outdir / "logs" / "shard.log").read_text()
+        for path in (damaged, *set_aside):
+            assert str(path) in shard_log and str(path) in result.stderr
+        got, want = means(outdir), means(clean)
+        assert list(got) == list(want)
+        assert all(got[id_].tobytes() == want[id_].tobytes() for id_ in want)
+        assert jobs_run(run(tmp_path, a, outdir, "shards=1", f"store={shared}")) == {}
