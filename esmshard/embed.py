@@ -1,4 +1,8 @@
-"""The embed job: one shard's sequences on a pooled device, written into the store with its metrics."""
+"""The embed job: one shard's sequences on a pooled device, written into the store with its metrics.
+
+torch (and the model) are loaded only once the job holds its slot of the GPU pool: a job that
+waits for a GPU holds no torch (~0.5 GB) and no CUDA context meanwhile.
+"""
 
 import json
 import logging
@@ -10,14 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import h5py
-import torch
 
 from . import model as esm_model
 from . import pool, provenance, telemetry
 from .batching import make_batches, padded_fraction, token_budget
 from .contacts import NAME as CONTACTS
 from .contacts import triangle_size
-from .embedder import Embedder
 from .files import atomic_path, naming_disk_full, write_json
 from .layout import Layout
 from .long_sequences import embedded_residues, skip_reason
@@ -54,7 +56,10 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - started
 
 
-def pick_device(slot: pool.Slot, threads: int) -> tuple[torch.device, str]:
+def pick_device(slot: pool.Slot, threads: int):
+    """The torch device of the slot, and its name."""
+    import torch
+
     if torch.cuda.is_available():
         device = torch.device("cuda", 0)
         return device, torch.cuda.get_device_name(device)
@@ -99,7 +104,6 @@ def run_shard(
     del shard_sequences
     n_residues = sum(len(sequences[k]) for k in batched + chunked)
     spec = esm_model.parse_spec(model)
-    torch.set_num_threads(threads)
     for path in (out_h5, metrics_json, telemetry_tsv):  # Progress makes its own folder
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
@@ -109,6 +113,11 @@ def run_shard(
             pool.acquire(pool.pool_devices(gpus), job=shard) as slot,
             telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
         ):
+            import torch  # with the slot held (the module's docstring says why)
+
+            from .embedder import Embedder
+
+            torch.set_num_threads(threads)
             started = time.time()
             device, device_name = pick_device(slot, threads)
             resolved = resolve_precision(precision, device)

@@ -1,10 +1,13 @@
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+from conftest import PROTEINS, REPO, TINY_MODEL, snakemake_command
 
 from esmshard import pool
 
@@ -73,3 +76,41 @@ def test_pool_devices_follow_cuda_visible_devices():
     assert pool.visible_devices({"CUDA_VISIBLE_DEVICES": "-1"}) == []
     # No GPU at all: the listed indices still form the pool's slots.
     assert pool.pool_devices([0, 1, 2, 3], {"CUDA_VISIBLE_DEVICES": ""}) == ["0", "1", "2", "3"]
+
+
+def loaded_torch(pid: int) -> bool:
+    """Whether process `pid` has torch's library mapped (it has imported torch)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_an_embed_job_waiting_for_the_pool_has_not_imported_torch(tmp_path):
+    __import__("torch")
+    assert loaded_torch(os.getpid())  # the probe sees an imported torch
+    pool_dir = tmp_path / "gpu-pool"
+    slot = pool.default_pool_dir({"ESMSHARD_POOL_DIR": str(pool_dir)}) / "gpu0.lock"
+    slot.parent.mkdir(parents=True)
+    with open(slot, "a") as held:  # another job holds the pool's one GPU
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cmd, env = snakemake_command(
+            tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 1,
+                       "gpus": [0]}, "--resources", "gpu=1",
+        )  # fmt: skip
+        run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        try:
+            deadline = time.time() + 300
+            logs = tmp_path / "results" / "logs" / "embed"
+            while not any("waits for a GPU" in p.read_text() for p in logs.glob("*.log")):
+                assert run.poll() is None and time.time() < deadline
+                time.sleep(0.1)
+            waiting = [
+                int(p.name)
+                for p in Path("/proc").iterdir()
+                if p.name.isdigit() and os.getpgid(int(p.name)) == run.pid
+                and b"embed.py" in (p / "cmdline").read_bytes()
+            ]  # fmt: skip
+            assert waiting and not any(loaded_torch(pid) for pid in waiting)
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+    assert run.wait(timeout=300) == 0
+    assert (tmp_path / "results" / "embeddings.h5").is_file()
