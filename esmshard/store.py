@@ -135,8 +135,6 @@ def part_problem(store: Store, key: str, name: str) -> str | None:
             shard, found = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
     except (OSError, KeyError, ValueError) as err:
         return f"unreadable ({err})"
-    if shard != name:
-        return f"it holds shard {shard}, not {name} (copied from another shard?)"
     if settings_key(found) != key:
         try:
             wanted = json.loads(Path(store.settings(key)).read_text())
@@ -148,6 +146,8 @@ def part_problem(store: Store, key: str, name: str) -> str | None:
             for k in differ[:3]
         )
         return f"it was computed with other settings ({named or 'not those of ' + key})"
+    if shard != name:
+        return f"it holds shard {shard}, not {name} (copied from another shard?)"
     return None
 
 

@@ -89,11 +89,17 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
     (first, first_part), (second, second_part) = list(parts.items())[:2]
     shown = f"results/store/{first_part.parent.name}/{first_part.name}"
 
-    # Another shard's file under this shard's name.
+    # Another shard's file under this shard's name; then, set aside, it is rebuilt by the same
+    # command alone.
     shutil.copy(second_part, first_part)
     refused = snakemake(tmp_path, CONFIG, check=False)
     assert refused.returncode != 0
-    assert f"shard file {shown} holds shard {second}, not {first}" in refused.stderr
+    assert f"store part {shown} cannot be merged: it holds shard {second}, not {first}" in (
+        refused.stderr
+    )
+    assert "run the same command again" in refused.stderr and not first_part.exists()
+    rebuilt = snakemake(tmp_path, CONFIG)
+    assert jobs_run(rebuilt)["embed"] == 1
 
     # This shard's file from a run of another model.
     other_model = tmp_path / "other"
@@ -103,13 +109,10 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
     refused = snakemake(tmp_path, CONFIG, check=False)
     assert refused.returncode != 0
     assert (
-        f'shard file {shown} was computed with model = "{checkpoint}", '
-        f'but this run has model = "random:{TINY_MODEL}"' in refused.stderr
+        f"store part {shown} cannot be merged: it was computed with other settings (checkpoint = "
+        in refused.stderr
     )
-    assert "delete it and run again" in refused.stderr
-
-    # Deleting it, as the message says, recomputes that shard alone.
-    first_part.unlink()
+    assert f'model = "{checkpoint}" where the store has "random:{TINY_MODEL}"' in refused.stderr
     rebuilt = snakemake(tmp_path, CONFIG)
     assert jobs_run(rebuilt)["embed"] == 1
     assert means(tmp_path / "results").keys() == means(finished_run / "results").keys()

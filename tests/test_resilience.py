@@ -91,14 +91,15 @@ def test_corrupt_shard_is_refused_and_rebuilt_alone(tmp_path):
     snakemake(tmp_path, config)
     first, bad, last = planned_parts(tmp_path / "results").values()
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    others = stamps([first, last])
     refused = snakemake(tmp_path, config, check=False)
     assert refused.returncode != 0
-    assert f"shard file results/store/{bad.parent.name}/{bad.name} is unreadable" in refused.stderr
-    assert "delete it and run again" in refused.stderr
+    shown = f"results/store/{bad.parent.name}/{bad.name}"
+    assert f"store part {shown} cannot be merged: unreadable" in refused.stderr
+    assert f"set aside ({shown}.corrupt and " in refused.stderr
+    assert "run the same command again" in refused.stderr and not bad.exists()
 
-    others = stamps([first, last])
-    bad.unlink()
-    rebuilt = snakemake(tmp_path, config)
+    rebuilt = snakemake(tmp_path, config)  # the same command, nothing done by hand
     assert jobs_run(rebuilt) == {"embed": 1, "merge": 1, "report": 1}
     assert stamps([first, last]) == others
     assert list(means(tmp_path / "results")) == IDS
