@@ -25,6 +25,7 @@ from .layout import Layout
 from .long_sequences import embedded_residues, skip_reason
 from .precision import resolve as resolve_precision
 from .representations import KINDS, absolute_layers
+from .runlock import current_run_id
 from .shard import read_shard
 from .shardfile import Failure, ShardWriter, output_bytes
 from .status import Progress, rate, shards_done
@@ -244,6 +245,7 @@ def run_shard(
             "gpu_slot": slot.index,
             "cuda_visible_devices": slot.cuda_visible_devices,
             "host": socket.gethostname(),
+            "run_id": current_run_id(Layout(outdir).run_lock),
             "threads": threads,
             "model": model,
             "weights": spec.weights,

@@ -83,14 +83,18 @@ def merge(
     output_dtype: str = "float32",
     per_residue_compression: str = "none",
     contacts_dtype: str = "float16",
+    metrics_files=(),
+    run_id: str | None = None,
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
-    (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
+        (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
 
-    The parts are this run's shards and the store's (`store_root`, esmshard.store), as
-    `plan_json` and the record table say. Each must be the part it is named as, computed with
-    `settings` (the run's embedding settings), and hold its records' sequences: anything else
-    is refused by name rather than merged into a wrong answer. `run_json` gets the run's counts.
+        The parts are this run's shards and the store's (`store_root`, esmshard.store), as
+        `plan_json` and the record table say. Each must be the part it is named as, computed with
+        `settings` (the run's embedding settings), and hold its records' sequences: anything else
+        is refused by name rather than merged into a wrong answer. `run_json` gets the run's counts:
+    `computed` by the plan, and `computed_by_this_command`, the sequences of the shards whose metrics
+    (`metrics_files`) carry `run_id`, the id of the command now running (esmshard.runlock).
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
@@ -275,6 +279,8 @@ def merge(
         "records": n,
         "unique_sequences": plan["unique_sequences"],
         "computed": plan["computed"],
+        "computed_by_this_command": _computed_by(metrics_files, run_id),
+        "run_id": run_id,
         "from_store": plan["from_store"],
         "embedded": n_embedded,
         "failed": len(failures),
@@ -286,15 +292,22 @@ def merge(
     }
     write_json(run_json, counts)
     log.info(
-        "%d records, %d unique sequences: %d computed by this run, %d from the store; "
+        "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
         "%d records failed",
         n,
         counts["unique_sequences"],
         counts["computed"],
+        counts["computed_by_this_command"],
         counts["from_store"],
         len(failures),
     )
     return counts
+
+
+def _computed_by(metrics_files, run_id) -> int:
+    """The sequences of the shards that the command `run_id` computed."""
+    metrics = (json.loads(Path(path).read_text()) for path in metrics_files)
+    return sum(m["n_sequences"] for m in metrics if run_id and m.get("run_id") == run_id)
 
 
 def _set_aside_and_stop(store, key, name, reason, from_store, records) -> None:

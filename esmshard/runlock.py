@@ -12,6 +12,7 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import socket
 import sys
 import time
@@ -77,6 +78,7 @@ def hold(lock_path, outdir) -> None:
     fh.write(
         json.dumps(
             {
+                "run_id": secrets.token_hex(8),
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "started_at": time.time(),
@@ -87,3 +89,12 @@ def hold(lock_path, outdir) -> None:
     )
     fh.flush()
     _held.append(fh)
+
+
+def current_run_id(lock_path) -> str | None:
+    """The id of the run that holds (or last held) the outdir's lock: embed jobs record it, so
+    that merge can tell what this command computed from what an earlier one did."""
+    try:
+        return json.loads(Path(lock_path).read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None

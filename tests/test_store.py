@@ -96,10 +96,12 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
     counts = run_json(outdir)
     assert counts.pop("computed_with") and counts.pop("esmshard_version")
     assert counts.pop("precisions") == ["fp32"] and counts.pop("devices") == ["cpu"]
+    assert len(counts.pop("run_id")) == 16
     assert counts == {
         "records": len(B),
         "unique_sequences": unique(B),
         "computed": len(NEW),
+        "computed_by_this_command": len(NEW),
         "from_store": unique(A),
         "embedded": len(B),
         "failed": 0,
@@ -110,7 +112,9 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
     metrics = [json.loads((outdir / "metrics" / f"{s}.json").read_text()) for s in shards]
     assert sum(m["n_sequences"] for m in metrics) == len(NEW)
     assert jobs_run(second)["embed"] == len(shards)
-    assert f"{len(NEW)} computed by this run, {unique(A)} from the store" in second.stderr
+    assert f"{len(NEW)} computed ({len(NEW)} by this command), {unique(A)} from the store" in (
+        second.stderr
+    )
 
     got, want = means(outdir), means(scratch)
     assert list(got) == [h[1:].split()[0] for h, _ in B]  # every ID, in input order
@@ -191,6 +195,14 @@ def test_kill_9_during_a_grown_run_then_the_same_command(tmp_path):
     assert "shard" not in jobs_run(again)
     assert {s: (p, os.stat(p).st_mtime_ns) for s, (p, _) in before.items()} == before
     assert run_json(outdir)["computed"] == len(NEW)
+    by_this_command = sum(
+        json.loads((outdir / "metrics" / f"{s}.json").read_text())["n_sequences"]
+        for s in shards
+        if s not in finished
+    )
+    assert 0 < by_this_command < len(NEW)
+    assert run_json(outdir)["computed_by_this_command"] == by_this_command
+    assert f"{len(NEW)} computed ({by_this_command} by this command)" in again.stderr
     assert len(store_keys(outdir / "store")) == unique(B)  # no sequence computed twice
 
 

@@ -20,7 +20,7 @@ from esmshard.files import read_tsv
 from esmshard.layout import Layout
 from esmshard.model import ModelError, parse_spec
 from esmshard.provenance import mixed_precisions
-from esmshard.runlock import RunActiveError, hold
+from esmshard.runlock import RunActiveError, current_run_id, hold
 from esmshard.sizing import (
     DEFAULT_ARCH,
     embed_mem_mb,
@@ -87,8 +87,13 @@ def planned_shards(wildcards=None):
 def merge_inputs(wildcards):
     """The record table, the plan and this run's shards; the store's parts that the run reuses
     are no job's outputs here, and merge checks them itself."""
-    shards = [STORE.part(KEY, shard) for shard in planned_shards()]
-    return {"records": RUN.records, "plan": RUN.plan_json, "shards": shards}
+    shards = planned_shards()
+    return {
+        "records": RUN.records,
+        "plan": RUN.plan_json,
+        "shards": [STORE.part(KEY, shard) for shard in shards],
+        "metrics": [RUN.metrics(shard) for shard in shards],
+    }
 
 
 # Cluster resources (used by profiles/slurm; a profile's set-resources overrides them).
@@ -113,15 +118,23 @@ def io_runtime(wildcards, input, attempt):
 
 
 def report_run():
-    """The run's last lines: what was computed or reused, and how many sequences failed (only
+    """The run's last lines: what was computed (by the plan, and by this command: a command that
+    finishes a killed one computes part of it) or reused, and how many sequences failed (only
     when merge ran, e.g. not with --until)."""
     if not os.path.isfile(RUN.run_json):
         return
     with open(RUN.run_json) as fh:
         run = json.load(fh)
+    # run.json of an earlier command (nothing was left to merge): this one computed nothing.
+    by_this_command = (
+        run.get("computed_by_this_command", 0)
+        if run.get("run_id") == current_run_id(RUN.run_lock)
+        else 0
+    )
     logger.info(
         f"esmshard: {run['records']} records, {run['unique_sequences']} unique sequences: "
-        f"{run['computed']} computed by this run, {run['from_store']} from the store "
+        f"{run['computed']} computed ({by_this_command} by this command), "
+        f"{run['from_store']} from the store "
         f"({run['store']}); {run['failed']} records failed, listed in {RUN.failed}"
     )
     mixed = mixed_precisions(run.get("computed_with", []))

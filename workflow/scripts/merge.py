@@ -7,6 +7,7 @@ sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 from esmshard import run_step
 from esmshard.layout import Layout
 from esmshard.merge import merge
+from esmshard.runlock import current_run_id
 
 settings = dict(snakemake.params.items())
 output = {
@@ -24,5 +25,7 @@ run_step(
     run_json=snakemake.output.run,
     settings=settings,
     checksum_cache=Layout(snakemake.config["outdir"]).checksums,
+    metrics_files=list(snakemake.input.metrics),
+    run_id=current_run_id(Layout(snakemake.config["outdir"]).run_lock),
     **output,
 )
