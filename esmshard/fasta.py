@@ -151,11 +151,15 @@ def read_fasta(path) -> Iterator[Record]:
         )
 
 
-def read_raw(path) -> Iterator[RawRecord]:
-    """The records of one FASTA file, streaming, read in large blocks (tens of MB/s per core)."""
+def read_raw(path, on_bad_record=None) -> Iterator[RawRecord]:
+    """The records of one FASTA file, streaming, read in large blocks (tens of MB/s per core).
+
+    A record that cannot be read raises FastaError; with `on_bad_record`, that error is passed
+    to it instead and the record skipped, so that one pass finds every bad record.
+    """
     path = str(path)
     try:
-        yield from _records(path)
+        yield from _records(path, on_bad_record)
     except DECOMPRESSION_ERRORS as err:
         raise FastaError(
             f"{path}: cannot be read to its end ({err}); is the file truncated or corrupt?"
@@ -192,7 +196,7 @@ def _blocks(fh) -> Iterator[bytes]:
             pending = buffer
 
 
-def _records(path: str) -> Iterator[RawRecord]:
+def _records(path: str, on_bad_record=None) -> Iterator[RawRecord]:
     newlines = 0  # before the current block, the one standing for line 0 excluded
     seen_header = False
     with open_binary(path) as fh:
@@ -209,8 +213,15 @@ def _records(path: str) -> Iterator[RawRecord]:
             for part in parts[1:]:
                 line = newlines + 1
                 newlines = line + part.count(b"\n")
-                yield _record(path, part, line)
                 seen_header = True
+                try:
+                    record = _record(path, part, line)
+                except FastaError as err:
+                    if on_bad_record is None:
+                        raise
+                    on_bad_record(err)
+                    continue
+                yield record
     if not seen_header:
         raise FastaError(f"{path}: no FASTA records (the file is empty or has no '>' header line)")
 

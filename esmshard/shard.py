@@ -25,14 +25,9 @@ import pyarrow.parquet as pq
 
 from . import peak_memory_mb
 from .balance import assign, embedded_residue_counts, record_costs
-from .fasta import (
-    NUCLEOTIDE_LETTERS,
-    NUCLEOTIDE_MIN_LENGTH,
-    FastaError,
-    looks_nucleotide,
-    read_raw,
-)
+from .fasta import FastaError, looks_nucleotide, read_raw
 from .files import Buckets, atomic_path, write_json, write_tsv
+from .input_problems import InputProblems
 from .records import ScanWriter, source, write_table
 from .sizing import auto_shard_count, estimated_text_bytes
 from .store import (
@@ -51,7 +46,6 @@ log = logging.getLogger(__name__)
 
 SHARD_COLUMNS = ["sequence_sha256", "id", "sequence"]
 PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
-NAMED_AT_MOST = 20  # records a message lists by name; it counts the rest
 PLAN_ID_BYTES = 6
 N_BUCKETS = 256
 KEYS_AT_ONCE = 1 << 20
@@ -92,8 +86,7 @@ class Scan:
     lengths: array = field(default_factory=lambda: array("i"))
     id_hashes: array = field(default_factory=lambda: array("q"))
     nucleotide: dict = field(default_factory=dict)  # path -> [count, first ID, its source]
-    too_long: list = field(default_factory=list)  # the first NAMED_AT_MOST, described
-    n_too_long: int = 0
+    problems: InputProblems = field(default_factory=InputProblems)
 
 
 def write_shards(
@@ -135,17 +128,14 @@ def write_shards(
         log.info(
             "%d records read; peak memory so far %.0f MB", len(scan.lengths), peak_memory_mb()
         )
-        _refuse_duplicates(scan.id_hashes, scanned)
+        _find_duplicates(scan.id_hashes, scanned, scan.problems)
         del scan.id_hashes[:]
-        _refuse_nucleotides(scan.nucleotide if nucleotide_check else {})
-        if scan.n_too_long and long_sequences == "fail":
-            more = scan.n_too_long - len(scan.too_long)
-            raise FastaError(
-                f"{scan.n_too_long} sequences are longer than truncation_seq_length "
-                f"({truncation_seq_length}) and long_sequences is 'fail': {'; '.join(scan.too_long)}"
-                f"{f' and {more} more' if more > 0 else ''}. Set long_sequences to truncate, "
-                "chunk or skip, or remove them"
-            )
+        if nucleotide_check:
+            for path, (count, first_id, where) in scan.nucleotide.items():
+                scan.problems.add(
+                    "nucleotide", f"{path}: {count} records, e.g. '{first_id}' ({where})", count
+                )
+        scan.problems.raise_if_any()
 
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
 
@@ -204,37 +194,46 @@ def write_shards(
 
 
 def _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences) -> Scan:
-    """The first pass: every record read, checked and spooled; its length, ID hash and key kept."""
+    """The first pass: every record read, checked and spooled; its length, ID hash and key kept.
+    A problem is noted in `Scan.problems` and the pass goes on (a file that cannot be read on,
+    with the next file)."""
     scan = Scan()
+    problems = scan.problems
     table = ScanWriter(scanned, [str(path) for path in inputs])
     spool = sequences.write
     keys = bytearray()
     index = 0
     for number, path in enumerate(inputs):
         path = str(path)
-        for record in read_raw(path):
-            length = len(record.sequence)
-            scan.lengths.append(length)
-            scan.id_hashes.append(id_hash(record.id))
-            if length > truncation_seq_length and long_sequences == "fail":
-                scan.n_too_long += 1
-                if len(scan.too_long) < NAMED_AT_MOST:
+        try:
+            for record in read_raw(path, lambda err: problems.add("bad_record", str(err))):
+                length = len(record.sequence)
+                scan.lengths.append(length)
+                scan.id_hashes.append(id_hash(record.id))
+                if length > truncation_seq_length and long_sequences == "fail":
                     where = source(path, record.line)
-                    scan.too_long.append(f"{record.id} ({length} residues, {where})")
-            if looks_nucleotide(record.sequence):
-                found = scan.nucleotide.setdefault(path, [0, record.id, source(path, record.line)])
-                found[0] += 1
-            digest = hashlib.sha256(record.sequence)
-            keys += digest.digest()[:KEY_BYTES]
-            sha256 = digest.hexdigest()
-            spool(b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence))
-            description = record.header[len(record.id) :].lstrip()
-            table.add(
-                record.id, sha256, length, record.n_replaced, number, record.line, description
-            )
-            index += 1
-            if len(keys) >= KEYS_AT_ONCE * KEY_BYTES:
-                _add_run_keys(run_keys, keys, index)
+                    problems.add(
+                        "too_long",
+                        f"{record.id} ({length} residues > {truncation_seq_length}, {where})",
+                    )
+                if looks_nucleotide(record.sequence):
+                    found = scan.nucleotide.setdefault(
+                        path, [0, record.id, source(path, record.line)]
+                    )
+                    found[0] += 1
+                digest = hashlib.sha256(record.sequence)
+                keys += digest.digest()[:KEY_BYTES]
+                sha256 = digest.hexdigest()
+                spool(b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence))
+                description = record.header[len(record.id) :].lstrip()
+                table.add(
+                    record.id, sha256, length, record.n_replaced, number, record.line, description
+                )
+                index += 1
+                if len(keys) >= KEYS_AT_ONCE * KEY_BYTES:
+                    _add_run_keys(run_keys, keys, index)
+        except FastaError as err:
+            problems.add("unreadable", str(err))
     _add_run_keys(run_keys, keys, index)
     run_keys.flush()
     table.close()
@@ -367,7 +366,7 @@ def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:
     return part_of
 
 
-def _refuse_duplicates(id_hashes: array, scanned) -> None:
+def _find_duplicates(id_hashes: array, scanned, problems: InputProblems) -> None:
     """IDs must be unique: equal hashes are looked up in the spooled table, by name."""
     hashes = np.frombuffer(id_hashes, dtype=np.int64)
     hashes.sort()  # in place: the hashes are not needed in input order again
@@ -382,25 +381,11 @@ def _refuse_duplicates(id_hashes: array, scanned) -> None:
             if id_hash(id_) not in suspects:
                 continue
             if id_ in first_seen:
-                raise FastaError(
-                    f"duplicate ID '{id_}': at {first_seen[id_]} and at {source(file, line)}; "
-                    "IDs (the first word of each header) must be unique across all inputs"
+                problems.add(
+                    "duplicate_id", f"'{id_}' at {first_seen[id_]} and at {source(file, line)}"
                 )
-            first_seen[id_] = source(file, line)
-
-
-def _refuse_nucleotides(nucleotide: dict) -> None:
-    if not nucleotide:
-        return
-    found = "; ".join(
-        f"{path}: {count} records, e.g. '{first_id}' ({where})"
-        for path, (count, first_id, where) in nucleotide.items()
-    )
-    raise FastaError(
-        f"nucleotide sequences where proteins are expected (records of at least {NUCLEOTIDE_MIN_LENGTH} "
-        f"letters made only of {', '.join(NUCLEOTIDE_LETTERS)}): {found}. Give the protein FASTA "
-        "(e.g. the gene caller's .faa), or set nucleotide_check: false to embed them as they are"
-    )
+            else:
+                first_seen[id_] = source(file, line)
 
 
 def _plan(names, shard_of, n_residues, costs) -> list[dict]:

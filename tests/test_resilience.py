@@ -169,7 +169,7 @@ def test_long_sequence_policies(tmp_path, policy):
         assert all("skipped (long_sequences: skip)" in row["reason"] for row in failed)
     else:
         assert result.returncode != 0
-        assert "3 sequences are longer than truncation_seq_length (1022)" in result.stderr
+        assert "long_sequences: fail (3 sequences)" in result.stderr and "> 1022" in result.stderr
         assert all(i in result.stderr for i in long_ids)
         assert not (tmp_path / "results" / "store").exists()
 

@@ -126,6 +126,54 @@ def test_duplicate_ids_across_files_name_both_places(tmp_path):
     assert list(tmp_path.iterdir()) == [second]  # nothing written, no spool left
 
 
+def test_every_input_problem_comes_in_one_message_the_unusable_file_first(tmp_path):
+    """A real nucleotide file whose IDs are not unique: the user learns both at once, that it
+    is DNA first."""
+    nucleotide = tmp_path / "genes.ffn"
+    records = read_records(NUCLEOTIDE)
+    nucleotide.write_text("".join(f"{h}\n{s}\n" for h, s in records + records[3:4]))
+    with pytest.raises(FastaError) as err:
+        plan_shards([nucleotide], tmp_path / "shards", 2)
+    message = str(err.value)
+    assert message.startswith("the input has 2 kinds of problem")
+    dup = records[3][0][1:].split()[0]
+    assert message.index("nucleotide sequences where proteins") < message.index("duplicate IDs")
+    assert f"{nucleotide}: 11 records" in message
+    assert f"duplicate IDs (1 ID): '{dup}' at {nucleotide}:7 and at {nucleotide}:21" in message
+
+
+def test_three_kinds_of_problems_in_one_file_are_all_named(tmp_path):
+    longest = max(read_records(PROTEINS), key=lambda r: len(r[1]))
+    proteins = [r for r in read_records(PROTEINS) if len(r[1]) <= 1022]
+    bad = tmp_path / "bad.fasta"
+    bad.write_text(
+        "".join(f"{h}\n{s}\n" for h, s in proteins[:3])
+        + ">empty no residues\n"  # line 7
+        + f"{proteins[1][0]}\n{proteins[1][1]}\n"  # line 8: a duplicate ID
+        + f">long {longest[0][1:]}\n{longest[1]}\n"  # line 10: too long
+    )
+    with pytest.raises(FastaError) as err:
+        plan_shards([bad], tmp_path / "shards", 1, long_sequences="fail")
+    message = str(err.value)
+    assert message.startswith("the input has 3 kinds of problem")
+    assert f"records that cannot be read (1 record): {bad}:7: record 'empty" in message
+    assert f"duplicate IDs (1 ID): '{proteins[1][0][1:].split()[0]}' at {bad}:3" in message
+    assert f"(1 sequence): long ({len(longest[1])} residues > 1022, {bad}:10)" in message
+    assert list(tmp_path.iterdir()) == [bad]
+
+
+def test_a_file_that_is_not_fasta_is_named_and_the_others_still_read(tmp_path):
+    genbank = tmp_path / "plasmid.gb"
+    genbank.write_text("LOCUS       NC_005816\nORIGIN\n        1 tgtaacgaac\n//\n")
+    nucleotide = tmp_path / "genes.ffn"
+    nucleotide.write_text(NUCLEOTIDE.read_text())
+    with pytest.raises(FastaError) as err:
+        plan_shards([genbank, nucleotide], tmp_path / "shards", 1)
+    message = str(err.value)
+    assert f"files that cannot be read as FASTA (1 file): {genbank}:1: text before" in message
+    assert f"{nucleotide}: 10 records" in message
+
+
 def test_nucleotide_file_is_refused_naming_file_and_count(tmp_path):
     with pytest.raises(FastaError) as err:
         plan_shards([PROTEINS, NUCLEOTIDE], tmp_path / "shards", 2)
@@ -170,6 +218,7 @@ def test_too_long_records_are_named_up_to_twenty_and_counted(tmp_path):
     with pytest.raises(FastaError) as err:
         plan_shards([fasta], tmp_path / "shards", 1, 100, long_sequences="fail")
     message = str(err.value)
-    assert message.startswith("25 sequences are longer than truncation_seq_length (100)")
-    assert f"long19 ({len(seq)} residues, {fasta}:39)" in message and "long20" not in message
-    assert "and 5 more" in message
+    assert "- sequences longer than truncation_seq_length, with long_sequences: fail " in message
+    assert "(25 sequences): " in message
+    assert f"long4 ({len(seq)} residues > 100, {fasta}:9)" in message and "long5" not in message
+    assert "and 20 more" in message

@@ -14,6 +14,7 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    NUCLEOTIDE,
     PROTEINS,
     REPO,
     TINY_MODEL,
@@ -194,10 +195,25 @@ def test_duplicate_ids_across_files_stop_the_run(tmp_path):
         check=False,
     )
     assert result.returncode != 0
-    assert f"duplicate ID '{IDS[10]}'" in result.stderr
-    assert f"{PROTEINS}:" in result.stderr and f"{second}:1" in result.stderr
+    assert f"duplicate IDs (2 IDs): '{IDS[10]}' at {PROTEINS}:" in result.stderr
+    assert f"and at {second}:1" in result.stderr
     assert not (tmp_path / "results" / "embeddings.h5").exists()
     assert not (tmp_path / "results" / "store").exists()
+
+
+def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_path):
+    records = read_records(NUCLEOTIDE)
+    genes = tmp_path / "genes.ffn"  # a real nucleotide file, one record given twice
+    genes.write_text("".join(f"{h}\n{s}\n" for h, s in records + records[:1]))
+    result = snakemake(
+        tmp_path, {}, "--config", f"input=[{genes}]", f"model=random:{TINY_MODEL}", check=False
+    )
+    assert result.returncode != 0
+    err = result.stderr
+    assert "the input has 2 kinds of problem" in err
+    assert err.index(f"{genes}: 11 records") < err.index("duplicate IDs (1 ID)")
+    assert f"'{records[0][0][1:].split()[0]}' at {genes}:1 and at {genes}:21" in err
+    assert "shard.log" in err and not (tmp_path / "results" / "shards").exists()
 
 
 def test_hub_model_without_network_fails_before_shard_work(tmp_path):
