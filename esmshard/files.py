@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -67,6 +68,17 @@ def naming_disk_full(path, needed_bytes: int | None = None):
         raise
 
 
+def writer_suffix() -> str:
+    """The end of every temporary name this process writes: its host and process, so that a
+    later run can tell a live writer's files from a dead one's (esmshard.leftovers)."""
+    return f".{socket.gethostname()}.{os.getpid()}.tmp"
+
+
+def temporary_folder(parent, purpose: str):
+    """A folder for scratch files under `parent`, removed on exit (named as `writer_suffix`)."""
+    return tempfile.TemporaryDirectory(dir=parent, prefix=f".{purpose}-", suffix=writer_suffix())
+
+
 @contextmanager
 def atomic_path(path, needed_bytes: int | None = None):
     """Yield a temporary path beside `path` (for a file, or a folder the block makes); rename it
@@ -77,7 +89,7 @@ def atomic_path(path, needed_bytes: int | None = None):
     """
     path = Path(path)
     with naming_disk_full(path, needed_bytes):
-        tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}{writer_suffix()}")
         try:
             yield tmp
             if tmp.is_dir() and path.is_dir():

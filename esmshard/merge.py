@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -22,7 +21,7 @@ import h5py
 import numpy as np
 
 from . import __version__, contacts, peak_memory_mb, provenance
-from .files import Buckets, atomic_path, write_json, write_tsv
+from .files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
 from .shardfile import (
@@ -215,7 +214,7 @@ def merge(
     with (
         atomic_path(out_h5, needed_bytes=2 * size) as tmp,  # the file and its spill files
         h5py.File(tmp, "w") as out,
-        tempfile.TemporaryDirectory(dir=out_dir, prefix=".merge-spill-") as spill_dir,
+        temporary_folder(out_dir, "merge-spill") as spill_dir,
     ):
         _write_text_columns(out, records, embedded, n_embedded)
         log.info("ids and headers written; peak memory so far %.0f MB", peak_memory_mb())

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from . import peak_memory_mb
 from .balance import assign, embedded_residue_counts, record_costs
 from .fasta import FastaError, looks_nucleotide, read_raw
-from .files import Buckets, atomic_path, write_json, write_tsv
+from .files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from .input_problems import InputProblems
 from .records import ScanWriter, source, write_table
 from .sizing import auto_shard_count, estimated_text_bytes
@@ -120,7 +120,7 @@ def write_shards(
         atomic_path(shard_dir, needed) as building,
         tempfile.TemporaryFile(dir=shard_dir.parent) as sequences,
         tempfile.TemporaryFile(dir=shard_dir.parent) as scanned,
-        tempfile.TemporaryDirectory(dir=shard_dir.parent, prefix=".keys-") as work,
+        temporary_folder(shard_dir.parent, "keys") as work,
     ):
         building.mkdir()
         run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)

@@ -245,6 +245,21 @@ def write_part(store_root, settings, name, keys, ids, reps, failed=(), include=(
     return path
 
 
+def leftovers(*folders: Path) -> list[str]:
+    """Temporary files and folders of any writer, and store manifests without their part."""
+    found = []
+    for folder in folders:
+        found += [str(p) for p in folder.rglob("*.tmp")]
+        found += [
+            str(p)
+            for p in folder.rglob("*.json")
+            if (p.parent / "settings.json").is_file()
+            and p.name != "settings.json"
+            and not p.with_suffix(".h5").exists()
+        ]
+    return sorted(set(found))
+
+
 def planned_parts(outdir: Path) -> dict[str, Path]:
     """The shards of a run's plan, each with its part in the store (the default store)."""
     plan = json.loads((outdir / "shards" / "plan.json").read_text())

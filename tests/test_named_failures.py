@@ -22,6 +22,7 @@ from conftest import (
     TINY_MODEL,
     fill,
     jobs_run,
+    leftovers,
     planned_parts,
     read_records,
     small_disk,
@@ -38,11 +39,6 @@ CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
 def means(outdir):
     with h5py.File(outdir / "embeddings.h5") as h5:
         return dict(zip(h5["ids"].asstr()[:], h5["mean/6"][:]))
-
-
-def leftovers(outdir):
-    """Temporary files of any writer left in the outdir."""
-    return sorted(str(p.relative_to(outdir)) for p in outdir.rglob("*.tmp"))
 
 
 @pytest.fixture(scope="module")

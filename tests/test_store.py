@@ -17,6 +17,7 @@ from conftest import (
     jobs_run,
     kill_9_after_shards,
     kill_9_when,
+    leftovers,
     read_records,
     snakemake,
     snakemake_command,
@@ -261,12 +262,31 @@ def test_kill_9_during_the_shard_step_then_the_same_command(tmp_path):
     big.write_text(tiled)
     outdir = tmp_path / "results"
     cmd, env = snakemake_command(tmp_path, {}, "--resources", "gpu=1", *config(big, outdir))
-    kill_9_when(cmd, env, lambda: any(outdir.glob(".shards.*.tmp")))
+    kill_9_when(cmd, env, lambda: any(outdir.glob(".keys-*.tmp/run.*")))
     assert not (outdir / "shards").exists()  # no half-made plan under the final name
+    killed = leftovers(outdir)
+    assert any(".shards." in p for p in killed) and any(".keys-" in p for p in killed)
 
     again = run(tmp_path, big, outdir)
     assert jobs_run(again)["shard"] == 1
     assert run_json(outdir)["records"] == 1500 * len(read_records(PROTEINS))
+    assert leftovers(outdir) == []
+    assert "leftovers of killed runs: " in again.stderr
+
+
+def test_kill_9_during_merge_then_the_same_command_leaves_nothing_behind(tmp_path):
+    a = fasta(tmp_path / "a.fasta", A)
+    outdir, store = tmp_path / "results", tmp_path / "lab-store"
+    cmd, env = snakemake_command(
+        tmp_path, {}, "--resources", "gpu=1", *config(a, outdir, "shards=2", f"store={store}")
+    )
+    kill_9_when(cmd, env, lambda: any(outdir.glob(".merge-spill-*.tmp")))
+    assert any(".merge-spill-" in p for p in leftovers(outdir, store))
+    orphan = next(store.glob("*/*.json")).with_name("0123456789ab-0000.json")
+    orphan.write_text("{}")  # an embed job killed between its manifest and its part
+    again = run(tmp_path, a, outdir, "shards=2", f"store={store}")
+    assert jobs_run(again) == {"merge": 1, "report": 1}
+    assert leftovers(outdir, store) == [] and not orphan.exists()
 
 
 def test_a_damaged_or_foreign_store_part_is_set_aside_and_recomputed_by_the_same_command(

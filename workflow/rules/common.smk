@@ -18,6 +18,7 @@ from esmshard.checksums import file_checksums
 from esmshard.config import coerce_config, embedding_settings
 from esmshard.files import read_tsv
 from esmshard.layout import Layout
+from esmshard.leftovers import remove_leftovers
 from esmshard.model import ModelError, parse_spec
 from esmshard.provenance import mixed_precisions
 from esmshard.runlock import RunActiveError, current_run_id, hold
@@ -143,8 +144,15 @@ def report_run():
 
 
 def hold_run_lock():
-    """Refuse to start where another run is active in the same outdir (esmshard.runlock)."""
+    """Refuse to start where another run is active in the same outdir (esmshard.runlock); then
+    remove what killed runs left in the outdir and the store (esmshard.leftovers)."""
     try:
         hold(RUN.run_lock, config["outdir"])
     except RunActiveError as err:
         raise WorkflowError(str(err))
+    removed = remove_leftovers(config["outdir"], STORE)
+    if removed:
+        logger.info(
+            f"esmshard: removed {len(removed)} leftovers of killed runs: "
+            + ", ".join(map(str, removed))
+        )
