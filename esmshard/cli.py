@@ -12,6 +12,7 @@ from .fasta import FastaError
 from .files import human_bytes
 from .representations import KINDS
 from .status import read_state, render
+from .storelock import StoreBusyError
 
 
 def seconds(text: str) -> float:
@@ -37,12 +38,38 @@ def main(argv=None):
         help="refresh every SECONDS (default 5) until interrupted",
     )
     store = commands.add_parser(
-        "store", help="what a store of computed embeddings holds; remove one setting's entries"
+        "store",
+        help="what a store of computed embeddings holds; verify it, prune it, remove a setting's "
+        "entries",
+        description="List what a store holds (per settings key: sequences, parts, bytes). "
+        "--remove and --prune refuse, naming the runs, while a run uses the key they change.",
     )
     store.add_argument("path", type=Path, help="a store, or a run's outdir (its store is used)")
-    store.add_argument(
+    action = store.add_mutually_exclusive_group()
+    action.add_argument(
         "--remove", metavar="KEY", help="remove every entry computed with the settings KEY"
     )
+    action.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every part against its manifest and set damaged ones aside; exit status 1 "
+        "if any were found",
+    )
+    action.add_argument(
+        "--prune",
+        action="store_true",
+        help="list the parts that no outdir named by --keep uses, and parts set aside, with the "
+        "bytes each would free; with --apply, remove them",
+    )
+    store.add_argument(
+        "--keep",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="OUTDIR",
+        help="--prune: outdirs to keep",
+    )
+    store.add_argument("--apply", action="store_true", help="--prune: remove what it lists")
     export = commands.add_parser(
         "export",
         help="a run's embeddings in the layout another tool reads",
@@ -84,7 +111,11 @@ def main(argv=None):
 
         return gpu_check_main(["--out", str(args.out)])
     if args.command == "store":
-        return show_store(parser, args.path, args.remove)
+        if (args.keep or args.apply) and not args.prune:
+            parser.error("--keep and --apply go with --prune")
+        if args.prune and not args.keep:
+            parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
+        return show_store(parser, args)
     if args.command == "export":
         try:
             exports.export(
@@ -119,17 +150,21 @@ def store_of(path: Path) -> Path:
         return path / "store" if (path / "store").is_dir() else path
 
 
-def show_store(parser, path: Path, remove: str | None) -> int:
-    if not path.is_dir():
-        parser.error(f"{path} is not a folder; give a store or a run's outdir")
-    store = stores.Store(str(store_of(path)))
-    if remove:
-        try:
-            stores.remove(store, remove)
-        except KeyError as err:
-            parser.error(err.args[0])
-        print(f"removed the entries of settings {remove} from {store.root}")
-        return 0
+def show_store(parser, args) -> int:
+    if not args.path.is_dir():
+        parser.error(f"{args.path} is not a folder; give a store or a run's outdir")
+    store = stores.Store(str(store_of(args.path)))
+    try:
+        if args.remove:
+            stores.remove(store, args.remove)
+            print(f"removed the entries of settings {args.remove} from {store.root}")
+            return 0
+        if args.verify:
+            return verify_store(store)
+        if args.prune:
+            return prune_store(store, args.keep, args.apply)
+    except (KeyError, ValueError, StoreBusyError) as err:
+        parser.exit(1, f"esmshard store: {err.args[0]}\n")
     rows = stores.summary(store)
     if not rows:
         print(f"{store.root}: no embeddings stored")
@@ -141,4 +176,26 @@ def show_store(parser, path: Path, remove: str | None) -> int:
             f"  {row['key']}: {row['sequences']} sequences in {row['parts']} parts, "
             f"{human_bytes(row['bytes'])}\n    {settings}"
         )
+    return 0
+
+
+def verify_store(store) -> int:
+    verified = stores.verify(store)
+    for part, reason in verified.damaged:
+        print(f"damaged: {part}: {reason}; set aside (the next run recomputes its sequences)")
+    print(f"{store.root}: {verified.n_parts} parts checked, {len(verified.damaged)} damaged")
+    return 1 if verified.damaged else 0
+
+
+def prune_store(store, keep, apply: bool) -> int:
+    files = stores.unused(store, keep)
+    for f in files:
+        print(f"{human_bytes(f.bytes):>10}  {f.path}")
+    total = human_bytes(sum(f.bytes for f in files))
+    if not apply:
+        print(f"{len(files)} files, {total}, are used by none of {len(keep)} outdirs; "
+              "nothing removed (add --apply to remove them)")  # fmt: skip
+        return 0
+    stores.prune(store, files)
+    print(f"removed {len(files)} files, {total}")
     return 0

@@ -75,20 +75,20 @@ def hold(lock_path, outdir) -> None:
         )
     fh.seek(0)
     fh.truncate()
-    fh.write(
-        json.dumps(
-            {
-                "run_id": secrets.token_hex(8),
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "started_at": time.time(),
-                "workdir": os.getcwd(),
-                "command": " ".join(sys.argv),
-            }
-        )
-    )
+    fh.write(json.dumps({"run_id": secrets.token_hex(8), **this_process()}))
     fh.flush()
     _held.append(fh)
+
+
+def this_process() -> dict:
+    """Who holds a lock, as `describe` names it."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": time.time(),
+        "workdir": os.getcwd(),
+        "command": " ".join(sys.argv),
+    }
 
 
 def current_run_id(lock_path) -> str | None:

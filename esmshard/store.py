@@ -23,14 +23,19 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import h5py
 import numpy as np
 
+from . import storelock
 from .checksums import file_checksums, sha256
 from .files import write_json
+from .layout import Layout
+from .records import read_columns, shard_codes
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +224,71 @@ def summary(store: Store) -> list[dict]:
 
 
 def remove(store: Store, key: str) -> None:
-    """Remove every entry computed with the settings `key`."""
+    """Remove every entry computed with the settings `key`, unless a run uses them
+    (esmshard.storelock.StoreBusyError)."""
     if key not in store.settings_keys():
         raise KeyError(
             f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them"
         )
-    shutil.rmtree(store.folder(key))
+    with storelock.exclusive(store.root, key, "remove"):
+        shutil.rmtree(store.folder(key))
+
+
+class Verified(NamedTuple):
+    n_parts: int
+    damaged: list[tuple[str, str]]  # (part, what is wrong with it), each now set aside
+
+
+def verify(store: Store) -> Verified:
+    """Check every part against its manifest (its bytes hashed now, no cache) and against what
+    its name says; set the damaged ones aside, as a run would."""
+    n_parts, damaged = 0, []
+    with tempfile.TemporaryDirectory() as scratch:
+        no_cache = Path(scratch) / "checksums.json"
+        for key in store.settings_keys():
+            for name in store.parts(key):
+                n_parts += 1
+                reason = check_part(store, key, name, no_cache)
+                if reason:
+                    set_aside(store, key, name, reason)
+                    damaged.append((store.part(key, name), reason))
+    return Verified(n_parts, damaged)
+
+
+class Unused(NamedTuple):
+    path: str
+    bytes: int
+
+
+def unused(store: Store, keep_outdirs) -> list[Unused]:
+    """The files that no outdir of `keep_outdirs` uses: parts (and their manifests) that none of
+    their current record tables names, and parts set aside."""
+    used = set()  # (key, part)
+    for outdir in keep_outdirs:
+        layout = Layout(str(outdir))
+        try:
+            key = json.loads(Path(layout.plan_json).read_text())["key"]
+            codes, names = shard_codes(read_columns(layout.records, ["shard"]))
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(
+                f"{outdir} is not the outdir of a planned run ({err}); name outdirs whose "
+                "shard step has run"
+            ) from err
+        used.update((key, names[code]) for code in np.unique(codes))
+    found = []
+    for key in store.settings_keys():
+        folder = Path(store.folder(key))
+        for name in store.parts(key):
+            if (key, name) not in used:
+                found += [store.part(key, name), store.manifest(key, name)]
+        found += [str(p) for p in folder.glob(f"*{SET_ASIDE}")]
+    return [Unused(p, os.path.getsize(p)) for p in found if os.path.exists(p)]
+
+
+def prune(store: Store, files: list[Unused]) -> None:
+    """Remove `files` (from `unused`), each key's under its exclusive lock."""
+    for key in sorted({Path(f.path).parent.name for f in files}):
+        with storelock.exclusive(store.root, key, "prune"):
+            for f in files:
+                if Path(f.path).parent.name == key:
+                    Path(f.path).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import h5py
@@ -239,7 +240,10 @@ def test_two_runs_sharing_a_store_at_once(tmp_path, incremental):
     cache = tmp_path / "checksums.json"
     assert all(stores.check_part(store, key, name, cache) is None for name in store.parts(key))
     assert set(store_keys(shared)) == {stores.sequence_sha256(s.encode()) for _, s in B}
-    assert not [p for p in shared.rglob("*") if p.name.startswith(".")]  # nothing half-written
+    hidden = [p for p in shared.rglob("*") if p.name.startswith(".") and p.name != ".locks"]
+    assert not hidden  # nothing half-written
+    locks = sorted(p.name for p in (shared / ".locks").iterdir())  # each run said who it was
+    assert locks[0] == f"{key}.lock" and all(n.startswith(f"{key}.") for n in locks)
 
     listing = subprocess.run(
         ["esmshard", "store", str(tmp_path / "x" / "results")],
@@ -275,14 +279,17 @@ def test_kill_9_during_the_shard_step_then_the_same_command(tmp_path):
 
 
 def test_kill_9_during_merge_then_the_same_command_leaves_nothing_behind(tmp_path):
-    a = fasta(tmp_path / "a.fasta", A)
+    # Many records of few sequences: each is computed once, and merge has a while to run.
+    a = fasta(
+        tmp_path / "a.fasta", [(f">copy{k}_{h[1:]}", s) for k in range(400) for h, s in A[:20]]
+    )
     outdir, store = tmp_path / "results", tmp_path / "lab-store"
     cmd, env = snakemake_command(
         tmp_path, {}, "--resources", "gpu=1", *config(a, outdir, "shards=2", f"store={store}")
     )
     kill_9_when(cmd, env, lambda: any(outdir.glob(".merge-spill-*.tmp")))
     assert any(".merge-spill-" in p for p in leftovers(outdir, store))
-    orphan = next(store.glob("*/*.json")).with_name("0123456789ab-0000.json")
+    orphan = next(store.glob("*/settings.json")).with_name("0123456789ab-0000.json")
     orphan.write_text("{}")  # an embed job killed between its manifest and its part
     again = run(tmp_path, a, outdir, "shards=2", f"store={store}")
     assert jobs_run(again) == {"merge": 1, "report": 1}
@@ -331,3 +338,66 @@ def test_a_damaged_or_foreign_store_part_is_set_aside_and_recomputed_by_the_same
         assert list(got) == list(want)
         assert all(got[id_].tobytes() == want[id_].tobytes() for id_ in want)
         assert jobs_run(run(tmp_path, a, outdir, "shards=1", f"store={shared}")) == {}
+
+
+def test_store_maintenance_beside_runs_verify_and_prune(tmp_path):
+    """--remove refuses while a run uses the key, naming it; --verify finds a damaged part;
+    --prune lists what no kept outdir uses, then removes it; the kept outdir stays whole."""
+    x = fasta(tmp_path / "x.fasta", A)
+    y = fasta(tmp_path / "y.fasta", NEW)
+    shared = tmp_path / "lab-store"
+    store = stores.Store(str(shared))
+
+    def esmshard(*args):
+        return subprocess.run(["esmshard", "store", str(shared), *args], capture_output=True,
+                              text=True)  # fmt: skip
+
+    cmd, env = snakemake_command(
+        tmp_path / "x", {}, "--resources", "gpu=1",
+        *config(x, tmp_path / "x" / "results", "shards=2", f"store={shared}"),
+    )  # fmt: skip
+    running = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 300
+    while not store.settings_keys():
+        assert running.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    (key,) = store.settings_keys()
+    refused = esmshard("--remove", key)
+    assert refused.returncode == 1
+    assert f"cannot remove settings {key} of {shared}: in use by the run of process " in (
+        refused.stderr
+    )
+    assert f"{running.pid}" in refused.stderr and "snakemake" in refused.stderr
+    out, err = running.communicate(timeout=600)
+    assert running.returncode == 0, err
+    assert store.settings_keys() == [key]
+
+    run(tmp_path / "y", y, tmp_path / "y" / "results", "shards=1", f"store={shared}")
+    assert esmshard("--verify").returncode == 0
+    parts = [Path(store.part(key, n)) for n in store.parts(key)]
+    y_part = Path(store.part(key, planned(tmp_path / "y" / "results")[0]))
+    victim = next(p for p in parts if p != y_part)
+    with open(victim, "r+b") as fh:
+        fh.seek(100)
+        fh.write(b"\xff\xff")
+    verified = esmshard("--verify")
+    assert verified.returncode == 1 and f"damaged: {victim}: sha256 " in verified.stdout
+    assert "3 parts checked, 1 damaged" in verified.stdout
+    assert esmshard("--verify").returncode == 0  # set aside: the store is whole again
+
+    keep = ["--prune", "--keep", str(tmp_path / "y" / "results")]
+    listed = esmshard(*keep)
+    assert listed.returncode == 0 and "nothing removed (add --apply" in listed.stdout
+    dropped = [p for p in parts if p != y_part]
+    for path in [*dropped, victim.with_suffix(".h5.corrupt"), victim.with_suffix(".json.corrupt")]:
+        if path.exists():
+            assert f"{path}\n" in listed.stdout
+    assert all(p.exists() for p in dropped if p != victim)
+    assert f"{y_part}" not in listed.stdout
+    assert esmshard(*keep, "--apply").returncode == 0
+    assert store.parts(key) == [y_part.stem] and not list(
+        Path(store.folder(key)).glob("*.corrupt")
+    )
+    assert jobs_run(run(tmp_path / "y", y, tmp_path / "y" / "results", "shards=1",
+                        f"store={shared}")) == {}  # fmt: skip

@@ -29,6 +29,7 @@ from esmshard.sizing import (
     estimated_records,
 )
 from esmshard.store import Store, settings_key
+from esmshard.storelock import hold_shared
 
 # Command-line values arrive as YAML's base loader reads them ('gpus=[0,1]' as strings):
 # each takes the form the schema asks for before validation, so both ways mean the same.
@@ -144,12 +145,14 @@ def report_run():
 
 
 def hold_run_lock():
-    """Refuse to start where another run is active in the same outdir (esmshard.runlock); then
-    remove what killed runs left in the outdir and the store (esmshard.leftovers)."""
+    """Refuse to start where another run is active in the same outdir (esmshard.runlock), hold
+    the store key shared, so that no maintenance changes it under the run (esmshard.storelock);
+    then remove what killed runs left in the outdir and the store (esmshard.leftovers)."""
     try:
         hold(RUN.run_lock, config["outdir"])
     except RunActiveError as err:
         raise WorkflowError(str(err))
+    hold_shared(STORE.root, KEY)
     removed = remove_leftovers(config["outdir"], STORE)
     if removed:
         logger.info(

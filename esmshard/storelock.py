@@ -1,0 +1,80 @@
+"""Runs and store maintenance side by side: a run holds a shared lock on the store key it reads
+and writes, for its whole life; `esmshard store --remove` and `--prune` take it exclusively,
+and refuse, naming the runs, while any run holds it.
+
+The lock is an `flock` on `<store>/.locks/<key>.lock` (outside the key's folder, which removal
+deletes). Each run also holds `<store>/.locks/<key>.<host>.<pid>.json`, which says who it is: a
+refusal names the runs whose file is locked; a file no process holds is a dead run's, and goes.
+Like the outdir's run lock, these die with their process.
+"""
+
+import fcntl
+import json
+import os
+import socket
+from contextlib import contextmanager
+from pathlib import Path
+
+from .runlock import describe, this_process
+
+_held = []  # this process's open lock files: each lock lasts as long as its file is open
+
+
+class StoreBusyError(RuntimeError):
+    """A run holds the store key that maintenance would change."""
+
+
+def _folder(store_root) -> Path:
+    return Path(store_root) / ".locks"
+
+
+def hold_shared(store_root, key: str) -> None:
+    """Hold the store key shared for the life of this process (a run), saying who holds it."""
+    folder = _folder(store_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    holders(store_root, key)  # removes the records of runs that have ended
+    record = open(folder / f"{key}.{socket.gethostname()}.{os.getpid()}.json", "w")
+    fcntl.flock(record, fcntl.LOCK_EX)
+    record.write(json.dumps(this_process()))
+    record.flush()
+    lock = open(folder / f"{key}.lock", "a")
+    fcntl.flock(lock, fcntl.LOCK_SH)  # waits while maintenance of the key (seconds) finishes
+    _held.extend([record, lock])
+
+
+def holders(store_root, key: str) -> list[dict]:
+    """The runs that hold `key` now; the records of dead ones are removed on the way."""
+    found = []
+    for path in sorted(_folder(store_root).glob(f"{key}.*.json")):
+        try:
+            fh = open(path)
+        except FileNotFoundError:
+            continue
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                try:
+                    found.append(json.loads(fh.read()))
+                except ValueError:
+                    found.append({})  # it is writing its record this moment
+                continue
+            path.unlink(missing_ok=True)
+    return found
+
+
+@contextmanager
+def exclusive(store_root, key: str, doing: str):
+    """Hold `key` exclusively for the block, or raise StoreBusyError naming the runs using it."""
+    folder = _folder(store_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / f"{key}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            runs = "; ".join(describe(h) for h in holders(store_root, key)) or "another run"
+            raise StoreBusyError(
+                f"cannot {doing} settings {key} of {store_root}: in use by {runs}. Run it again "
+                "once that run has finished (or stop the run)"
+            ) from None
+        yield
