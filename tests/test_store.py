@@ -22,10 +22,12 @@ from conftest import (
     read_records,
     snakemake,
     snakemake_command,
+    write_part,
 )
 
 from esmshard import store as stores
 from esmshard.files import read_tsv
+from esmshard.representations import Representation
 
 # Run A: every second record of a slice of the real proteome. Run B: A's records, 10% new
 # records, and 5% of A's sequences again under new IDs.
@@ -401,3 +403,23 @@ def test_store_maintenance_beside_runs_verify_and_prune(tmp_path):
     )
     assert jobs_run(run(tmp_path / "y", y, tmp_path / "y" / "results", "shards=1",
                         f"store={shared}")) == {}  # fmt: skip
+
+
+A_KEY = stores.sequence_sha256(b"MKV")
+
+
+def test_check_part_says_what_is_wrong(tmp_path):
+    settings = {"model": MODEL, "include": ["mean"]}
+    key = stores.settings_key(settings)
+    store = stores.Store(str(tmp_path / "store"))
+    cache = tmp_path / "checksums.json"
+    rep = {6: Representation.from_per_tok(np.ones((3, 4), np.float32), np.ones(4, np.float32))}
+    part = write_part(store.root, settings, "abc-0000", [A_KEY], ["P1"], [rep])
+    assert stores.check_part(store, key, "abc-0000", cache) is None
+    manifest = Path(store.manifest(key, "abc-0000"))
+    manifest.rename(manifest.with_suffix(".away"))
+    assert stores.check_part(store, key, "abc-0000", cache).startswith("no readable manifest")
+    manifest.with_suffix(".away").rename(manifest)
+    moved = stores.set_aside(store, key, "abc-0000", "a test")
+    assert moved == [f"{part}.corrupt", f"{manifest}.corrupt"]
+    assert stores.check_part(store, key, "abc-0000", cache) == "its file is gone"
