@@ -198,7 +198,7 @@ def test_duplicate_ids_across_files_stop_the_run(tmp_path):
     assert f"duplicate IDs (2 IDs): '{IDS[10]}' at {PROTEINS}:" in result.stderr
     assert f"and at {second}:1" in result.stderr
     assert not (tmp_path / "results" / "embeddings.h5").exists()
-    assert not (tmp_path / "results" / "store").exists()
+    assert not list((tmp_path / "results").rglob("*.h5"))  # nothing computed or stored
 
 
 def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_path):
