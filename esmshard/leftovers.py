@@ -80,16 +80,18 @@ def orphan_manifests(store: Store, live: list[Path]) -> list[Path]:
 
 
 def remove_leftovers(outdir, store: Store) -> list[Path]:
-    """Remove what dead writers left in `outdir` and in `store` (which may lie inside it);
-    returns what was removed."""
+    """Remove what dead writers left in `outdir` and in `store`; returns what was removed."""
     now = time.time()
+    folders = [Path(outdir)]
+    if not Path(store.root).resolve().is_relative_to(Path(outdir).resolve()):
+        folders.append(Path(store.root))  # a store elsewhere (one inside outdir is walked with it)
     dead, live = [], []
-    for folder in dict.fromkeys([str(outdir), store.root]):  # once each, in order
-        if os.path.isdir(folder):
+    for folder in folders:
+        if folder.is_dir():
             found_dead, found_live = dead_temporaries(folder, now)
-            dead += [p for p in found_dead if p not in dead]
+            dead += found_dead
             live += found_live
-    removed = list(dict.fromkeys(dead + orphan_manifests(store, live)))
+    removed = dead + orphan_manifests(store, live)
     for path in removed:
         _remove(path)
     return removed

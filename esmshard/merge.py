@@ -86,14 +86,15 @@ def merge(
     run_id: str | None = None,
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
-        (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
+    (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
 
-        The parts are this run's shards and the store's (`store_root`, esmshard.store), as
-        `plan_json` and the record table say. Each must be the part it is named as, computed with
-        `settings` (the run's embedding settings), and hold its records' sequences: anything else
-        is refused by name rather than merged into a wrong answer. `run_json` gets the run's counts:
-    `computed` by the plan, and `computed_by_this_command`, the sequences of the shards whose metrics
-    (`metrics_files`) carry `run_id`, the id of the command now running (esmshard.runlock).
+    The parts are this run's shards and the store's (`store_root`, esmshard.store), as
+    `plan_json` and the record table say. Each must be the part it is named as, computed with
+    `settings` (the run's embedding settings), and hold its records' sequences: anything else
+    is set aside and refused by name rather than merged into a wrong answer. `run_json` gets the
+    run's counts: `computed` by the plan, and `computed_by_this_command`, the sequences of the
+    shards whose metrics (`metrics_files`) carry `run_id`, the id of the command now running
+    (esmshard.runlock).
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())

@@ -14,6 +14,7 @@ output = {
     key: settings.pop(key) for key in ("output_dtype", "per_residue_compression", "contacts_dtype")
 }
 store_root = settings.pop("store")
+run = Layout(snakemake.config["outdir"])
 run_step(
     snakemake.log[0],
     merge,
@@ -24,8 +25,8 @@ run_step(
     failed_tsv=snakemake.output.failed,
     run_json=snakemake.output.run,
     settings=settings,
-    checksum_cache=Layout(snakemake.config["outdir"]).checksums,
+    checksum_cache=run.checksums,
     metrics_files=list(snakemake.input.metrics),
-    run_id=current_run_id(Layout(snakemake.config["outdir"]).run_lock),
+    run_id=current_run_id(run.run_lock),
     **output,
 )
