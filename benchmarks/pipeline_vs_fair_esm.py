@@ -24,7 +24,7 @@ import torch
 from esm.data import FastaBatchedDataset
 from throughput import TRUNCATION, peer  # benchmarks/throughput.py: fair-esm's loop, one copy
 
-from esmshard.model import load, parse_spec
+from esmshard.models import load, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FASTA = REPO.parent / "shared" / "data" / "ecoli_k12_UP000000625.fasta"

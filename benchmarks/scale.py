@@ -60,7 +60,7 @@ def micro_checkpoint(directory: Path) -> Path:
     import torch
     from esm.model.esm2 import ESM2
 
-    from esmshard.model import write_checkpoint
+    from esmshard.models.esm2 import write_checkpoint
 
     torch.manual_seed(0)
     model = ESM2(num_layers=1, embed_dim=32, attention_heads=2, alphabet="ESM-1b")

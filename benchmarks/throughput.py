@@ -1,7 +1,10 @@
-"""Forward-pass throughput: fair-esm's model with its own batching (the peer) against esmshard's
-fast path, same proteins, device, weights and threads, in one process, alternating repetitions.
+"""Forward-pass throughput: a peer against esmshard's fast path, same proteins, device, weights
+and threads, in one process, alternating repetitions. For ESM-2 the peer is fair-esm's model
+with its own batching; for ESM C it is transformers' EsmcModel (SDPA attention) on esmshard's
+batches, the weights read by esmshard from the folder transformers saved.
 
     python benchmarks/throughput.py --models esm2_t6_8M_UR50D esm2_t12_35M_UR50D --threads 2
+    python benchmarks/throughput.py --models esmc_300m --every 40
     python benchmarks/throughput.py --device cuda --precision bf16 --every 1 --toks-per-batch 65536
 
 Reports residues/s, tokens/s (real tokens, BOS/EOS included) and achieved FLOP/s against the
@@ -27,14 +30,15 @@ from esmshard.batching import make_batches, padded_fraction
 from esmshard.datasets import shared_data_dir
 from esmshard.embedder import Embedder
 from esmshard.fasta import read_fasta
-from esmshard.forward import onednn_available, onednn_dense
-from esmshard.model import ESM2_ARCHS, random_model
+from esmshard.models import ESMC, load, parse_spec
+from esmshard.models.esm2 import random_model
+from esmshard.models.layers import onednn_available, onednn_dense
 from esmshard.precision import PRECISIONS
 from esmshard.shard import read_shard, write_shards
 from esmshard.sizing import DEFAULT_ARCH
 
 DEFAULT_FASTA = shared_data_dir() / "ecoli_k12_UP000000625.fasta"
-TRUNCATION = 1022
+TRUNCATION = 1022  # ESM-2's; ESM C's is its family's max_residues
 
 
 def subset(fasta: Path, every: int, out: Path) -> Path:
@@ -109,6 +113,40 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
     return time.perf_counter() - start
 
 
+def esmc_models(name: str, folder: Path, device):
+    """transformers' EsmcModel of the published shape `name` (random weights, as transformers
+    initialises them) and esmshard's ESMC with the same weights, read from the saved folder."""
+    import transformers
+
+    layers, dim, heads = ESMC.archs[name]
+    hf = transformers.EsmcModel(
+        transformers.EsmcConfig(
+            hidden_size=dim,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=int((8 / 3 * dim + 255) // 256 * 256),
+            attn_implementation="sdpa",
+        )
+    )
+    hf.save_pretrained(folder)
+    net, alphabet = load(parse_spec(str(folder)))
+    return hf.eval().to(device), net.to(device), alphabet
+
+
+def transformers_peer(hf, embedder, sequences, toks_per_batch, device) -> float:
+    """transformers' EsmcModel on esmshard's batches and tokens, means over the residues kept."""
+    batches = make_batches([len(s) for s in sequences], toks_per_batch)
+    start = time.perf_counter()
+    with torch.no_grad():
+        for batch in batches:
+            toks = embedder.tokens([sequences[i] for i in batch]).to(device)
+            hidden = hf(input_ids=toks, attention_mask=toks.ne(1)).last_hidden_state
+            for row, i in enumerate(batch):
+                hidden[row, 1 : len(sequences[i]) + 1].mean(0).cpu()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
 def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> tuple[float, float]:
     """esmshard's Embedder, means kept: seconds, and the host's own work among them (tokens,
     read-back, checks; esmshard.embedder's host_seconds)."""
@@ -168,16 +206,32 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         fasta = subset(args.fasta, args.every, Path(tmp) / "subset.fasta")
-        sequences = [r.sequence[:TRUNCATION] for r in read_fasta(fasta)]
-        lengths = [len(s) + 2 for s in sequences]
+        records = list(read_fasta(fasta))
         for name in args.models:
-            layers, dim, _ = ESM2_ARCHS[name]
-            net = random_model(name).eval().to(device)
-            alphabet = net.alphabet
-            times = {"fair-esm": [], "esmshard": []}
+            family = parse_spec(f"random:{name}").family
+            limit = family.max_residues
+            sequences = [r.sequence[:limit] for r in records]
+            lengths = [len(s) + 2 for s in sequences]
+            layers, dim, _ = family.archs[name]
+            if family is ESMC:
+                peer_name = "transformers"
+                hf, net, alphabet = esmc_models(name, Path(tmp) / name, device)
+                tokens_of = Embedder(net, alphabet, [layers], device, PRECISIONS["fp32"])
+
+                def run_peer():
+                    return transformers_peer(hf, tokens_of, sequences, args.toks_per_batch, device)
+            else:
+                peer_name = "fair-esm"
+                net = random_model(name).eval().to(device)
+                alphabet = net.alphabet
+
+                def run_peer():
+                    return peer(net, alphabet, fasta, args.toks_per_batch, device)
+
+            times = {peer_name: [], "esmshard": []}
             host_fractions = []  # of the fast path's time, the host's own work
             for _ in range(args.repeats):  # alternating, so drifts hit both sides alike
-                times["fair-esm"].append(peer(net, alphabet, fasta, args.toks_per_batch, device))
+                times[peer_name].append(run_peer())
                 seconds, host = fast(
                     net, alphabet, sequences, args.toks_per_batch, device, args.precision
                 )
@@ -188,7 +242,7 @@ def main():
                 precision: matmul_peaks(dim, precision, device)
                 for precision in {"fp32", args.precision}
             }
-            for side, precision in (("fair-esm", "fp32"), ("esmshard", args.precision)):
+            for side, precision in ((peer_name, "fp32"), ("esmshard", args.precision)):
                 seconds = statistics.median(times[side])
                 peaks = peaks_of[precision]
                 peak = max(peaks.values())
@@ -210,7 +264,8 @@ def main():
                             "matmul_peak_gflops": peak / 1e9,
                             "matmul_gflops": {k: v / 1e9 for k, v in peaks.items()},
                             "fraction_of_peak": work / seconds / peak,
-                            "speedup_vs_fair_esm": statistics.median(times["fair-esm"]) / seconds,
+                            "peer": peer_name,
+                            "speedup_vs_peer": statistics.median(times[peer_name]) / seconds,
                             "host_fraction": statistics.median(host_fractions)
                             if side == "esmshard"
                             else None,

@@ -2,8 +2,6 @@
 
 from .precision import Precision
 
-# ESM-2 was trained on at most 1022 residues plus BOS and EOS.
-MODEL_MAX_TOKENS = 1024
 CPU_TOKENS_PER_BATCH = 4096  # on a CPU larger batches do not run faster
 MAX_AUTO_TOKENS = 1 << 20
 
@@ -51,16 +49,15 @@ def auto_token_budget(
 
     Per token a layer holds about 16·D activations (residual, norms, q/k/v, output, the 4·D
     feed-forward in and out) and, as fair-esm materialises attention, 3·H·L scores for the
-    batch's longest sequence L (clamped to the model's maximum length). Contact maps keep every
+    batch's longest sequence L. Contact maps keep every
     layer's scores, twice (fair-esm stacks them, its contact head permutes them): 2·layers·H·L
     more. 20% is kept in reserve.
     """
-    longest = min(longest_tokens, MODEL_MAX_TOKENS)
     per_token = bytes_per_value * (
-        16 * embed_dim + 3 * heads * longest + 2 * contact_layers * heads * longest
+        16 * embed_dim + 3 * heads * longest_tokens + 2 * contact_layers * heads * longest_tokens
     )
     usable = 0.8 * free_bytes - model_bytes
-    return int(max(longest, min(MAX_AUTO_TOKENS, usable // per_token)))
+    return int(max(longest_tokens, min(MAX_AUTO_TOKENS, usable // per_token)))
 
 
 def token_budget(toks_per_batch, device, net, precision: Precision, contacts: bool = False):
@@ -76,12 +73,11 @@ def token_budget(toks_per_batch, device, net, precision: Precision, contacts: bo
 
     free = torch.cuda.mem_get_info(device)[0]
     model_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
-    heads = net.layers[0].self_attn.num_heads
     return lambda longest: auto_token_budget(
         free,
         model_bytes,
         net.embed_dim,
-        heads,
+        net.attention_heads,
         longest,
         precision.bytes_per_value,
         net.num_layers if contacts else 0,

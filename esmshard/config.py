@@ -10,7 +10,8 @@ import re
 
 import jsonschema
 
-# Settings that change the embeddings' numbers, plus `checkpoint` (which weights file exactly):
+# Settings that change the embeddings' numbers, plus `family` and `checkpoint` (which weights
+# exactly):
 # a change re-runs the embed jobs (Snakemake's params trigger), and merge refuses a shard file
 # computed with other values. `gpus` and `toks_per_batch` are not among them, so that moving to
 # other GPUs or another batch size never invalidates finished shards.
@@ -67,7 +68,7 @@ def coerce_config(config: dict, schema: dict) -> dict:
     }
 
 
-def embedding_settings(config: dict, checkpoint: str) -> dict:
+def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
     """The settings an embedding was computed with, as embed jobs record them and merge checks them.
 
     Keys in sorted order: Snakemake compares params by their repr(), so one order for good.
@@ -75,6 +76,7 @@ def embedding_settings(config: dict, checkpoint: str) -> dict:
     settings = {
         **{key: config[key] for key in EMBEDDING_KEYS},
         "checkpoint": checkpoint,
+        "family": family,
         "numerics": NUMERICS_VERSION,
     }
     return dict(sorted(settings.items()))

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import h5py
 
-from . import model as esm_model
-from . import pool, provenance, telemetry
+from . import models, pool, provenance, telemetry
 from .batching import make_batches, padded_fraction, token_budget
 from .contacts import NAME as CONTACTS
 from .contacts import triangle_size
@@ -104,7 +103,7 @@ def run_shard(
     sequences, batched, chunked, failed = split_records(shard_sequences, limit, long_sequences)
     del shard_sequences
     n_residues = sum(len(sequences[k]) for k in batched + chunked)
-    spec = esm_model.parse_spec(model)
+    spec = models.parse_spec(model)
     for path in (out_h5, metrics_json, telemetry_tsv):  # Progress makes its own folder
         Path(path).parent.mkdir(parents=True, exist_ok=True)
 
@@ -146,7 +145,7 @@ def run_shard(
                 n_sequences=len(ids),
                 n_residues=n_residues,
             )
-            net, alphabet = esm_model.load(spec)
+            net, alphabet = models.load(spec)
             layers = absolute_layers(repr_layers, net.num_layers)
             with_contacts = CONTACTS in include
             budget = token_budget(toks_per_batch, device, net, resolved, with_contacts)
@@ -207,6 +206,7 @@ def run_shard(
                         shard=shard,
                         n_records=len(ids),
                         model=model,
+                        model_family=spec.family.name,
                         num_layers=net.num_layers,
                         weights=spec.weights,
                         precision=resolved.name,

@@ -10,8 +10,9 @@ import torch
 
 from .contacts import NAME as CONTACTS
 from .contacts import upper_triangle
-from .forward import FastESM2
 from .long_sequences import chunk_spans
+from .models.esm2 import FastESM2
+from .models.layers import FastForward
 from .precision import Precision, autocast
 from .representations import KINDS, Representation
 from .shardfile import Failure
@@ -37,7 +38,7 @@ class Launched(NamedTuple):
 
 
 class Embedder:
-    """fair-esm's ESM-2 forward pass with fair-esm's token layout, on one device.
+    """A model's forward pass with fair-esm's token layout (BOS, residues, EOS), on one device.
 
     Only what `kinds` asks for leaves the device: the mean over each sequence's residues and the
     BOS row are reduced there (in fp32, whatever the precision), per-residue rows are gathered
@@ -56,9 +57,15 @@ class Embedder:
         kinds=tuple(KINDS),
     ):
         self.model = model.to(device)
-        # Contact maps need the attention maps: fair-esm's own forward pass computes them.
+        # Contact maps need the attention maps: fair-esm's own forward pass computes them. A
+        # family whose model is a fast forward pass itself (ESM C) has no other one.
         self.contacts = contacts
-        self.net = FastESM2(self.model) if fast_path and not contacts else self.model
+        if isinstance(self.model, FastForward):
+            if contacts:
+                raise ValueError("contact maps need a model with a contact head (ESM-2)")
+            self.net = self.model
+        else:
+            self.net = FastESM2(self.model) if fast_path and not contacts else self.model
         self.alphabet = alphabet
         self.layers = sorted(layers)
         self.device = device
@@ -85,7 +92,7 @@ class Embedder:
             np.frombuffer("".join(sequences).encode("ascii"), dtype=np.uint8)
         ]
         if (residues < 0).any():
-            raise ValueError("a sequence holds characters that are not ESM-2 residue tokens")
+            raise ValueError("a sequence holds characters that are not the model's residue tokens")
         toks = np.full(
             (len(sequences), lengths.max() + 2), self.alphabet.padding_idx, dtype=np.int64
         )
@@ -123,7 +130,7 @@ class Embedder:
             with autocast(self.precision, self.device):
                 if self.contacts:
                     out = self.net(toks, repr_layers=self.layers, return_contacts=True)
-                elif isinstance(self.net, FastESM2):
+                elif isinstance(self.net, FastForward):
                     out = self.net(toks, self.layers, padded=bool(residue.sum() < toks.numel()))
                 else:
                     out = self.net(toks, repr_layers=self.layers)

@@ -13,9 +13,7 @@ that no GPU was found.
 """
 
 import argparse
-import contextlib
 import csv
-import io
 import json
 import os
 import platform
@@ -25,10 +23,11 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from . import __version__
 from .datasets import shared_data_dir, write_every_nth_record
 from .files import write_json, write_text
 from .layout import Layout
+from .status import read_state, render
+from .version import __version__
 
 REPO = Path(__file__).resolve().parents[1]
 PROTEOME = "ecoli_k12_UP000000625.fasta"
@@ -93,7 +92,7 @@ def run_tests(out: Path) -> dict:
 
 def run_workflow(out: Path, plan: dict, gpus: int) -> dict:
     """A whole run through the `snakemake` command line, as users type it, and what it left."""
-    from .model import random_model, write_checkpoint
+    from .models.esm2 import random_model, write_checkpoint
 
     work = out / "run"
     work.mkdir(parents=True, exist_ok=True)
@@ -144,17 +143,12 @@ def run_workflow(out: Path, plan: dict, gpus: int) -> dict:
             samples += list(csv.DictReader(fh, delimiter="\t"))
     utilization = [float(s["utilization_percent"]) for s in samples if s["utilization_percent"]]
     memory = [float(s["memory_used_bytes"]) for s in samples if s["memory_used_bytes"]]
-    from .cli import main as esmshard_main
-
-    status = io.StringIO()
-    with contextlib.redirect_stdout(status):
-        esmshard_main(["status", str(outdir)])
     page = Path(layout.scaling_html).read_text()
     result.update(
         telemetry_samples=len(samples),
         mean_utilization_percent=sum(utilization) / len(utilization) if utilization else None,
         peak_memory_used_bytes=max(memory) if memory else None,
-        status=status.getvalue(),
+        status=render(read_state(outdir)),
         report_has_device_plots="No GPU telemetry" not in page,
     )
     if gpus:
@@ -243,7 +237,7 @@ def markdown(result: dict) -> str:
             lines.append(
                 f"| {r['side']} | {r['precision']} | {r['tokens_per_second']:,.0f} | "
                 f"{r['achieved_gflops'] / 1e3:,.1f} | {r['matmul_peak_gflops'] / 1e3:,.1f} | "
-                f"{r['fraction_of_peak']:.1%} | {r['speedup_vs_fair_esm']:.2f}× | "
+                f"{r['fraction_of_peak']:.1%} | {r['speedup_vs_peer']:.2f}× | "
                 + (f"{r['host_fraction']:.0%} |" if r.get("host_fraction") is not None else "– |")
             )
     if bench["error"]:

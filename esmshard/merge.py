@@ -20,7 +20,7 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from . import __version__, contacts, peak_memory_mb, provenance
+from . import contacts, provenance
 from .files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from .records import iter_batches, read_columns, shard_codes, source
 from .representations import KINDS
@@ -43,6 +43,8 @@ from .store import (
     set_aside,
     settings_key,
 )
+from .telemetry import peak_memory_mb
+from .version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +255,7 @@ def merge(
             log.info("contact maps written; peak memory so far %.0f MB", peak_memory_mb())
         out.attrs.update(
             model=attrs["model"],
+            model_family=settings["family"],
             weights=attrs["weights"],
             num_layers=attrs.get("num_layers", -1),
             precision=",".join(sorted(precisions)),

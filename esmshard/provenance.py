@@ -6,7 +6,7 @@ import json
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
 
-from . import __version__
+from .version import __version__
 
 # A part's attributes that say what computed it; parts written before they existed read "unknown".
 COMPUTED_WITH = (

@@ -191,4 +191,4 @@ class Embeddings:
         """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.torchdata)."""
         from .torchdata import EmbeddingDataset
 
-        return EmbeddingDataset(self.path, kind, self.layer(kind, layer))
+        return EmbeddingDataset(self.path, kind, self.layer(kind, layer), len(self), Embeddings)

@@ -23,7 +23,6 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow.parquet as pq
 
-from . import peak_memory_mb
 from .balance import assign, embedded_residue_counts, record_costs
 from .fasta import FastaError, looks_nucleotide, read_raw
 from .files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
@@ -41,6 +40,7 @@ from .store import (
     set_aside,
     settings_key,
 )
+from .telemetry import peak_memory_mb
 
 log = logging.getLogger(__name__)
 

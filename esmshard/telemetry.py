@@ -7,6 +7,7 @@ is matched to its NVML device by PCI bus ID. Every query may be unsupported on s
 
 import csv
 import logging
+import resource
 import threading
 import time
 from contextlib import ExitStack
@@ -24,6 +25,11 @@ FIELDS = [
     "temperature_c",
     "power_w",
 ]
+
+
+def peak_memory_mb() -> float:
+    """This process's peak resident memory so far (Linux reports it in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _nvml():

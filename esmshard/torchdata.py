@@ -5,22 +5,20 @@ import os
 import numpy as np
 import torch
 
-from .reader import Embeddings
-
 
 class EmbeddingDataset(torch.utils.data.Dataset):
     """(id, tensor) per protein for a torch DataLoader: a per-protein vector, or the per-residue
-    rows. Each worker process opens the file itself (an HDF5 handle does not survive a fork)."""
+    rows. Each worker process opens the file itself (an HDF5 handle does not survive a fork),
+    with `opener` (esmshard.reader.Embeddings, which makes these: Embeddings.dataset)."""
 
-    def __init__(self, path, kind: str, layer: int):
-        self.path, self.kind, self.layer = path, kind, layer
-        self._opened = None  # (process id, Embeddings)
-        with Embeddings(path) as emb:
-            self.length = len(emb)
+    def __init__(self, path, kind: str, layer: int, length: int, opener):
+        self.path, self.kind, self.layer, self.length = path, kind, layer, length
+        self.opener = opener
+        self._opened = None  # (process id, the opened file)
 
-    def _embeddings(self) -> Embeddings:
+    def _embeddings(self):
         if self._opened is None or self._opened[0] != os.getpid():
-            self._opened = (os.getpid(), Embeddings(self.path))
+            self._opened = (os.getpid(), self.opener(self.path))
         return self._opened[1]
 
     def __len__(self) -> int:

@@ -180,7 +180,7 @@ def jobs_run(result) -> dict[str, int]:
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory) -> Path:
     """A random-weight ESM-2 (real t6 shapes) saved in fair-esm's on-disk format."""
-    from esmshard.model import random_model, write_checkpoint
+    from esmshard.models.esm2 import random_model, write_checkpoint
 
     return write_checkpoint(
         random_model(TINY_MODEL), tmp_path_factory.mktemp("weights"), TINY_MODEL

@@ -14,7 +14,7 @@ from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 import esmshard
 from esmshard import contacts
 from esmshard.embedder import Embedder
-from esmshard.model import random_model
+from esmshard.models.esm2 import random_model
 from esmshard.precision import PRECISIONS
 
 RECORDS = read_records(PROTEINS)

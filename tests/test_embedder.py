@@ -3,7 +3,7 @@ import pytest
 import torch
 from conftest import PROTEINS, TINY_MODEL, read_records
 
-from esmshard import model
+from esmshard import models
 from esmshard.batching import make_batches
 from esmshard.embedder import Embedder
 from esmshard.precision import PRECISIONS
@@ -13,7 +13,7 @@ SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 
 @pytest.fixture(scope="module")
 def embedder():
-    net, alphabet = model.load(model.parse_spec(f"random:{TINY_MODEL}"))
+    net, alphabet = models.load(models.parse_spec(f"random:{TINY_MODEL}"))
     torch.set_num_threads(2)
     return Embedder(net, alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"])
 
@@ -25,7 +25,7 @@ def test_tokens_are_fair_esm_batch_converter_tokens(embedder):
     batch = SEQUENCES[:6] + ["LAGVSERTIDPKQNFYMHWCXBUZO", "M"]
     _, _, want = BatchConverter(embedder.alphabet)([(str(i), s) for i, s in enumerate(batch)])
     assert torch.equal(embedder.tokens(batch), want)
-    with pytest.raises(ValueError, match="not ESM-2 residue tokens"):
+    with pytest.raises(ValueError, match="not the model.s residue tokens"):
         embedder.tokens(["MKJ"])
 
 

@@ -10,7 +10,7 @@ from conftest import PROTEINS, read_records
 from esmshard import telemetry
 from esmshard.batching import make_batches, token_budget
 from esmshard.embedder import Embedder
-from esmshard.model import random_model
+from esmshard.models.esm2 import random_model
 from esmshard.precision import PRECISIONS, autocast, resolve
 
 pytestmark = [

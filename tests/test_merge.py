@@ -33,6 +33,7 @@ SETTINGS = {
     "precision": "auto",
     "fast_path": True,
     "checkpoint": "random weights, seed 0",
+    "family": "esm2",
 }
 
 

@@ -185,7 +185,7 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     name = plan["shards"][0]["shard"]
     out = tmp_path / f"{name}.h5"
     script = (
-        "from esmshard import run_step\n"
+        "from esmshard.steps import run_step\n"
         "from esmshard.embed import run_shard\n"
         f"run_step({str(tmp_path / 'job.log')!r}, run_shard, shard_tsv={str(shards / f'{name}.tsv')!r},\n"
         f"    out_h5={str(out)!r}, manifest_json={str(tmp_path / 'manifest.json')!r},\n"

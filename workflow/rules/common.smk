@@ -19,7 +19,7 @@ from esmshard.config import coerce_config, embedding_settings
 from esmshard.files import read_tsv
 from esmshard.layout import Layout
 from esmshard.leftovers import remove_leftovers
-from esmshard.model import ModelError, parse_spec
+from esmshard.models import ModelError, parse_spec
 from esmshard.provenance import mixed_precisions
 from esmshard.runlock import RunActiveError, current_run_id, hold
 from esmshard.sizing import (
@@ -42,6 +42,20 @@ try:
     MODEL = parse_spec(config["model"])
 except ModelError as err:
     raise WorkflowError(str(err))
+FAMILY = MODEL.family
+if config["truncation_seq_length"] == "auto":
+    config["truncation_seq_length"] = FAMILY.max_residues
+if config["truncation_seq_length"] > FAMILY.max_residues:
+    raise WorkflowError(
+        f"truncation_seq_length {config['truncation_seq_length']} is beyond {FAMILY.title}'s "
+        f"{FAMILY.max_residues} residues (the longest it was trained on); use at most "
+        f"{FAMILY.max_residues}, or auto, and long_sequences: chunk for longer sequences"
+    )
+if "contacts" in config["include"] and not FAMILY.contacts:
+    raise WorkflowError(
+        f"include: contacts: {FAMILY.title} ({config['model']}) has no contact head; contact "
+        "maps come from ESM-2 models. Remove contacts from include, or use an ESM-2 model"
+    )
 if "contacts" in config["include"] and config["long_sequences"] == "chunk":
     raise WorkflowError(
         "include: contacts cannot be combined with long_sequences: chunk (a contact map spans "
@@ -54,7 +68,7 @@ ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
 # merge checks every part against them (esmshard.config, esmshard.store).
-EMBEDDING_PARAMS = embedding_settings(config, MODEL.identity(RUN.checksums))
+EMBEDDING_PARAMS = embedding_settings(config, FAMILY.name, MODEL.identity(RUN.checksums))
 STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
 KEY = settings_key(EMBEDDING_PARAMS)
 

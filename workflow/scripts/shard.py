@@ -4,10 +4,10 @@ from pathlib import Path
 # esmshard from this workflow's own folder, ahead of any installed copy.
 sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
 
-from esmshard import run_step
 from esmshard.layout import Layout
-from esmshard.model import ensure_available, parse_spec
+from esmshard.models import ensure_available, parse_spec
 from esmshard.shard import write_shards
+from esmshard.steps import run_step
 
 
 def shard(settings, **params):

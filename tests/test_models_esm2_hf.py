@@ -10,9 +10,10 @@ import torch
 from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 
 from esmshard.embedder import Embedder
-from esmshard.model import ModelError, parse_spec, random_model, write_checkpoint
+from esmshard.models import ModelError, parse_spec
+from esmshard.models.esm2 import random_model, write_checkpoint
 from esmshard.precision import PRECISIONS
-from esmshard.transformers_weights import esm2_from_transformers, fair_esm_name
+from esmshard.models.esm2_hf import esm2_from_transformers, fair_esm_name
 
 transformers = pytest.importorskip("transformers")  # a test extra: `pip install -e .[test]`
 
@@ -118,7 +119,13 @@ def test_folder_and_hub_id_give_the_fair_esm_checkpoints_embeddings(tmp_path):
         got = means(tmp_path / run / "results")
         np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=0)
         np.testing.assert_allclose(got[1], want[1], atol=1e-5, rtol=0)
-    assert "transformers folder, sha256" in means(tmp_path / "b" / "results")[2]["checkpoint"]
+    assert means(tmp_path / "b" / "results")[2]["checkpoint"].startswith(
+        "folder, sha256 config.json="
+    )
+    # A hub download is the repository at the revision that was loaded.
+    assert means(tmp_path / "c" / "results")[2]["checkpoint"] == (
+        f"facebook/esm2_t6_8M_UR50D revision {'0' * 40} from the HuggingFace hub"
+    )
 
 
 def test_a_hub_id_missing_offline_says_how_to_get_it(tmp_path):

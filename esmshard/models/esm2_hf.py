@@ -4,15 +4,15 @@ fair-esm's ESM2, read from the files alone: `transformers` itself is not needed.
 
 The two hold the same tensors under other names (RENAMES); the rotary frequencies are
 recomputed, the pooler and the tied language-model decoder are left out. A config that is no
-ESM-2 (ESM-1b's learned positions, ESMFold, another vocabulary) is refused by name. esmshard.model
-imports this module where a model is one of these.
+ESM-2 (ESM-1b's learned positions, ESMFold, another vocabulary) is refused by name.
 """
 
 import json
 import re
 from pathlib import Path
 
-from .model import ModelError
+from .spec import Arch, ModelError
+from .weights import read_config, safetensors_files
 
 # transformers' name (after the "esm." prefix of the *ForMaskedLM classes) -> fair-esm's.
 RENAMES = [
@@ -47,21 +47,16 @@ ESM2_CONFIG = {
 }
 
 
-def read_config(folder: Path) -> dict:
+def checked_config(folder: Path) -> dict:
+    """The folder's config.json, refused naming the value where it is no ESM-2's."""
     path = Path(folder) / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ModelError(
-            f"{path} cannot be read ({err}); a model folder is one saved by transformers' "
-            "save_pretrained (config.json and .safetensors files)"
-        ) from err
+    config = read_config(folder)
     for key, wanted in ESM2_CONFIG.items():
         found = config.get(key, wanted if key in ("is_folding_model", "hidden_act") else None)
         if found != wanted:
             raise ModelError(
                 f"{path}: {key} is {json.dumps(found)}, not {json.dumps(wanted)}: not an ESM-2 "
-                "model (esmshard runs ESM-2 only)"
+                "model (model_type esm is ESM-2's in esmshard)"
             )
     if config["intermediate_size"] != 4 * config["hidden_size"]:
         raise ModelError(
@@ -71,23 +66,8 @@ def read_config(folder: Path) -> dict:
     return config
 
 
-def arch_of(folder: Path) -> tuple[int, int, int]:
-    """(layers, embedding dim, heads) from the folder's config.json."""
-    return _arch(read_config(folder))
-
-
-def _arch(config: dict) -> tuple[int, int, int]:
-    return config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
-
-
-def weight_files(folder: Path) -> list[Path]:
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise ModelError(
-            f"{folder} holds no .safetensors weights; save the model with transformers' "
-            "save_pretrained (safetensors is its default)"
-        )
-    return files
+def arch_of(config: dict) -> Arch:
+    return Arch(config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"])
 
 
 def fair_esm_name(name: str) -> str | None:
@@ -111,8 +91,8 @@ def esm2_from_transformers(folder: Path):
     from esm.model.esm2 import ESM2
     from safetensors.torch import load_file
 
-    config = read_config(folder)
-    layers, dim, heads = _arch(config)
+    config = checked_config(folder)
+    layers, dim, heads = arch_of(config)
     with torch.random.fork_rng():  # the language-model head's init, unused, left deterministic
         torch.manual_seed(0)
         model = ESM2(
@@ -123,7 +103,7 @@ def esm2_from_transformers(folder: Path):
             token_dropout=config.get("token_dropout", True),
         )
     state = {}
-    for path in weight_files(folder):
+    for path in safetensors_files(folder):
         for name, tensor in load_file(str(path)).items():
             try:
                 target = fair_esm_name(name)

@@ -5,11 +5,10 @@ import pytest
 import torch
 from conftest import PROTEINS, read_records
 
-from esmshard import forward
+from esmshard.models import layers
 from esmshard.batching import make_batches
 from esmshard.embedder import Embedder
-from esmshard.forward import FastESM2
-from esmshard.model import random_model
+from esmshard.models.esm2 import FastESM2, random_model
 from esmshard.precision import PRECISIONS
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
@@ -38,7 +37,7 @@ def embedder(model, fast, precision="fp32"):
 @pytest.mark.parametrize("budget", [600, 2048, 6000])
 def test_fast_path_equals_fair_esm_with_padding(model, budget, dense, monkeypatch):
     if dense == "torch":  # the path GPUs, autocast and torch builds without oneDNN take
-        monkeypatch.setattr(forward, "onednn_available", lambda: False)
+        monkeypatch.setattr(layers, "onednn_available", lambda: False)
     fast, reference = embedder(model, True), embedder(model, False)
     lengths = [len(s) for s in SEQUENCES]
     batches = make_batches(lengths, budget)[:4] + make_batches(lengths, budget)[-2:]
@@ -53,7 +52,7 @@ def test_fast_path_equals_fair_esm_with_padding(model, budget, dense, monkeypatc
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
 def test_onednn_dense_layers_are_used_on_cpu():
-    assert forward.onednn_available()
+    assert layers.onednn_available()
 
 
 def test_layers_above_the_highest_requested_are_not_run(model):

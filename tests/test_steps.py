@@ -7,7 +7,7 @@ import sys
 def job(log, body: str, *args):
     script = (
         "import sys, time\n"
-        "from esmshard import run_step\n"
+        "from esmshard.steps import run_step\n"
         f"def step():\n    {body}\n"
         f"run_step({str(log)!r}, step)\n"
     )

@@ -1,0 +1,168 @@
+"""The model families esmshard runs, in one table (FAMILIES), and what a `model:` value names.
+
+A model's family is read from its weights' own files (a folder's config.json, a checkpoint's
+tensor names), never from its name; fair-esm's hub names and `random:<name>` are names from the
+families' tables of published shapes. A new family is one module (its forward pass and loading,
+see Family), its weight readers, and one row here.
+
+Nothing here imports torch: the Snakefile and the jobs that run no model (shard, merge, report)
+read the model without a second spent importing it.
+"""
+
+import re
+from pathlib import Path
+from typing import NamedTuple
+
+from ..representations import KINDS
+from . import archs, esm2_files, esm2_hf, esmc_weights
+from .spec import Arch, Family, ModelError, ModelSpec
+from .weights import (
+    CHECKPOINT_SUFFIXES,
+    checkpoint_contents,
+    hf_snapshot,
+    read_config,
+    safetensors_files,
+)
+
+ESM2 = Family(
+    name="esm2",
+    title="ESM-2",
+    module="esmshard.models.esm2",
+    archs=archs.ESM2,
+    max_residues=1022,
+    kinds=tuple(KINDS),
+    contacts=True,
+)
+ESMC = Family(
+    name="esmc",
+    title="ESM C",
+    module="esmshard.models.esmc",
+    archs=archs.ESMC,
+    max_residues=2048,
+    kinds=tuple(KINDS),
+    contacts=False,
+)
+FAMILIES = {family.name: family for family in (ESM2, ESMC)}
+
+RANDOM_PREFIX = "random:"
+HF_PREFIX = "hf:"
+HF_REPO = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+class Weights(NamedTuple):
+    """Weights found on disk: their family, shape, what the family's loader reads (a folder or a
+    file), and the files that say which weights they are (esmshard.models.spec.ModelSpec.identity)."""
+
+    family: Family
+    arch: Arch
+    location: Path
+    files: tuple[Path, ...]
+
+
+def _found(folder: Path, config: dict | None) -> str:
+    if config is not None:
+        return f"a config.json of model_type {config.get('model_type')!r}"
+    names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    return (
+        "files " + ", ".join(names[:6]) + (" …" if len(names) > 6 else "") if names else "nothing"
+    )
+
+
+def recognise(path: Path) -> Weights:
+    """The family and shape of the weights in a folder or a checkpoint file, from their contents;
+    ModelError naming what was found where no family's weights are."""
+    known = ", ".join(f.title for f in FAMILIES.values())
+    if path.is_dir():
+        config = read_config(path)
+        if config is not None and config.get("model_type") == "esm":
+            arch = esm2_hf.arch_of(esm2_hf.checked_config(path))
+            return Weights(ESM2, arch, path, (path / "config.json", *safetensors_files(path)))
+        if esmc_weights.is_hf_config(config):
+            arch = esmc_weights.hf_shape(path).arch
+            return Weights(ESMC, arch, path, (path / "config.json", *safetensors_files(path)))
+        checkpoints = [p for p in sorted(path.rglob("*")) if p.suffix in CHECKPOINT_SUFFIXES]
+        if config is None and len(checkpoints) == 1:
+            return recognise(checkpoints[0])._replace(files=(checkpoints[0],))
+        raise ModelError(
+            f"model folder '{path}' holds no model of a family esmshard knows ({known}): found "
+            f"{_found(path, config)}. A folder is one saved by transformers (config.json of "
+            "model_type esm or esmc, and .safetensors files), or holds one EvolutionaryScale .pth"
+        )
+    contents = checkpoint_contents(path)
+    if esm2_files.is_checkpoint(contents):
+        return Weights(ESM2, esm2_files.arch_of(path, contents), path, (path,))
+    if isinstance(contents, dict) and esmc_weights.is_pth(contents):
+        return Weights(ESMC, esmc_weights.pth_shape(path, contents).arch, path, (path,))
+    names = sorted(contents) if isinstance(contents, dict) else [type(contents).__name__]
+    raise ModelError(
+        f"model checkpoint '{path}' holds no model of a family esmshard knows ({known}): found "
+        f"{len(names)} entries, {', '.join(map(str, names[:4]))}{' …' if len(names) > 4 else ''}. "
+        "esmshard reads fair-esm's ESM-2 .pt files and EvolutionaryScale's ESM C .pth files"
+    )
+
+
+def parse_spec(model: str) -> ModelSpec:
+    """What `model` names; hf:<owner>/<name> is fetched into the HuggingFace cache if it is not
+    there, as its files say its family."""
+    if model.startswith(RANDOM_PREFIX):
+        name = model[len(RANDOM_PREFIX) :]
+        for family in FAMILIES.values():
+            if name in family.archs:
+                return ModelSpec(family, name, "random", arch=family.archs[name])
+        names = [n for family in FAMILIES.values() for n in family.archs]
+        raise ModelError(f"model '{model}': unknown architecture; use one of {names}")
+    if model.startswith(HF_PREFIX):
+        repo = model[len(HF_PREFIX) :]
+        if not HF_REPO.fullmatch(repo):
+            raise ModelError(
+                f"model '{model}': a HuggingFace model is hf:<owner>/<name>, e.g. "
+                "hf:facebook/esm2_t33_650M_UR50D"
+            )
+        snapshot = hf_snapshot(repo)
+        found = recognise(snapshot)
+        return ModelSpec(
+            found.family,
+            repo.split("/")[1],
+            "hf",
+            found.location,
+            found.arch,
+            repo,
+            snapshot.name,
+            found.files,
+        )
+    path = Path(model)
+    if path.is_dir():
+        found = recognise(path)
+        kind = "folder" if found.location == path else "local"
+        return ModelSpec(
+            found.family, path.resolve().name, kind, found.location, found.arch, files=found.files
+        )
+    if path.suffix in CHECKPOINT_SUFFIXES or path.is_file():
+        if not path.is_file():
+            raise ModelError(f"model checkpoint '{path}' does not exist")
+        found = recognise(path)
+        return ModelSpec(found.family, path.stem, "local", path, found.arch)
+    if model in ESM2.archs:
+        return ModelSpec(ESM2, model, "hub", arch=ESM2.archs[model])
+    raise ModelError(
+        f"model '{model}': not a model name esmshard knows; use one of fair-esm's "
+        f"{sorted(ESM2.archs)}, hf:<owner>/<name> (HuggingFace), a folder saved by transformers "
+        "or holding an ESM C .pth, a local .pt or .pth checkpoint, or random:<name>"
+    )
+
+
+def ensure_available(spec: ModelSpec) -> None:
+    """Fetch what the model needs before the embed jobs start (fair-esm's hub weights)."""
+    if spec.family is ESM2:
+        esm2_files.ensure_available(spec)
+
+
+def load(spec: ModelSpec):
+    """(model in eval mode on the CPU, its alphabet); the model, or FastESM2 over it, is a
+    forward pass as esmshard.models.spec.Family describes it."""
+    return spec.family.runner().load(spec)
+
+
+def random_model(name: str):
+    """The published shape `name` of any family with seeded random weights."""
+    return parse_spec(RANDOM_PREFIX + name).family.runner().random_model(name)

@@ -1,0 +1,21 @@
+"""The published shapes of each family, by their makers' names (`random:<name>` builds one)."""
+
+from .spec import Arch
+
+ESM2 = {
+    "esm2_t6_8M_UR50D": Arch(6, 320, 20),
+    "esm2_t12_35M_UR50D": Arch(12, 480, 20),
+    "esm2_t30_150M_UR50D": Arch(30, 640, 20),
+    "esm2_t33_650M_UR50D": Arch(33, 1280, 20),
+    "esm2_t36_3B_UR50D": Arch(36, 2560, 40),
+    "esm2_t48_15B_UR50D": Arch(48, 5120, 40),
+}
+ESMC = {
+    "esmc_300m": Arch(30, 960, 15),
+    "esmc_600m": Arch(36, 1152, 18),
+}
+
+
+def heads_of(archs: dict, layers: int, dim: int) -> int | None:
+    """The heads of the published shape of `layers` and `dim`, None if none has them."""
+    return next((a.heads for a in archs.values() if (a.layers, a.dim) == (layers, dim)), None)

@@ -1,0 +1,134 @@
+"""ESM-2 (fair-esm's model and weights): loading fair-esm checkpoints from its hub or a file,
+folders saved by transformers (esmshard.models.esm2_hf), random weights; and a faster forward
+pass for embeddings over fair-esm's own modules (FastESM2).
+
+FastESM2 does the arithmetic of fair-esm's `ESM2.forward` (token dropout scaling, rotary
+embeddings, pre-norm layers, the final layer norm on the last layer only) with changes that leave
+the representations as they were: attention runs through `scaled_dot_product_attention` (fused,
+with the padded keys masked) instead of two `bmm`s and a softmax over materialised weights; the
+language-model and contact heads are skipped; layers above the highest requested one are not run;
+on CPUs in fp32 the dense layers run through oneDNN (esmshard.models.layers).
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .archs import ESM2 as ARCHS
+from .esm2_files import ensure_available, hub_paths, regression_path
+from .layers import FastForward, dense_for, rotary, rotate_half
+from .spec import RANDOM_SEED, ModelSpec
+from .weights import safe_load
+
+
+def random_model(name: str):
+    """The ESM-2 architecture `name` with seeded random weights (tests and benchmarks only)."""
+    from esm.model.esm2 import ESM2
+
+    layers, dim, heads = ARCHS[name]
+    with torch.random.fork_rng():
+        torch.manual_seed(RANDOM_SEED)
+        return ESM2(num_layers=layers, embed_dim=dim, attention_heads=heads, alphabet="ESM-1b")
+
+
+def load(spec: ModelSpec):
+    """(fair-esm's ESM2 in eval mode on the CPU, its alphabet)."""
+    from esm.pretrained import load_model_and_alphabet_core
+
+    if spec.kind == "random":
+        model = random_model(spec.name)
+    elif spec.kind in ("hf", "folder"):
+        from .esm2_hf import esm2_from_transformers
+
+        model = esm2_from_transformers(spec.path)
+    else:
+        ensure_available(spec)
+        path = spec.path if spec.kind == "local" else hub_paths(spec.name)[0]
+        # fair-esm reads the family from the name it is given: the file's content said ESM-2.
+        model, _ = load_model_and_alphabet_core(
+            "esm2", safe_load(path), safe_load(regression_path(path))
+        )
+    return model.eval(), model.alphabet
+
+
+def write_checkpoint(model, directory: Path, name: str) -> Path:
+    """Save `model` in fair-esm's on-disk format: `<name>.pt` plus its contact-regression file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    regression_keys = [k for k in state if k.startswith("contact_head.regression.")]
+    body = {
+        f"encoder.sentence_encoder.{k}": v for k, v in state.items() if k not in regression_keys
+    }
+    cfg = argparse.Namespace(
+        encoder_layers=model.num_layers,
+        encoder_embed_dim=model.embed_dim,
+        encoder_ffn_embed_dim=4 * model.embed_dim,
+        encoder_attention_heads=model.attention_heads,
+        token_dropout=model.token_dropout,
+        arch="esm2",
+    )
+    path = directory / f"{name}.pt"
+    torch.save({"model": body, "cfg": {"model": cfg}}, path)
+    torch.save({"model": {k: state[k] for k in regression_keys}}, regression_path(path))
+    return path
+
+
+class FastESM2(FastForward):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model  # fair-esm's ESM2: its modules and weights, used as they are
+        self.num_layers = model.num_layers
+        self.embed_dim = model.embed_dim
+        self.attention_heads = model.attention_heads
+        self.head_dim = model.embed_dim // model.attention_heads
+
+    def attention(self, layer, x, cos, sin, mask, dense):
+        attn = layer.self_attn
+        batch, length, _ = x.shape
+
+        def heads(t):
+            return t.view(batch, length, self.attention_heads, self.head_dim).transpose(1, 2)
+
+        q = heads(dense(x, attn.q_proj))
+        k = heads(dense(x, attn.k_proj))
+        v = heads(dense(x, attn.v_proj))
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
+        return out.transpose(1, 2).reshape(batch, length, self.embed_dim)
+
+    def forward(self, tokens, repr_layers, padded: bool | None = None):
+        m = self.model
+        padding = tokens.eq(m.padding_idx)
+        x = m.embed_scale * m.embed_tokens(tokens)
+        if m.token_dropout:
+            masked = tokens == m.mask_idx
+            x = x.masked_fill(masked.unsqueeze(-1), 0.0)
+            mask_ratio_train = 0.15 * 0.8
+            observed = masked.sum(-1).to(x.dtype) / (~padding).sum(-1)
+            x = x * (1 - mask_ratio_train) / (1 - observed)[:, None, None]
+        x = x * (1 - padding.unsqueeze(-1).type_as(x))
+        dense = dense_for(x)
+
+        wanted = set(repr_layers)
+        representations = {0: x} if 0 in wanted else {}
+        # The inverse frequencies move with the model.
+        cos, sin = rotary(m.layers[0].self_attn.rot_emb.inv_freq, tokens.shape[1], tokens.device)
+        # Boolean mask, True where attention is allowed: every query sees the real keys only.
+        if padded is None:
+            padded = bool(padding.any())
+        mask = ~padding[:, None, None, :] if padded else None
+        for index, layer in enumerate(m.layers[: max(wanted)]):
+            attended = self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
+            x = dense(attended, layer.self_attn.out_proj, residual=x)
+            x = dense(
+                dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x
+            )
+            if index + 1 == self.num_layers:
+                x = m.emb_layer_norm_after(x)  # fair-esm normalises the last layer's output only
+            if index + 1 in wanted:
+                representations[index + 1] = x
+        return {"representations": representations}

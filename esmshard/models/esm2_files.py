@@ -1,0 +1,77 @@
+"""ESM-2 in fair-esm's own files: a checkpoint (`.pt`, with its `-contact-regression.pt` beside
+it) told by its tensors and config, fair-esm's hub cache, and downloading into it. torch is
+imported only to download and to find the cache.
+"""
+
+from pathlib import Path
+
+from .spec import Arch, ModelError, ModelSpec
+
+PREFIX = "encoder.sentence_encoder."
+
+
+def is_checkpoint(contents) -> bool:
+    """Whether a checkpoint's contents (esmshard.models.weights.checkpoint_contents) are ESM-2's:
+    fair-esm's layers with rotary embeddings (ESM-1b's learned positions are refused)."""
+    tensors = contents.get("model") if isinstance(contents, dict) else None
+    if not isinstance(tensors, dict) or "cfg" not in contents:
+        return False
+    return f"{PREFIX}emb_layer_norm_after.weight" in tensors and not any(
+        "embed_positions" in name for name in tensors
+    )
+
+
+def arch_of(path: Path, contents) -> Arch:
+    cfg = contents["cfg"].get("model") if isinstance(contents["cfg"], dict) else None
+    try:
+        return Arch(cfg.encoder_layers, cfg.encoder_embed_dim, cfg.encoder_attention_heads)
+    except AttributeError:
+        raise ModelError(
+            f"{path}: an ESM-2 checkpoint without fair-esm's config (cfg.model.encoder_layers, "
+            "encoder_embed_dim, encoder_attention_heads)"
+        ) from None
+
+
+MODEL_URL = "https://dl.fbaipublicfiles.com/fair-esm/models/{}.pt"
+REGRESSION_URL = "https://dl.fbaipublicfiles.com/fair-esm/regression/{}-contact-regression.pt"
+
+
+def hub_paths(name: str) -> tuple[Path, Path]:
+    """Where torch's hub cache keeps a model and its contact-regression weights."""
+    import torch
+
+    checkpoints = Path(torch.hub.get_dir()) / "checkpoints"
+    return checkpoints / f"{name}.pt", checkpoints / f"{name}-contact-regression.pt"
+
+
+def regression_path(model_path: Path) -> Path:
+    return model_path.with_name(model_path.stem + "-contact-regression.pt")
+
+
+def ensure_available(spec: ModelSpec) -> None:
+    """Make sure the weights can be loaded, downloading hub models into the cache once."""
+    if spec.kind == "local":
+        for path in (spec.path, regression_path(spec.path)):
+            if not path.is_file():
+                raise ModelError(f"model checkpoint '{path}' does not exist")
+        return
+    if spec.kind != "hub":
+        return
+    import torch
+
+    targets = zip(
+        hub_paths(spec.name), (MODEL_URL.format(spec.name), REGRESSION_URL.format(spec.name))
+    )
+    for path, url in targets:
+        if path.is_file():
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            torch.hub.download_url_to_file(url, str(path), progress=False)
+        except Exception as err:  # any network failure means the same advice
+            raise ModelError(
+                f"cannot download {spec.name} weights from {url} ({err}). Without network access, "
+                f"put {spec.name}.pt and {spec.name}-contact-regression.pt into {path.parent} "
+                "(the torch hub cache; TORCH_HOME moves it), or set `model:` to the path of a local "
+                ".pt checkpoint"
+            ) from err

@@ -1,0 +1,154 @@
+"""ESM C (ESM Cambrian), in esmshard's own module: EvolutionaryScale's `esm` package is not used
+(it installs a top-level `esm` module, as fair-esm does, and pins an older torch).
+
+Its layers differ from ESM-2's: no biases in the projections, LayerNorm over the queries and the
+keys (QK-norm, bias-free), a SwiGLU feed-forward, each residual branch divided by
+sqrt(layers / 36), a bias-free final LayerNorm, no token dropout. Rotary embeddings and the
+vocabulary are ESM-2's (one token differs: 31 is the chain break `|`). The forward pass is
+esmshard's fast one (fused attention over the real keys, oneDNN on CPUs in fp32, only the layers
+needed), with transformers' `EsmcModel` arithmetic: layer 0 is the token embeddings, layer k the
+output of block k, and the last layer is after the final norm (transformers' `hidden_states[-1]`).
+Weights are read by esmshard.models.esmc_weights.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .archs import ESMC as ARCHS
+from .esmc_weights import Shape, read_weights
+from .layers import FastForward, dense_for, rotary, rotate_half
+from .spec import RANDOM_SEED, ModelError, ModelSpec
+
+VOCABULARY = (
+    "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - | <mask>"
+).split()
+VOCAB_SIZE = 64  # the embedding's rows: the vocabulary, padded
+NORM_EPS = 1e-5
+
+
+def ffn_size(dim: int) -> int:
+    """The feed-forward's hidden size: 8/3 of the model's, rounded up to a multiple of 256."""
+    return int((8 / 3 * dim + 255) // 256 * 256)
+
+
+class Alphabet(NamedTuple):
+    """The token indices the Embedder asks for, as fair-esm's Alphabet names them."""
+
+    tok_to_idx: dict
+    padding_idx: int
+    cls_idx: int
+    eos_idx: int
+    mask_idx: int
+
+
+ALPHABET = Alphabet(
+    {token: index for index, token in enumerate(VOCABULARY)},
+    VOCABULARY.index("<pad>"),
+    VOCABULARY.index("<cls>"),
+    VOCABULARY.index("<eos>"),
+    VOCABULARY.index("<mask>"),
+)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim: int, ffn: int):
+        super().__init__()
+        self.attn_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS)
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.q_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS, bias=False)
+        self.k_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS, bias=False)
+        self.out_proj = torch.nn.Linear(dim, dim, bias=False)
+        self.ffn_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS)
+        self.gate_up = torch.nn.Linear(dim, 2 * ffn, bias=False)  # gate rows first, then up
+        self.down = torch.nn.Linear(ffn, dim, bias=False)
+
+
+class ESMC(FastForward):
+    def __init__(self, shape: Shape):
+        super().__init__()
+        (self.num_layers, self.embed_dim, self.attention_heads), ffn, theta = shape
+        self.head_dim = self.embed_dim // self.attention_heads
+        self.residual_scale = math.sqrt(self.num_layers / 36)
+        self.embed = torch.nn.Embedding(VOCAB_SIZE, self.embed_dim)
+        self.layers = torch.nn.ModuleList(
+            Block(self.embed_dim, ffn) for _ in range(self.num_layers)
+        )
+        self.norm = torch.nn.LayerNorm(self.embed_dim, eps=NORM_EPS, bias=False)
+        half = torch.arange(0, self.head_dim, 2, dtype=torch.float32)
+        self.register_buffer("inv_freq", 1.0 / theta ** (half / self.head_dim), persistent=False)
+        self.padding_idx = ALPHABET.padding_idx
+
+    def residual(self, x, out, dense, linear):
+        """x + linear(out) / residual_scale; one fused call where the scale is 1 (the 600M)."""
+        if self.residual_scale == 1:
+            return dense(out, linear, residual=x)
+        return x + dense(out, linear) / self.residual_scale
+
+    def attention(self, block, x, cos, sin, mask, dense):
+        batch, length, _ = x.shape
+        q, k, v = dense(block.attn_norm(x), block.qkv).chunk(3, dim=-1)
+        # Under autocast the norms compute in fp32; the attention takes one dtype.
+        q, k = block.q_norm(q).to(v.dtype), block.k_norm(k).to(v.dtype)
+
+        def heads(t):
+            return t.reshape(batch, length, self.attention_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(q), heads(k), heads(v)
+        q = (q * cos + rotate_half(q) * sin).to(v.dtype)
+        k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(batch, length, self.embed_dim)
+
+    def forward(self, tokens, repr_layers, padded: bool | None = None):
+        padding = tokens.eq(self.padding_idx)
+        x = self.embed(tokens)
+        dense = dense_for(x)
+        wanted = set(repr_layers)
+        representations = {0: x} if 0 in wanted else {}
+        cos, sin = rotary(self.inv_freq, tokens.shape[1], tokens.device)
+        if padded is None:
+            padded = bool(padding.any())
+        mask = ~padding[:, None, None, :] if padded else None  # True: the key is a real token
+        for index, block in enumerate(self.layers[: max(wanted)]):
+            x = self.residual(
+                x, self.attention(block, x, cos, sin, mask, dense), dense, block.out_proj
+            )
+            gate, up = dense(block.ffn_norm(x), block.gate_up).chunk(2, dim=-1)
+            x = self.residual(x, F.silu(gate) * up, dense, block.down)
+            if index + 1 == self.num_layers:
+                x = self.norm(x)
+            if index + 1 in wanted:
+                representations[index + 1] = x
+        return {"representations": representations}
+
+
+def random_model(name: str) -> ESMC:
+    """The ESM C architecture `name` with seeded random weights (tests and benchmarks only)."""
+    arch = ARCHS[name]
+    with torch.random.fork_rng():
+        torch.manual_seed(RANDOM_SEED)
+        model = ESMC(Shape(arch, ffn_size(arch.dim)))
+        for module in model.modules():  # LayerNorms start at 1 and 0: perturb them too
+            if isinstance(module, torch.nn.LayerNorm):
+                torch.nn.init.normal_(module.weight, 1.0, 0.1)
+                if module.bias is not None:
+                    torch.nn.init.normal_(module.bias, 0.0, 0.1)
+    return model
+
+
+def load(spec: ModelSpec):
+    """(ESMC in eval mode on the CPU, its alphabet)."""
+    if spec.kind == "random":
+        return random_model(spec.name).eval(), ALPHABET
+    shape, state = read_weights(spec.path)
+    model = ESMC(shape)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelError(
+            f"{spec.path}: the weights do not fit ESM C of {shape.arch.layers} layers and "
+            f"dimension {shape.arch.dim}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    return model.eval(), ALPHABET

@@ -1,0 +1,89 @@
+"""What a `model:` value names (ModelSpec), and what a family of models declares (Family)."""
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from ..checksums import file_checksums
+
+RANDOM_SEED = 0
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or safely loaded; the message says what to do."""
+
+
+class Arch(NamedTuple):
+    layers: int
+    dim: int
+    heads: int
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the families table (esmshard.models.FAMILIES): what the pipeline asks of a family.
+
+    `module` loads and runs the family's models (it imports torch, so it is imported only where a
+    model runs): `load(spec) -> (model, alphabet)` and `random_model(name)`. Its model, or the
+    fast forward pass over it, is called as `net(tokens, repr_layers, padded)` and returns
+    {"representations": {layer: B × L × D}}, layer 0 the embeddings and layer `layers` after the
+    final norm; tokens are BOS, residues, EOS, padding (`alphabet` names their indices).
+    """
+
+    name: str  # as settings, store keys and outputs name it
+    title: str  # as people write it
+    module: str
+    archs: dict[str, Arch]  # published shapes by name: random:<name> builds one
+    max_residues: int  # the longest sequence it was trained on, BOS and EOS left out
+    kinds: tuple[str, ...]  # the representation kinds `include` may ask for
+    contacts: bool  # whether it has a contact head (`include: contacts`)
+
+    def runner(self):
+        return importlib.import_module(self.module)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the `model` config value names, its family read from the weights' own files."""
+
+    family: Family
+    name: str  # e.g. esm2_t33_650M_UR50D, or a file's or folder's name
+    kind: str  # "hub" (fair-esm's), "local" (a file), "folder", "hf" (a hub id) or "random"
+    path: Path | None = None  # the weights file or folder, where there is one
+    arch: Arch | None = None  # where known before loading
+    repo: str | None = None  # the HuggingFace hub id
+    revision: str | None = None  # the commit of the hub repository that was loaded
+    files: tuple[Path, ...] = ()  # what `identity` hashes for a folder
+
+    @property
+    def weights(self) -> str:
+        return "random" if self.kind == "random" else "pretrained"
+
+    def identity(self, checksum_cache) -> str:
+        """Which weights exactly: a file by the sha256 of its content (computed once per file
+        version, esmshard.checksums), so that a copy elsewhere is the same weights; a hub
+        download by its repository and revision."""
+        if self.kind == "random":
+            return f"random weights, seed {RANDOM_SEED}"
+        if self.kind == "hub":
+            return f"{self.name} from fair-esm's hub"
+        if self.kind == "hf":
+            return f"{self.repo} revision {self.revision} from the HuggingFace hub"
+        if self.kind == "folder":
+            digests = file_checksums(self.files, checksum_cache)
+            return "folder, sha256 " + " ".join(
+                f"{f.relative_to(self.path)}={d}" for f, d in zip(self.files, digests)
+            )
+        if not self.path.is_file():
+            return f"{self.path.resolve()} (missing)"
+        (digest,) = file_checksums([self.path], checksum_cache)
+        return f"{self.name} checkpoint, sha256 {digest}"
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.arch.layers if self.arch else None
+
+    @property
+    def embed_dim(self) -> int | None:
+        return self.arch.dim if self.arch else None

@@ -1,0 +1,161 @@
+"""Reading what weight files hold without loading them: a folder's config.json, the tensor names
+and shapes of safetensors files and of torch checkpoints (.pt, .pth), so that a model's family
+is told from its own files when the workflow is planned, without torch. Also the two loaders that
+every family shares: torch checkpoints, unpickling nothing but tensors, and the HuggingFace hub.
+"""
+
+import argparse
+import collections
+import json
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+from typing import NamedTuple
+
+from .spec import ModelError
+
+HF_PATTERNS = ["config.json", "*.safetensors", "*.pth"]  # what is downloaded of a hub repository
+CHECKPOINT_SUFFIXES = (".pt", ".pth")
+
+
+class Tensor(NamedTuple):
+    """A tensor in a file, by its shape alone."""
+
+    shape: tuple[int, ...]
+
+
+def read_config(folder: Path) -> dict | None:
+    """A folder's config.json, None if there is none."""
+    path = Path(folder) / "config.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ModelError(
+            f"{path} cannot be read ({err}); a model folder is one saved by transformers' "
+            "save_pretrained (config.json and .safetensors files)"
+        ) from err
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ModelError(
+            f"{folder} holds no .safetensors weights; save the model with transformers' "
+            "save_pretrained (safetensors is its default)"
+        )
+    return files
+
+
+def safetensors_tensors(files) -> dict[str, Tensor]:
+    """Names and shapes from the files' headers (8 bytes of length, then JSON)."""
+    tensors = {}
+    for path in files:
+        with open(path, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        tensors.update(
+            {
+                name: Tensor(tuple(v["shape"]))
+                for name, v in header.items()
+                if name != "__metadata__"
+            }
+        )
+    return tensors
+
+
+# What a checkpoint may hold besides tensors: fair-esm's config.
+SAFE_GLOBALS = {
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    ("argparse", "Namespace"): argparse.Namespace,
+}
+TENSOR_REBUILDERS = {
+    ("torch._utils", "_rebuild_tensor_v2"): lambda storage, offset, size, *_: Tensor(tuple(size)),
+    ("torch._utils", "_rebuild_parameter"): lambda data, *_: data,
+    ("torch._tensor", "_rebuild_from_type_v2"): lambda fn, _type, args, _state: fn(*args),
+}
+
+
+class _ShapesUnpickler(pickle.Unpickler):
+    """A torch checkpoint's structure with its tensors as Tensor(shape), reading no tensor data."""
+
+    def find_class(self, module, name):
+        if (module, name) in SAFE_GLOBALS:
+            return SAFE_GLOBALS[module, name]
+        if (module, name) in TENSOR_REBUILDERS:
+            return TENSOR_REBUILDERS[module, name]
+        if module == "torch" and (name.endswith("Storage") or name in ("float32", "bfloat16")):
+            return name  # a storage's type: its data is not read
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name}")
+
+    def persistent_load(self, pid):
+        return None
+
+
+def checkpoint_contents(path: Path):
+    """What a torch checkpoint holds (dicts, fair-esm's config), its tensors as Tensor(shape).
+
+    A checkpoint that holds other objects is refused, as `safe_load` would refuse it.
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            (pickled,) = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+            with archive.open(pickled) as fh:
+                return _ShapesUnpickler(fh).load()
+    except zipfile.BadZipFile:  # torch's format before 1.6: load it (torch is imported)
+        import torch
+
+        return _tensor_shapes(safe_load(path), torch.Tensor)
+    except pickle.UnpicklingError as err:
+        raise ModelError(
+            f"refusing to load '{path}': it holds objects other than tensors and a fair-esm "
+            f"config, and unpickling them could run arbitrary code ({err})"
+        ) from err
+    except (OSError, ValueError) as err:
+        raise ModelError(f"'{path}' cannot be read as a torch checkpoint ({err})") from err
+
+
+def _tensor_shapes(value, tensor_type):
+    if isinstance(value, tensor_type):
+        return Tensor(tuple(value.shape))
+    if isinstance(value, dict):
+        return {k: _tensor_shapes(v, tensor_type) for k, v in value.items()}
+    return value
+
+
+def safe_load(path: Path) -> dict:
+    """torch.load that unpickles tensors and fair-esm's argparse.Namespace config, nothing else."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        found = [line for line in str(err).splitlines() if "GLOBAL" in line]
+        raise ModelError(
+            f"refusing to load '{path}': it holds objects other than tensors and a fair-esm "
+            f"config, and unpickling them could run arbitrary code ({' '.join(found) or err})"
+        ) from err
+
+
+def hf_snapshot(repo: str) -> Path:
+    """The HuggingFace cache's folder of `repo` (HF_PATTERNS of it), fetched into the cache if
+    it is not there (ModelError if it cannot be)."""
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HF_PATTERNS, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub's error types vary between versions)
+        pass
+    try:
+        return Path(snapshot_download(repo, allow_patterns=HF_PATTERNS))
+    except Exception as err:  # any network failure means the same advice
+        raise ModelError(
+            f"cannot download hf:{repo} from the HuggingFace hub ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}). Without network access, run "
+            f"`hf download {repo}` where there is network and copy the HuggingFace cache "
+            f"({constants.HF_HUB_CACHE}; HF_HOME moves it) here, or set `model:` to a folder "
+            "saved by transformers (config.json and .safetensors files)"
+        ) from err
