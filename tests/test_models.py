@@ -68,10 +68,20 @@ def test_non_esm2_models_are_rejected(name):
         models.parse_spec(name)
 
 
-def test_jobs_that_run_no_model_do_not_import_torch():
-    # The Snakefile and the shard, merge and report steps would each spend about a second on it.
+def test_jobs_that_run_no_model_do_not_import_torch(tmp_path, checkpoint):
+    # The Snakefile and the shard, merge and report steps would each spend about a second on it;
+    # the family and shape of a model's files are read without it.
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "esmc"
+    config = transformers.EsmcConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
+    transformers.EsmcModel(config).save_pretrained(folder)
     code = (
         "import sys, esmshard, esmshard.models, esmshard.shard, esmshard.merge, esmshard.report; "
+        f"a = esmshard.models.parse_spec({str(checkpoint)!r}); "
+        f"b = esmshard.models.parse_spec({str(folder)!r}); "
+        "assert (a.family.name, b.family.name) == ('esm2', 'esmc'), (a, b); "
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

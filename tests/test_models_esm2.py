@@ -5,9 +5,9 @@ import pytest
 import torch
 from conftest import PROTEINS, read_records
 
-from esmshard.models import layers
 from esmshard.batching import make_batches
 from esmshard.embedder import Embedder
+from esmshard.models import layers
 from esmshard.models.esm2 import FastESM2, random_model
 from esmshard.precision import PRECISIONS
 

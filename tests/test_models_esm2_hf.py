@@ -12,8 +12,8 @@ from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 from esmshard.embedder import Embedder
 from esmshard.models import ModelError, parse_spec
 from esmshard.models.esm2 import random_model, write_checkpoint
-from esmshard.precision import PRECISIONS
 from esmshard.models.esm2_hf import esm2_from_transformers, fair_esm_name
+from esmshard.precision import PRECISIONS
 
 transformers = pytest.importorskip("transformers")  # a test extra: `pip install -e .[test]`
 

@@ -1,0 +1,60 @@
+"""The package as a whole: no module imports, directly or through others, one that imports it."""
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PACKAGE = REPO / "esmshard"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules that `path` imports, at its top or inside functions."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name in modules}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + [node.module] if node.module else base)
+            submodules = {f"{target}.{a.name}" for a in node.names} & modules
+            found |= submodules
+            if len(submodules) < len(node.names) and target in modules:
+                found.add(target)  # a name defined in the module itself
+    return found - {name}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, done = [], set()
+
+    def visit(module, path):
+        for imported in sorted(graph[module]):
+            if imported in path:
+                found.append(path[path.index(imported) :] + [imported])
+            elif imported not in done:
+                visit(imported, path + [imported])
+        done.add(module)
+
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    return found
+
+
+def test_the_package_has_no_import_circle():
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: imports(path, set(paths)) for name, path in paths.items()}
+    assert graph["esmshard.models"] >= {"esmshard.models.esm2_hf", "esmshard.models.spec"}
+    assert "esmshard.reader" in graph["esmshard"]  # imports inside functions count too
+    assert circles(graph) == []
+
+
+def test_a_circle_is_found():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
