@@ -30,15 +30,15 @@ from esmshard.batching import make_batches, padded_fraction
 from esmshard.datasets import shared_data_dir
 from esmshard.embedder import Embedder
 from esmshard.fasta import read_fasta
-from esmshard.models import ESMC, load, parse_spec
+from esmshard.models import ESM2, ESMC, load, parse_spec
 from esmshard.models.esm2 import random_model
 from esmshard.models.layers import onednn_available, onednn_dense
 from esmshard.precision import PRECISIONS
 from esmshard.shard import read_shard, write_shards
-from esmshard.sizing import DEFAULT_ARCH
 
 DEFAULT_FASTA = shared_data_dir() / "ecoli_k12_UP000000625.fasta"
 TRUNCATION = 1022  # ESM-2's; ESM C's is its family's max_residues
+ESM2_650M = ESM2.archs["esm2_t33_650M_UR50D"]  # the shape `shards: auto` is cut for here
 
 
 def subset(fasta: Path, every: int, out: Path) -> Path:
@@ -173,7 +173,7 @@ def padding(fasta: Path, toks_per_batch: int, n_shards: int = 8) -> list[float]:
         shards, store, cache = (Path(tmp) / name for name in ("shards", "store", "checksums"))
         settings = {"model": "padding only"}  # an empty store of its own: every record planned
         plan = write_shards(
-            [fasta], shards, n_shards, TRUNCATION, DEFAULT_ARCH, store, settings, cache
+            [fasta], shards, n_shards, TRUNCATION, ESM2_650M[:2], store, settings, cache
         )
         fractions = []
         for p in plan["shards"]:

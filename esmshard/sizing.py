@@ -18,10 +18,6 @@ COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 
 # Cluster requests (SLURM `runtime`, minutes; `mem_mb`), from the cost model in balance.py.
 ASSUMED_FLOPS = 2.5e13  # sustained by a recent datacenter GPU in bf16 or tf32
-DEFAULT_ARCH = (
-    33,
-    1280,
-)  # layers, D: for checkpoints of unknown architecture, assume the 650M model
 
 
 def estimated_text_bytes(paths) -> int:

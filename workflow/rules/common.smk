@@ -23,7 +23,6 @@ from esmshard.models import ModelError, parse_spec
 from esmshard.provenance import mixed_precisions
 from esmshard.runlock import RunActiveError, current_run_id, hold
 from esmshard.sizing import (
-    DEFAULT_ARCH,
     embed_mem_mb,
     embed_runtime_minutes,
     estimated_records,
@@ -64,7 +63,7 @@ if "contacts" in config["include"] and config["long_sequences"] == "chunk":
     )
 
 RUN = Layout(config["outdir"])
-ARCH = (MODEL.num_layers, MODEL.embed_dim) if MODEL.num_layers else DEFAULT_ARCH
+ARCH = (MODEL.num_layers, MODEL.embed_dim)  # read from the model's files
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
 # merge checks every part against them (esmshard.config, esmshard.store).
