@@ -7,12 +7,14 @@ import time
 from pathlib import Path
 
 from . import export as exports
+from . import launch
 from . import store as stores
 from .fasta import FastaError
 from .files import human_bytes
 from .representations import KINDS
 from .status import read_state, render
 from .storelock import StoreBusyError
+from .version import __version__
 
 
 def seconds(text: str) -> float:
@@ -23,8 +25,50 @@ def seconds(text: str) -> float:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="esmshard", description="esmshard run tools")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `esmshard run ... -- SNAKEMAKE OPTIONS`: what follows `--` goes to snakemake as it is.
+    passed_on = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        prog="esmshard",
+        description="esmshard: protein language model embeddings (ESM-2, ESM C) on every GPU, "
+        "as a Snakemake workflow",
+    )
+    parser.add_argument("--version", action="version", version=f"esmshard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run the workflow on FASTA files from any folder (prints the snakemake command)",
+        description="Run esmshard's workflow with Snakemake in the current folder. The "
+        "`snakemake` command it builds is printed first; anything after `--` is passed on to "
+        "it, e.g. `esmshard run proteins.fasta -o out -- --dry-run`.",
+    )
+    run.add_argument("inputs", nargs="+", metavar="FASTA", help="protein FASTA files (.gz too)")
+    run.add_argument("-o", "--outdir", required=True, help="where the run's outputs go")
+    run.add_argument(
+        "--gpus",
+        default="auto",
+        help="CUDA device indices for the GPU pool, e.g. 0,1,2,3 (default auto: every visible "
+        "device); sets --resources gpu=N",
+    )
+    run.add_argument(
+        "--model",
+        help="ESM-2 or ESM C model: a name, a checkpoint or folder, hf:REPO (default: the "
+        "config's, esm2_t33_650M_UR50D)",
+    )
+    run.add_argument(
+        "--profile",
+        help="a cluster profile esmshard ships (slurm, kubernetes, googlebatch, htcondor, lsf) "
+        "or a profile folder of your own",
+    )
+    run.add_argument("--cores", default="all", help="CPU cores Snakemake may use (default all)")
+    run.add_argument(
+        "--config",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]'",
+    )
     status = commands.add_parser(
         "status", help="dashboard of a run: per device slot, progress, ETA"
     )
@@ -106,6 +150,24 @@ def main(argv=None):
         "--out", type=Path, default=Path("gpu-check"), help="where gpu-check.json and .md go"
     )
     args = parser.parse_args(argv)
+    if passed_on and args.command != "run":
+        parser.error("options after `--` go with `esmshard run` only")
+    if args.command == "run":
+        try:
+            launch.run(
+                launch.Launch(
+                    inputs=args.inputs,
+                    outdir=args.outdir,
+                    gpus=args.gpus,
+                    model=args.model,
+                    profile=args.profile,
+                    cores=args.cores,
+                    config=args.config,
+                    snakemake_args=passed_on,
+                )
+            )
+        except launch.LaunchError as err:
+            parser.exit(2, f"esmshard run: {err}\n")
     if args.command == "gpu-check":
         from .gpucheck import main as gpu_check_main
 

@@ -2,6 +2,7 @@ import functools
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -10,9 +11,39 @@ from snakemake.common.tbdstring import TBDString
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-# esmshard from this workflow's own folder, ahead of any installed copy.
-WORKFLOW_ROOT = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1]
-sys.path.insert(0, str(WORKFLOW_ROOT))
+
+# Which esmshard runs this workflow: in a clone, the clone's own (beside workflow/, for the driver
+# and, through PYTHONPATH, for the jobs); else the package installed in the environment (the
+# copy of these files inside it, or a deployed workflow, whose files Snakemake fetches one by
+# one). That one must be the version this workflow is released with, in esmshard/version.py.
+def esmshard_version_needed():
+    with open(workflow.source_path("../../esmshard/version.py")) as fh:
+        return re.search(r'^__version__ = "(.+)"$', fh.read(), re.M).group(1)
+
+
+def use_esmshard():
+    needed = esmshard_version_needed()
+    clone = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1]
+    if (clone / "esmshard" / "__init__.py").is_file():
+        sys.path.insert(0, str(clone))
+        paths = [str(clone), os.environ.get("PYTHONPATH", "")]
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    try:
+        import esmshard
+    except ImportError:
+        raise WorkflowError(
+            f"this workflow needs esmshard {needed}, which is not installed in the Python "
+            f"that runs Snakemake ({sys.executable}): pip install esmshard=={needed} there"
+        )
+    if esmshard.__version__ != needed:
+        raise WorkflowError(
+            f"this workflow needs esmshard {needed}, but esmshard {esmshard.__version__} is "
+            f"installed ({Path(esmshard.__file__).parent}): pip install esmshard=={needed}, "
+            "or deploy the workflow's release of that version"
+        )
+
+
+use_esmshard()
 
 from esmshard.checksums import file_checksums
 from esmshard.config import coerce_config, embedding_settings
@@ -32,7 +63,7 @@ from esmshard.storelock import hold_shared
 
 # Command-line values arrive as YAML's base loader reads them ('gpus=[0,1]' as strings):
 # each takes the form the schema asks for before validation, so both ways mean the same.
-with open(WORKFLOW_ROOT / "workflow" / "schemas" / "config.schema.yaml") as fh:
+with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
     config.update(coerce_config(config, yaml.safe_load(fh)))
 validate(config, schema="../schemas/config.schema.yaml")
 

@@ -1,9 +1,3 @@
-import sys
-from pathlib import Path
-
-# esmshard from this workflow's own folder, ahead of any installed copy.
-sys.path.insert(0, str(Path(snakemake.scriptdir).resolve().parents[1]))
-
 from esmshard.report import write_report
 from esmshard.steps import run_step
 
