@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .files import write_json, write_text  # noqa: E402
 from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
 from .status import per_slot, slot_key  # noqa: E402
+from .version import __version__  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
 NOTHING_COMPUTED = "This run computed nothing: the store held every sequence."
@@ -308,10 +309,10 @@ def render_html(result: dict, series: dict, computed_with: str = "") -> str:
         for d in result["devices"]
     ]
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>esmshard scaling report</title>
+<html><head><meta charset="utf-8"><title>esmshard {__version__} scaling report</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00;font-weight:bold}}img{{display:block;margin:1em 0}}</style>
-</head><body><h1>esmshard scaling report</h1>{warning}
+</head><body><h1>esmshard {__version__} scaling report</h1>{warning}
 {_table(summary, ["figure", "value"])}
 <h2>Speedup and efficiency</h2>
 <p>Modelled by replaying the measured shard times, in their start order, on that many devices.</p>
@@ -375,14 +376,20 @@ def write_report(metric_files, telemetry_files, out_json, out_html, run_json=Non
     computed_with = computed_with_section(run) if run else ""
     metrics = load_metrics(metric_files)
     if not metrics:  # every sequence came from the store: no job to report on
-        result = {"n_shards": 0, "n_sequences": 0, "note": NOTHING_COMPUTED}
+        result = {
+            "n_shards": 0,
+            "n_sequences": 0,
+            "note": NOTHING_COMPUTED,
+            "esmshard_version": __version__,
+        }
         write_json(out_json, result)
         write_text(
             out_html,
-            f"<!doctype html><html><body><p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
+            f"<!doctype html><html><body><h1>esmshard {__version__} scaling report</h1>"
+            f"<p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
         )
         return result
-    result = scaling(metrics)
+    result = {**scaling(metrics), "esmshard_version": __version__}
     write_json(out_json, result)
     write_text(
         out_html, render_html(result, read_telemetry(metrics, telemetry_files), computed_with)
