@@ -1,0 +1,205 @@
+"""esmshard installed as its users install it: the built sdist and wheel in a fresh virtualenv,
+`esmshard run` from an empty folder outside the repository, and the workflow catalog's
+deployment (`snakedeploy deploy-workflow`) of a tagged clone, run with the installed package."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import PROTEINS, REPO, TINY_MODEL, clone_of_workflow, read_records
+
+import esmshard
+
+VERSION = esmshard.__version__
+MODEL = f"random:{TINY_MODEL}"
+IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
+# The workflow's files, which the wheel must hold (setup.py copies them into the package).
+WORKFLOW_FILES = ("Snakefile", "workflow/", "config/", "profiles/", "envs/")
+
+
+def run(cmd, cwd, env, check=True):
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def torch_spec() -> str:
+    """The torch that `make` installs (TORCH in the Makefile, or from the environment)."""
+    if os.environ.get("TORCH"):
+        return os.environ["TORCH"]
+    return re.search(r"^TORCH \?= (.+)$", (REPO / "Makefile").read_text(), re.M).group(1)
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory) -> Path:
+    """The sdist and the wheel built from it, from the repository's tracked files."""
+    source = clone_of_workflow(tmp_path_factory.mktemp("source"))
+    out = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "build", "--outdir", str(out), str(source)], source, os.environ)
+    return out
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory, dist) -> Path:
+    """A fresh virtualenv with torch as `make` takes it and the wheel with its dependencies."""
+    path = tmp_path_factory.mktemp("venv")
+    base_python = getattr(sys, "_base_executable", sys.executable)
+    run([base_python, "-m", "venv", str(path)], path, os.environ)
+    pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    run([*pip, torch_spec()], path, os.environ)
+    run([*pip, str(next(dist.glob("*.whl")))], path, os.environ)
+    return path
+
+
+def env_of(venv: Path, pool: Path, **extra) -> dict:
+    """The environment of a user whose shell has the virtualenv active (and no clone on PATH)."""
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(REPO))]
+    return {
+        **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        "PATH": os.pathsep.join([str(venv / "bin"), *path]),
+        "VIRTUAL_ENV": str(venv),
+        "ESMSHARD_POOL_DIR": str(pool),
+        **extra,
+    }
+
+
+def tracked(*prefixes: str) -> set[str]:
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.split()  # fmt: skip
+    return {f for f in files if f.startswith(prefixes)}
+
+
+def test_the_sdist_and_the_wheel_hold_the_workflow(dist):
+    workflow = tracked(*WORKFLOW_FILES)
+    assert "workflow/rules/common.smk" in workflow and "profiles/lsf/config.yaml" in workflow
+    with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
+        names = set(wheel.namelist())
+    shipped = {n.removeprefix("esmshard/workflow_files/") for n in names}
+    assert workflow | {"esmshard/version.py"} <= shipped
+    assert {f"esmshard/{p.relative_to(REPO / 'esmshard')}" for p in
+            (REPO / "esmshard").rglob("*.py")} <= names  # fmt: skip
+    sdist = next(dist.glob("*.tar.gz")).name
+    assert sdist == f"esmshard-{VERSION}.tar.gz"
+
+
+def test_the_wheel_runs_from_an_empty_folder_as_snakemake_does_in_a_clone(tmp_path, venv):
+    version = run([str(venv / "bin" / "esmshard"), "--version"], tmp_path, os.environ)
+    assert version.stdout.strip() == f"esmshard {VERSION}"
+    helped = run([str(venv / "bin" / "esmshard"), "run", "--help"], tmp_path, os.environ).stdout
+    for option in ("--outdir", "--gpus", "--model", "--profile", "--config", "--cores"):
+        assert option in helped
+
+    folder = tmp_path / "anywhere"
+    folder.mkdir()
+    (folder / "proteins.fasta").write_text(PROTEINS.read_text())
+    settings = ["repr_layers=[-1,3]", "include=[mean,per_tok]"]
+    done = run(["esmshard", "run", "proteins.fasta", "-o", "out", "--gpus", "0", "--model", MODEL,
+                "--config", *settings], folder, env_of(venv, tmp_path / "pool"))  # fmt: skip
+    printed = done.stderr.splitlines()[0]
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    assert printed.startswith(
+        f"esmshard run: snakemake --snakefile {site}/esmshard/workflow_files/Snakefile "
+        "--cores all --resources gpu=1 "
+    )
+    assert f"esmshard: {len(IDS)} records" in done.stderr
+
+    # The same settings through `snakemake` in the clone, as its README shows.
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "proteins.fasta").write_text(PROTEINS.read_text())
+    run(["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "all", "--resources", "gpu=1",
+         "--config", "input=proteins.fasta", "outdir=out", f"model={MODEL}", "gpus=[0]",
+         *settings], clone, {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")})  # fmt: skip
+
+    with h5py.File(folder / "out" / "embeddings.h5") as wheel_h5, \
+            h5py.File(clone / "out" / "embeddings.h5") as clone_h5:  # fmt: skip
+        assert wheel_h5["ids"].asstr()[:].tolist() == IDS
+        assert wheel_h5.attrs["esmshard_version"] == VERSION
+        datasets = []
+        clone_h5.visititems(
+            lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None
+        )
+        assert {"ids", "mean/6", "mean/3", "per_tok/3", "per_tok/6"} <= set(datasets)
+        for name in datasets:
+            assert np.array_equal(wheel_h5[name][:], clone_h5[name][:]), name
+    run_json = json.loads((folder / "out" / "run.json").read_text())
+    assert run_json["esmshard_version"] == VERSION and run_json["computed"] == len(IDS)
+    report = json.loads((folder / "out" / "report" / "scaling.json").read_text())
+    assert report["esmshard_version"] == VERSION
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory) -> Path:
+    """The workflow catalog's deployment of a tagged clone, into an empty folder."""
+    clone = clone_of_workflow(tmp_path_factory.mktemp("clone"))
+    git = ["git", "-c", "user.name=esmshard", "-c", "user.email=esmshard@localhost"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"],
+                 ["tag", f"v{VERSION}"]):  # fmt: skip
+        run([*git, *args], clone, os.environ)
+    folder = tmp_path_factory.mktemp("deployed")
+    snakedeploy = Path(sys.executable).parent / "snakedeploy"
+    run([str(snakedeploy), "deploy-workflow", str(clone), str(folder), "--tag", f"v{VERSION}"],
+        folder, os.environ)  # fmt: skip
+    snakefile = folder / "workflow" / "Snakefile"
+    # snakedeploy's local provider ignores --tag and writes a module path that does not resolve
+    # ("workflow/Snakefile"): the module points at the tag through Snakemake's git+file source,
+    # its local stand-in for github("...", path="workflow/Snakefile", tag="vX").
+    text = snakefile.read_text()
+    assert text.count('"workflow/Snakefile"') == 1, text
+    snakefile.write_text(
+        text.replace('"workflow/Snakefile"', f'"git+file://{clone}/workflow/Snakefile@v{VERSION}"')
+    )
+    (folder / "proteins.fasta").write_text(PROTEINS.read_text())
+    return folder
+
+
+def deployed_run(folder: Path, env: dict):
+    return run(["snakemake", "--cores", "all", "--resources", "gpu=1", "--config",
+                "input=[proteins.fasta]", f"model={MODEL}", "gpus=[0]"], folder, env,
+               check=False)  # fmt: skip
+
+
+def test_a_deployed_workflow_runs_with_the_installed_package(tmp_path, venv, deployed):
+    assert {p.name for p in deployed.iterdir()} >= {"workflow", "config", "profiles"}
+    done = deployed_run(deployed, env_of(venv, tmp_path / "pool"))
+    assert done.returncode == 0, done.stderr[-4000:]
+    # The run lock and the closing summary hold in a module too.
+    assert f"esmshard: {len(IDS)} records" in done.stderr
+    assert (deployed / "results" / ".esmshard" / "run.lock").exists()
+    with h5py.File(deployed / "results" / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == IDS
+        assert h5.attrs["esmshard_version"] == VERSION
+
+
+def test_a_deployed_workflow_names_the_esmshard_version_it_needs(tmp_path, venv, deployed, dist):
+    other = tmp_path / "other" / "esmshard"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
+    env = env_of(venv, tmp_path / "pool")
+    done = deployed_run(deployed, {**env, "PYTHONPATH": str(other.parent)})
+    assert done.returncode != 0
+    assert (
+        f"this workflow needs esmshard {VERSION}, but esmshard 0.0.1 is installed" in done.stderr
+    )
+
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    run([*pip, "uninstall", "--yes", "esmshard"], tmp_path, os.environ)
+    try:
+        done = deployed_run(deployed, env)
+        assert done.returncode != 0
+        assert (
+            f"this workflow needs esmshard {VERSION}, which is not installed in the Python "
+            f"that runs Snakemake ({venv}/bin/python" in done.stderr
+        ), done.stderr[-3000:]
+        assert f"pip install esmshard=={VERSION}" in done.stderr
+    finally:
+        run([*pip, "install", "--quiet", "--no-deps", str(next(dist.glob("*.whl")))], tmp_path,
+            os.environ)  # fmt: skip
