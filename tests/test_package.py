@@ -1,6 +1,7 @@
 """The package as a whole: no module imports, directly or through others, one that imports it."""
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import REPO
@@ -58,3 +59,17 @@ def test_the_package_has_no_import_circle():
 
 def test_a_circle_is_found():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_version_is_written_in_one_place():
+    import esmshard
+
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in pyproject and "\nversion =" not in pyproject
+    assert 'version = {attr = "esmshard.version.__version__"}' in pyproject
+    # Where it must be repeated, it is checked: the rules' conda env pins the release, and the
+    # changelog's first entry is it.
+    env = (REPO / "envs" / "esmshard.yaml").read_text()
+    assert re.findall(r"esmshard==(\S+)", env) == [esmshard.__version__]
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert re.search(r"^## (\S+)", changelog, re.M).group(1) == esmshard.__version__

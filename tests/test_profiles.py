@@ -1,0 +1,62 @@
+"""The executor profiles: each gives the embed jobs a GPU under the resource names its plugin
+reads, as Snakemake itself resolves them from the profile (the plugins are not installed here:
+the profile runs a dry run with the local executor instead)."""
+
+import re
+
+import pytest
+import yaml
+from conftest import PROTEINS, REPO, TINY_MODEL, snakemake
+
+# What each executor plugin reads for a job's GPU (from the plugins' sources: slurm's `gpu`
+# -> --gpus; kubernetes needs gpu_manufacturer beside `gpu`; googlebatch reads nvidia_gpu;
+# htcondor the submit command request_gpus; lsf passes only lsf_extra on to bsub).
+GPU_RESOURCES = {
+    "slurm": {"gpu": "1"},
+    "kubernetes": {"gpu": "1", "gpu_manufacturer": "nvidia"},
+    "googlebatch": {"nvidia_gpu": "1"},
+    "htcondor": {"request_gpus": "1"},
+    "lsf": {"lsf_extra": "-gpu num=1:mode=exclusive_process"},
+}
+GPU_NAMES = {name for resources in GPU_RESOURCES.values() for name in resources} - {"gpu"}
+
+
+def test_every_shipped_cluster_profile_is_checked():
+    shipped = {p.name for p in (REPO / "profiles").iterdir()} - {"default"}
+    assert shipped == set(GPU_RESOURCES)
+
+
+def job_resources(dry_run: str) -> dict[str, dict[str, str]]:
+    """Each rule's resources in a dry run's job list (the last job of the rule listed)."""
+    jobs = {}
+    for rule, resources in re.findall(r"rule (\w+):\n(?:    .*\n)*?    resources: (.*)", dry_run):
+        jobs[rule] = dict(item.split("=", 1) for item in resources.split(", "))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """A run folder whose shard step has run, so that a dry run lists the embed jobs."""
+    workdir = tmp_path_factory.mktemp("sharded")
+    config = {"input": [str(PROTEINS)], "model": f"random:{TINY_MODEL}", "shards": 2}
+    snakemake(workdir, config, "--until", "shard")
+    return workdir, config
+
+
+@pytest.mark.parametrize("executor", sorted(GPU_RESOURCES))
+def test_the_profile_gives_the_embed_jobs_a_gpu_as_its_plugin_reads_it(
+    executor, sharded, tmp_path
+):
+    workdir, config = sharded
+    profile = yaml.safe_load((REPO / "profiles" / executor / "config.yaml").read_text())
+    assert profile.pop("executor") == executor
+    assert profile["rerun-triggers"] == ["mtime", "params", "input"]
+    copy = tmp_path / executor
+    copy.mkdir()
+    (copy / "config.yaml").write_text(yaml.safe_dump(profile))
+    dry_run = snakemake(workdir, config, "--profile", str(copy), "--dry-run").stdout
+    jobs = job_resources(dry_run)
+    assert {"embed", "merge", "report"} <= set(jobs), dry_run[-2000:]
+    assert GPU_RESOURCES[executor].items() <= jobs["embed"].items()
+    for rule in ("merge", "report"):  # no GPU for the steps that need none
+        assert not (GPU_NAMES | {"gpu"}) & set(jobs[rule])
