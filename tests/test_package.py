@@ -2,6 +2,7 @@
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 from conftest import REPO
@@ -64,9 +65,11 @@ def test_a_circle_is_found():
 def test_the_version_is_written_in_one_place():
     import esmshard
 
-    pyproject = (REPO / "pyproject.toml").read_text()
-    assert 'dynamic = ["version"]' in pyproject and "\nversion =" not in pyproject
-    assert 'version = {attr = "esmshard.version.__version__"}' in pyproject
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and pyproject["project"]["dynamic"] == ["version"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "esmshard.version.__version__"
+    }
     # Where it must be repeated, it is checked: the rules' conda env pins the release, and the
     # changelog's first entry is it.
     env = (REPO / "envs" / "esmshard.yaml").read_text()
