@@ -91,6 +91,14 @@ def clone_of_workflow(folder: Path) -> Path:
     return folder
 
 
+def doc_block(page: str, after: str, fence: str = "```\n") -> str:
+    """The first code block opened by `fence` after the text `after` in a page of the docs
+    (README.md, docs/...): the tests run the commands as the docs show them."""
+    text = (REPO / page).read_text()
+    start = text.index(fence, text.index(after)) + len(fence)
+    return text[start : text.index("```", start)]
+
+
 def snakemake_command(workdir: Path, config: dict, *args, env: dict | None = None):
     """The `snakemake` command line and environment of a run in `workdir` (the profile applies)."""
     workdir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 munged, slurmctld and slurmd run in the foreground under this process, with their own key,
 socket, ports, state and logs; nothing outside the directory is touched. The node offers four
 GPUs through `gres` (device files pointing at /dev/null: SLURM then assigns them and sets
-CUDA_VISIBLE_DEVICES, while the jobs compute on the CPU). See docs/cluster.md.
+CUDA_VISIBLE_DEVICES, while the jobs compute on the CPU). See docs/slurm-test.md.
 """
 
 import os

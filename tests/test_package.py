@@ -2,9 +2,9 @@
 
 import ast
 import re
-import tomllib
 from pathlib import Path
 
+import tomllib
 from conftest import REPO
 
 PACKAGE = REPO / "esmshard"

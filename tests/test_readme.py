@@ -1,4 +1,5 @@
-"""The README's commands, run as it shows them (a random-weight model instead of downloaded weights)."""
+"""The commands of the README and docs/outputs.md, run as they show them (a random-weight model
+instead of downloaded weights; test_docs checks every other command the docs show)."""
 
 import gzip
 import os
@@ -10,7 +11,7 @@ import time
 from pathlib import Path
 
 import h5py
-from conftest import PROTEINS, REPO, TINY_MODEL, read_records, snakemake
+from conftest import PROTEINS, REPO, TINY_MODEL, doc_block, read_records, snakemake
 
 VENV = Path(sys.prefix)
 ENV = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
@@ -35,41 +36,53 @@ def test_running_command_as_the_readme_types_it(tmp_path):
     with gzip.open(tmp_path / "proteome.fasta.gz", "wt") as fh:
         fh.write(PROTEINS.read_text())
     env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
-    cmd = ["snakemake", "-s", str(REPO / "Snakefile"), "--cores", "all", "--resources", "gpu=4", "--config",
-           "input=proteome.fasta.gz", "outdir=out", f"model=random:{TINY_MODEL}"]  # fmt: skip
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    (command,) = [
+        c for c in doc_block("README.md", "**From a clone**").splitlines() if "outdir" in c
+    ]
+    # From a clone's root, where `snakemake` finds the Snakefile; random weights, no download.
+    cmd = shlex.split(command)
+    cmd[1:1] = ["-s", str(REPO / "Snakefile")]
+    result = subprocess.run([*cmd, f"model=random:{TINY_MODEL}"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
         assert h5["ids"].asstr()[:].tolist() == IDS
 
-    watch = subprocess.Popen(["esmshard", "status", "out", "--watch", "0.2"], cwd=tmp_path, env=env,
-                             stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
+    with gzip.open(tmp_path / "proteome.fasta.gz", "wt") as fh:
+        fh.write(PROTEINS.read_text())
+    env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+    run, status = doc_block("README.md", "**Installed**").splitlines()
+    result = subprocess.run([*shlex.split(run), "--model", f"random:{TINY_MODEL}"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--resources gpu=2" in result.stderr.splitlines()[0]
+    with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == IDS
+        assert set(h5["mean"]) == {"6"} and set(h5["per_tok"]) == {"6", "offsets"}
+
+    watch = subprocess.Popen(shlex.split(status), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             text=True)  # fmt: skip
     time.sleep(1.5)
     watch.send_signal(signal.SIGINT)
     out, _ = watch.communicate(timeout=10)
-    assert watch.returncode == 0 and out.count("finished") >= 2 and "shards 1/1 (100%)" in out
+    assert watch.returncode == 0 and "finished" in out and "shards 1/1 (100%)" in out
 
 
-def readme_block(after: str, fence: str) -> str:
-    """The README's first code block opened by `fence` after the text `after`."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(fence, text.index(after)) + len(fence)
-    return text[start : text.index("```", start)]
-
-
-def test_reading_and_exporting_as_the_readme_shows(tmp_path):
+def test_reading_and_exporting_as_the_docs_show(tmp_path):
     example = tmp_path / "example.fasta"
     subprocess.run([sys.executable, "-m", "esmshard.datasets", "example", str(example)], env=ENV,
                    check=True)  # fmt: skip
     snakemake(tmp_path, {}, "--config", f"input={example}", f"model=random:{TINY_MODEL}")
-    code = readme_block("## Reading and exporting", "```python\n")
+    code = doc_block("docs/outputs.md", "## Reading and exporting", "```python\n")
     read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
                           text=True)  # fmt: skip
     assert read.returncode == 0, read.stderr[-3000:]
     assert "291 proteins; kinds and layers: {'mean': [6]}" in read.stdout
     assert "256 sp|" in read.stdout and "torch.Size([64, 320])" in read.stdout
 
-    commands = readme_block("esmshard export OUTDIR --format FORMAT", "```\n").splitlines()
+    commands = doc_block("docs/outputs.md", "esmshard export OUTDIR --format FORMAT").splitlines()
     assert len(commands) == 4
     for command in commands:
         done = subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, capture_output=True,

@@ -5,8 +5,7 @@ import shlex
 import subprocess
 import sys
 
-from conftest import REPO
-from test_readme import readme_block
+from conftest import REPO, doc_block
 
 
 def test_the_wheelhouse_installs_offline_next_to_torch(tmp_path):
@@ -39,7 +38,7 @@ def test_the_wheelhouse_installs_offline_next_to_torch(tmp_path):
         "HTTPS_PROXY": "http://127.0.0.1:9",
         "HTTP_PROXY": "http://127.0.0.1:9",
     }
-    command = readme_block("**GPU nodes without network.**", "```\n").strip()
+    command = doc_block("docs/install.md", "**GPU nodes without network.**").strip()
     assert command == "pip install --no-index --find-links wheelhouse 'esmshard[cluster]'"
     install = subprocess.run(
         [node_python, "-m", *shlex.split(command)],  # the README's command, with the node's pip
