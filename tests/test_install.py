@@ -2,6 +2,7 @@
 `esmshard run` from an empty folder outside the repository, and the workflow catalog's
 deployment (`snakedeploy deploy-workflow`) of a tagged clone, run with the installed package."""
 
+import gzip
 import json
 import os
 import re
@@ -13,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import PROTEINS, REPO, TINY_MODEL, clone_of_workflow, read_records
+from conftest import PROTEINS, REPO, TINY_MODEL, clone_of_workflow, doc_block, read_records
 
 import esmshard
 
@@ -136,18 +137,21 @@ def test_the_wheel_runs_from_an_empty_folder_as_snakemake_does_in_a_clone(tmp_pa
     assert report["esmshard_version"] == VERSION
 
 
+DEPLOY, RUN_DEPLOYED = doc_block("README.md", "**Deployed**").splitlines()
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory) -> Path:
-    """The workflow catalog's deployment of a tagged clone, into an empty folder."""
+    """The workflow catalog's deployment of a tagged clone, by the README's command."""
     clone = clone_of_workflow(tmp_path_factory.mktemp("clone"))
     git = ["git", "-c", "user.name=esmshard", "-c", "user.email=esmshard@localhost"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"],
                  ["tag", f"v{VERSION}"]):  # fmt: skip
         run([*git, *args], clone, os.environ)
-    folder = tmp_path_factory.mktemp("deployed")
-    snakedeploy = Path(sys.executable).parent / "snakedeploy"
-    run([str(snakedeploy), "deploy-workflow", str(clone), str(folder), "--tag", f"v{VERSION}"],
-        folder, os.environ)  # fmt: skip
+    parent = tmp_path_factory.mktemp("user")
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # snakedeploy
+    run(["bash", "-c", DEPLOY], parent, {**os.environ, "ESMSHARD_REPO": str(clone), "PATH": path})
+    folder = parent / "deployed"
     snakefile = folder / "workflow" / "Snakefile"
     # snakedeploy's local provider ignores --tag and writes a module path that does not resolve
     # ("workflow/Snakefile"): the module points at the tag through Snakemake's git+file source,
@@ -157,14 +161,15 @@ def deployed(tmp_path_factory) -> Path:
     snakefile.write_text(
         text.replace('"workflow/Snakefile"', f'"git+file://{clone}/workflow/Snakefile@v{VERSION}"')
     )
-    (folder / "proteins.fasta").write_text(PROTEINS.read_text())
+    with gzip.open(folder / "proteome.fasta.gz", "wt") as fh:
+        fh.write(PROTEINS.read_text())
     return folder
 
 
 def deployed_run(folder: Path, env: dict):
-    return run(["snakemake", "--cores", "all", "--resources", "gpu=1", "--config",
-                "input=[proteins.fasta]", f"model={MODEL}", "gpus=[0]"], folder, env,
-               check=False)  # fmt: skip
+    """The README's command in the deployment, with random weights and the one CPU slot."""
+    command = f"{RUN_DEPLOYED} model={MODEL} 'gpus=[0]'"
+    return run(["bash", "-c", command], folder.parent, env, check=False)
 
 
 def test_a_deployed_workflow_runs_with_the_installed_package(tmp_path, venv, deployed):

@@ -3,10 +3,11 @@ reads, as Snakemake itself resolves them from the profile (the plugins are not i
 the profile runs a dry run with the local executor instead)."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import PROTEINS, REPO, TINY_MODEL, snakemake
+from conftest import PROTEINS, REPO, TINY_MODEL, doc_block, snakemake
 
 # What each executor plugin reads for a job's GPU (from the plugins' sources: slurm's `gpu`
 # -> --gpus; kubernetes needs gpu_manufacturer beside `gpu`; googlebatch reads nvidia_gpu;
@@ -60,3 +61,31 @@ def test_the_profile_gives_the_embed_jobs_a_gpu_as_its_plugin_reads_it(
     assert GPU_RESOURCES[executor].items() <= jobs["embed"].items()
     for rule in ("merge", "report"):  # no GPU for the steps that need none
         assert not (GPU_NAMES | {"gpu"}) & set(jobs[rule])
+
+
+class Resources(dict):
+    """A job's resources as the plugins read them (`.get` and attributes), numbers as numbers."""
+
+    def __init__(self, resources: dict[str, str]):
+        super().__init__({k: int(v) if v.isdigit() else v for k, v in resources.items()})
+
+    __getattr__ = dict.__getitem__
+
+
+@pytest.mark.parametrize("variant", ["cons_tres", "gres"])
+def test_slurm_asks_for_the_gpu_by_gpus_or_by_gres_as_the_docs_show(variant, sharded, tmp_path):
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    workdir, config = sharded
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile.pop("executor")
+    if variant == "gres":
+        documented = doc_block(
+            "docs/clusters.md", "**Clusters without `cons_tres`.**", "```yaml\n"
+        )
+        profile.update(yaml.safe_load(documented))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(profile))
+    dry_run = snakemake(workdir, config, "--profile", str(tmp_path), "--dry-run").stdout
+    embed = SimpleNamespace(resources=Resources(job_resources(dry_run)["embed"]))
+    expected = " --gpus=1" if variant == "cons_tres" else " --gres=gpu:1"
+    assert set_gres_string(embed) == expected
