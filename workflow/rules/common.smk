@@ -26,8 +26,8 @@ def use_esmshard():
     clone = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parents[1]
     if (clone / "esmshard" / "__init__.py").is_file():
         sys.path.insert(0, str(clone))
-        paths = [str(clone), os.environ.get("PYTHONPATH", "")]
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+        paths = [str(clone), os.environ.get("PYTHONPATH", "")]  # for the jobs' scripts
+        os.environ.update(PYTHONPATH=os.pathsep.join(filter(None, paths)))
     try:
         import esmshard
     except ImportError:
