@@ -161,8 +161,3 @@ def load(spec: ModelSpec):
     """(model in eval mode on the CPU, its alphabet); the model, or FastESM2 over it, is a
     forward pass as esmshard.models.spec.Family describes it."""
     return spec.family.runner().load(spec)
-
-
-def random_model(name: str):
-    """The published shape `name` of any family with seeded random weights."""
-    return parse_spec(RANDOM_PREFIX + name).family.runner().random_model(name)

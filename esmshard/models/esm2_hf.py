@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from .spec import Arch, ModelError
-from .weights import read_config, safetensors_files
+from .weights import read_config, renamed, safetensors_files
 
 # transformers' name (after the "esm." prefix of the *ForMaskedLM classes) -> fair-esm's.
 RENAMES = [
@@ -76,13 +76,8 @@ def fair_esm_name(name: str) -> str | None:
     # transformers 5 saves layer norms under their old names, gamma and beta.
     name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
     name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
-    if IGNORED.match(name):
-        return None
-    for pattern, replacement in RENAMES:
-        renamed, n = re.subn("^" + pattern, replacement, name)
-        if n:
-            return renamed
-    raise KeyError(name)
+    found = renamed(name, RENAMES, IGNORED)
+    return found and found[0]
 
 
 def esm2_from_transformers(folder: Path):

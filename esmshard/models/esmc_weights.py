@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from .archs import ESMC, heads_of
 from .spec import Arch, ModelError
-from .weights import checkpoint_contents, read_config, safetensors_files
+from .weights import checkpoint_contents, read_config, renamed, safetensors_files
 
 ROPE_THETA = 10000.0
 ESMC_CONFIG = {"model_type": "esmc", "vocab_size": 64, "hidden_act": "silu"}
@@ -68,17 +68,6 @@ def is_hf_config(config: dict | None) -> bool:
 
 def is_pth(tensors: dict) -> bool:
     return PTH_MARK in tensors
-
-
-def _renamed(name: str, renames, ignored):
-    """(esmshard's name, part) of a tensor; None to leave it out; KeyError if it has no place."""
-    if ignored.match(name):
-        return None
-    for pattern, replacement, *part in renames:
-        renamed, n = re.subn("^" + pattern, replacement, name)
-        if n:
-            return renamed, (part[0] if part else 0)
-    raise KeyError(name)
 
 
 def hf_shape(folder: Path):
@@ -144,7 +133,7 @@ def read_weights(path: Path):
     for source, tensors in sources:
         for name, tensor in tensors.items():
             try:
-                target = _renamed(name.removeprefix("esmc."), renames, ignored)
+                target = renamed(name.removeprefix("esmc."), renames, ignored)
             except KeyError:
                 raise ModelError(
                     f"{source}: tensor {name} has no place in ESM C; is this an ESM C model?"

@@ -8,6 +8,7 @@ import argparse
 import collections
 import json
 import pickle
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -92,6 +93,19 @@ class _ShapesUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):
         return None
+
+
+def renamed(name: str, renames, ignored: re.Pattern) -> tuple[str, int] | None:
+    """A tensor's name in esmshard's module, and which part of it the tensor fills (a rename's
+    third item, else 0); None for a tensor left out; KeyError for one that has no place.
+    `renames` are (pattern, replacement[, part]), tried in order at the name's start."""
+    if ignored.match(name):
+        return None
+    for pattern, replacement, *part in renames:
+        new_name, n = re.subn("^" + pattern, replacement, name)
+        if n:
+            return new_name, (part[0] if part else 0)
+    raise KeyError(name)
 
 
 def checkpoint_contents(path: Path):
