@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from ..representations import KINDS
 from . import archs, esm2_files, esm2_hf, esmc_weights
 from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
@@ -30,7 +29,6 @@ ESM2 = Family(
     module="esmshard.models.esm2",
     archs=archs.ESM2,
     max_residues=1022,
-    kinds=tuple(KINDS),
     contacts=True,
 )
 ESMC = Family(
@@ -39,7 +37,6 @@ ESMC = Family(
     module="esmshard.models.esmc",
     archs=archs.ESMC,
     max_residues=2048,
-    kinds=tuple(KINDS),
     contacts=False,
 )
 FAMILIES = {family.name: family for family in (ESM2, ESMC)}

@@ -36,7 +36,6 @@ class Family:
     module: str
     archs: dict[str, Arch]  # published shapes by name: random:<name> builds one
     max_residues: int  # the longest sequence it was trained on, BOS and EOS left out
-    kinds: tuple[str, ...]  # the representation kinds `include` may ask for
     contacts: bool  # whether it has a contact head (`include: contacts`)
 
     def runner(self):
