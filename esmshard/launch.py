@@ -107,12 +107,14 @@ def snakemake_command(launch: Launch) -> list[str]:
             )
         cmd += ["--profile", str(profile_folder(launch.profile, root))]
     else:
-        gpus = gpu_list(launch.gpus)
         # One embed job per pool slot at once; a machine without GPUs computes on one CPU slot.
-        slots = len(gpus) if gpus != "auto" else max(1, len(visible_devices()))
-        cmd += ["--resources", f"gpu={slots}"]
-        if gpus != "auto":
+        gpus = gpu_list(launch.gpus)
+        if gpus == "auto":
+            slots = max(1, len(visible_devices()))
+        else:
+            slots = len(gpus)
             config.append(f"gpus={json.dumps(gpus).replace(' ', '')}")
+        cmd += ["--resources", f"gpu={slots}"]
     # The workstation profile that a clone's `snakemake` finds by itself: resume, keep going, and
     # re-run only on changed inputs and settings (`--rerun-triggers mtime params input`).
     cmd += ["--workflow-profile", str(root / "profiles" / "default")]

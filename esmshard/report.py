@@ -19,6 +19,7 @@ from .status import per_slot, slot_key  # noqa: E402
 from .version import __version__  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
+TITLE = f"esmshard {__version__} scaling report"
 NOTHING_COMPUTED = "This run computed nothing: the store held every sequence."
 LABELLED_SHARDS = 64  # plots name each shard up to this many
 # Speedups that multi-GPU guides promise for data-parallel inference.
@@ -309,10 +310,10 @@ def render_html(result: dict, series: dict, computed_with: str = "") -> str:
         for d in result["devices"]
     ]
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>esmshard {__version__} scaling report</title>
+<html><head><meta charset="utf-8"><title>{TITLE}</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}table{{border-collapse:collapse;margin:1em 0}}
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00;font-weight:bold}}img{{display:block;margin:1em 0}}</style>
-</head><body><h1>esmshard {__version__} scaling report</h1>{warning}
+</head><body><h1>{TITLE}</h1>{warning}
 {_table(summary, ["figure", "value"])}
 <h2>Speedup and efficiency</h2>
 <p>Modelled by replaying the measured shard times, in their start order, on that many devices.</p>
@@ -385,7 +386,7 @@ def write_report(metric_files, telemetry_files, out_json, out_html, run_json=Non
         write_json(out_json, result)
         write_text(
             out_html,
-            f"<!doctype html><html><body><h1>esmshard {__version__} scaling report</h1>"
+            f"<!doctype html><html><body><h1>{TITLE}</h1>"
             f"<p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
         )
         return result

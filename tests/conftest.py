@@ -76,16 +76,21 @@ NONSTANDARD = write_subset(
 )
 
 
-def clone_of_workflow(folder: Path) -> Path:
-    """A copy of the repository's tracked files, as a fresh clone has them (no example input,
-    no virtualenv, no results)."""
+def tracked_files() -> list[str]:
+    """The repository's tracked files, by path."""
     files = subprocess.run(
         ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True
     ).stdout.split(b"\0")
-    for name in filter(None, files):
-        source = REPO / name.decode()
+    return [name.decode() for name in files if name]
+
+
+def clone_of_workflow(folder: Path) -> Path:
+    """A copy of the repository's tracked files, as a fresh clone has them (no example input,
+    no virtualenv, no results)."""
+    for name in tracked_files():
+        source = REPO / name
         if source.is_file():
-            target = folder / name.decode()
+            target = folder / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     return folder

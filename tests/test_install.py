@@ -14,7 +14,15 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import PROTEINS, REPO, TINY_MODEL, clone_of_workflow, doc_block, read_records
+from conftest import (
+    PROTEINS,
+    REPO,
+    TINY_MODEL,
+    clone_of_workflow,
+    doc_block,
+    read_records,
+    tracked_files,
+)
 
 import esmshard
 
@@ -72,14 +80,8 @@ def env_of(venv: Path, pool: Path, **extra) -> dict:
     }
 
 
-def tracked(*prefixes: str) -> set[str]:
-    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True,
-                           check=True).stdout.split()  # fmt: skip
-    return {f for f in files if f.startswith(prefixes)}
-
-
 def test_the_sdist_and_the_wheel_hold_the_workflow(dist):
-    workflow = tracked(*WORKFLOW_FILES)
+    workflow = {f for f in tracked_files() if f.startswith(WORKFLOW_FILES)}
     assert "workflow/rules/common.smk" in workflow and "profiles/lsf/config.yaml" in workflow
     with zipfile.ZipFile(next(dist.glob("*.whl"))) as wheel:
         names = set(wheel.namelist())
