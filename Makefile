@@ -30,7 +30,7 @@ $(BIN)/snakemake: pyproject.toml
 	touch $@
 
 $(EXAMPLE): | $(BIN)/snakemake
-	$(BIN)/python -m esmshard.datasets example $@
+	$(BIN)/python -m esmshard.input.datasets example $@
 
 run: $(BIN)/snakemake $(EXAMPLE)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores all $(ARGS)
@@ -46,10 +46,10 @@ lint: $(BIN)/snakemake
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --lint
 
 wheelhouse: $(BIN)/snakemake
-	$(BIN)/python -m esmshard.wheelhouse --python $(PY) --out $(WHEELHOUSE) $(if $(HAVE),--have $(HAVE))
+	$(BIN)/python -m esmshard.commands.wheelhouse --python $(PY) --out $(WHEELHOUSE) $(if $(HAVE),--have $(HAVE))
 
 gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(BIN)/snakemake)
-	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.gpucheck --out $(GPU_CHECK_OUT)
+	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.commands.gpucheck --out $(GPU_CHECK_OUT)
 
 clean:
 	rm -rf results .snakemake

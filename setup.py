@@ -1,5 +1,5 @@
 """The workflow's files go inside the package (esmshard/workflow_files), so that an installed
-esmshard runs its own workflow from any folder (`esmshard run`, esmshard/launch.py). They keep
+esmshard runs its own workflow from any folder (`esmshard run`, esmshard/commands/launch.py). They keep
 the repository's layout, so that the rules' relative paths hold in both places."""
 
 import shutil

@@ -159,7 +159,7 @@ def many_shards(n_records: int, n_shards: int, workdir: Path, config: list[str])
     """Thousands of shards: the shard step, `snakemake -n`, `esmshard status` on the plan, and the
     report step's function on n_shards metrics files (copies of one real shard's metrics with
     shard names and times of their own: running thousands of embed jobs here would take hours)."""
-    from esmshard.report import write_report
+    from esmshard.steps.report import write_report
 
     folder = workdir / f"shards{n_shards}"
     shutil.rmtree(folder, ignore_errors=True)

@@ -26,15 +26,15 @@ from pathlib import Path
 import torch
 from esm.data import BatchConverter, FastaBatchedDataset
 
-from esmshard.batching import make_batches, padded_fraction
-from esmshard.datasets import shared_data_dir
-from esmshard.embedder import Embedder
-from esmshard.fasta import read_fasta
+from esmshard.compute.batching import make_batches, padded_fraction
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
+from esmshard.input.datasets import shared_data_dir
+from esmshard.input.fasta import read_fasta
 from esmshard.models import ESM2, ESMC, load, parse_spec
 from esmshard.models.esm2 import random_model
 from esmshard.models.layers import onednn_available, onednn_dense
-from esmshard.precision import PRECISIONS
-from esmshard.shard import read_shard, write_shards
+from esmshard.steps.shard import read_shard, write_shards
 
 DEFAULT_FASTA = shared_data_dir() / "ecoli_k12_UP000000625.fasta"
 TRUNCATION = 1022  # ESM-2's; ESM C's is its family's max_residues
@@ -149,7 +149,7 @@ def transformers_peer(hf, embedder, sequences, toks_per_batch, device) -> float:
 
 def fast(net, alphabet, sequences, toks_per_batch, device, precision) -> tuple[float, float]:
     """esmshard's Embedder, means kept: seconds, and the host's own work among them (tokens,
-    read-back, checks; esmshard.embedder's host_seconds)."""
+    read-back, checks; esmshard.compute.embedder's host_seconds)."""
     embedder = Embedder(
         net, alphabet, [net.num_layers], device, PRECISIONS[precision], kinds=["mean"]
     )

@@ -4,8 +4,8 @@ from .version import __version__
 
 
 def open_embeddings(path):
-    """A run's embeddings.h5 (or the outdir that holds it), open for reading: esmshard.reader."""
-    from .reader import Embeddings
+    """A run's embeddings.h5 (or the outdir that holds it), open for reading: esmshard.outputs.reader."""
+    from .outputs.reader import Embeddings
 
     return Embeddings(path)
 

@@ -70,7 +70,7 @@ def naming_disk_full(path, needed_bytes: int | None = None):
 
 def writer_suffix() -> str:
     """The end of every temporary name this process writes: its host and process, so that a
-    later run can tell a live writer's files from a dead one's (esmshard.leftovers)."""
+    later run can tell a live writer's files from a dead one's (esmshard.store.leftovers)."""
     return f".{socket.gethostname()}.{os.getpid()}.tmp"
 
 

@@ -44,7 +44,7 @@ class Layout:
 
     @property
     def plan_json(self) -> str:
-        """What the run reuses from the store and computes (esmshard.shard.write_shards)."""
+        """What the run reuses from the store and computes (esmshard.steps.shard.write_shards)."""
         return self._path("shards", "plan.json")
 
     @property
@@ -65,12 +65,12 @@ class Layout:
 
     @property
     def run_lock(self) -> str:
-        """Held by the run in progress (esmshard.runlock)."""
+        """Held by the run in progress (esmshard.store.runlock)."""
         return self._path(".esmshard", "run.lock")
 
     @property
     def checksums(self) -> str:
-        """The sha256 of inputs, checkpoints and store parts, by file version (esmshard.checksums)."""
+        """The sha256 of inputs, checkpoints and store parts, by file version (esmshard.store.checksums)."""
         return self._path(".esmshard", "checksums.json")
 
     def log(self, step: str, shard: str | None = None) -> str:

@@ -19,9 +19,9 @@ import h5py
 import pytest
 import yaml
 
-from esmshard.datasets import DatasetError, fetch_test_data
-from esmshard.shardfile import ShardWriter
+from esmshard.input.datasets import DatasetError, fetch_test_data
 from esmshard.store import Store, add_settings, settings_key, write_manifest
+from esmshard.store.shardfile import ShardWriter
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = "esm2_t6_8M_UR50D"
@@ -74,6 +74,30 @@ NONSTANDARD = write_subset(
     "ecoli_nonstandard.fasta",
     lambda i, h, s: any(f"|{n}_ECOLI " in h for n in ("YBFI", "YBFG", "FDHF")),
 )
+
+
+# The store's runs (tests/store, tests/steps/test_provenance). Run A: every second record of a slice of the real proteome. Run B: A's records, 10% new
+# records, and 5% of A's sequences again under new IDs.
+SLICE = [r for i, r in enumerate(read_records(PROTEOME)) if i % 16 == 0][:240]
+A = SLICE[0::2]
+NEW = SLICE[1::2][: len(A) // 10]
+COPIES = [(f">again{k} {h[1:]}", s) for k, (h, s) in enumerate(A[: len(A) // 20])]
+B = A + NEW + COPIES
+MODEL = f"random:{TINY_MODEL}"
+
+
+def fasta(path, records):
+    path.write_text("".join(f"{h}\n{s}\n" for h, s in records))
+    return path
+
+
+def config(input_path, outdir, *more):
+    """`--config` overrides as a user types them."""
+    return ["--config", f"input={input_path}", f"outdir={outdir}", f"model={MODEL}", *more]
+
+
+def run_json(outdir):
+    return json.loads((outdir / "run.json").read_text())
 
 
 def tracked_files() -> list[str]:
@@ -230,7 +254,7 @@ def fill(disk: Path, leave_bytes: int) -> None:
 
 def write_part(store_root, settings, name, keys, ids, reps, failed=(), include=("mean",)) -> Path:
     """A store part as an embed job leaves it (esmshard.store): `reps` (one {layer:
-    Representation} per sequence, in the order written), `failed` (esmshard.shardfile.Failure,
+    Representation} per sequence, in the order written), `failed` (esmshard.store.shardfile.Failure,
     by position in `keys`) and its manifest."""
     store, key = Store(str(store_root)), settings_key(settings)
     path = Path(store.part(key, name))

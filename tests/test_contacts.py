@@ -13,9 +13,9 @@ from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 
 import esmshard
 from esmshard import contacts
-from esmshard.embedder import Embedder
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
 from esmshard.models.esm2 import random_model
-from esmshard.precision import PRECISIONS
 
 RECORDS = read_records(PROTEINS)
 # The three proteins longer than 1022 residues and five others.

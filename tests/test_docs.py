@@ -27,13 +27,13 @@ KEYS = set(SCHEMA["properties"])
 RUN_BY = {
     "make run": "test_readme.py::test_make_run_writes_the_example_and_runs_the_workflow",
     "make test": "../.ci/run",
-    "make gpu-check": "test_gpu_check.py::test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no",
+    "make gpu-check": "commands/test_gpu_check.py::test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no",
     "esmshard status": "test_readme.py::test_esmshard_run_and_status_as_the_readme_types_them",
     "esmshard export": "test_readme.py::test_reading_and_exporting_as_the_docs_show",
     "pip install esmshard-": "test_install.py::test_the_wheel_runs_from_an_empty_folder_as_snake",
     "pip install esmshard snakedeploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "pip install -e": "../.ci/run",  # make installs the clone so
-    "pip install --no-index --find-links": "test_wheelhouse.py::test_the_wheelhouse_installs",
+    "pip install --no-index --find-links": "commands/test_wheelhouse.py::test_the_wheelhouse_installs",
     "snakedeploy deploy-workflow": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "cd deployed": "test_install.py::test_a_deployed_workflow_runs_with_the",
 }
@@ -146,7 +146,7 @@ def clone(tmp_path_factory) -> Path:
                        else f"cp {PROTEINS} {name}", shell=True, cwd=folder, check=True)  # fmt: skip
     subprocess.run(["cp", "-r", "profiles/slurm", "profiles/mycluster"], cwd=folder, check=True)
     example = "resources/ecoli_k12_example.fasta"  # what `make run` writes
-    subprocess.run([sys.executable, "-m", "esmshard.datasets", "example", example], cwd=folder,
+    subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", example], cwd=folder,
                    env={**os.environ, "ESMSHARD_DATA": str(DATA)}, check=True)  # fmt: skip
     return folder
 

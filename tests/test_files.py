@@ -54,7 +54,7 @@ def test_a_disk_that_fills_while_hdf5_writes_is_named_in_the_log_without_a_crash
     with small_disk(tmp_path / "disk", 4) as disk:
         script = (
             "import h5py, numpy as np\n"
-            "from esmshard.steps import run_step\n"
+            "from esmshard.steps.job import run_step\n"
             "from esmshard.files import atomic_path\n"
             "def write(path):\n"
             "    with atomic_path(path) as tmp, h5py.File(tmp, 'w') as h5:\n"

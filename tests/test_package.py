@@ -1,4 +1,5 @@
-"""The package as a whole: no module imports, directly or through others, one that imports it."""
+"""The package as a whole: its folders are the pipeline's stages, each importing only from the
+stages below it, and no module imports, directly or through others, one that imports it."""
 
 import ast
 import re
@@ -8,6 +9,10 @@ import tomllib
 from conftest import REPO
 
 PACKAGE = REPO / "esmshard"
+# The stages from the bottom up: a module imports only from its own stage or one below.
+# The top level holds what every stage shares (the version, file helpers, the outdir's layout,
+# typed config values and the tables of representations and contact maps).
+STAGES = ("", "input", "store", "models", "compute", "steps", "outputs", "commands")
 
 
 def module_name(path: Path) -> str:
@@ -54,8 +59,32 @@ def test_the_package_has_no_import_circle():
     paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph = {name: imports(path, set(paths)) for name, path in paths.items()}
     assert graph["esmshard.models"] >= {"esmshard.models.esm2_hf", "esmshard.models.spec"}
-    assert "esmshard.reader" in graph["esmshard"]  # imports inside functions count too
+    assert "esmshard.outputs.reader" in graph["esmshard"]  # imports inside functions count too
     assert circles(graph) == []
+
+
+def stage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in STAGES) else ""
+
+
+def test_every_module_imports_only_from_its_stage_or_below():
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    assert {stage(name) for name in paths} == set(STAGES)
+    upward = [
+        f"{name} imports {imported}"
+        for name, path in sorted(paths.items())
+        if name != "esmshard"  # the public API: esmshard.open_embeddings
+        for imported in sorted(imports(path, set(paths)))
+        if STAGES.index(stage(imported)) > STAGES.index(stage(name))
+    ]
+    assert upward == []
+
+
+def test_how_it_works_draws_the_stages_in_order():
+    text = (REPO / "docs" / "how-it-works.md").read_text()
+    places = [text.index(f"`esmshard/{folder}/`") for folder in STAGES[1:]]
+    assert places == sorted(places)
 
 
 def test_a_circle_is_found():

@@ -72,7 +72,7 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
 
 def test_reading_and_exporting_as_the_docs_show(tmp_path):
     example = tmp_path / "example.fasta"
-    subprocess.run([sys.executable, "-m", "esmshard.datasets", "example", str(example)], env=ENV,
+    subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", str(example)], env=ENV,
                    check=True)  # fmt: skip
     snakemake(tmp_path, {}, "--config", f"input={example}", f"model=random:{TINY_MODEL}")
     code = doc_block("docs/outputs.md", "## Reading and exporting", "```python\n")

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from ..checksums import file_checksums
+from ..store.checksums import file_checksums
 
 RANDOM_SEED = 0
 
@@ -61,7 +61,7 @@ class ModelSpec:
 
     def identity(self, checksum_cache) -> str:
         """Which weights exactly: a file by the sha256 of its content (computed once per file
-        version, esmshard.checksums), so that a copy elsewhere is the same weights; a hub
+        version, esmshard.store.checksums), so that a copy elsewhere is the same weights; a hub
         download by its repository and revision."""
         if self.kind == "random":
             return f"random weights, seed {RANDOM_SEED}"

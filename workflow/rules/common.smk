@@ -45,21 +45,21 @@ def use_esmshard():
 
 use_esmshard()
 
-from esmshard.checksums import file_checksums
 from esmshard.config import coerce_config, embedding_settings
 from esmshard.files import read_tsv
-from esmshard.layout import Layout
-from esmshard.leftovers import remove_leftovers
-from esmshard.models import ModelError, parse_spec
-from esmshard.provenance import mixed_precisions
-from esmshard.runlock import RunActiveError, current_run_id, hold
-from esmshard.sizing import (
+from esmshard.input.sizing import (
     embed_mem_mb,
     embed_runtime_minutes,
     estimated_records,
 )
+from esmshard.layout import Layout
+from esmshard.models import ModelError, parse_spec
+from esmshard.steps.provenance import mixed_precisions
 from esmshard.store import Store, settings_key
-from esmshard.storelock import hold_shared
+from esmshard.store.checksums import file_checksums
+from esmshard.store.leftovers import remove_leftovers
+from esmshard.store.runlock import RunActiveError, current_run_id, hold
+from esmshard.store.storelock import hold_shared
 
 # Command-line values arrive as YAML's base loader reads them ('gpus=[0,1]' as strings):
 # each takes the form the schema asks for before validation, so both ways mean the same.
@@ -189,9 +189,9 @@ def report_run():
 
 
 def hold_run_lock():
-    """Refuse to start where another run is active in the same outdir (esmshard.runlock), hold
-    the store key shared, so that no maintenance changes it under the run (esmshard.storelock);
-    then remove what killed runs left in the outdir and the store (esmshard.leftovers)."""
+    """Refuse to start where another run is active in the same outdir (esmshard.store.runlock), hold
+    the store key shared, so that no maintenance changes it under the run (esmshard.store.storelock);
+    then remove what killed runs left in the outdir and the store (esmshard.store.leftovers)."""
     try:
         hold(RUN.run_lock, config["outdir"])
     except RunActiveError as err:

@@ -11,7 +11,7 @@ rule merge:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        # windows of 256 MB and ~40 bytes per record (esmshard.merge)
+        # windows of 256 MB and ~40 bytes per record (esmshard.steps.merge)
         mem_mb=records_mem_mb(48),
     params:
         **EMBEDDING_PARAMS,

@@ -10,10 +10,10 @@ checkpoint shard:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        # streaming: at most ~32 bytes per record (esmshard.shard)
+        # streaming: at most ~32 bytes per record (esmshard.steps.shard)
         mem_mb=records_mem_mb(32),
     params:
-        # New content under an old mtime re-runs this step too (esmshard.checksums).
+        # New content under an old mtime re-runs this step too (esmshard.store.checksums).
         input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
         shards=config["shards"],
         arch=list(ARCH),

@@ -1,5 +1,5 @@
-from esmshard.embed import run_shard
-from esmshard.steps import run_step
+from esmshard.steps.embed import run_shard
+from esmshard.steps.job import run_step
 
 run_step(
     snakemake.log[0],

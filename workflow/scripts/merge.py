@@ -1,7 +1,7 @@
 from esmshard.layout import Layout
-from esmshard.merge import merge
-from esmshard.runlock import current_run_id
-from esmshard.steps import run_step
+from esmshard.steps.job import run_step
+from esmshard.steps.merge import merge
+from esmshard.store.runlock import current_run_id
 
 settings = dict(snakemake.params.items())
 output = {

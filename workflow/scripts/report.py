@@ -1,5 +1,5 @@
-from esmshard.report import write_report
-from esmshard.steps import run_step
+from esmshard.steps.job import run_step
+from esmshard.steps.report import write_report
 
 run_step(
     snakemake.log[0],

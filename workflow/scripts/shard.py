@@ -1,7 +1,7 @@
 from esmshard.layout import Layout
 from esmshard.models import ensure_available, parse_spec
-from esmshard.shard import write_shards
-from esmshard.steps import run_step
+from esmshard.steps.job import run_step
+from esmshard.steps.shard import write_shards
 
 
 def shard(settings, **params):

@@ -1,0 +1,263 @@
+"""The `esmshard` console script."""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .. import store as stores
+from ..files import human_bytes
+from ..input.fasta import FastaError
+from ..outputs import export as exports
+from ..representations import KINDS
+from ..store.storelock import StoreBusyError
+from ..version import __version__
+from . import launch
+from .status import read_state, render
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give a number of seconds greater than 0")
+    return value
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `esmshard run ... -- SNAKEMAKE OPTIONS`: what follows `--` goes to snakemake as it is.
+    passed_on = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(
+        prog="esmshard",
+        description="esmshard: protein language model embeddings (ESM-2, ESM C) on every GPU, "
+        "as a Snakemake workflow",
+    )
+    parser.add_argument("--version", action="version", version=f"esmshard {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser(
+        "run",
+        help="run the workflow on FASTA files from any folder (prints the snakemake command)",
+        description="Run esmshard's workflow with Snakemake in the current folder. The "
+        "`snakemake` command it builds is printed first; anything after `--` is passed on to "
+        "it, e.g. `esmshard run proteins.fasta -o out -- --dry-run`.",
+    )
+    run.add_argument("inputs", nargs="+", metavar="FASTA", help="protein FASTA files (.gz too)")
+    run.add_argument("-o", "--outdir", required=True, help="where the run's outputs go")
+    run.add_argument(
+        "--gpus",
+        default="auto",
+        help="CUDA device indices for the GPU pool, e.g. 0,1,2,3 (default auto: every visible "
+        "device); sets --resources gpu=N",
+    )
+    run.add_argument(
+        "--model",
+        help="ESM-2 or ESM C model: a name, a checkpoint or folder, hf:REPO (default: the "
+        "config's, esm2_t33_650M_UR50D)",
+    )
+    run.add_argument(
+        "--profile",
+        help="a cluster profile esmshard ships (slurm, kubernetes, googlebatch, htcondor, lsf) "
+        "or a profile folder of your own",
+    )
+    run.add_argument("--cores", default="all", help="CPU cores Snakemake may use (default all)")
+    run.add_argument(
+        "--config",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="other config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]'",
+    )
+    status = commands.add_parser(
+        "status", help="dashboard of a run: per device slot, progress, ETA"
+    )
+    status.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
+    status.add_argument(
+        "--watch",
+        nargs="?",
+        const=5.0,
+        type=seconds,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 5) until interrupted",
+    )
+    store = commands.add_parser(
+        "store",
+        help="what a store of computed embeddings holds; verify it, prune it, remove a setting's "
+        "entries",
+        description="List what a store holds (per settings key: sequences, parts, bytes). "
+        "--remove and --prune refuse, naming the runs, while a run uses the key they change.",
+    )
+    store.add_argument("path", type=Path, help="a store, or a run's outdir (its store is used)")
+    action = store.add_mutually_exclusive_group()
+    action.add_argument(
+        "--remove", metavar="KEY", help="remove every entry computed with the settings KEY"
+    )
+    action.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every part against its manifest and set damaged ones aside; exit status 1 "
+        "if any were found",
+    )
+    action.add_argument(
+        "--prune",
+        action="store_true",
+        help="list the parts that no outdir named by --keep uses, and parts set aside, with the "
+        "bytes each would free; with --apply, remove them",
+    )
+    store.add_argument(
+        "--keep",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="OUTDIR",
+        help="--prune: outdirs to keep",
+    )
+    store.add_argument("--apply", action="store_true", help="--prune: remove what it lists")
+    export = commands.add_parser(
+        "export",
+        help="a run's embeddings in the layout another tool reads",
+        description="Write a finished run's embeddings.h5 as per-protein-h5 (biotrainer, "
+        "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv) or parquet "
+        "(pandas, polars, Spark, HuggingFace datasets); streamed, with a progress bar.",
+    )
+    export.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
+    export.add_argument("--format", required=True, choices=sorted(exports.FORMATS))
+    export.add_argument(
+        "--out", required=True, type=Path, help="the file (or folder for pt, npy) to write"
+    )
+    export.add_argument(
+        "--kind",
+        choices=sorted(KINDS),
+        help="per-protein-h5: the representation written (default mean, if the run has it)",
+    )
+    export.add_argument(
+        "--layer",
+        type=int,
+        help="per-protein-h5: the layer written (default the highest; -1 is the model's last)",
+    )
+    export.add_argument(
+        "--key",
+        choices=["hash", "id"],
+        default="hash",
+        help="per-protein-h5: datasets named by biotrainer's sequence hash (default) or by ID",
+    )
+    gpu_check = commands.add_parser(
+        "gpu-check",
+        help="prove a GPU machine: GPU tests, a whole run, the throughput benchmark (in a clone)",
+    )
+    gpu_check.add_argument(
+        "--out", type=Path, default=Path("gpu-check"), help="where gpu-check.json and .md go"
+    )
+    args = parser.parse_args(argv)
+    if passed_on and args.command != "run":
+        parser.error("options after `--` go with `esmshard run` only")
+    if args.command == "run":
+        try:
+            launch.run(
+                launch.Launch(
+                    inputs=args.inputs,
+                    outdir=args.outdir,
+                    gpus=args.gpus,
+                    model=args.model,
+                    profile=args.profile,
+                    cores=args.cores,
+                    config=args.config,
+                    snakemake_args=passed_on,
+                )
+            )
+        except launch.LaunchError as err:
+            parser.exit(2, f"esmshard run: {err}\n")
+    if args.command == "gpu-check":
+        from .gpucheck import main as gpu_check_main
+
+        return gpu_check_main(["--out", str(args.out)])
+    if args.command == "store":
+        if (args.keep or args.apply) and not args.prune:
+            parser.error("--keep and --apply go with --prune")
+        if args.prune and not args.keep:
+            parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
+        return show_store(parser, args)
+    if args.command == "export":
+        try:
+            exports.export(
+                args.outdir, args.format, args.out, kind=args.kind, layer=args.layer, key=args.key
+            )
+        except (exports.ExportError, KeyError, FastaError) as err:
+            parser.exit(1, f"esmshard export: {err.args[0]}\n")
+        print(f"wrote {args.out}")
+        return 0
+    if not args.outdir.is_dir():
+        what = "is a file" if args.outdir.exists() else "does not exist"
+        parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")
+    while True:
+        state = read_state(args.outdir)
+        text = render(state)
+        if not args.watch:
+            print(text)
+            return 0 if state["planned"] or state["started"] else 1
+        sys.stdout.write("\033[H\033[J" + text + "\n")
+        sys.stdout.flush()
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def store_of(path: Path) -> Path:
+    """The store that `path` names: the store itself, or the one a run in outdir `path` used."""
+    try:
+        return Path(json.loads((path / "run.json").read_text())["store"])
+    except (OSError, ValueError, KeyError):
+        return path / "store" if (path / "store").is_dir() else path
+
+
+def show_store(parser, args) -> int:
+    if not args.path.is_dir():
+        parser.error(f"{args.path} is not a folder; give a store or a run's outdir")
+    store = stores.Store(str(store_of(args.path)))
+    try:
+        if args.remove:
+            stores.remove(store, args.remove)
+            print(f"removed the entries of settings {args.remove} from {store.root}")
+            return 0
+        if args.verify:
+            return verify_store(store)
+        if args.prune:
+            return prune_store(store, args.keep, args.apply)
+    except (KeyError, ValueError, StoreBusyError) as err:
+        parser.exit(1, f"esmshard store: {err.args[0]}\n")
+    rows = stores.summary(store)
+    if not rows:
+        print(f"{store.root}: no embeddings stored")
+        return 1
+    print(f"{store.root}:")
+    for row in rows:
+        settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in row["settings"].items())
+        print(
+            f"  {row['key']}: {row['sequences']} sequences in {row['parts']} parts, "
+            f"{human_bytes(row['bytes'])}\n    {settings}"
+        )
+    return 0
+
+
+def verify_store(store) -> int:
+    verified = stores.verify(store)
+    for part, reason in verified.damaged:
+        print(f"damaged: {part}: {reason}; set aside (the next run recomputes its sequences)")
+    print(f"{store.root}: {verified.n_parts} parts checked, {len(verified.damaged)} damaged")
+    return 1 if verified.damaged else 0
+
+
+def prune_store(store, keep, apply: bool) -> int:
+    files = stores.unused(store, keep)
+    for f in files:
+        print(f"{human_bytes(f.bytes):>10}  {f.path}")
+    total = human_bytes(sum(f.bytes for f in files))
+    if not apply:
+        print(f"{len(files)} files, {total}, are used by none of {len(keep)} outdirs; "
+              "nothing removed (add --apply to remove them)")  # fmt: skip
+        return 0
+    stores.prune(store, files)
+    print(f"removed {len(files)} files, {total}")
+    return 0

@@ -1,0 +1,288 @@
+"""`esmshard gpu-check` (`make gpu-check`): one command, run in a clone, that proves a GPU machine.
+
+It runs the test suite's GPU tests; a whole `snakemake` run with `gpus: auto` on the real proteome
+and random weights of esm2_t33_650M's shape in fair-esm's on-disk format, checking that its
+telemetry, `esmshard status` and the report's device plots hold real figures; and
+benchmarks/throughput.py (fair-esm's own loop against the fast path in bf16, with the matrix
+product peak measured in the same run). Everything goes into gpu-check.json and gpu-check.md,
+with the device, driver, torch and CUDA versions. Without network: what it needs is installed
+(the wheelhouse) and the data lie in ESMSHARD_DATA or ../shared/data.
+
+On a machine without CUDA the same plumbing runs on a small model and slice, and the files say
+that no GPU was found.
+"""
+
+import argparse
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+from ..files import write_json, write_text
+from ..input.datasets import shared_data_dir, write_every_nth_record
+from ..layout import Layout
+from ..version import __version__
+from .status import read_state, render
+
+REPO = Path(__file__).resolve().parents[2]
+PROTEOME = "ecoli_k12_UP000000625.fasta"
+# What runs on a GPU, and the stand-in that exercises the same plumbing on a CPU.
+GPU_PLAN = {"model": "esm2_t33_650M_UR50D", "every": 1, "toks_per_batch": 65536}
+CPU_PLAN = {"model": "esm2_t6_8M_UR50D", "every": 40, "toks_per_batch": 4096}
+
+
+def environment() -> dict:
+    import torch
+
+    from ..compute.telemetry import _nvml
+
+    gpu = torch.cuda.is_available()
+    env = {
+        "gpu": gpu,
+        "device": torch.cuda.get_device_name(0) if gpu else f"CPU ({platform.machine()})",
+        "gpus": torch.cuda.device_count() if gpu else 0,
+        "driver": None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "esmshard": __version__,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+    }
+    nvml = _nvml() if gpu else None
+    if nvml is not None:
+        driver = nvml.nvmlSystemGetDriverVersion()
+        env["driver"] = driver.decode() if isinstance(driver, bytes) else driver
+        nvml.nvmlShutdown()
+    return env
+
+
+def run_tests(out: Path) -> dict:
+    """The tests marked `gpu` (they skip without CUDA), with their counts from pytest's report."""
+    report = out / "gpu-tests.xml"
+    started = time.time()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+        + ["--junitxml", str(report), str(REPO / "tests")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    (out / "gpu-tests.log").write_text(done.stdout + done.stderr)
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
+    if report.is_file():
+        for case in ElementTree.parse(report).iter("testcase"):
+            name = f"{case.get('classname')}.{case.get('name')}"
+            if case.find("skipped") is not None:
+                counts["skipped"] += 1
+            elif case.find("failure") is not None or case.find("error") is not None:
+                counts["failed"] += 1
+                counts["failures"].append(name)
+            else:
+                counts["passed"] += 1
+    counts["ok"] = done.returncode == 0 and counts["failed"] == 0
+    counts["seconds"] = time.time() - started
+    return counts
+
+
+def run_workflow(out: Path, plan: dict, gpus: int) -> dict:
+    """A whole run through the `snakemake` command line, as users type it, and what it left."""
+    from ..models.esm2 import random_model, write_checkpoint
+
+    work = out / "run"
+    work.mkdir(parents=True, exist_ok=True)
+    fasta = shared_data_dir() / PROTEOME
+    if plan["every"] > 1:
+        write_every_nth_record(fasta, work / "input.fasta", plan["every"])
+        fasta = work / "input.fasta"
+    checkpoint = write_checkpoint(random_model(plan["model"]), work / "weights", plan["model"])
+    outdir = work / "results"
+    cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work)]
+    cmd += ["--cores", "all", "--resources", f"gpu={max(gpus, 1)}", "--config"]
+    cmd += [f"input={fasta}", f"outdir={outdir}", f"model={checkpoint}", "gpus=auto"]
+    env = {**os.environ, "ESMSHARD_POOL_DIR": str(work / "gpu-pool")}
+    started = time.time()
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    (out / "snakemake.log").write_text(done.stdout + done.stderr)
+    result = {
+        "command": "snakemake " + " ".join(cmd[3:]),
+        "ok": done.returncode == 0,
+        "seconds": time.time() - started,
+    }
+    if not result["ok"]:
+        result["error"] = (done.stderr or done.stdout)[-2000:]
+        return result
+    layout = Layout(str(outdir))
+    metrics = [json.loads(p.read_text()) for p in sorted((outdir / "metrics").glob("*.json"))]
+    tokens = sum(m["n_residues"] + 2 * m["n_sequences"] for m in metrics)
+    result.update(
+        shards=len(metrics),
+        sequences=sum(m["n_sequences"] for m in metrics),
+        tokens=tokens,
+        devices=sorted({m["device_name"] for m in metrics}),
+        precisions=sorted({m["precision"] for m in metrics}),
+        load_seconds=sum(m["load_seconds"] for m in metrics),
+        compute_seconds=sum(m["compute_seconds"] for m in metrics),
+        # the host's own work (tokens, read-back, checks, writing) against the time of the batches
+        host_fraction=sum(m["host_seconds"] + m["write_seconds"] for m in metrics)
+        / sum(m["compute_seconds"] for m in metrics),
+        # the whole job: loading, forward passes, read-back and writing
+        whole_shard_tokens_per_second=tokens / sum(m["seconds"] for m in metrics),
+        # after the model is loaded: forward passes, read-back and writing
+        compute_tokens_per_second=tokens / sum(m["compute_seconds"] for m in metrics),
+        peak_gpu_memory_bytes=max((m["torch_peak_allocated_bytes"] or 0) for m in metrics),
+    )
+    samples = []
+    for path in sorted((outdir / "telemetry").glob("*.tsv")):
+        with open(path) as fh:
+            samples += list(csv.DictReader(fh, delimiter="\t"))
+    utilization = [float(s["utilization_percent"]) for s in samples if s["utilization_percent"]]
+    memory = [float(s["memory_used_bytes"]) for s in samples if s["memory_used_bytes"]]
+    page = Path(layout.scaling_html).read_text()
+    result.update(
+        telemetry_samples=len(samples),
+        mean_utilization_percent=sum(utilization) / len(utilization) if utilization else None,
+        peak_memory_used_bytes=max(memory) if memory else None,
+        status=render(read_state(outdir)),
+        report_has_device_plots="No GPU telemetry" not in page,
+    )
+    if gpus:
+        result["checks"] = {
+            "telemetry holds utilization and memory figures": bool(utilization and memory),
+            "the GPU was busy (mean utilization > 0)": bool(utilization) and max(utilization) > 0,
+            "esmshard status names the GPU": any(d in result["status"] for d in result["devices"]),
+            "the report draws the device plots": result["report_has_device_plots"],
+        }
+    else:
+        result["checks"] = {
+            "the report says there was no GPU telemetry": not result["report_has_device_plots"],
+            "esmshard status shows the finished run": "finished" in result["status"].lower(),
+        }
+    result["ok"] = all(result["checks"].values())
+    return result
+
+
+def run_benchmark(out: Path, plan: dict, gpu: bool) -> dict:
+    """benchmarks/throughput.py: fair-esm's loop against the fast path, one repetition each."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--models", plan["model"]]
+    cmd += ["--every", str(plan["every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
+    cmd += ["--repeats", "1"]
+    cmd += ["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"]
+    started = time.time()
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    (out / "throughput.log").write_text(done.stdout + done.stderr)
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {
+        "command": "python " + " ".join(cmd[1:]).replace(f"{REPO}/", ""),
+        "ok": done.returncode == 0,
+        "seconds": time.time() - started,
+        "rows": rows,
+        "error": None if done.returncode == 0 else done.stderr[-2000:],
+    }
+
+
+def markdown(result: dict) -> str:
+    env = result["environment"]
+    lines = [
+        f"# esmshard gpu-check, {result['date']}",
+        "",
+        f"Device: {env['device']} ({env['gpus']} GPU(s)), driver {env['driver']}, torch "
+        f"{env['torch']}, CUDA {env['cuda']}, Python {env['python']}, esmshard {env['esmshard']}, "
+        f"{env['cpus']} CPUs.",
+        "",
+    ]
+    if not env["gpu"]:
+        lines += ["**No GPU was found**: the plumbing ran on the CPU with a small model.", ""]
+    tests = result["tests"]
+    lines += [
+        "## GPU tests",
+        f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
+        f"({tests['seconds']:.0f} s)" + "".join(f"\n- failed: {n}" for n in tests["failures"]),
+        "",
+        "## A whole run",
+    ]
+    run = result["workflow"]
+    lines += [f"`{run['command']}`", ""]
+    if "shards" in run:
+        lines += [
+            f"{run['sequences']} sequences, {run['tokens']:,} tokens in {run['shards']} shard(s) "
+            f"on {', '.join(run['devices'])} ({', '.join(run['precisions'])}); "
+            f"whole-shard {run['whole_shard_tokens_per_second']:,.0f} tokens/s (model loading "
+            f"{run['load_seconds']:.1f} s included), {run['compute_tokens_per_second']:,.0f} "
+            "tokens/s once loaded (read-back and writing included); "
+            f"the host's own work per batch (tokens, read-back, checks, writing) "
+            f"{run['host_fraction']:.1%} of the batches' time; "
+            f"{run['telemetry_samples']} telemetry samples, mean utilization "
+            f"{run['mean_utilization_percent'] or 0:.0f}%.",
+            "",
+        ]
+        lines += [f"- [{'x' if ok else ' '}] {name}" for name, ok in run["checks"].items()]
+    else:
+        lines += ["The run failed:", "```", run.get("error", ""), "```"]
+    bench = result["throughput"]
+    lines += ["", "## Forward-pass throughput", f"`{bench['command']}`", ""]
+    table = [r for r in bench["rows"] if "side" in r]
+    if table:
+        lines += [
+            "| side | precision | tokens/s | TFLOP/s | peak TFLOP/s | fraction of peak | "
+            "speed-up | host's share |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in table:
+            lines.append(
+                f"| {r['side']} | {r['precision']} | {r['tokens_per_second']:,.0f} | "
+                f"{r['achieved_gflops'] / 1e3:,.1f} | {r['matmul_peak_gflops'] / 1e3:,.1f} | "
+                f"{r['fraction_of_peak']:.1%} | {r['speedup_vs_peer']:.2f}× | "
+                + (f"{r['host_fraction']:.0%} |" if r.get("host_fraction") is not None else "– |")
+            )
+    if bench["error"]:
+        lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    lines += ["", f"Verdict: **{'pass' if result['ok'] else 'FAIL'}** ({result['seconds']:.0f} s)"]
+    return "\n".join(lines) + "\n"
+
+
+def check(out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    env = environment()
+    plan = GPU_PLAN if env["gpu"] else CPU_PLAN
+    print(f"gpu-check: {env['device']}" + ("" if env["gpu"] else ": no GPU found, CPU plumbing"))
+    print("gpu-check: the GPU tests ...", flush=True)
+    tests = run_tests(out)
+    print("gpu-check: a whole snakemake run ...", flush=True)
+    workflow = run_workflow(out, plan, env["gpus"])
+    print("gpu-check: the throughput benchmark ...", flush=True)
+    throughput = run_benchmark(out, plan, env["gpu"])
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "environment": env,
+        "plan": plan,
+        "tests": tests,
+        "workflow": workflow,
+        "throughput": throughput,
+        "ok": tests["ok"] and workflow["ok"] and throughput["ok"],
+        "seconds": time.time() - started,
+    }
+    write_json(out / "gpu-check.json", result)
+    write_text(out / "gpu-check.md", markdown(result))
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="esmshard gpu-check", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", type=Path, default=Path("gpu-check"))
+    args = parser.parse_args(argv)
+    result = check(args.out)
+    print((args.out / "gpu-check.md").read_text())
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

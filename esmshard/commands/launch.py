@@ -1,0 +1,134 @@
+"""`esmshard run`: the `snakemake` command that runs esmshard's workflow from any folder.
+
+The workflow's files (Snakefile, rules, scripts, schema, default config, profiles) ship inside
+the installed package, under `workflow_files/` (setup.py copies them at build time); in a clone
+they are the repository's own. The command is printed before it runs, so that it can be typed
+again, changed, or put into a job script: `esmshard run` adds nothing that the workflow does not
+do when started by hand.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from ..compute.pool import visible_devices
+
+SHIPPED = Path(__file__).resolve().parents[1] / "workflow_files"
+CLONE = Path(__file__).resolve().parents[2]
+# The settings `esmshard run` sets itself; the rest come with --config KEY=VALUE.
+OWN_KEYS = ("input", "outdir", "gpus", "model")
+
+
+class LaunchError(ValueError):
+    """A `esmshard run` option that cannot work, with what to do."""
+
+
+class Launch(NamedTuple):
+    """What `esmshard run` was asked for."""
+
+    inputs: list[str]
+    outdir: str
+    gpus: str = "auto"  # "auto" or "0,1,2"
+    model: str | None = None
+    profile: str | None = None
+    cores: str = "all"
+    config: list[str] = []  # KEY=VALUE, as after snakemake's --config
+    snakemake_args: list[str] = []  # passed on as they are
+
+
+def workflow_root() -> Path:
+    """The folder holding the workflow's Snakefile: the installed copy, or the clone's own."""
+    for root in (SHIPPED, CLONE):
+        if (root / "Snakefile").is_file() and (root / "workflow" / "Snakefile").is_file():
+            return root
+    raise LaunchError(
+        f"esmshard's workflow files are missing from {SHIPPED}; reinstall esmshard from its "
+        "wheel or sdist (pip install --force-reinstall esmshard)"
+    )
+
+
+def profile_folder(profile: str, root: Path) -> Path:
+    """A profile folder the user names by path, or one that esmshard ships (by name)."""
+    if Path(profile).is_dir():
+        return Path(profile).resolve()
+    shipped = root / "profiles" / profile
+    if shipped.is_dir() and profile != "default":
+        return shipped
+    names = sorted(p.name for p in (root / "profiles").iterdir() if p.name != "default")
+    raise LaunchError(
+        f"--profile {profile}: no such folder, and esmshard ships none of that name "
+        f"(it ships: {', '.join(names)}); give one of those names or a profile folder"
+    )
+
+
+def gpu_list(gpus: str) -> list[int] | str:
+    """`--gpus` as the config's `gpus` value: "auto" or a list of device indices."""
+    if gpus == "auto":
+        return "auto"
+    try:
+        indices = [int(g) for g in gpus.split(",")]
+    except ValueError:
+        indices = []
+    if not indices or min(indices) < 0 or len(set(indices)) < len(indices):
+        raise LaunchError(
+            f"--gpus {gpus}: give device indices separated by commas (e.g. 0,1,2,3), or auto"
+        )
+    return indices
+
+
+def snakemake_command(launch: Launch) -> list[str]:
+    """The `snakemake` command line for `launch`, run from the current folder."""
+    root = workflow_root()
+    for item in launch.config:
+        key = item.partition("=")[0]
+        if "=" not in item or key in OWN_KEYS:
+            raise LaunchError(
+                f"--config {item}: give KEY=VALUE for a key other than "
+                f"{', '.join(OWN_KEYS)} (esmshard run has its own options for those)"
+            )
+    if "--config" in launch.snakemake_args or "-C" in launch.snakemake_args:
+        raise LaunchError(
+            "give config values to esmshard run's own --config, not after `--` (Snakemake "
+            "keeps only the last --config, which would drop the input and outdir)"
+        )
+    config = [f"input={json.dumps(launch.inputs)}", f"outdir={launch.outdir}"]
+    if launch.model:
+        config.append(f"model={launch.model}")
+    cmd = ["snakemake", "--snakefile", str(root / "Snakefile"), "--cores", launch.cores]
+    if launch.profile:
+        if launch.gpus != "auto":
+            raise LaunchError(
+                "--gpus goes with a workstation run; under --profile each embed job gets its "
+                "GPU from the scheduler (leave --gpus out)"
+            )
+        cmd += ["--profile", str(profile_folder(launch.profile, root))]
+    else:
+        # One embed job per pool slot at once; a machine without GPUs computes on one CPU slot.
+        gpus = gpu_list(launch.gpus)
+        if gpus == "auto":
+            slots = max(1, len(visible_devices()))
+        else:
+            slots = len(gpus)
+            config.append(f"gpus={json.dumps(gpus).replace(' ', '')}")
+        cmd += ["--resources", f"gpu={slots}"]
+    # The workstation profile that a clone's `snakemake` finds by itself: resume, keep going, and
+    # re-run only on changed inputs and settings (`--rerun-triggers mtime params input`).
+    cmd += ["--workflow-profile", str(root / "profiles" / "default")]
+    cmd += ["--config", *config, *launch.config, *launch.snakemake_args]
+    return cmd
+
+
+def run(launch: Launch) -> None:
+    """Print the command, then become it (signals and the exit status are Snakemake's own)."""
+    cmd = snakemake_command(launch)
+    print("esmshard run: " + shlex.join(cmd), file=sys.stderr, flush=True)
+    # This environment's snakemake, beside this Python, ahead of any other on PATH.
+    beside = Path(sys.executable).parent / "snakemake"
+    executable = str(beside) if beside.is_file() else shutil.which("snakemake")
+    if executable is None:
+        raise LaunchError("snakemake is not installed here; pip install esmshard installs it")
+    os.execv(executable, [executable, *cmd[1:]])

@@ -1,0 +1,137 @@
+"""`esmshard status`: a run's progress, read from its files (esmshard.steps.progress).
+
+Status needs no access to the jobs themselves, only the run's files, so it works during and
+after a run, and on a cluster where the jobs ran on other nodes of a shared filesystem.
+"""
+
+import socket
+import time
+from pathlib import Path
+
+from ..files import read_tsv
+from ..layout import Layout
+from ..steps.progress import current_files, finished_metrics, per_slot, rate, slot_key
+from ..store.runlock import STALE_AFTER_SECONDS, process_alive
+
+GIB = 1 << 30
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _memory(used, total) -> str:
+    if used is None or total is None:
+        return "-"
+    return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
+
+
+def stale_reason(progress: dict, now: float) -> str | None:
+    """Why a job's progress file is no longer updated by a live job, if it is not."""
+    if progress.get("host") == socket.gethostname() and "pid" in progress:
+        if not process_alive(progress["pid"]):
+            return f"process {progress['pid']} is gone"
+    quiet = now - progress.get("updated_at", progress["started_at"])
+    return f"no update for {_duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
+
+
+def read_state(outdir: Path, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
+    layout = Layout(str(outdir))
+    if not Path(layout.plan).is_file():
+        marks = (layout.log("shard"), Path(layout.run_lock).parent)  # .esmshard/: run or dry run
+        started = any(Path(p).exists() for p in marks)
+        return {"outdir": str(outdir), "planned": False, "started": started}
+    plan = read_tsv(layout.plan)
+    done = finished_metrics(layout, plan)
+    finished = {m["shard"] for m in done}
+    running, stale = [], []
+    for r in current_files(layout, layout.progress, plan):
+        if r["shard"] in finished:
+            continue
+        r["stale"] = stale_reason(r, now)
+        (stale if r["stale"] else running).append(r)
+    total_residues = sum(int(p["n_residues"]) for p in plan)
+    done_residues = sum(m["n_residues"] for m in done) + sum(r["residues_done"] for r in running)
+    starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
+    complete = len(done) == len(plan)
+    end = max(m["finished_at"] for m in done) if complete and done else now
+    elapsed = end - min(starts) if starts else 0.0
+    speed = done_residues / elapsed if elapsed > 0 else None
+    if complete:
+        eta = 0.0
+    else:
+        eta = (total_residues - done_residues) / speed if speed else None
+    return {
+        "outdir": str(outdir),
+        "planned": True,
+        "complete": complete,
+        "shards_total": len(plan),
+        "shards_done": len(done),
+        "residues_total": total_residues,
+        "residues_done": done_residues,
+        "residues_per_second": speed,
+        "elapsed_seconds": elapsed,
+        "eta_seconds": eta,
+        "failed": sum(m.get("n_failed", 0) for m in done),
+        "slots": per_slot(done),
+        "running": stale + running,  # a live job shows over a dead one of its slot
+    }
+
+
+def render(state: dict) -> str:
+    if not state["planned"]:
+        if not state["started"]:
+            return (
+                f"esmshard status {state['outdir']}: no esmshard run here (no shards/plan.tsv, "
+                "logs/shard.log or .esmshard/); give the `outdir` of the run's config"
+            )
+        return f"esmshard status {state['outdir']}: not sharded yet (no shards/plan.tsv)"
+    rows = [("slot", "device", "shard", "done", "residues/s", "memory")]
+    slots = state["slots"]
+    current = {slot_key(r): r for r in state["running"]}
+    for key in sorted(set(slots) | set(current)):
+        s, r = slots.get(key, {}), current.get(key)
+        name = (r or s)["device_name"]
+        device = (r or s)["device"]
+        if r is not None:
+            shard = f"{r['shard']} ({100 * r['residues_done'] / max(r['n_residues'], 1):.0f}%"
+            shard += f", stale: {r['stale']})" if r["stale"] else ")"
+            memory = _memory(r.get("memory_used_bytes"), r.get("memory_total_bytes"))
+        else:
+            shard, memory = (
+                "idle",
+                _memory(s.get("peak_memory_used_bytes"), s.get("memory_total_bytes")),
+            )
+        rows.append(
+            (
+                key,
+                f"{device} {name}" if name != device else device,
+                shard,
+                str(s.get("shards", 0)),
+                rate(s.get("residues_per_second")),
+                memory,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"esmshard status {state['outdir']}"]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    percent = 100 * state["shards_done"] / state["shards_total"] if state["shards_total"] else 100
+    eta = (
+        "finished"
+        if state["complete"]
+        else (
+            f"ETA {_duration(state['eta_seconds'])}"
+            if state["eta_seconds"] is not None
+            else "ETA ?"
+        )
+    )
+    lines.append(
+        f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
+        f"residues {state['residues_done']:,}/{state['residues_total']:,}  "
+        f"{rate(state['residues_per_second'])} residues/s  elapsed {_duration(state['elapsed_seconds'])}  {eta}"
+        + (f"  {state['failed']} failed" if state["failed"] else "")
+    )
+    return "\n".join(lines)

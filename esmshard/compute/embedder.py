@@ -1,0 +1,321 @@
+"""The forward pass over batches on one device: tokens, out-of-memory halving, look-ahead, windows."""
+
+import logging
+import os
+import time
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from ..contacts import NAME as CONTACTS
+from ..contacts import upper_triangle
+from ..input.long_sequences import chunk_spans
+from ..models.esm2 import FastESM2
+from ..models.layers import FastForward
+from ..representations import KINDS, Representation
+from ..store.shardfile import Failure
+from .precision import Precision, autocast
+
+log = logging.getLogger(__name__)
+
+MEAN, PER_TOK, BOS = KINDS  # the representation kinds, as the read-back names them
+
+# Test hook: batches of more tokens than this raise an out-of-memory error, as CUDA would.
+INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
+
+
+# What a batch's read-back holds besides the representation kinds and the contact maps.
+FINITE = "finite"  # one flag per sequence: every value at every layer is finite
+
+
+class Launched(NamedTuple):
+    """A batch whose forward pass and read-back are queued; `Embedder.finish` reads it."""
+
+    values: dict[str, torch.Tensor]  # per kind: layers × rows × D; contacts: B × L × L; FINITE: B
+    copied: "torch.cuda.Event | None"  # passed once `values` are on the host (None on a CPU)
+    lengths: np.ndarray  # residues of each sequence
+
+
+class Embedder:
+    """A model's forward pass with fair-esm's token layout (BOS, residues, EOS), on one device.
+
+    Only what `kinds` asks for leaves the device: the mean over each sequence's residues and the
+    BOS row are reduced there (in fp32, whatever the precision), per-residue rows are gathered
+    without their padding, and each kind crosses to the host as one copy for the whole batch.
+    """
+
+    def __init__(
+        self,
+        model,
+        alphabet,
+        layers,
+        device,
+        precision: Precision,
+        fast_path=True,
+        contacts=False,
+        kinds=tuple(KINDS),
+    ):
+        self.model = model.to(device)
+        # Contact maps need the attention maps: fair-esm's own forward pass computes them. A
+        # family whose model is a fast forward pass itself (ESM C) has no other one.
+        self.contacts = contacts
+        if isinstance(self.model, FastForward):
+            if contacts:
+                raise ValueError("contact maps need a model with a contact head (ESM-2)")
+            self.net = self.model
+        else:
+            self.net = FastESM2(self.model) if fast_path and not contacts else self.model
+        self.alphabet = alphabet
+        self.layers = sorted(layers)
+        self.device = device
+        self.precision = precision
+        self.kinds = tuple(kinds)
+        self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
+        # The host's own work on batches (tokens, read-back, checks), in seconds: not the
+        # queueing of the forward pass, which waits for the device once its queue is full.
+        self.host_seconds = 0.0
+        # Token of each byte that is a one-letter token of the alphabet, -1 for the others.
+        self.token_of_byte = np.full(256, -1, dtype=np.int64)
+        for token, index in alphabet.tok_to_idx.items():
+            if len(token) == 1:
+                self.token_of_byte[ord(token)] = index
+
+    def tokens(self, sequences: list[str]) -> torch.Tensor:
+        """fair-esm's batch layout (BOS, residues, EOS, padding) from one table lookup per batch.
+
+        Encoding residue by residue in Python, as fair-esm's converter does, manages about 0.3M
+        residues/s: on a GPU that would take longer than the forward pass.
+        """
+        lengths = np.array([len(s) for s in sequences])
+        residues = self.token_of_byte[
+            np.frombuffer("".join(sequences).encode("ascii"), dtype=np.uint8)
+        ]
+        if (residues < 0).any():
+            raise ValueError("a sequence holds characters that are not the model's residue tokens")
+        toks = np.full(
+            (len(sequences), lengths.max() + 2), self.alphabet.padding_idx, dtype=np.int64
+        )
+        rows = np.repeat(np.arange(len(sequences)), lengths)
+        columns = np.arange(len(residues)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
+        toks[rows, columns] = residues
+        toks[:, 0] = self.alphabet.cls_idx
+        toks[np.arange(len(sequences)), lengths + 1] = self.alphabet.eos_idx
+        return torch.from_numpy(toks)
+
+    def to_device(self, array: np.ndarray) -> torch.Tensor:
+        """A host array on the device, its copy queued without waiting (pinned memory on a GPU)."""
+        tensor = torch.from_numpy(array)
+        if self.device.type != "cuda":
+            return tensor
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    def launch(self, sequences: list[str], kinds=None) -> Launched:
+        """Queue the batch's forward pass and the read-back of `kinds` (default: the Embedder's);
+        `finish` waits for them. The host does not wait for the device here, so on a GPU it can
+        prepare the next batch meanwhile.
+        """
+        kinds = self.kinds if kinds is None else kinds
+        started = time.perf_counter()
+        lengths = np.array([len(s) for s in sequences])
+        toks = self.tokens(sequences)
+        self.host_seconds += time.perf_counter() - started
+        if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
+            raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
+        width = toks.shape[1]
+        # Residue positions (BOS, EOS and padding left out), known on the host: no device sync.
+        residue = (np.arange(width) >= 1) & (np.arange(width) <= lengths[:, None])
+        with torch.inference_mode():
+            toks = self.to_device(toks.numpy())
+            with autocast(self.precision, self.device):
+                if self.contacts:
+                    out = self.net(toks, repr_layers=self.layers, return_contacts=True)
+                elif isinstance(self.net, FastForward):
+                    out = self.net(toks, self.layers, padded=bool(residue.sum() < toks.numel()))
+                else:
+                    out = self.net(toks, repr_layers=self.layers)
+            reps = [out["representations"][layer] for layer in self.layers]
+            values = self.reduce(reps, self.to_device(residue), kinds)
+            if PER_TOK in kinds:
+                values[PER_TOK] = self.gather(reps, self.to_device(np.flatnonzero(residue)))
+            if self.contacts:
+                values[CONTACTS] = out["contacts"].float()
+            if self.device.type != "cuda":
+                return Launched(values, None, lengths)
+            host = {
+                name: torch.empty(value.shape, dtype=value.dtype, pin_memory=True).copy_(
+                    value, non_blocking=True
+                )
+                for name, value in values.items()
+            }
+            copied = torch.cuda.Event()
+            copied.record()
+            return Launched(host, copied, lengths)
+
+    @staticmethod
+    def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds) -> dict[str, torch.Tensor]:
+        """The per-sequence kinds and the finite flags, on the device, accumulated in fp32.
+
+        A sequence's sum over its residues is finite exactly when each of them is (but for an
+        overflow, which is no usable result either), so it and the BOS row stand for the check.
+        """
+        mask = residue[:, :, None]
+        sums = [rep.masked_fill(~mask, 0).sum(1, dtype=torch.float32) for rep in reps]
+        finite = torch.stack(
+            [
+                torch.isfinite(s).all(1) & torch.isfinite(rep[:, 0]).all(1)
+                for s, rep in zip(sums, reps)
+            ]
+        ).all(0)
+        values = {FINITE: finite}
+        if MEAN in kinds:
+            counts = residue.sum(1, keepdim=True, dtype=torch.float32)
+            values[MEAN] = torch.stack([s / counts for s in sums])
+        if BOS in kinds:
+            values[BOS] = torch.stack([rep[:, 0].float() for rep in reps])
+        return values
+
+    @staticmethod
+    def gather(reps: list[torch.Tensor], positions: torch.Tensor) -> torch.Tensor:
+        """layers × residues × D: every sequence's residue rows, one after the other."""
+        dim = reps[0].shape[-1]
+        out = torch.empty(
+            (len(reps), len(positions), dim), dtype=torch.float32, device=reps[0].device
+        )
+        for k, rep in enumerate(reps):
+            torch.index_select(rep.float().reshape(-1, dim), 0, positions, out=out[k])
+        return out
+
+    def finish(self, launched: Launched) -> tuple[list[dict[int, Representation]], np.ndarray]:
+        """Per sequence, {layer: Representation} (float32, on the CPU), and its finite flag."""
+        values, copied, lengths = launched
+        if copied is not None:
+            copied.synchronize()
+        started = time.perf_counter()
+        arrays = {name: value.numpy() for name, value in values.items()}
+        finite = arrays.pop(FINITE)
+        maps = arrays.pop(CONTACTS, None)  # B × L × L, BOS and EOS already left out
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        reps = []
+        for row, n in enumerate(lengths):
+            triangle = None if maps is None else upper_triangle(maps[row, :n, :n])
+            rows = {
+                kind: (slice(offsets[row], offsets[row + 1]) if kind == PER_TOK else row)
+                for kind in arrays
+            }
+            reps.append(
+                {
+                    layer: Representation(
+                        int(n),
+                        contacts=triangle,
+                        **{kind: array[k, rows[kind]] for kind, array in arrays.items()},
+                    )
+                    for k, layer in enumerate(self.layers)
+                }
+            )
+            if triangle is not None:
+                finite[row] &= np.isfinite(triangle).all()
+        self.host_seconds += time.perf_counter() - started
+        return reps, finite
+
+    def forward(self, sequences: list[str], kinds=None) -> list[dict[int, Representation]]:
+        """One batch, start to end."""
+        return self.finish(self.launch(sequences, kinds))[0]
+
+    def launch_halving(
+        self, indices: list[int], sequences: list[str], failed: list[Failure], kinds=None
+    ) -> list[tuple]:
+        """`launch` the batch, or on out-of-memory its halves, down to single sequences.
+
+        Returns (indices, launched) per part; a sequence that does not fit even alone is appended
+        to `failed`.
+        """
+        try:
+            return [(indices, self.launch(sequences, kinds))]
+        except torch.OutOfMemoryError as err:
+            reason = str(err)
+        # Retried outside the handler: the exception's traceback holds the failed attempt's
+        # frames, and with them every tensor it had allocated, until the handler is left.
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if len(sequences) == 1:
+            failed.append(
+                Failure(
+                    indices[0],
+                    f"out of memory even alone ({len(sequences[0])} residues): {reason}",
+                )
+            )
+            return []
+        half = len(sequences) // 2
+        log.warning(
+            "out of memory on a batch of %d sequences; retrying as two halves", len(sequences)
+        )
+        return self.launch_halving(
+            indices[:half], sequences[:half], failed, kinds
+        ) + self.launch_halving(indices[half:], sequences[half:], failed, kinds)
+
+    def finish_checked(self, parts: list[tuple], failed: list[Failure]) -> list[tuple]:
+        """(indices, representations) per launched part; sequences with non-finite values go to `failed`."""
+        results = []
+        for indices, launched in parts:
+            reps, finite = self.finish(launched)
+            for index, ok in zip(indices, finite):
+                if not ok:
+                    failed.append(Failure(index, "non-finite values in the representations"))
+            kept = [(index, rep) for index, rep, ok in zip(indices, reps, finite) if ok]
+            if kept:
+                results.append(([i for i, _ in kept], [r for _, r in kept]))
+        return results
+
+    def embed(
+        self, indices: list[int], sequences: list[str], failed: list[Failure], kinds=None
+    ) -> list[tuple]:
+        """(indices, representations) for the batch, halving it on out-of-memory."""
+        return self.finish_checked(self.launch_halving(indices, sequences, failed, kinds), failed)
+
+    def embed_batches(self, batches, failed: list[Failure]):
+        """Yield `embed`'s result for each (indices, sequences) of `batches`, in order.
+
+        Each batch is launched before the previous one's results are read back, so that a GPU
+        computes while the host copies, checks and writes the batch before.
+        """
+        previous = None
+        for indices, sequences in batches:
+            parts = self.launch_halving(indices, sequences, failed)
+            if previous is not None:
+                yield self.finish_checked(previous, failed)
+            previous = parts
+        if previous is not None:
+            yield self.finish_checked(previous, failed)
+
+    def embed_chunked(self, index: int, sequence: str, window: int, failed: list[Failure]):
+        """One long sequence through overlapping windows, stitched; None (and `failed` noted) if a window fails.
+
+        The windows' residue rows come back whatever `kinds` says: the mean is over the whole
+        sequence, taken once they are stitched.
+        """
+        spans = chunk_spans(len(sequence), window)
+        pieces, window_failures = {}, []
+        windows = [sequence[span.start : span.end] for span in spans]
+        for done, reps in self.embed(
+            list(range(len(spans))), windows, window_failures, (PER_TOK, BOS)
+        ):
+            pieces.update(zip(done, reps))
+        if window_failures:
+            k, reason = window_failures[0]
+            failed.append(Failure(index, f"window {k + 1} of {len(spans)} failed: {reason}"))
+            return None
+        return {
+            layer: Representation.from_per_tok(
+                np.concatenate(
+                    [
+                        pieces[k][layer].per_tok[
+                            span.keep_from - span.start : span.keep_to - span.start
+                        ]
+                        for k, span in enumerate(spans)
+                    ]
+                ),
+                pieces[0][layer].bos,
+            )
+            for layer in pieces[0]
+        }

@@ -1,0 +1,57 @@
+"""How many shards, and what each job asks a cluster for, from the work's size and the model."""
+
+import math
+import os
+
+from .fasta import compression
+
+# `shards: auto`, from the residues to compute and the model alone (never the GPU count): shards as
+# many as possible while a job's fixed cost (process start, imports, model loading, CUDA
+# start-up) stays under 2.5% (3% with a margin) of its GPU time on a fast GPU.
+JOB_OVERHEAD_SECONDS = 20
+TARGET_OVERHEAD_FRACTION = 0.025
+MAX_SHARDS = 4096  # beyond this, shards grow instead (Snakemake plans every job up front)
+FAST_GPU_FLOPS = 3.3e14  # an H100 in bf16: 250k tokens/s for the 650M model
+MAX_TOKENS_PER_SECOND = 2e6  # small models are held back by other things than their FLOPs
+BYTES_PER_RECORD = 300  # FASTA bytes per record, on the short side (E. coli: 430)
+COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
+
+# Cluster requests (SLURM `runtime`, minutes; `mem_mb`), from the cost model in balance.py.
+ASSUMED_FLOPS = 2.5e13  # sustained by a recent datacenter GPU in bf16 or tf32
+
+
+def estimated_text_bytes(paths) -> int:
+    """The inputs' size once decompressed, estimated from the files' sizes."""
+    return int(
+        sum(os.path.getsize(p) * (COMPRESSED_EXPANSION if compression(p) else 1) for p in paths)
+    )
+
+
+def estimated_records(paths) -> int:
+    return int(estimated_text_bytes(paths) / BYTES_PER_RECORD)
+
+
+def fast_gpu_seconds(residues: int, layers: int, dim: int) -> float:
+    """The input's work on a fast GPU: 24·layers·D² FLOPs per token (esmshard.input.balance)."""
+    tokens_per_second = min(FAST_GPU_FLOPS / (24 * layers * dim**2), MAX_TOKENS_PER_SECOND)
+    return residues / tokens_per_second
+
+
+def auto_shard_count(residues: int, layers: int, dim: int) -> int:
+    smallest = JOB_OVERHEAD_SECONDS / TARGET_OVERHEAD_FRACTION  # GPU seconds per shard
+    by_overhead = math.floor(fast_gpu_seconds(residues, layers, dim) / smallest)
+    return max(1, min(MAX_SHARDS, by_overhead))
+
+
+def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt: int = 1) -> int:
+    """10 minutes for start-up and model loading plus twice the predicted compute; doubled per retry.
+
+    A cost unit is one token of a short sequence: about 24·layers·D² FLOPs.
+    """
+    seconds = 24 * layers * dim**2 * estimated_cost / ASSUMED_FLOPS
+    return math.ceil((10 + 2 * seconds / 60) * 2 ** (attempt - 1))
+
+
+def embed_mem_mb(layers: int, dim: int) -> int:
+    """4 GB plus three copies of the fp32 weights (12·layers·D² parameters) while loading."""
+    return 4096 + math.ceil(3 * 4 * 12 * layers * dim**2 / 2**20)

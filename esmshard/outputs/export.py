@@ -1,0 +1,429 @@
+"""`esmshard export`: a run's embeddings.h5 in the layouts that other tools read, streamed in
+blocks of proteins (memory bounded by BLOCK_BYTES, whatever the number of proteins).
+
+FORMATS is the one table of them:
+- `per-protein-h5`: one HDF5 dataset per protein, as biotrainer and bio_embeddings read it: one
+  kind at one layer, keyed by biotrainer's sequence hash (SHA-256 of "<sequence>_<length>") with
+  the record's ID in the `original_id` attribute, or by ID (`--key id`, as ProtTrans' embedder).
+  Records with one sequence share its dataset under hash keys (the first record's ID is kept).
+- `pt`: a folder of fair-esm extract's files, one `<name>.pt` per protein holding `label` (the
+  FASTA header), `representations` (per residue), `mean_representations`,
+  `bos_representations` ({layer: tensor}) and `contacts`, as far as the run included them.
+  `<name>` is the ID with every character outside [A-Za-z0-9._-] written as %XX (UTF-8 bytes),
+  so no two IDs share a name; `index.tsv` maps IDs to files (a name too long for a filesystem,
+  or one that a case-insensitive filesystem confuses with another, gets a hash suffix there).
+- `npy`: a folder of `<kind>_<layer>.npy` (per-protein kinds N × D; per-residue kinds every
+  residue, rows of protein i at `per_tok_offsets.npy`[i:i+2]), `contacts.npy` with
+  `contacts_offsets.npy` (esmshard.contacts' triangles), and `ids.tsv` (id, sequence_sha256):
+  `numpy.load(path, mmap_mode="r")` reads any of them without loading it.
+- `parquet`: one row per protein: `id`, `sequence_sha256`, and a list<float> column
+  `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue).
+
+Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds float32 tensors,
+as extract's, which float16 values convert to exactly).
+"""
+
+import hashlib
+import re
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import h5py
+import numpy as np
+
+from .. import contacts
+from ..files import atomic_path
+from ..input.fasta import read_raw
+from ..input.records import iter_batches, source
+from ..layout import Layout
+from ..representations import KINDS
+from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
+from .reader import Embeddings
+
+BLOCK_BYTES = 64 << 20
+# A protein's ID, header and hash, read as Python strings, take about STRING_BYTES beside its
+# values; and a block holds PROTEINS_PER_BLOCK at most.
+PROTEINS_PER_BLOCK = 8192
+STRING_BYTES = 1024
+SAFE = re.compile(rb"[A-Za-z0-9._-]")
+MAX_NAME_BYTES = 200  # file names: most filesystems allow 255 bytes
+
+
+class ExportError(ValueError):
+    """An export that cannot be made as asked; the message says why and what to do."""
+
+
+class Block(NamedTuple):
+    """Proteins `start` .. `start + len(ids)` of embeddings.h5, every dataset the export writes."""
+
+    start: int
+    ids: list[str]
+    headers: list[str]
+    sha256: list[str]
+    lengths: np.ndarray
+    values: dict[str, dict[int, np.ndarray]]  # kind -> layer -> rows (per residue: concatenated)
+    residue_offsets: np.ndarray | None  # per-residue rows of protein i: [i] : [i + 1], from 0
+    contacts: np.ndarray | None  # the proteins' triangles, concatenated
+    contact_offsets: np.ndarray | None
+
+    def rows(self, kind: str, i: int) -> dict[int, np.ndarray]:
+        """Protein i's values of `kind`: {layer: its vector, or its rows per residue}."""
+        if KINDS[kind].per_residue:
+            a, b = self.residue_offsets[i : i + 2]
+            return {layer: values[a:b] for layer, values in self.values[kind].items()}
+        return {layer: values[i] for layer, values in self.values[kind].items()}
+
+
+def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
+    """The file's proteins in blocks of about BLOCK_BYTES of the `wanted` datasets."""
+    h5, n = emb.h5, len(emb)
+    itemsize = {
+        kind: h5[dataset(kind, layers[0])].dtype.itemsize for kind, layers in wanted.items()
+    }
+    per_protein = sum(
+        emb.dim * itemsize[kind] * len(layers)
+        for kind, layers in wanted.items()
+        if not KINDS[kind].per_residue
+    )
+    per_residue = sum(
+        emb.dim * itemsize[kind] * len(layers)
+        for kind, layers in wanted.items()
+        if KINDS[kind].per_residue
+    )
+    residue_offsets = h5[PER_TOK_OFFSETS] if per_residue else None
+    contact_offsets = h5[CONTACT_OFFSETS] if with_contacts else None
+    contact_size = h5[CONTACT_VALUES].dtype.itemsize if with_contacts else 0
+    start = 0
+    while start < n:
+        # The cost of the next proteins, from their offsets.
+        stop_at = min(n, start + PROTEINS_PER_BLOCK)
+        cost = np.full(stop_at - start, per_protein + STRING_BYTES, dtype=np.int64)
+        if residue_offsets is not None:
+            cost += np.diff(residue_offsets[start : stop_at + 1]) * per_residue
+        if contact_offsets is not None:
+            cost += np.diff(contact_offsets[start : stop_at + 1]) * contact_size
+        stop = start + max(1, int(np.searchsorted(np.cumsum(cost), BLOCK_BYTES, side="right")))
+        yield _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets)
+        start = stop
+
+
+def _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets) -> Block:
+    h5 = emb.h5
+    values, bounds, contact_bounds = {}, None, None
+    if residue_offsets is not None:
+        bounds = residue_offsets[start : stop + 1]
+    for kind, layers in wanted.items():
+        rows = slice(bounds[0], bounds[-1]) if KINDS[kind].per_residue else slice(start, stop)
+        values[kind] = {layer: h5[dataset(kind, layer)][rows] for layer in layers}
+    if contact_offsets is not None:
+        contact_bounds = contact_offsets[start : stop + 1]
+    return Block(
+        start=start,
+        ids=emb.ids(start, stop),
+        headers=h5["headers"].asstr()[start:stop].tolist(),
+        sha256=[d.decode() for d in h5["sequence_sha256"][start:stop]],
+        lengths=h5["lengths"][start:stop],
+        values=values,
+        residue_offsets=None if bounds is None else bounds - bounds[0],
+        contacts=None
+        if contact_bounds is None
+        else h5[CONTACT_VALUES][contact_bounds[0] : contact_bounds[-1]],
+        contact_offsets=None if contact_bounds is None else contact_bounds - contact_bounds[0],
+    )
+
+
+class ProgressBar:
+    """Proteins written so far, on one line of stderr (a line per 10% when it is no terminal)."""
+
+    def __init__(self, total: int, label: str, stream=sys.stderr):
+        self.total, self.label, self.stream = total, label, stream
+        self.done, self.started, self.shown = 0, time.monotonic(), -1
+        self.terminal = stream.isatty()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        percent = 100 * self.done // max(1, self.total)
+        if self.terminal or percent // 10 > self.shown // 10 or self.done == self.total:
+            end = "\r" if self.terminal and self.done < self.total else "\n"
+            rate = self.done / max(1e-9, time.monotonic() - self.started)
+            self.stream.write(
+                f"{self.label}: {self.done:,}/{self.total:,} proteins ({percent}%), "
+                f"{rate:,.0f}/s{end}"
+            )
+            self.stream.flush()
+            self.shown = percent
+
+
+def biotrainer_hash(sequence: bytes) -> str:
+    """biotrainer's H5 key: SHA-256 of "<sequence>_<length>" (its h5_file_standardization)."""
+    return hashlib.sha256(sequence + b"_%d" % len(sequence)).hexdigest()
+
+
+def sequences_in_order(emb: Embeddings, records_path: str):
+    """The embedded proteins' sequences, in the file's order, read again from the run's input
+    FASTA files (the record table names them) and checked against their sha256."""
+    files = []
+    for batch in iter_batches(records_path, ["file"]):
+        for name in batch.column("file").unique().to_pylist():
+            if name not in files:
+                files.append(name)
+    wanted = (
+        (id_, sha256)
+        for start in range(0, len(emb), PROTEINS_PER_BLOCK)
+        for id_, sha256 in zip(
+            emb.ids(start, start + PROTEINS_PER_BLOCK),
+            emb.h5["sequence_sha256"][start : start + PROTEINS_PER_BLOCK],
+        )
+    )
+    next_row = next(wanted, None)
+    for file in files:
+        if not Path(file).is_file():
+            raise ExportError(
+                f"hash keys need the run's sequences, but its input {file} is not there; run "
+                "the export where the run ran, or key the datasets by ID (--key id)"
+            )
+        for record in read_raw(file):
+            if next_row is None:
+                return
+            id_, sha256 = next_row
+            if record.id != id_:
+                continue
+            if hashlib.sha256(record.sequence).hexdigest().encode() != sha256:
+                raise ExportError(
+                    f"record '{id_}' ({source(file, record.line)}) has another sequence than the "
+                    "one embedded: the input changed since the run. Run the workflow again, or "
+                    "key the datasets by ID (--key id)"
+                )
+            yield record.sequence
+            next_row = next(wanted, None)
+    if next_row is not None:
+        raise ExportError(
+            f"record '{next_row[0]}' of the embeddings is in none of the run's inputs {files}: "
+            "they changed since the run. Run the workflow again, or key by ID (--key id)"
+        )
+
+
+class Options(NamedTuple):
+    kinds: dict[str, list[int]]  # what to write: kind -> layers
+    key: str  # per-protein-h5's dataset names: "hash" or "id"
+    records: str  # the run's record table (which names its input files)
+
+
+def write_per_protein_h5(emb, target, bar, options: Options):
+    ((kind, (layer,)),) = options.kinds.items()
+    key = options.key
+    sequences = sequences_in_order(emb, options.records) if key == "hash" else None
+    # HDF5's newer group format: its original one slows to a crawl past ~800,000 datasets in a
+    # group; any HDF5 1.10 or later (h5py 2.9 or later) reads this one.
+    with h5py.File(target, "w", libver=("v110", "latest")) as out:
+        for block in blocks(emb, options.kinds, False):
+            for i, id_ in enumerate(block.ids):
+                if key == "hash":
+                    name = biotrainer_hash(next(sequences))
+                    if name in out:
+                        continue  # the same sequence: the same values
+                else:
+                    if "/" in id_ or id_ in (".", ".."):
+                        raise ExportError(
+                            f"ID '{id_}' cannot be an HDF5 dataset name ('/' separates groups); "
+                            "key the datasets by sequence hash (--key hash)"
+                        )
+                    name = id_
+                data = block.rows(kind, i)[layer]
+                out.create_dataset(name, data=data, compression="gzip", chunks=True)
+                out[name].attrs["original_id"] = id_
+            bar.update(len(block.ids))
+
+
+def pt_name(id_: str) -> str:
+    """A file name for `id_`, the same for no other ID: characters outside [A-Za-z0-9._-]
+    (and a leading '.') written as %XX of their UTF-8 bytes; over MAX_NAME_BYTES, cut and
+    completed by the SHA-256 of the ID."""
+    encoded = "".join(
+        chr(b) if SAFE.fullmatch(bytes([b])) and not (k == 0 and b == ord(".")) else f"%{b:02X}"
+        for k, b in enumerate(id_.encode())
+    )
+    if len(encoded) > MAX_NAME_BYTES:
+        encoded = encoded[:100] + "~" + hashlib.sha256(id_.encode()).hexdigest()
+    return encoded
+
+
+# fair-esm extract's key for each representation kind.
+PT_KEYS = {
+    "per_tok": "representations",
+    "mean": "mean_representations",
+    "bos": "bos_representations",
+}
+
+
+def write_pt(emb, target, bar, options: Options):
+    import torch
+
+    target.mkdir()
+    with open(target / "index.tsv", "w", encoding="utf-8") as index:
+        index.write("id\tfile\n")
+        for block in blocks(emb, options.kinds, emb.has_contacts):
+            for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
+                result = {"label": header}
+                for kind in block.values:
+                    result[PT_KEYS[kind]] = {
+                        layer: torch.from_numpy(np.array(row, dtype=np.float32))
+                        for layer, row in block.rows(kind, i).items()
+                    }
+                if block.contacts is not None:
+                    a, b = block.contact_offsets[i : i + 2]
+                    matrix = contacts.full_matrix(block.contacts[a:b], int(block.lengths[i]))
+                    result["contacts"] = torch.from_numpy(matrix.astype(np.float32))
+                name = pt_name(id_)
+                try:
+                    fh = open(target / f"{name}.pt", "xb")
+                except FileExistsError:  # a case-insensitive filesystem
+                    name = f"{name}~{hashlib.sha256(id_.encode()).hexdigest()}"
+                    fh = open(target / f"{name}.pt", "xb")
+                with fh:
+                    torch.save(result, fh)
+                index.write(f"{id_}\t{name}.pt\n")
+            bar.update(len(block.ids))
+
+
+class NpyWriter:
+    """A .npy file written front to back, a block at a time: no memory map, whose written pages
+    would count as the process's memory until the kernel writes them out."""
+
+    def __init__(self, path, dtype, shape):
+        from numpy.lib import format as npy
+
+        self.path, self.fh = path, open(path, "wb")
+        self.left = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        header = {"descr": npy.dtype_to_descr(np.dtype(dtype)), "fortran_order": False}
+        npy.write_array_header_1_0(self.fh, {**header, "shape": tuple(shape)})
+
+    def write(self, values: np.ndarray) -> None:
+        data = np.ascontiguousarray(values).tobytes()
+        self.left -= len(data)
+        self.fh.write(data)
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.left:
+            raise ExportError(f"{self.path}: {self.left} bytes short (embeddings.h5 changed?)")
+
+
+def write_npy(emb, target, bar, options: Options):
+    target.mkdir()
+    h5 = emb.h5
+    files = {}  # (kind, layer) or "contacts" -> NpyWriter, filled in the order of the rows
+    for kind, layers in options.kinds.items():
+        for layer in layers:
+            data = h5[dataset(kind, layer)]
+            files[(kind, layer)] = NpyWriter(
+                target / f"{kind}_{layer}.npy", data.dtype, data.shape
+            )
+    if any(KINDS[kind].per_residue for kind in options.kinds):
+        _copy_whole(h5[PER_TOK_OFFSETS], target / "per_tok_offsets.npy")
+    if emb.has_contacts:
+        values = h5[CONTACT_VALUES]
+        files[contacts.NAME] = NpyWriter(target / "contacts.npy", values.dtype, values.shape)
+        _copy_whole(h5[CONTACT_OFFSETS], target / "contacts_offsets.npy")
+    with open(target / "ids.tsv", "w", encoding="utf-8") as ids:
+        ids.write("id\tsequence_sha256\n")
+        for block in blocks(emb, options.kinds, emb.has_contacts):
+            for kind, layers in block.values.items():
+                for layer, values in layers.items():
+                    files[(kind, layer)].write(values)
+            if block.contacts is not None:
+                files[contacts.NAME].write(block.contacts)
+            ids.writelines(f"{i}\t{s}\n" for i, s in zip(block.ids, block.sha256))
+            bar.update(len(block.ids))
+    for file in files.values():
+        file.close()
+
+
+def _copy_whole(data, path) -> None:
+    """A one-dimensional dataset into a .npy file, a block at a time."""
+    out = NpyWriter(path, data.dtype, data.shape)
+    step = BLOCK_BYTES // data.dtype.itemsize
+    for start in range(0, data.shape[0], step):
+        out.write(data[start : start + step])
+    out.close()
+
+
+def write_parquet(emb, target, bar, options: Options):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def vectors(values: np.ndarray):
+        flat = pa.array(values.reshape(-1))
+        return pa.ListArray.from_arrays(
+            pa.array(np.arange(0, len(flat) + 1, values.shape[1], dtype=np.int32)), flat
+        )
+
+    writer = None
+    try:
+        for block in blocks(emb, options.kinds, False):
+            columns = {"id": pa.array(block.ids), "sequence_sha256": pa.array(block.sha256)}
+            for kind, layers in block.values.items():
+                for layer, values in layers.items():
+                    column = vectors(values)
+                    if KINDS[kind].per_residue:
+                        column = pa.ListArray.from_arrays(
+                            pa.array(block.residue_offsets.astype(np.int32)), column
+                        )
+                    columns[f"{kind}_{layer}"] = column
+            table = pa.table(columns)
+            if writer is None:
+                writer = pq.ParquetWriter(target, table.schema)
+            writer.write_table(table)
+            bar.update(len(block.ids))
+        if writer is None:  # no protein: the columns alone
+            pq.write_table(pa.table({"id": pa.array([], pa.string())}), target)
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+class Format(NamedTuple):
+    name: str
+    write: object  # (emb: Embeddings, target: Path, bar: ProgressBar, options: Options) -> None
+    folder: bool  # the output is a folder of files
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        Format("per-protein-h5", write_per_protein_h5, False),
+        Format("pt", write_pt, True),
+        Format("npy", write_npy, True),
+        Format("parquet", write_parquet, False),
+    )
+}
+
+
+def export(
+    outdir, fmt: str, out, *, kind: str | None = None, layer=None, key="hash", stream=sys.stderr
+) -> int:
+    """Write the run in `outdir` as `fmt` to `out` (a new file or folder, which appears whole
+    once written); returns the number of proteins. `kind` and `layer` choose per-protein-h5's
+    one dataset per protein (default: mean, else the first kind held; the highest layer)."""
+    layout = Layout(str(outdir))
+    out = Path(out)
+    if out.exists():
+        raise ExportError(f"{out} exists; remove it or choose another --out")
+    if not Path(layout.embeddings).is_file():
+        raise ExportError(f"{layout.embeddings} does not exist: give the outdir of a finished run")
+    with Embeddings(layout.embeddings) as emb:
+        kinds = emb.layers
+        if fmt == "per-protein-h5":
+            if not emb.layers:
+                raise ExportError(
+                    f"{layout.embeddings} holds contact maps only (include: contacts), and "
+                    "per-protein-h5 holds a representation: export as pt or npy"
+                )
+            chosen = kind or ("mean" if "mean" in emb.layers else next(iter(emb.layers)))
+            kinds = {chosen: [emb.layer(chosen, layer)]}
+        bar = ProgressBar(len(emb), f"export {fmt}", stream)
+        with atomic_path(out) as target:
+            FORMATS[fmt].write(emb, Path(target), bar, Options(kinds, key, layout.records))
+        return len(emb)

@@ -1,0 +1,194 @@
+"""Reading a run's embeddings.h5: by ID, in batches in input order, a layer as one array,
+per-residue rows and contact maps through their offsets, and a torch Dataset (torch is
+imported only for that one).
+
+    emb = esmshard.open_embeddings("results/embeddings.h5")
+    emb["P0A7Z4"].mean[33]            # one protein: every kind and layer the file holds
+    X = emb.array("mean")             # N × D, the highest layer; memory-mapped where possible
+
+A layer is named as stored (0 .. the model's layers) or, as in fair-esm, counted from the end
+with negative numbers (-1 is the model's last layer); None is the highest layer stored.
+"""
+
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import h5py
+import numpy as np
+
+from .. import contacts
+from ..representations import KINDS
+from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
+
+
+class Protein(NamedTuple):
+    """One protein's embeddings: {layer: array} per representation kind the file holds."""
+
+    id: str
+    sequence_sha256: str
+    length: int  # residues embedded (after truncation)
+    mean: dict[int, np.ndarray]
+    bos: dict[int, np.ndarray]
+    per_tok: dict[int, np.ndarray]  # length × D
+    contacts: np.ndarray | None  # length × length
+
+
+class Batch(NamedTuple):
+    """Consecutive proteins `start` .. `start + len(ids)` in input order, one layer of one kind
+    (per-residue kinds: their rows concatenated, split by `offsets`, which start at 0)."""
+
+    start: int
+    ids: list[str]
+    values: np.ndarray
+    offsets: np.ndarray | None
+
+
+class Embeddings:
+    """An open embeddings.h5 (esmshard.steps.merge writes it); use as a context manager or `close()`."""
+
+    def __init__(self, path):
+        path = Path(path)
+        self.path = path / "embeddings.h5" if path.is_dir() else path
+        self.h5 = h5py.File(self.path, "r")
+        self.layers = {
+            kind: sorted(int(layer) for layer in self.h5[kind] if layer.isdigit())
+            for kind in KINDS
+            if kind in self.h5
+        }
+        self.has_contacts = contacts.NAME in self.h5
+        num_layers = self.h5.attrs.get("num_layers")  # for negative layer numbers
+        self.num_layers = int(num_layers) if num_layers is not None and num_layers >= 0 else None
+        self._row_of = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        self.h5.close()
+
+    def __len__(self) -> int:
+        return len(self.h5["ids"])
+
+    @property
+    def dim(self) -> int:
+        kind, layers = next(iter(self.layers.items()))
+        return self.h5[dataset(kind, layers[0])].shape[1]
+
+    def ids(self, start: int = 0, stop: int | None = None) -> list[str]:
+        return self.h5["ids"].asstr()[start:stop].tolist()
+
+    def row(self, id_: str) -> int:
+        """The row of protein `id_` (the first lookup reads every ID, ~100 bytes each)."""
+        if self._row_of is None:
+            self._row_of = {name: row for row, name in enumerate(self.ids())}
+        try:
+            return self._row_of[id_]
+        except KeyError:
+            raise KeyError(
+                f"{id_!r} is not in {self.path} (failed, or not in the input)"
+            ) from None
+
+    def _row(self, protein: int | str) -> int:
+        """A row given as a row, or as an ID."""
+        return protein if isinstance(protein, (int, np.integer)) else self.row(protein)
+
+    def __contains__(self, id_: str) -> bool:
+        try:
+            self.row(id_)
+        except KeyError:
+            return False
+        return True
+
+    def layer(self, kind: str, layer: int | None = None) -> int:
+        """The stored layer number that `layer` names (see the module's docstring)."""
+        if kind not in self.layers:
+            raise KeyError(
+                f"{self.path} holds no {kind!r} representations; it holds {self.layers}"
+            )
+        stored = self.layers[kind]
+        if layer is None:
+            return stored[-1]
+        if layer < 0 and self.num_layers:
+            layer += self.num_layers + 1
+        if layer not in stored:
+            raise KeyError(f"{self.path} holds {kind!r} at layers {stored}, not at {layer}")
+        return layer
+
+    def array(self, kind: str = "mean", layer: int | None = None) -> np.ndarray:
+        """One layer of one kind, every protein (per-residue kinds: every residue, see
+        `offsets`): memory-mapped when the dataset is stored whole and uncompressed, as esmshard
+        writes it unless per_residue_compression is set; read into memory otherwise."""
+        data = self.h5[dataset(kind, self.layer(kind, layer))]
+        offset = data.id.get_offset()
+        if offset is None or data.compression or data.chunks:
+            return data[:]
+        return np.memmap(self.path, data.dtype, "r", offset=offset, shape=data.shape)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self.h5[PER_TOK_OFFSETS][:]
+
+    def per_residue(self, protein: int | str, layer: int | None = None) -> np.ndarray:
+        """One protein's per-residue rows (length × D), by row or ID."""
+        row = self._row(protein)
+        start, stop = self.h5[PER_TOK_OFFSETS][row : row + 2]
+        return self.h5[dataset("per_tok", self.layer("per_tok", layer))][start:stop]
+
+    def values(self, protein: int | str, kind: str, layer: int | None = None) -> np.ndarray:
+        """One protein's values of one kind at one layer: its vector, or its per-residue rows."""
+        if KINDS[kind].per_residue:
+            return self.per_residue(protein, layer)
+        return self.h5[dataset(kind, self.layer(kind, layer))][self._row(protein)]
+
+    def contact_map(self, protein: int | str) -> np.ndarray:
+        """One protein's contact map (length × length), by row or ID."""
+        if not self.has_contacts:
+            raise KeyError(f"{self.path} holds no contact maps (include: contacts)")
+        row = self._row(protein)
+        start, stop = self.h5[CONTACT_OFFSETS][row : row + 2]
+        values = self.h5[CONTACT_VALUES][start:stop]
+        return contacts.full_matrix(values, int(self.h5["lengths"][row]))
+
+    def __getitem__(self, protein: int | str) -> Protein:
+        row = self._row(protein)
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} is not in {self.path} ({len(self)} proteins)")
+        h5 = self.h5
+
+        def rows(kind):
+            return {layer: self.values(row, kind, layer) for layer in self.layers.get(kind, [])}
+
+        return Protein(
+            id=h5["ids"].asstr()[row],
+            sequence_sha256=h5["sequence_sha256"][row].decode(),
+            length=int(h5["lengths"][row]),
+            mean=rows("mean"),
+            bos=rows("bos"),
+            per_tok=rows("per_tok"),
+            contacts=self.contact_map(row) if self.has_contacts else None,
+        )
+
+    def batches(
+        self, kind: str = "mean", layer: int | None = None, size: int = 4096
+    ) -> Iterator[Batch]:
+        """`size` proteins at a time in input order: memory bounded by the batch, not the file."""
+        data = self.h5[dataset(kind, self.layer(kind, layer))]
+        offsets = self.h5[PER_TOK_OFFSETS] if KINDS[kind].per_residue else None
+        for start in range(0, len(self), size):
+            stop = min(start + size, len(self))
+            if offsets is None:
+                yield Batch(start, self.ids(start, stop), data[start:stop], None)
+                continue
+            bounds = offsets[start : stop + 1]
+            yield Batch(
+                start, self.ids(start, stop), data[bounds[0] : bounds[-1]], bounds - bounds[0]
+            )
+
+    def dataset(self, kind: str = "mean", layer: int | None = None):
+        """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.outputs.torchdata)."""
+        from .torchdata import EmbeddingDataset
+
+        return EmbeddingDataset(self.path, kind, self.layer(kind, layer), len(self), Embeddings)

@@ -1,0 +1,281 @@
+"""The embed job: one shard's sequences on a pooled device, written into the store with its metrics.
+
+torch (and the model) are loaded only once the job holds its slot of the GPU pool: a job that
+waits for a GPU holds no torch (~0.5 GB) and no CUDA context meanwhile.
+"""
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import h5py
+
+from .. import models
+from ..compute import pool, telemetry
+from ..compute.batching import make_batches, padded_fraction, token_budget
+from ..compute.precision import resolve as resolve_precision
+from ..contacts import NAME as CONTACTS
+from ..contacts import triangle_size
+from ..files import atomic_path, naming_disk_full, write_json
+from ..input.long_sequences import embedded_residues, skip_reason
+from ..layout import Layout
+from ..representations import KINDS, absolute_layers
+from ..store import write_manifest
+from ..store.runlock import current_run_id
+from ..store.shardfile import Failure, ShardWriter, output_bytes
+from . import provenance
+from .progress import Progress, rate, shards_done
+from .shard import read_shard
+
+log = logging.getLogger(__name__)
+
+
+def split_records(shard_sequences, limit: int, long_sequences: str):
+    """The residues each record is embedded with, and which records go batched, chunked or skipped."""
+    sequences, batched, chunked, skipped = [], [], [], []
+    for k, sequence in enumerate(shard_sequences):
+        length = len(sequence)
+        kept = embedded_residues(length, limit, long_sequences)
+        if kept == 0:
+            skipped.append(Failure(k, skip_reason(length, limit, long_sequences)))
+        elif kept > limit:
+            chunked.append(k)
+        else:
+            batched.append(k)
+        sequences.append(sequence[:kept])
+    return sequences, batched, chunked, skipped
+
+
+def timed(fn, *args) -> float:
+    """Seconds that fn(*args) took."""
+    started = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - started
+
+
+def pick_device(slot: pool.Slot, threads: int):
+    """The torch device of the slot, and its name."""
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", 0)
+        return device, torch.cuda.get_device_name(device)
+    if slot.cuda_visible_devices:
+        log.warning(
+            "slot %s is GPU %s, but this torch cannot use CUDA (a CPU-only build, or no driver): "
+            "computing on the CPU",
+            slot.index,
+            slot.cuda_visible_devices,
+        )
+    log.info("no CUDA device available: computing on the CPU with %d threads", threads)
+    return torch.device("cpu"), "cpu"
+
+
+def run_shard(
+    shard_tsv,
+    out_h5,
+    manifest_json,
+    metrics_json,
+    *,
+    shard,
+    settings: dict,
+    toks_per_batch,
+    gpus,
+    threads,
+    progress_json,
+    telemetry_tsv,
+    outdir,
+):
+    """Embed one shard's sequences on a pooled device and write its outputs atomically.
+
+    `settings` are the run's embedding settings (esmshard.config.embedding_settings); the shard
+    file keeps them for merge to check. `out_h5` is a store part (esmshard.store): it is renamed
+    into place last, after its manifest and this job's other outputs, so that a part that exists
+    is a finished job whatever happens to the run.
+    """
+    model, repr_layers, include = settings["model"], settings["repr_layers"], settings["include"]
+    long_sequences, precision = settings["long_sequences"], settings["precision"]
+    limit = settings["truncation_seq_length"]
+    keys, ids, shard_sequences = read_shard(shard_tsv)
+    sequences, batched, chunked, failed = split_records(shard_sequences, limit, long_sequences)
+    del shard_sequences
+    n_residues = sum(len(sequences[k]) for k in batched + chunked)
+    spec = models.parse_spec(model)
+    for path in (out_h5, metrics_json, telemetry_tsv):  # Progress makes its own folder
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+
+    # The part is renamed into place last, once its manifest and the other outputs are written.
+    with atomic_path(out_h5) as part:
+        with (
+            pool.acquire(pool.pool_devices(gpus), job=shard) as slot,
+            telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
+        ):
+            import torch  # with the slot held (the module's docstring says why)
+
+            from ..compute.embedder import Embedder
+
+            torch.set_num_threads(threads)
+            started = time.time()
+            device, device_name = pick_device(slot, threads)
+            resolved = resolve_precision(precision, device)
+            log.info(
+                "shard %s: %d sequences on %s (%s, slot %s, CUDA_VISIBLE_DEVICES=%r), precision %s",
+                shard,
+                len(ids),
+                device,
+                device_name,
+                slot.index,
+                slot.cuda_visible_devices,
+                resolved.name,
+            )
+            progress = Progress(  # exits with the block below
+                progress_json,
+                shard=shard,
+                gpu_slot=slot.index,
+                device=str(device),
+                device_name=sampler.name or device_name,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                cuda_visible_devices=slot.cuda_visible_devices,
+                gpu_bus_id=sampler.bus_id,
+                started_at=started,
+                n_sequences=len(ids),
+                n_residues=n_residues,
+            )
+            net, alphabet = models.load(spec)
+            layers = absolute_layers(repr_layers, net.num_layers)
+            with_contacts = CONTACTS in include
+            budget = token_budget(toks_per_batch, device, net, resolved, with_contacts)
+            embedder = Embedder(
+                net,
+                alphabet,
+                layers,
+                device,
+                resolved,
+                settings["fast_path"],
+                with_contacts,
+                [kind for kind in include if kind in KINDS],
+            )
+            batch_lengths = [len(sequences[k]) for k in batched]
+            batches = make_batches(batch_lengths, budget)
+            loaded = time.time()
+
+            progress.update(0, sampler)
+            write_seconds = []
+            contact_values = (
+                sum(triangle_size(len(sequences[k])) for k in batched) if with_contacts else 0
+            )
+            size = output_bytes(
+                len(ids), n_residues, len(layers), include, net.embed_dim, contact_values
+            )
+            with progress, naming_disk_full(out_h5, size):
+                with h5py.File(part, "w") as h5, ThreadPoolExecutor(1) as background:
+                    writer = ShardWriter(h5, layers, include, net.embed_dim)
+                    written = []  # one batch's results are written while the next one computes
+
+                    def write(done, reps):
+                        if written:
+                            write_seconds.append(written.pop().result())
+                        done_ids = [ids[k] for k in done]
+                        written.append(
+                            background.submit(
+                                timed, writer.write, [keys[k] for k in done], done_ids, reps
+                            )
+                        )
+
+                    jobs = [[batched[b] for b in batch] for batch in batches]
+                    results = embedder.embed_batches(
+                        ((m, [sequences[k] for k in m]) for m in jobs), failed
+                    )
+                    for members, parts in zip(jobs, results):
+                        for done, reps in parts:
+                            write(done, reps)
+                        progress.update(sum(len(sequences[k]) for k in members), sampler)
+                    for k in chunked:
+                        rep = embedder.embed_chunked(k, sequences[k], limit, failed)
+                        if rep is not None:
+                            write([k], [rep])
+                        progress.update(len(sequences[k]), sampler)
+                    if written:
+                        write_seconds.append(written.pop().result())
+                    writer.write_failed(failed, keys, ids)
+                    h5.attrs.update(
+                        shard=shard,
+                        n_records=len(ids),
+                        model=model,
+                        model_family=spec.family.name,
+                        num_layers=net.num_layers,
+                        weights=spec.weights,
+                        precision=resolved.name,
+                        device=str(device),
+                        device_name=sampler.name or device_name,
+                        **provenance.software(),
+                        truncation_seq_length=limit,
+                        long_sequences=long_sequences,
+                        settings=json.dumps(settings),
+                    )
+            finished = time.time()
+
+        metrics = {
+            "shard": shard,
+            "n_sequences": len(ids),
+            "n_residues": n_residues,
+            "n_failed": len(failed),
+            "n_batches": len(batches),
+            "toks_per_batch": toks_per_batch,
+            "token_budget": budget(batch_lengths[batches[0][0]] + 2)
+            if callable(budget) and batches
+            else budget,
+            "padded_fraction": padded_fraction(batch_lengths, batches),
+            "seconds": finished - started,
+            "load_seconds": loaded - started,
+            "compute_seconds": finished - loaded,
+            # the host's own work on the batches: tokens, read-back and checks, then writing
+            # (in a thread of its own, beside the next batch)
+            "host_seconds": embedder.host_seconds,
+            "write_seconds": sum(write_seconds),
+            "started_at": started,
+            "finished_at": finished,
+            "residues_per_second": n_residues / (finished - loaded) if finished > loaded else None,
+            "device": str(device),
+            "device_name": device_name,
+            "gpu_slot": slot.index,
+            "cuda_visible_devices": slot.cuda_visible_devices,
+            "host": socket.gethostname(),
+            "run_id": current_run_id(Layout(outdir).run_lock),
+            "threads": threads,
+            "model": model,
+            "weights": spec.weights,
+            "precision": resolved.name,
+            "fast_path": settings["fast_path"],
+            "torch_peak_allocated_bytes": torch.cuda.max_memory_allocated(device)
+            if device.type == "cuda"
+            else None,
+            **sampler.summary(),
+        }
+        write_json(metrics_json, metrics)
+        write_manifest(manifest_json, part, len(ids) - len(failed))
+    log.info(
+        "shard %s done: %d residues in %.1f s, %d failed",
+        shard,
+        n_residues,
+        metrics["seconds"],
+        len(failed),
+    )
+    done, total = shards_done(Layout(outdir))
+    console(
+        f"shard {done}/{total} done on {device}: {shard}, {rate(metrics['residues_per_second'])} residues/s"
+        + (f", {len(failed)} failed" if failed else "")
+    )
+    return metrics
+
+
+def console(message: str) -> None:
+    """A line for the run's own output (Snakemake shows a local job's stderr), not just the job log."""
+    log.info("%s", message)
+    print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,85 @@
+"""How each workflow step runs: its log file, and how it ends (esmshard.steps.job.run_step)."""
+
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+
+from ..compute.telemetry import peak_memory_mb
+
+
+def run_step(log_path, step, **kwargs):
+    """Run one workflow step with its log file, which records how the step ended, whatever it was.
+
+    Known problems (bad input, a model that cannot be had, a full disk) end the step with their
+    message alone; anything else with its traceback; a signal with its name.
+    """
+    from ..files import DiskFullError
+    from ..input.fasta import FastaError
+    from ..models import ModelError
+    from .merge import MergeError
+
+    # The job log gets everything; the run's output (the job's stderr) only problems.
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        # Appended: a retried or concurrent attempt adds to the log instead of erasing it.
+        handlers=[logging.FileHandler(log_path, mode="a"), console],
+    )
+    logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
+    log = logging.getLogger("esmshard")
+    log.info("%s: started on %s, process %d", step.__name__, socket.gethostname(), os.getpid())
+    started = time.monotonic()
+
+    # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
+    # removed and the GPU slot's lock is released on the way out.
+    def stop(signum, frame):
+        log.error(
+            "%s: stopped by %s (a time limit, scancel or kill); its incomplete outputs are removed",
+            step.__name__,
+            signal.Signals(signum).name,
+        )
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+    # After a failed write (a full disk) h5py reports each object it cannot free, dozens of
+    # tracebacks (through both hooks); they go to the job log only, so that the run's output
+    # shows the error itself. The step's own errors are handled below.
+    def log_ignored(*args):
+        error = args[1] if len(args) == 3 else args[0].exc_value
+        log.info("while cleaning up: %r", error)
+
+    sys.excepthook = sys.unraisablehook = log_ignored
+    try:
+        result = step(**kwargs)
+    except (FastaError, ModelError, MergeError, DiskFullError, ValueError) as err:
+        log.error("%s", err)
+        _exit(1)
+    except KeyboardInterrupt:
+        log.error(
+            "%s: stopped by SIGINT (Ctrl-C); its incomplete outputs are removed", step.__name__
+        )
+        _exit(128 + signal.SIGINT)
+    except Exception:
+        log.exception("%s: unexpected error (please report it with this log)", step.__name__)
+        _exit(1)
+    log.info(
+        "%s: done in %.1f s, peak memory %.0f MB",
+        step.__name__,
+        time.monotonic() - started,
+        peak_memory_mb(),
+    )
+    return result
+
+
+def _exit(status: int):
+    # Straight out once the log is written: after a failed write (a full disk) HDF5's own
+    # clean-up at interpreter exit can crash the process and hide the status.
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(status)

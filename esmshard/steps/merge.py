@@ -1,0 +1,479 @@
+"""Merging the parts that hold a run's sequences into one HDF5 file in input order, with the
+list of failed records.
+
+The parts are shard files (esmshard.store.shardfile) of this run and of the store; each record's
+part is in the record table, and its row there is found by its sequence's key. Streaming, with
+memory bounded apart from ~40 bytes per record: each part's rows are read in blocks and placed
+by their rows in the output; the output is built a window of rows at a time (WINDOW_BYTES),
+through spill files when it has more than one window, and each window is written at once into
+chunked datasets.
+"""
+
+import json
+import logging
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+import h5py
+import numpy as np
+
+from .. import contacts
+from ..compute.telemetry import peak_memory_mb
+from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
+from ..input.records import iter_batches, read_columns, shard_codes, source
+from ..representations import KINDS
+from ..store import (
+    KEY_DTYPE,
+    Store,
+    check_part,
+    keys_of,
+    part_problem,
+    rows_of,
+    set_aside,
+    settings_key,
+)
+from ..store.shardfile import (
+    CONTACT_OFFSETS,
+    CONTACT_VALUES,
+    PER_TOK_OFFSETS,
+    SHA256_DTYPE,
+    STR_DTYPE,
+    dataset,
+    read_index,
+)
+from ..version import __version__
+from . import provenance
+
+log = logging.getLogger(__name__)
+
+FAILED_COLUMNS = ["id", "source", "reason"]
+# The representations' type in embeddings.h5: float16 halves the file; its values are read
+# back within a relative 2**-11 (half a unit in the last place), and larger than 65504 refused.
+OUTPUT_DTYPES = {"float32": np.float32, "float16": np.float16}
+# Lossless compression of the per-residue datasets (HDF5 filters any HDF5 reader has).
+COMPRESSIONS = {"none": None, "gzip": "gzip", "lzf": "lzf"}
+WINDOW_BYTES = 256 << 20
+BLOCK_BYTES = 64 << 20
+CHUNK_BYTES = 1 << 20
+STRINGS_AT_ONCE = 1 << 18
+
+
+class MergeError(RuntimeError):
+    """A shard file that does not match its shard, or records unaccounted for."""
+
+
+class Placement(NamedTuple):
+    """Where each input record's rows go in one dataset of embeddings.h5."""
+
+    row_of: np.ndarray  # output row of each embedded record (per-protein datasets)
+    offsets: np.ndarray | None  # datasets of rows per residue (or contact value): record row
+    # r's rows are offsets[r:r+2]
+
+
+def merge(
+    records,
+    plan_json,
+    store_root,
+    out_h5,
+    failed_tsv,
+    run_json,
+    settings: dict,
+    checksum_cache,
+    output_dtype: str = "float32",
+    per_residue_compression: str = "none",
+    contacts_dtype: str = "float16",
+    metrics_files=(),
+    run_id: str | None = None,
+) -> dict:
+    """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
+    (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
+
+    The parts are this run's shards and the store's (`store_root`, esmshard.store), as
+    `plan_json` and the record table say. Each must be the part it is named as, computed with
+    `settings` (the run's embedding settings), and hold its records' sequences: anything else
+    is set aside and refused by name rather than merged into a wrong answer. `run_json` gets the
+    run's counts: `computed` by the plan, and `computed_by_this_command`, the sequences of the
+    shards whose metrics (`metrics_files`) carry `run_id`, the id of the command now running
+    (esmshard.store.runlock).
+    """
+    dtype = OUTPUT_DTYPES[output_dtype]
+    plan = json.loads(Path(plan_json).read_text())
+    store, key = Store(str(store_root)), plan["key"]
+    if settings_key(settings) != key:
+        raise MergeError(
+            f"{plan_json} was planned with other embedding settings than this run's; delete "
+            f"{Path(plan_json).parent} and run the same command again"
+        )
+    codes, names = shard_codes(read_columns(records, ["shard"]))
+    n = codes.size
+    keys = np.empty(n, dtype=KEY_DTYPE)  # each part's rows are found by these
+    start = 0
+    for batch in iter_batches(records, ["sequence_sha256"]):
+        keys[start : start + batch.num_rows] = keys_of(
+            batch.column("sequence_sha256").to_numpy(zero_copy_only=False)
+        )
+        start += batch.num_rows
+    by_part = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[by_part], np.arange(len(names) + 1))
+    del codes
+
+    # First pass over the parts' small datasets: which records succeeded, their rows, lengths.
+    status = np.zeros(n, dtype=np.int8)  # 0 missing, 1 embedded, 2 failed
+    lengths = np.zeros(n, dtype=np.int32)
+    part_row = np.zeros(n, dtype=np.int64)
+    failures, precisions, attrs, layers = {}, set(), None, {}
+    computed_with = Counter()
+    paths = [store.part(key, name) for name in names]
+    used = []
+    for code, (name, path) in enumerate(zip(names, paths)):
+        members = by_part[bounds[code] : bounds[code + 1]]
+        if not members.size:
+            continue  # a store part that the shard step found and did not use
+        used.append(path)
+        from_store = not name.startswith(plan["plan"])
+        # A store part may have changed since the shard step checked it; this run's own are new.
+        reason = (
+            check_part(store, key, name, checksum_cache)
+            if from_store
+            else part_problem(store, key, name)
+        )
+        if reason:
+            _set_aside_and_stop(store, key, name, reason, from_store, records)
+        try:
+            with h5py.File(path, "r") as h5:
+                part = read_index(h5)
+        except (OSError, KeyError) as err:
+            _set_aside_and_stop(
+                store, key, name, f"unreadable or incomplete ({err})", from_store, records
+            )
+        attrs, layers = part.attrs, part.layers
+        rows = rows_of(part.keys, keys[members])
+        failed_at = rows_of(part.failed_keys, keys[members])
+        lost = np.flatnonzero((rows < 0) & (failed_at < 0))
+        if lost.size:
+            index = int(members[lost[0]])
+            id_, file, line = _rows(records, ["id", "file", "line"], [index])[0]
+            reason = (
+                f"it holds no result for record '{id_}' ({source(file, line)}) nor for "
+                f"{lost.size - 1} more of the records it should"
+            )
+            _set_aside_and_stop(store, key, name, reason, from_store, records)
+        done = rows >= 0
+        status[members[done]] = 1
+        part_row[members[done]] = rows[done]
+        lengths[members[done]] = part.lengths[rows[done]]
+        for k in np.flatnonzero(~done):
+            status[members[k]] = 2
+            failures[int(members[k])] = part.failed_reasons[failed_at[k]]
+        precisions.add(str(attrs["precision"]))
+        computed_with[provenance.computed_with(attrs)] += 1
+    computed_rows = provenance.summary(computed_with)
+    del keys
+    log.info(
+        "%d parts checked (%d records); peak memory so far %.0f MB",
+        len(names),
+        n,
+        peak_memory_mb(),
+    )
+    missing = np.flatnonzero(status == 0)
+    if missing.size:
+        first = _rows(records, ["id", "file", "line"], missing[:1])[0]
+        raise MergeError(
+            f"{missing.size} input records are in no shard file, e.g. '{first[0]}' "
+            f"({source(first[1], first[2])})"
+        )
+
+    embedded = status == 1
+    n_embedded = int(embedded.sum())
+    row_of = np.cumsum(embedded, dtype=np.int32 if n < 2**31 else np.int64)
+    row_of -= 1  # in place: no second array per record
+    per_residue = any(KINDS[kind].per_residue for kind in layers)
+    offsets = None
+    if per_residue:
+        offsets = np.zeros(n_embedded + 1, dtype=np.int64)
+        np.cumsum(lengths[embedded], out=offsets[1:])
+    with_contacts = contacts.NAME in settings["include"]
+    contact_offsets = contacts.offsets(lengths[embedded]) if with_contacts else None
+    parts = []  # each part's embedded records, by their row in it
+    for code, path in enumerate(paths):
+        members = by_part[bounds[code] : bounds[code + 1]]
+        members = members[status[members] == 1]
+        order = np.argsort(part_row[members], kind="stable")
+        parts.append(PartRows(path, part_row[members][order], members[order]))
+    del by_part, part_row
+
+    dim = _dim(used[0], layers) if layers else 0
+    itemsize = np.dtype(dtype).itemsize
+    total_rows = sum(
+        (offsets[-1] if KINDS[kind].per_residue else n_embedded) * len(kind_layers)
+        for kind, kind_layers in layers.items()
+    )
+    size = int(total_rows * dim * itemsize) + (1 << 20)
+    if with_contacts:
+        size += int(contact_offsets[-1]) * np.dtype(contacts.DTYPES[contacts_dtype]).itemsize
+    out_dir = Path(out_h5).parent
+    with (
+        atomic_path(out_h5, needed_bytes=2 * size) as tmp,  # the file and its spill files
+        h5py.File(tmp, "w") as out,
+        temporary_folder(out_dir, "merge-spill") as spill_dir,
+    ):
+        _write_text_columns(out, records, embedded, n_embedded)
+        log.info("ids and headers written; peak memory so far %.0f MB", peak_memory_mb())
+        out.create_dataset("lengths", data=lengths[embedded])
+        del lengths
+        if per_residue:
+            out.create_dataset(PER_TOK_OFFSETS, data=offsets)
+        for kind, kind_layers in layers.items():
+            total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
+            compression = (
+                COMPRESSIONS[per_residue_compression] if KINDS[kind].per_residue else None
+            )
+            for layer in kind_layers:
+                name = dataset(kind, layer)
+                target = out.create_dataset(
+                    name,
+                    (total, dim),
+                    dtype=dtype,
+                    # Stored whole unless compressed, so that readers can memory-map it.
+                    chunks=(max(1, min(total, CHUNK_BYTES // (dim * itemsize))), dim)
+                    if total and compression
+                    else None,
+                    compression=compression,
+                )
+                placement = Placement(row_of, offsets if KINDS[kind].per_residue else None)
+                _copy_in_input_order(parts, name, target, placement, spill_dir)
+                log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
+        if with_contacts:
+            out.create_dataset(CONTACT_OFFSETS, data=contact_offsets)
+            target = out.create_dataset(
+                CONTACT_VALUES, (int(contact_offsets[-1]),), contacts.DTYPES[contacts_dtype]
+            )
+            placement = Placement(row_of, contact_offsets)
+            _copy_in_input_order(parts, CONTACT_VALUES, target, placement, spill_dir)
+            log.info("contact maps written; peak memory so far %.0f MB", peak_memory_mb())
+        out.attrs.update(
+            model=attrs["model"],
+            model_family=settings["family"],
+            weights=attrs["weights"],
+            num_layers=attrs.get("num_layers", -1),
+            precision=",".join(sorted(precisions)),
+            truncation_seq_length=attrs["truncation_seq_length"],
+            n_embedded=n_embedded,
+            n_failed=len(failures),
+            settings=json.dumps(settings),
+            output_dtype=output_dtype,
+            per_residue_compression=per_residue_compression,
+            contacts_dtype=contacts_dtype if with_contacts else "",
+            **provenance.attributes(computed_rows),
+        )
+
+    failed = sorted(failures)
+    write_tsv(
+        failed_tsv,
+        FAILED_COLUMNS,
+        [
+            [id_, source(file, line), failures[i]]
+            for i, (id_, file, line) in zip(failed, _rows(records, ["id", "file", "line"], failed))
+        ],
+    )
+    counts = {
+        "records": n,
+        "unique_sequences": plan["unique_sequences"],
+        "computed": plan["computed"],
+        "computed_by_this_command": _computed_by(metrics_files, run_id),
+        "run_id": run_id,
+        "from_store": plan["from_store"],
+        "embedded": n_embedded,
+        "failed": len(failures),
+        "store": str(Path(store_root).resolve()),
+        "esmshard_version": __version__,
+        "precisions": sorted(precisions),
+        "devices": sorted({row["device_name"] for row in computed_rows}),
+        "computed_with": computed_rows,
+    }
+    write_json(run_json, counts)
+    log.info(
+        "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
+        "%d records failed",
+        n,
+        counts["unique_sequences"],
+        counts["computed"],
+        counts["computed_by_this_command"],
+        counts["from_store"],
+        len(failures),
+    )
+    return counts
+
+
+def _computed_by(metrics_files, run_id) -> int:
+    """The sequences of the shards that the command `run_id` computed."""
+    metrics = (json.loads(Path(path).read_text()) for path in metrics_files)
+    return sum(m["n_sequences"] for m in metrics if run_id and m.get("run_id") == run_id)
+
+
+def _set_aside_and_stop(store, key, name, reason, from_store, records) -> None:
+    """A part that cannot be merged is set aside, and the run stops so that the same command
+    recomputes its sequences: a part of this run's plan is an embed job's output, which Snakemake
+    runs again once it is missing; for a store part, the plan is removed, so that the shard step
+    plans its sequences anew."""
+    moved = set_aside(store, key, name, reason)
+    if from_store:
+        shutil.rmtree(Path(records).parent, ignore_errors=True)
+    raise MergeError(
+        f"store part {store.part(key, name)} cannot be merged: {reason}. It is set aside "
+        f"({' and '.join(moved) or 'already gone'}) and nothing was merged; run the same "
+        "command again: it recomputes that part's sequences (no other step is needed)"
+    )
+
+
+def _rows(records, columns, indices) -> list[tuple]:
+    """The record table's `columns` at the (sorted) input `indices`, streaming."""
+    indices = np.asarray(indices, dtype=np.int64)
+    found, start = [], 0
+    for batch in iter_batches(records, columns):
+        stop = start + batch.num_rows
+        inside = indices[(indices >= start) & (indices < stop)] - start
+        if inside.size:
+            taken = batch.take(inside)
+            found.extend(zip(*(taken.column(c).to_pylist() for c in columns)))
+        start = stop
+    return found
+
+
+def _write_text_columns(out, records, embedded, n_embedded) -> None:
+    """`ids`, `headers`, `truncated` and `sequence_sha256` of the embedded records, streamed from
+    the record table."""
+    ids = out.create_dataset("ids", (n_embedded,), dtype=STR_DTYPE)
+    headers = out.create_dataset("headers", (n_embedded,), dtype=STR_DTYPE)
+    truncated = out.create_dataset("truncated", (n_embedded,), dtype=bool)
+    sha256 = out.create_dataset("sequence_sha256", (n_embedded,), dtype=SHA256_DTYPE)
+    row = start = 0
+    columns = ["id", "description", "truncated", "sequence_sha256"]
+    for batch in iter_batches(records, columns, STRINGS_AT_ONCE):
+        keep = np.flatnonzero(embedded[start : start + batch.num_rows])
+        start += batch.num_rows
+        if not keep.size:
+            continue
+        taken = batch.take(keep)
+        batch_ids = taken.column("id").to_pylist()
+        described = taken.column("description").to_pylist()
+        rows = slice(row, row + keep.size)
+        ids[rows] = np.array(batch_ids, dtype=object)
+        headers[rows] = np.array(
+            [f"{i} {d}" if d else i for i, d in zip(batch_ids, described)], dtype=object
+        )
+        truncated[rows] = taken.column("truncated").to_numpy(zero_copy_only=False)
+        sha256[rows] = np.asarray(
+            taken.column("sequence_sha256").to_numpy(zero_copy_only=False), dtype=SHA256_DTYPE
+        )
+        row = rows.stop
+
+
+def _dim(path, layers) -> int:
+    kind, kind_layers = next(iter(layers.items()))
+    with h5py.File(path, "r") as h5:
+        return h5[dataset(kind, kind_layers[0])].shape[1]
+
+
+class PartRows(NamedTuple):
+    """The embedded records that one part holds, by their row in it (a row repeats where
+    several records have its sequence)."""
+
+    path: str
+    rows: np.ndarray  # ascending
+    records: np.ndarray  # the input index of each
+
+
+def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -> None:
+    """Copy dataset `name` of every part into `target`, rows in input order.
+
+    One window of output rows when it fits WINDOW_BYTES; else each block read goes to the spill
+    files of the windows its rows fall in, and each window is then assembled and written.
+    """
+    total, row_shape = target.shape[0], target.shape[1:]  # row_shape: (D,), or () for contacts
+    if not total:
+        return
+    row_items = int(np.prod(row_shape))
+    rows_per_window = max(1, WINDOW_BYTES // (row_items * target.dtype.itemsize))
+    windows = -(-total // rows_per_window)
+    spill = Path(spill_dir)
+    spills = Buckets([spill / f"{w}.{part}" for w in range(windows) for part in ("rows", "data")])
+    whole = np.empty(target.shape, target.dtype) if windows == 1 else None
+    for part in parts:
+        for rows, block in _blocks_with_rows(part, name, placement, target.dtype):
+            if whole is not None:
+                whole[rows] = block
+                continue
+            window = rows // rows_per_window
+            order = np.argsort(window, kind="stable")
+            bounds = np.searchsorted(window[order], np.arange(windows + 1))
+            for w in np.flatnonzero(np.diff(bounds)):
+                chosen = order[bounds[w] : bounds[w + 1]]
+                spills.add(2 * w, (rows[chosen] - w * rows_per_window).astype(np.uint32).tobytes())
+                spills.add(2 * w + 1, block[chosen].tobytes())
+    if whole is not None:
+        target[:] = whole
+        return
+    spills.flush()
+    for w in range(windows):
+        first = w * rows_per_window
+        buffer = np.empty((min(rows_per_window, total - first), *row_shape), target.dtype)
+        rows_file, data_file = spills.paths[2 * w], spills.paths[2 * w + 1]
+        if os.path.exists(rows_file):
+            rows = np.fromfile(rows_file, np.uint32)
+            buffer[rows] = np.fromfile(data_file, target.dtype).reshape(-1, *row_shape)
+            os.unlink(rows_file)
+            os.unlink(data_file)
+        target[first : first + buffer.shape[0]] = buffer
+
+
+def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
+    """Blocks of the rows of a part's dataset that the run uses, each with their output rows.
+
+    A block spans at most BLOCK_BYTES of the part and is read at once; rows it holds for no
+    record are read with it and dropped, rows that several records share are repeated.
+    """
+    if not part.rows.size:
+        return
+    with h5py.File(part.path, "r") as h5:
+        data = h5[name]
+        if name == CONTACT_VALUES:
+            counts = contacts.triangle_size(h5["length"][:])
+        elif KINDS[name.split("/")[0]].per_residue:
+            counts = h5["length"][:]
+        else:
+            counts = np.ones(data.shape[0], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        rows_per_record = max(1, int(starts[-1] // max(1, counts.size)))
+        row_items = int(np.prod(data.shape[1:]))
+        records_per_block = max(1, BLOCK_BYTES // (row_items * 4 * rows_per_record))
+        block_of = part.rows // records_per_block
+        edges = np.flatnonzero(np.diff(block_of)) + 1
+        for chosen in np.split(np.arange(part.rows.size), edges):
+            rows, records = part.rows[chosen], part.records[chosen]
+            first, last = int(starts[rows[0]]), int(starts[rows[-1] + 1])
+            block = data[first:last]
+            n = counts[rows]
+            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+            source = np.repeat(starts[rows] - first, n) + within
+            output_row = placement.row_of[records].astype(np.int64)
+            if placement.offsets is not None:
+                output_row = placement.offsets[output_row]
+            taken = block[source]
+            if dtype != np.float32:
+                taken = _narrowed(taken, dtype, part.path, name)
+            yield np.repeat(output_row, n) + within, taken
+
+
+def _narrowed(block: np.ndarray, dtype, path, name) -> np.ndarray:
+    """`block` as `dtype`, refusing values that it cannot hold rather than writing infinities."""
+    largest = float(np.abs(block).max()) if block.size else 0.0
+    if largest > float(np.finfo(dtype).max):
+        raise MergeError(
+            f"{name} in shard file {path} holds values up to {largest:g}, more than "
+            f"{np.dtype(dtype).name} holds ({np.finfo(dtype).max:g}); set output_dtype: float32"
+        )
+    return block.astype(dtype)

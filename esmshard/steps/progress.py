@@ -1,0 +1,121 @@
+"""A run's progress as its files show it: each embed job's progress file, and the metrics of its
+finished shards (read by `esmshard status` and the scaling report).
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+from ..files import read_tsv, write_json
+from ..layout import Layout
+from ..store import Store
+
+
+def rate(per_second) -> str:
+    """41200.3 -> '41.2k'."""
+    if per_second is None:
+        return "?"
+    return f"{per_second / 1000:.1f}k" if per_second >= 1000 else f"{per_second:.0f}"
+
+
+def read_json_files(paths) -> list[dict]:
+    out = []
+    for path in sorted(paths):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):  # replaced or removed while we read: skip it this time
+            continue
+    return out
+
+
+def slot_key(m: dict) -> str:
+    """host:device, the device named by its PCI bus ID where NVML knew it.
+
+    Cluster jobs on one node may all see their own GPU as device 0; the bus ID tells them apart.
+    """
+    device = m.get("gpu_bus_id") or m.get("cuda_visible_devices") or f"cpu{m['gpu_slot']}"
+    return f"{m['host']}:{device}"
+
+
+def per_slot(metrics: list[dict]) -> dict[str, dict]:
+    """Finished shards grouped by device slot: what each device did, and how fast."""
+    slots = {}
+    for m in sorted(metrics, key=lambda m: m["started_at"]):
+        s = slots.setdefault(
+            slot_key(m),
+            {
+                "host": m["host"],
+                "gpu_slot": m["gpu_slot"],
+                "device": m["device"],
+                "device_name": m.get("gpu_name") or m["device_name"],
+                "shards": 0,
+                "residues": 0,
+                "compute_seconds": 0.0,
+                "memory_total_bytes": None,
+                "peak_memory_used_bytes": None,
+            },
+        )
+        s["shards"] += 1
+        s["residues"] += m["n_residues"]
+        s["compute_seconds"] += m["compute_seconds"]
+        s["memory_total_bytes"] = m.get("memory_total_bytes") or s["memory_total_bytes"]
+        peaks = [
+            p
+            for p in (s["peak_memory_used_bytes"], m.get("peak_memory_used_bytes"))
+            if p is not None
+        ]
+        s["peak_memory_used_bytes"] = max(peaks) if peaks else None
+    for s in slots.values():
+        s["residues_per_second"] = (
+            s["residues"] / s["compute_seconds"] if s["compute_seconds"] > 0 else None
+        )
+    return slots
+
+
+class Progress:
+    """The embed job's `progress/<shard>.json`, rewritten after each batch for `esmshard status`."""
+
+    def __init__(self, path, **fields):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fields = {**fields, "residues_done": 0}
+
+    def update(self, residues: int, sampler=None):
+        self.fields["residues_done"] += residues
+        self.fields["updated_at"] = time.time()
+        if sampler is not None and sampler.samples:
+            self.fields["memory_used_bytes"] = sampler.samples[-1]["memory_used_bytes"]
+            self.fields["memory_total_bytes"] = sampler.samples[-1]["memory_total_bytes"]
+        write_json(self.path, self.fields)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None:  # the job failed: its progress is no output of it
+            self.path.unlink(missing_ok=True)
+
+
+def current_files(layout: Layout, path_of, plan: list[dict]) -> list[dict]:
+    """The plan's shards' files of one kind written since the plan; older ones are from an earlier
+    sharding of this outdir (e.g. with another `shards`) and count for nothing."""
+    plan_mtime = Path(layout.plan).stat().st_mtime
+    paths = (Path(path_of(row["shard"])) for row in plan)
+    return read_json_files(p for p in paths if p.is_file() and p.stat().st_mtime >= plan_mtime)
+
+
+def finished_metrics(layout: Layout, plan: list[dict]) -> list[dict]:
+    """The metrics of the plan's finished shards. A shard is finished once its part is in the
+    store: the embed job renames the part into place after its metrics, so a job killed between
+    the two has metrics, yet its shard is computed again."""
+    where = json.loads(Path(layout.plan_json).read_text())
+    store = Store(where["store"])
+    done = current_files(layout, layout.metrics, plan)
+    return [m for m in done if os.path.exists(store.part(where["key"], m["shard"]))]
+
+
+def shards_done(layout: Layout) -> tuple[int, int]:
+    """(finished shards, shards) of the current plan."""
+    plan = read_tsv(layout.plan)
+    return len(finished_metrics(layout, plan)), len(plan)

@@ -1,0 +1,420 @@
+"""The shard step: read every input once, check it, find what the store already holds, and
+split the rest into size-balanced shards.
+
+Streaming: the first pass keeps 12 bytes per record in memory (the length and a 64-bit hash of
+the ID), spools the sequences and the record table's rows to unnamed temporary files, and
+spreads each record's sequence key (esmshard.store) over bucket files; the buckets are then
+matched one at a time against each other and against the store's keys. The second pass deals
+the first record of each sequence that the store lacks out to the shard files. A shard file is
+TSV, a header line `sequence_sha256  id  sequence`, then one sequence per line in input order.
+"""
+
+import hashlib
+import logging
+import os
+import secrets
+import tempfile
+from array import array
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from ..compute.telemetry import peak_memory_mb
+from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
+from ..input.balance import assign, embedded_residue_counts, record_costs
+from ..input.fasta import FastaError, looks_nucleotide, read_raw
+from ..input.input_problems import InputProblems
+from ..input.records import ScanWriter, source, write_table
+from ..input.sizing import auto_shard_count, estimated_text_bytes
+from ..store import (
+    KEY_BYTES,
+    KEY_DTYPE,
+    Store,
+    add_settings,
+    check_part,
+    part_keys,
+    rows_of,
+    set_aside,
+    settings_key,
+)
+
+log = logging.getLogger(__name__)
+
+SHARD_COLUMNS = ["sequence_sha256", "id", "sequence"]
+PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
+PLAN_ID_BYTES = 6
+N_BUCKETS = 256
+KEYS_AT_ONCE = 1 << 20
+RECORDS_AT_ONCE = 1 << 22
+RUN_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int64)])  # value: the record's index
+STORED_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int32)])  # value: the part's number
+
+
+def id_hash(id_: str) -> int:
+    """64 bits of an ID; Python's own string hash, so equal only within one process."""
+    return hash(id_)
+
+
+class Shard(NamedTuple):
+    """One shard file's sequences: each with its key and the first record's ID."""
+
+    keys: list[str]  # sequence_sha256, hex
+    ids: list[str]
+    sequences: list[str]
+
+
+def read_shard(path) -> Shard:
+    keys, ids, sequences = [], [], []
+    with open(path) as fh:
+        next(fh)  # the header line
+        for line in fh:
+            key, id_, sequence = line.rstrip("\n").split("\t")
+            keys.append(key)
+            ids.append(id_)
+            sequences.append(sequence)
+    return Shard(keys, ids, sequences)
+
+
+@dataclass
+class Scan:
+    """What the first pass keeps of every record, and what it found wrong."""
+
+    lengths: array = field(default_factory=lambda: array("i"))
+    id_hashes: array = field(default_factory=lambda: array("q"))
+    nucleotide: dict = field(default_factory=dict)  # path -> [count, first ID, its source]
+    problems: InputProblems = field(default_factory=InputProblems)
+
+
+def write_shards(
+    inputs,
+    shard_dir,
+    shards,
+    truncation_seq_length: int,
+    arch: tuple[int, int],
+    store_root,
+    settings: dict,
+    checksum_cache,
+    long_sequences: str = "truncate",
+    nucleotide_check: bool = True,
+) -> dict:
+    """Read every input once, check it, and write the shard files of the work the store lacks,
+    the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
+
+    `shards` is a number or "auto" (esmshard.input.sizing, from the new work alone); `arch` is the
+    model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
+    the first record of each sequence that the store (`store_root`, embeddings made with
+    `settings`) lacks. Nothing is written under a final name until every check has passed; the
+    shard files, the record table and the plan appear together, as `shard_dir`, or none: a
+    folder that exists is a finished step (Snakemake's own record of the job may be missing).
+    """
+    shard_dir = Path(shard_dir)
+    shard_dir.parent.mkdir(parents=True, exist_ok=True)
+    store, key = Store(str(store_root)), settings_key(settings)
+    # The spooled sequences, then the shard files.
+    needed = 2 * estimated_text_bytes(inputs)
+    with (
+        atomic_path(shard_dir, needed) as building,
+        tempfile.TemporaryFile(dir=shard_dir.parent) as sequences,
+        tempfile.TemporaryFile(dir=shard_dir.parent) as scanned,
+        temporary_folder(shard_dir.parent, "keys") as work,
+    ):
+        building.mkdir()
+        run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)
+        scan = _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences)
+        log.info(
+            "%d records read; peak memory so far %.0f MB", len(scan.lengths), peak_memory_mb()
+        )
+        _find_duplicates(scan.id_hashes, scanned, scan.problems)
+        del scan.id_hashes[:]
+        if nucleotide_check:
+            for path, (count, first_id, where) in scan.nucleotide.items():
+                scan.problems.add(
+                    "nucleotide", f"{path}: {count} records, e.g. '{first_id}' ({where})", count
+                )
+        scan.problems.raise_if_any()
+
+        lengths = np.frombuffer(scan.lengths, dtype=np.int32)
+
+        def embedded(records) -> tuple[np.ndarray, np.ndarray]:
+            """The residues embedded of `records` (a slice or indices), and which are truncated:
+            computed where needed, not kept for every record."""
+            read = lengths[records]
+            kept = embedded_residue_counts(read, truncation_seq_length, long_sequences)
+            return kept, (kept < read) if long_sequences == "truncate" else np.zeros(
+                read.size, bool
+            )
+
+        parts = store.parts(key)
+        stored = _index_store(store, key, parts, Path(work) / "store")
+        match = _match(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
+        new = match.new_records
+        log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
+        costs = record_costs(lengths[new], truncation_seq_length, long_sequences, arch[1])
+        new_residues = embedded(new)[0]
+        n_shards = min(
+            new.size,
+            auto_shard_count(int(new_residues.sum()), *arch) if shards == "auto" else shards,
+        )
+        plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
+        names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
+        shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
+        plan = _plan(names, shard_of, new_residues, costs)
+        del costs, new_residues
+        part_of = _part_of(match, shard_of, len(parts))
+        _deal_out(sequences, new, shard_of, [building / f"{name}.tsv" for name in names])
+        scanned.seek(0)
+        write_table(scanned, building / "records.parquet", parts + names, part_of, embedded)
+        rows = [[p[c] for c in PLAN_COLUMNS] for p in plan]
+        write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
+        summary = {
+            "plan": plan_id,
+            "store": str(Path(store.root).resolve()),
+            "key": key,
+            "records": int(lengths.size),
+            "unique_sequences": match.n_unique,
+            "from_store": match.n_unique - int(new.size),
+            "computed": int(new.size),
+        }
+        write_json(building / "plan.json", summary)
+        add_settings(store, key, settings)
+    log.info(
+        "%d records, %d unique sequences: %d found in the store (%s), %d to compute in %d shards",
+        summary["records"],
+        summary["unique_sequences"],
+        summary["from_store"],
+        store.folder(key),
+        summary["computed"],
+        n_shards,
+    )
+    return {**summary, "shards": plan}
+
+
+def _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences) -> Scan:
+    """The first pass: every record read, checked and spooled; its length, ID hash and key kept.
+    A problem is noted in `Scan.problems` and the pass goes on (a file that cannot be read on,
+    with the next file)."""
+    scan = Scan()
+    problems = scan.problems
+    table = ScanWriter(scanned, [str(path) for path in inputs])
+    spool = sequences.write
+    keys = bytearray()
+    index = 0
+    for number, path in enumerate(inputs):
+        path = str(path)
+        try:
+            for record in read_raw(path, lambda err: problems.add("bad_record", str(err))):
+                length = len(record.sequence)
+                scan.lengths.append(length)
+                scan.id_hashes.append(id_hash(record.id))
+                if length > truncation_seq_length and long_sequences == "fail":
+                    where = source(path, record.line)
+                    problems.add(
+                        "too_long",
+                        f"{record.id} ({length} residues > {truncation_seq_length}, {where})",
+                    )
+                if looks_nucleotide(record.sequence):
+                    found = scan.nucleotide.setdefault(
+                        path, [0, record.id, source(path, record.line)]
+                    )
+                    found[0] += 1
+                digest = hashlib.sha256(record.sequence)
+                keys += digest.digest()[:KEY_BYTES]
+                sha256 = digest.hexdigest()
+                spool(b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence))
+                description = record.header[len(record.id) :].lstrip()
+                table.add(
+                    record.id, sha256, length, record.n_replaced, number, record.line, description
+                )
+                index += 1
+                if len(keys) >= KEYS_AT_ONCE * KEY_BYTES:
+                    _add_run_keys(run_keys, keys, index)
+        except FastaError as err:
+            problems.add("unreadable", str(err))
+    _add_run_keys(run_keys, keys, index)
+    run_keys.flush()
+    table.close()
+    return scan
+
+
+def _add_run_keys(run_keys, keys: bytearray, end: int) -> None:
+    """The keys of the records before `end` not yet added, each with its record's index."""
+    found = np.frombuffer(bytes(keys), dtype=KEY_DTYPE)
+    run_keys.add(found, np.arange(end - found.size, end, dtype=np.int64))
+    del keys[:]
+
+
+class KeyBuckets:
+    """(key, value) entries spread over files by the key's first byte, so that each bucket
+    can be matched in memory on its own (an external hash partition)."""
+
+    def __init__(self, stem: Path, entry: np.dtype):
+        self.entry = entry
+        self.buckets = Buckets([f"{stem}.{b}" for b in range(N_BUCKETS)])
+
+    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
+        entries = np.empty(keys.size, self.entry)
+        entries["key"], entries["value"] = keys, values
+        first = keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0]
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(N_BUCKETS + 1))
+        for b in np.flatnonzero(np.diff(bounds)):
+            self.buckets.add(int(b), entries[order[bounds[b] : bounds[b + 1]]].tobytes())
+
+    def flush(self) -> None:
+        self.buckets.flush()
+
+    def read(self, bucket: int) -> np.ndarray:
+        path = self.buckets.paths[bucket]
+        if not os.path.exists(path):
+            return np.zeros(0, self.entry)
+        return np.fromfile(path, self.entry)
+
+
+def _index_store(store: Store, key: str, parts: list[str], stem: Path) -> KeyBuckets:
+    """The keys every part of the store holds, each with its part's number in `parts`."""
+    stored = KeyBuckets(stem, STORED_ENTRY)
+    for code, name in enumerate(parts):
+        try:
+            keys = part_keys(store.part(key, name))
+        except (OSError, KeyError, ValueError) as err:
+            set_aside(store, key, name, f"unreadable: {err}")
+            continue
+        stored.add(keys, np.full(keys.size, code, dtype=np.int32))
+    stored.flush()
+    return stored
+
+
+class Match(NamedTuple):
+    """Each record's sequence against the others' and the store's."""
+
+    first_of: np.ndarray  # the first record with the same sequence (itself if none before)
+    stored_in: np.ndarray  # the store part that holds the sequence, or -1
+    new_records: np.ndarray  # the first record of each sequence that the store lacks
+    n_unique: int
+
+
+def _match(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
+    """Find every record's first equal, and the store parts holding the sequences, bucket by
+    bucket; a part to be used must pass its check first (else it is set aside and the lookup
+    done again without it)."""
+    first_of = np.empty(n, dtype=np.int64 if n >= 2**31 else np.int32)
+    stored_in = np.full(n, -1, dtype=np.int32)
+    checked, failed = set(), set()
+    while True:
+        used, n_unique = set(), 0
+        for bucket in range(N_BUCKETS):
+            entries = run_keys.read(bucket)
+            if not entries.size:
+                continue
+            order = np.argsort(entries["key"], kind="stable")  # ties stay in input order
+            keys, index = entries["key"][order], entries["value"][order]
+            first = np.ones(keys.size, dtype=bool)
+            np.not_equal(keys[1:], keys[:-1], out=first[1:])
+            group = np.cumsum(first) - 1
+            first_of[index] = index[first][group]
+            held = _lookup(stored.read(bucket), keys[first], failed)
+            stored_in[index] = held[group]
+            used.update(np.unique(held[held >= 0]).tolist())
+            n_unique += int(first.sum())
+        if used <= checked:
+            break
+        for code in sorted(used - checked):
+            reason = check_part(store, key, parts[code], checksum_cache)
+            if reason:
+                set_aside(store, key, parts[code], reason)
+                failed.add(code)
+            checked.add(code)
+    new_records = np.concatenate(
+        [
+            start
+            + np.flatnonzero(
+                (
+                    first_of[start : start + RECORDS_AT_ONCE]
+                    == np.arange(start, min(n, start + RECORDS_AT_ONCE))
+                )
+                & (stored_in[start : start + RECORDS_AT_ONCE] < 0)
+            )
+            for start in range(0, n, RECORDS_AT_ONCE)
+        ]
+        or [np.zeros(0, dtype=np.int64)]
+    ).astype(first_of.dtype)
+    return Match(first_of, stored_in, new_records, n_unique)
+
+
+def _lookup(stored: np.ndarray, keys: np.ndarray, failed: set) -> np.ndarray:
+    """The part holding each of `keys`, or -1."""
+    if failed:
+        stored = stored[~np.isin(stored["value"], sorted(failed))]
+    if not stored.size:
+        return np.full(keys.size, -1, dtype=np.int32)
+    at = rows_of(stored["key"], keys)
+    return np.where(at >= 0, stored["value"][at], -1).astype(np.int32)
+
+
+def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:
+    """Each record's part, numbered as the store's `n_parts` parts and then the new shards."""
+    part_of = match.stored_in  # reused in place: no second array per record
+    for start in range(0, part_of.size, RECORDS_AT_ONCE):
+        block = part_of[start : start + RECORDS_AT_ONCE]
+        missing = np.flatnonzero(block < 0)
+        first = match.first_of[start : start + RECORDS_AT_ONCE][missing]
+        block[missing] = n_parts + shard_of[np.searchsorted(match.new_records, first)]
+    return part_of
+
+
+def _find_duplicates(id_hashes: array, scanned, problems: InputProblems) -> None:
+    """IDs must be unique: equal hashes are looked up in the spooled table, by name."""
+    hashes = np.frombuffer(id_hashes, dtype=np.int64)
+    hashes.sort()  # in place: the hashes are not needed in input order again
+    suspects = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
+    del hashes
+    if not suspects:
+        return
+    scanned.seek(0)
+    first_seen = {}
+    for batch in pq.ParquetFile(scanned).iter_batches(columns=["id", "file", "line"]):
+        for id_, file, line in zip(*(batch.column(c).to_pylist() for c in ("id", "file", "line"))):
+            if id_hash(id_) not in suspects:
+                continue
+            if id_ in first_seen:
+                problems.add(
+                    "duplicate_id", f"'{id_}' at {first_seen[id_]} and at {source(file, line)}"
+                )
+            else:
+                first_seen[id_] = source(file, line)
+
+
+def _plan(names, shard_of, n_residues, costs) -> list[dict]:
+    count = np.bincount(shard_of, minlength=len(names))
+    residues = np.bincount(shard_of, weights=n_residues, minlength=len(names))
+    cost = np.bincount(shard_of, weights=costs, minlength=len(names))
+    return [
+        {
+            "shard": name,
+            "n_sequences": int(count[k]),
+            "n_residues": int(residues[k]),
+            "estimated_cost": float(cost[k]),
+        }
+        for k, name in enumerate(names)
+    ]
+
+
+def _deal_out(sequences, new_records, shard_of, paths, records_at_once: int = 1 << 20) -> None:
+    """The second pass: each planned record's spooled line to its shard's file, in input order."""
+    for path in paths:
+        Path(path).write_bytes(("\t".join(SHARD_COLUMNS) + "\n").encode())
+    buckets = Buckets(paths)
+    add = buckets.add
+    sequences.seek(0)
+    lines = iter(sequences)
+    position = 0  # the spooled line `lines` is at
+    for start in range(0, new_records.size, records_at_once):
+        chosen = new_records[start : start + records_at_once].tolist()
+        for index, shard in zip(chosen, shard_of[start : start + records_at_once].tolist()):
+            add(shard, next(islice(lines, index - position, None)))
+            position = index + 1
+    buckets.flush()

@@ -1,0 +1,294 @@
+"""The store: embeddings already computed, kept by sequence content and by the settings that made them.
+
+Layout of a store directory (config `store`, by default `outdir/store`; several outdirs and
+runs may share one):
+
+    <store>/<key>/settings.json    the embedding settings (esmshard.config.embedding_settings)
+    <store>/<key>/<part>.h5        one embed job's results (esmshard.store.shardfile), never rewritten
+    <store>/<key>/<part>.json      its manifest: the file's sha256 and size, and its sequences
+
+`key` is a hash of the settings, so that sequences computed with other settings are never
+found. A part counts once its `.h5` exists: the manifest is written before the `.h5` is renamed
+into place, and both are written atomically, so two runs adding parts at once never see each
+other's half-written files. A part whose file fails its manifest's sha256 or size, or that is
+not what its name says (another shard's, or computed with other settings), is set aside with its
+manifest (both renamed `.corrupt`) and its sequences are computed again.
+
+Sequences are matched on the first 128 bits of their SHA-256: a chance of a false match of
+about n²/2¹²⁹, 10⁻¹⁵ for a trillion sequences.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import h5py
+import numpy as np
+
+from ..files import write_json
+from ..input.records import read_columns, shard_codes
+from ..layout import Layout
+from . import storelock
+from .checksums import file_checksums, sha256
+
+log = logging.getLogger(__name__)
+
+KEY_BYTES = 16
+KEY_DTYPE = np.dtype(f"S{KEY_BYTES}")
+_HEX_VALUES = np.full(256, 255, dtype=np.uint8)
+for _digit, _value in zip(b"0123456789abcdef", range(16)):
+    _HEX_VALUES[_digit] = _value
+
+
+def sequence_sha256(sequence: bytes) -> str:
+    """The key of a sequence (its residues after the input rules), as lowercase hex."""
+    return hashlib.sha256(sequence).hexdigest()
+
+
+def keys_of(hex_digests) -> np.ndarray:
+    """The 128-bit keys (KEY_DTYPE) of hex SHA-256 digests (str, bytes or an array of them)."""
+    text = np.asarray(hex_digests, dtype="S64")
+    nibbles = _HEX_VALUES[text.view(np.uint8).reshape(-1, 64)[:, : 2 * KEY_BYTES]]
+    if np.any(nibbles == 255):
+        raise ValueError("not a lowercase hex SHA-256 digest")
+    return (nibbles[:, 0::2] << 4 | nibbles[:, 1::2]).copy().view(KEY_DTYPE).ravel()
+
+
+def rows_of(held: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The row of each of `keys` among the keys `held` (in any order), or -1 where absent."""
+    if not held.size:
+        return np.full(keys.size, -1, dtype=np.int64)
+    order = np.argsort(held, kind="stable")
+    ordered = held[order]
+    at = np.minimum(np.searchsorted(ordered, keys), held.size - 1)
+    return np.where(ordered[at] == keys, order[at], -1)
+
+
+def settings_key(settings: dict) -> str:
+    """The name of the store folder for embeddings computed with `settings`."""
+    text = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Store:
+    root: str
+
+    def folder(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def part(self, key: str, name: str) -> str:
+        return os.path.join(self.root, key, f"{name}.h5")
+
+    def manifest(self, key: str, name: str) -> str:
+        return os.path.join(self.root, key, f"{name}.json")
+
+    def settings(self, key: str) -> str:
+        return os.path.join(self.root, key, "settings.json")
+
+    def settings_keys(self) -> list[str]:
+        """The settings held, by key."""
+        if not os.path.isdir(self.root):
+            return []
+        return sorted(k for k in os.listdir(self.root) if os.path.isfile(self.settings(k)))
+
+    def parts(self, key: str) -> list[str]:
+        """The parts present under `key` (a part is present once its .h5 is in place)."""
+        folder = Path(self.folder(key))
+        if not folder.is_dir():
+            return []
+        return sorted(p.stem for p in folder.glob("*.h5") if not p.name.startswith("."))
+
+
+def add_settings(store: Store, key: str, settings: dict) -> None:
+    """Record what `key` stands for, once (atomic: concurrent runs write the same file)."""
+    path = Path(store.settings(key))
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, settings)
+
+
+def write_manifest(path, part_file, n_sequences: int) -> None:
+    """The manifest of a part about to be renamed into place from `part_file`."""
+    write_json(
+        path,
+        {
+            "sha256": sha256(part_file),
+            "bytes": os.path.getsize(part_file),
+            "n_sequences": n_sequences,
+        },
+    )
+
+
+def part_keys(path) -> np.ndarray:
+    """The keys of the sequences that a part holds embeddings of (its failures excluded)."""
+    with h5py.File(path, "r") as h5:
+        return keys_of(h5["sequence_sha256"][:])
+
+
+def part_problem(store: Store, key: str, name: str) -> str | None:
+    """None if the part is the one its name says: shard `name`, computed with the settings `key`
+    stands for (a part copied in from another shard, model or store is not); else what it is."""
+    try:
+        with h5py.File(store.part(key, name), "r") as h5:
+            shard, found = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
+    except (OSError, KeyError, ValueError) as err:
+        return f"unreadable ({err})"
+    if settings_key(found) != key:
+        try:
+            wanted = json.loads(Path(store.settings(key)).read_text())
+        except (OSError, ValueError):
+            wanted = {}
+        differ = [k for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
+        named = ", ".join(
+            f"{k} = {json.dumps(found.get(k))} where the store has {json.dumps(wanted.get(k))}"
+            for k in differ[:3]
+        )
+        return f"it was computed with other settings ({named or 'not those of ' + key})"
+    if shard != name:
+        return f"it holds shard {shard}, not {name} (copied from another shard?)"
+    return None
+
+
+def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
+    """None if the part is whole (its manifest's size and sha256) and is what its name says
+    (`part_problem`); else what is wrong with it."""
+    part, manifest = store.part(key, name), store.manifest(key, name)
+    if not os.path.exists(part):
+        return "its file is gone"
+    try:
+        expected = json.loads(Path(manifest).read_text())
+    except (OSError, ValueError) as err:
+        return f"no readable manifest ({err})"
+    size = os.path.getsize(part)
+    if size != expected.get("bytes"):
+        return f"{size} bytes where its manifest says {expected.get('bytes')}"
+    (found,) = file_checksums([part], checksum_cache)
+    if found != expected.get("sha256"):
+        return f"sha256 {found} where its manifest says {expected.get('sha256')}"
+    return part_problem(store, key, name)
+
+
+SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed its check
+
+
+def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
+    """Move a part that failed its check, and its manifest, out of the way, so that no run uses
+    them again (`esmshard store --prune` removes them); returns where they went."""
+    moved = []
+    for path in (store.part(key, name), store.manifest(key, name)):
+        try:
+            os.replace(path, path + SET_ASIDE)
+            moved.append(path + SET_ASIDE)
+        except FileNotFoundError:
+            pass  # another run set it aside first, or the part never had one
+    log.warning(
+        "store part %s fails its check (%s): set aside as %s, its sequences are recomputed",
+        store.part(key, name),
+        reason,
+        " and ".join(moved) or "(already gone)",
+    )
+    return moved
+
+
+def summary(store: Store) -> list[dict]:
+    """Per settings key: the settings, the parts, the sequences and the bytes held."""
+    rows = []
+    for key in store.settings_keys():
+        settings = json.loads(Path(store.settings(key)).read_text())
+        n_sequences = n_bytes = 0
+        parts = store.parts(key)
+        for name in parts:
+            try:
+                manifest = json.loads(Path(store.manifest(key, name)).read_text())
+            except (OSError, ValueError):
+                continue
+            n_sequences += manifest["n_sequences"]
+            n_bytes += manifest["bytes"]
+        rows.append(
+            {
+                "key": key,
+                "settings": settings,
+                "parts": len(parts),
+                "sequences": n_sequences,
+                "bytes": n_bytes,
+            }
+        )
+    return rows
+
+
+def remove(store: Store, key: str) -> None:
+    """Remove every entry computed with the settings `key`, unless a run uses them
+    (esmshard.store.storelock.StoreBusyError)."""
+    if key not in store.settings_keys():
+        raise KeyError(
+            f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them"
+        )
+    with storelock.exclusive(store.root, key, "remove"):
+        shutil.rmtree(store.folder(key))
+
+
+class Verified(NamedTuple):
+    n_parts: int
+    damaged: list[tuple[str, str]]  # (part, what is wrong with it), each now set aside
+
+
+def verify(store: Store) -> Verified:
+    """Check every part against its manifest (its bytes hashed now, no cache) and against what
+    its name says; set the damaged ones aside, as a run would."""
+    n_parts, damaged = 0, []
+    with tempfile.TemporaryDirectory() as scratch:
+        no_cache = Path(scratch) / "checksums.json"
+        for key in store.settings_keys():
+            for name in store.parts(key):
+                n_parts += 1
+                reason = check_part(store, key, name, no_cache)
+                if reason:
+                    set_aside(store, key, name, reason)
+                    damaged.append((store.part(key, name), reason))
+    return Verified(n_parts, damaged)
+
+
+class Unused(NamedTuple):
+    path: str
+    bytes: int
+
+
+def unused(store: Store, keep_outdirs) -> list[Unused]:
+    """The files that no outdir of `keep_outdirs` uses: parts (and their manifests) that none of
+    their current record tables names, and parts set aside."""
+    used = set()  # (key, part)
+    for outdir in keep_outdirs:
+        layout = Layout(str(outdir))
+        try:
+            key = json.loads(Path(layout.plan_json).read_text())["key"]
+            codes, names = shard_codes(read_columns(layout.records, ["shard"]))
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(
+                f"{outdir} is not the outdir of a planned run ({err}); name outdirs whose "
+                "shard step has run"
+            ) from err
+        used.update((key, names[code]) for code in np.unique(codes))
+    found = []
+    for key in store.settings_keys():
+        folder = Path(store.folder(key))
+        for name in store.parts(key):
+            if (key, name) not in used:
+                found += [store.part(key, name), store.manifest(key, name)]
+        found += [str(p) for p in folder.glob(f"*{SET_ASIDE}")]
+    return [Unused(p, os.path.getsize(p)) for p in found if os.path.exists(p)]
+
+
+def prune(store: Store, files: list[Unused]) -> None:
+    """Remove `files` (from `unused`), each key's under its exclusive lock."""
+    for key in sorted({Path(f.path).parent.name for f in files}):
+        with storelock.exclusive(store.root, key, "prune"):
+            for f in files:
+                if Path(f.path).parent.name == key:
+                    Path(f.path).unlink(missing_ok=True)

@@ -1,0 +1,119 @@
+"""One run at a time in an outdir: a lock held by the Snakemake process for the whole run.
+
+A second run in the same outdir would start the same jobs, and Snakemake would delete outputs
+that the first run is writing or has finished. The lock is an `flock` on `.esmshard/run.lock`,
+which dies with its process: a run killed with -9 (or whose node was lost, once the filesystem's
+lock lease expires) never blocks the next one, so resuming stays the same command, no flag. The
+file holds who took the lock, which the refusal names.
+"""
+
+import datetime
+import fcntl
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# A job on another host whose progress file has not changed for this long is taken for dead
+# (on its own host, a job is dead when its process is gone).
+STALE_AFTER_SECONDS = 30 * 60
+
+_held = []  # the open lock file of this process's run: the lock lasts as long as it is open
+
+
+class RunActiveError(RuntimeError):
+    """Another run holds the outdir."""
+
+
+def _holder(fh) -> dict:
+    for _ in range(20):  # the holder may be writing its record this moment
+        fh.seek(0)
+        try:
+            return json.loads(fh.read())
+        except ValueError:
+            time.sleep(0.05)
+    return {}
+
+
+def describe(holder: dict) -> str:
+    if not holder:
+        return "another run (it has not said which yet)"
+    started = datetime.datetime.fromtimestamp(holder["started_at"]).isoformat(
+        sep=" ", timespec="seconds"
+    )
+    return (
+        f"the run of process {holder['pid']} on host {holder['host']}, started {started} "
+        f"in {holder['workdir']}: {holder['command']}"
+    )
+
+
+def hold(lock_path, outdir) -> None:
+    """Take the outdir's run lock for the life of this process, or raise RunActiveError."""
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fh = open(lock_path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _holder(fh)
+        fh.close()
+        raise RunActiveError(
+            f"another esmshard run is active in {outdir}: {describe(holder)}. Two runs in one "
+            "outdir would redo and delete each other's work: wait for that run to finish (or stop "
+            f"it), or give this one another outdir. ({lock_path} holds the lock; a run that died "
+            "releases it by itself.)"
+        ) from None
+    except OSError as err:  # a filesystem without file locks (e.g. Lustre mounted without flock)
+        log.warning(
+            "cannot lock %s (%s): this filesystem has no file locks, so a second run started in "
+            "%s would not be stopped",
+            lock_path,
+            err,
+            outdir,
+        )
+    fh.seek(0)
+    fh.truncate()
+    fh.write(json.dumps({"run_id": secrets.token_hex(8), **this_process()}))
+    fh.flush()
+    _held.append(fh)
+
+
+def this_process() -> dict:
+    """Who holds a lock, as `describe` names it."""
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": time.time(),
+        "workdir": os.getcwd(),
+        "command": " ".join(sys.argv),
+    }
+
+
+def current_run_id(lock_path) -> str | None:
+    """The id of the run that holds (or last held) the outdir's lock: embed jobs record it, so
+    that merge can tell what this command computed from what an earlier one did."""
+    try:
+        return json.loads(Path(lock_path).read_text()).get("run_id")
+    except (OSError, ValueError):
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (macOS): os.kill's answer stands
+    return stat[stat.rindex(")") + 2] not in "ZX"

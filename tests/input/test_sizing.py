@@ -1,0 +1,50 @@
+import bz2
+import gzip
+
+from conftest import PROTEINS
+
+from esmshard.input.sizing import (
+    JOB_OVERHEAD_SECONDS,
+    MAX_SHARDS,
+    auto_shard_count,
+    embed_mem_mb,
+    embed_runtime_minutes,
+    estimated_text_bytes,
+    fast_gpu_seconds,
+)
+
+
+def test_auto_shards_keep_job_overhead_under_3_percent_for_the_650m_model():
+    layers, dim = 33, 1280
+    # 100 million proteins of ~350 residues, and 650 million: every shard's GPU time on a fast
+    # GPU is at least JOB_OVERHEAD_SECONDS / 3%.
+    for residues in (1_400_000, 350e6, 35e9, 227e9):
+        n = auto_shard_count(residues, layers, dim)
+        seconds = fast_gpu_seconds(residues, layers, dim) / n
+        assert n == 1 or JOB_OVERHEAD_SECONDS / seconds < 0.03
+    assert auto_shard_count(35e9, layers, dim) == 172  # UniRef50-sized: shards of ~13 minutes
+    assert auto_shard_count(227e9, layers, dim) == 1115
+    assert auto_shard_count(1_400_000, layers, dim) == 1  # a proteome: seconds of GPU work
+    assert auto_shard_count(1e14, layers, dim) == MAX_SHARDS
+    assert auto_shard_count(35e9, 6, 320) < auto_shard_count(35e9, 33, 1280)  # faster models
+    counts = [auto_shard_count(n, layers, dim) for n in range(0, 10**11, 10**9)]
+    assert counts == sorted(counts)
+
+
+def test_compressed_inputs_count_twice_their_size(tmp_path):
+
+    for suffix, opener in ((".gz", gzip.open), (".bz2", bz2.open)):
+        path = tmp_path / f"p.fasta{suffix}"
+        with opener(path, "wb") as fh:
+            fh.write(PROTEINS.read_bytes())
+        assert estimated_text_bytes([path]) == int(path.stat().st_size * 2.0)
+
+
+def test_cluster_requests_grow_with_the_work_and_double_per_retry():
+    first, retry = (
+        embed_runtime_minutes(1e6, 33, 1280),
+        embed_runtime_minutes(1e6, 33, 1280, attempt=2),
+    )
+    assert 2 * first - 1 <= retry <= 2 * first  # both rounded up
+    assert embed_runtime_minutes(1e8, 33, 1280) > embed_runtime_minutes(1e6, 33, 1280) >= 10
+    assert embed_mem_mb(33, 1280) > embed_mem_mb(6, 320) > 4096

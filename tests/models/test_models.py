@@ -1,0 +1,100 @@
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import TINY_MODEL
+
+from esmshard import models
+from esmshard.models import esm2, esm2_files, weights
+
+
+def test_local_checkpoint_in_fair_esm_format_loads_safely(checkpoint):
+    assert checkpoint.name == f"{TINY_MODEL}.pt"
+    assert (checkpoint.parent / f"{TINY_MODEL}-contact-regression.pt").is_file()
+    raw = weights.safe_load(checkpoint)
+    assert type(raw["cfg"]["model"]).__name__ == "Namespace"
+    loaded, _ = models.load(models.parse_spec(str(checkpoint)))
+    reference = esm2.random_model(TINY_MODEL)
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("echo unpickled",))
+
+
+def test_checkpoint_with_arbitrary_object_is_refused(tmp_path, checkpoint):
+    data = torch.load(checkpoint, weights_only=False)
+    data["extra"] = Payload()
+    bad = tmp_path / "esm2_t6_8M_UR50D.pt"
+    torch.save(data, bad)
+    (tmp_path / "esm2_t6_8M_UR50D-contact-regression.pt").write_bytes(
+        (checkpoint.parent / "esm2_t6_8M_UR50D-contact-regression.pt").read_bytes()
+    )
+    with pytest.raises(models.ModelError, match="refusing to load .*posix.system"):
+        models.load(models.parse_spec(str(bad)))
+
+
+def test_hub_name_without_network_says_where_to_put_weights(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")  # nothing listens: no network
+    with pytest.raises(models.ModelError) as err:
+        models.ensure_available(models.parse_spec("esm2_t33_650M_UR50D"))
+    message = str(err.value)
+    assert "esm2_t33_650M_UR50D.pt" in message and str(tmp_path / "torch") in message
+    assert "local .pt checkpoint" in message
+
+
+def test_hub_model_found_in_cache_is_loaded_without_network(tmp_path, monkeypatch, checkpoint):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("https_proxy", "http://127.0.0.1:9")
+    cached, regression = esm2_files.hub_paths(TINY_MODEL)
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(checkpoint.read_bytes())
+    regression.write_bytes(esm2_files.regression_path(checkpoint).read_bytes())
+    loaded, _ = models.load(models.parse_spec(TINY_MODEL))
+    assert loaded.num_layers == 6 and loaded.embed_dim == 320
+
+
+@pytest.mark.parametrize(
+    "name", ["esm1b_t33_650M_UR50S", "random:esm2_t99", "weights/my_model.pt"]
+)
+def test_non_esm2_models_are_rejected(name):
+    with pytest.raises(models.ModelError):
+        models.parse_spec(name)
+
+
+def test_jobs_that_run_no_model_do_not_import_torch(tmp_path, checkpoint):
+    # The Snakefile and the shard, merge and report steps would each spend about a second on it;
+    # the family and shape of a model's files are read without it.
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "esmc"
+    config = transformers.EsmcConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+    )
+    transformers.EsmcModel(config).save_pretrained(folder)
+    code = (
+        "import sys, esmshard, esmshard.models, esmshard.steps.shard, esmshard.steps.merge, esmshard.steps.report; "
+        f"a = esmshard.models.parse_spec({str(checkpoint)!r}); "
+        f"b = esmshard.models.parse_spec({str(folder)!r}); "
+        "assert (a.family.name, b.family.name) == ('esm2', 'esmc'), (a, b); "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_local_weights_are_named_by_content_so_a_copy_is_the_same_weights(tmp_path, checkpoint):
+    cache = tmp_path / "checksums.json"
+    here = models.parse_spec(str(checkpoint)).identity(cache)
+    copy = tmp_path / "elsewhere" / checkpoint.name
+    copy.parent.mkdir()
+    shutil.copy(checkpoint, copy)
+    assert models.parse_spec(str(copy)).identity(cache) == here
+    with open(copy, "ab") as fh:
+        fh.write(b"\0")  # other content under the same name
+    assert models.parse_spec(str(copy)).identity(cache) != here
+    assert models.parse_spec(f"random:{TINY_MODEL}").identity(cache) == "random weights, seed 0"

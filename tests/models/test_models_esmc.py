@@ -1,0 +1,263 @@
+"""ESM C in esmshard's own module: transformers' EsmcModel numbers from both weight layouts users
+hold, through the `snakemake` command line as users type it; its limit, its store key, its
+refusals."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_MODEL, jobs_run, read_records, snakemake, write_subset
+
+import esmshard
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
+from esmshard.models import ESMC, ModelError, parse_spec
+from esmshard.models.esmc import ESMC as ESMCModule
+from esmshard.models.esmc import ffn_size
+
+transformers = pytest.importorskip("transformers")  # a test extra: `pip install -e .[test]`
+if not hasattr(transformers, "EsmcModel"):
+    pytest.skip("transformers has EsmcModel from 5.17", allow_module_level=True)
+
+# Real proteins, short ones: every 60th record of the proteome of at most 150 residues (15).
+SHORT = write_subset("ecoli_esmc.fasta", lambda i, h, s: i % 60 == 0 and len(s) <= 150)
+# Records longer than ESM-2's limit and one longer than ESM C's (2,358 residues), and short ones.
+LONG = write_subset(
+    "ecoli_beyond_1022.fasta", lambda i, h, s: i % 400 == 0 and len(s) <= 300 or len(s) > 1400
+)
+
+
+def esmc_config(arch, ffn, **changes):
+    layers, dim, heads = arch
+    return transformers.EsmcConfig(
+        hidden_size=dim,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=ffn,
+        **changes,
+    )
+
+
+def random_transformers_model(arch, ffn, spread=0.0):
+    """transformers' EsmcModel with its own random initialisation; `spread` also moves the
+    LayerNorms away from 1 and 0, so that a norm left out or misplaced shows."""
+    torch.manual_seed(0)
+    model = transformers.EsmcModel(esmc_config(arch, ffn, attn_implementation="sdpa")).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "norm" in name and spread:
+                tensor.add_(torch.randn_like(tensor) * spread)
+    return model
+
+
+def evolutionaryscale_state(hf_state: dict) -> dict:
+    """transformers' ESM C weights in the layout of EvolutionaryScale's `esm` package (their
+    .pth files): `transformer.blocks.N.attn.layernorm_qkv` is Sequential(LayerNorm, Linear(D, 3D))
+    whose output is chunked into q, k, v; `ffn` is Sequential(LayerNorm, Linear(D, 2F), SwiGLU,
+    Linear(F, D)), SwiGLU being silu(first half) × second half; `transformer.norm`, `embed`, and a
+    `sequence_head` that esmshard leaves out."""
+    state = {
+        "embed.weight": hf_state["embed_tokens.weight"],
+        "transformer.norm.weight": hf_state["norm.weight"],
+        "sequence_head.0.weight": torch.zeros(4, 4),
+    }
+    layers = {int(name.split(".")[1]) for name in hf_state if name.startswith("layers.")}
+    for n in layers:
+        ours, theirs = f"layers.{n}.", f"transformer.blocks.{n}."
+        attn, ffn = f"{theirs}attn.", f"{theirs}ffn."
+        state[f"{attn}layernorm_qkv.0.weight"] = hf_state[f"{ours}input_layernorm.weight"]
+        state[f"{attn}layernorm_qkv.0.bias"] = hf_state[f"{ours}input_layernorm.bias"]
+        state[f"{attn}layernorm_qkv.1.weight"] = torch.cat(
+            [hf_state[f"{ours}self_attn.{x}_proj.weight"] for x in "qkv"]
+        )
+        state[f"{attn}q_ln.weight"] = hf_state[f"{ours}self_attn.q_norm.weight"]
+        state[f"{attn}k_ln.weight"] = hf_state[f"{ours}self_attn.k_norm.weight"]
+        state[f"{attn}out_proj.weight"] = hf_state[f"{ours}self_attn.o_proj.weight"]
+        state[f"{ffn}0.weight"] = hf_state[f"{ours}post_attention_layernorm.weight"]
+        state[f"{ffn}0.bias"] = hf_state[f"{ours}post_attention_layernorm.bias"]
+        state[f"{ffn}1.weight"] = torch.cat(
+            [hf_state[f"{ours}mlp.gate_proj.weight"], hf_state[f"{ours}mlp.up_proj.weight"]]
+        )
+        state[f"{ffn}3.weight"] = hf_state[f"{ours}mlp.down_proj.weight"]
+    return state
+
+
+def sequences_of(path):
+    return [(header[1:].split()[0], sequence) for header, sequence in read_records(path)]
+
+
+@pytest.fixture(scope="module")
+def small_folder(tmp_path_factory):
+    """A small ESM C (3 layers, D = 64) saved by transformers, its norms perturbed."""
+    folder = tmp_path_factory.mktemp("esmc_small")
+    random_transformers_model((3, 64, 4), 128, spread=0.3).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("dense", ["onednn", "torch"])
+def test_every_layer_equals_transformers_with_padding(small_folder, dense, monkeypatch):
+    from esmshard.models import layers
+
+    if dense == "torch":  # the path GPUs, autocast and torch builds without oneDNN take
+        monkeypatch.setattr(layers, "onednn_available", lambda: False)
+    hf = transformers.EsmcModel.from_pretrained(small_folder).eval()
+    spec = parse_spec(str(small_folder))
+    assert (spec.family, spec.arch) == (ESMC, (3, 64, 4))
+    net, alphabet = esmshard.models.load(spec)
+    assert isinstance(net, ESMCModule)
+    sequences = [s for _, s in sequences_of(SHORT)[:6]]
+    embedder = Embedder(net, alphabet, [0, 1, 3], torch.device("cpu"), PRECISIONS["fp32"],
+                        kinds=("mean", "per_tok", "bos"))  # fmt: skip
+    tokens = embedder.tokens(sequences)
+    theirs = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
+    assert torch.equal(tokens, theirs["input_ids"])
+    with torch.inference_mode():
+        want = hf(input_ids=tokens, attention_mask=tokens.ne(1), output_hidden_states=True)
+    reps = embedder.forward(sequences)
+    assert torch.equal(want.hidden_states[-1], want.last_hidden_state)  # after the final norm
+    for row, sequence in enumerate(sequences):
+        for layer in (0, 1, 3):
+            hidden = want.hidden_states[layer][row].numpy()
+            residues = hidden[1 : len(sequence) + 1]  # BOS and EOS left out
+            got = reps[row][layer]
+            np.testing.assert_allclose(got.per_tok, residues, atol=1e-5, rtol=0)
+            np.testing.assert_allclose(got.mean, residues.mean(0), atol=1e-5, rtol=0)
+            np.testing.assert_allclose(got.bos, hidden[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["esmc_300m", "esmc_600m"])
+def test_both_layouts_give_transformers_numbers_through_snakemake(tmp_path, name):
+    arch = ESMC.archs[name]
+    hf = random_transformers_model(arch, ffn_size(arch.dim))
+    folder = tmp_path / f"{name}-hf"
+    hf.save_pretrained(folder)
+    pth = tmp_path / "evolutionaryscale" / f"{name}_2024_12_v0.pth"
+    pth.parent.mkdir()
+    torch.save(evolutionaryscale_state(hf.state_dict()), pth)
+    assert parse_spec(str(pth)).arch == parse_spec(str(folder)).arch == arch
+
+    records = sequences_of(SHORT)
+    sequences = [s for _, s in records]
+    with torch.inference_mode():
+        tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
+        hidden = hf(**tokens, output_hidden_states=True).hidden_states
+    del hf
+    for layout, model in (("hf", folder), ("pth", pth)):
+        snakemake(tmp_path / layout, {}, "--config", f"input={SHORT}", f"model={model}",
+                  "repr_layers=[-1,7]", "include=[mean,per_tok]", "precision=fp32")  # fmt: skip
+        with esmshard.open_embeddings(tmp_path / layout / "results") as emb:
+            assert emb.h5.attrs["model_family"] == "esmc"
+            for row, (id_, sequence) in enumerate(records):
+                protein = emb[id_]
+                for layer in (arch.layers, 7):
+                    want = hidden[layer][row, 1 : len(sequence) + 1].numpy()
+                    assert protein.per_tok[layer].shape == (len(sequence), arch.dim)
+                    np.testing.assert_allclose(protein.per_tok[layer], want, atol=1e-4, rtol=0)
+                    np.testing.assert_allclose(protein.mean[layer], want.mean(0), atol=1e-4,
+                                               rtol=0)  # fmt: skip
+
+
+def per_tok_rows(outdir):
+    with esmshard.open_embeddings(outdir) as emb:
+        return {emb.ids()[row]: emb.per_residue(row).shape[0] for row in range(len(emb))}
+
+
+def failed_ids(outdir):
+    lines = (outdir / "failed_sequences.tsv").read_text().splitlines()[1:]
+    return {line.split("\t")[0] for line in lines}
+
+
+def test_esmc_keeps_2048_residues_and_long_sequences_acts_beyond(tmp_path, small_folder):
+    lengths = dict(sequences_of(LONG))
+    lengths = {id_: len(s) for id_, s in lengths.items()}
+    beyond = {i for i, n in lengths.items() if n > 2048}
+    between = {i for i, n in lengths.items() if 1022 < n <= 2048}
+    assert len(beyond) == 1 and between and set(lengths) - beyond - between
+    typed = ["--config", f"input={LONG}", f"model={small_folder}", "include=[per_tok]"]
+    snakemake(tmp_path / "truncate", {}, *typed)
+    rows = per_tok_rows(tmp_path / "truncate" / "results")
+    assert rows == {i: min(n, 2048) for i, n in lengths.items()}  # ESM-2 would cut at 1022
+    snakemake(tmp_path / "skip", {}, *typed, "long_sequences=skip")
+    assert failed_ids(tmp_path / "skip" / "results") == beyond
+    assert set(per_tok_rows(tmp_path / "skip" / "results")) == set(lengths) - beyond
+    result = snakemake(tmp_path / "fail", {}, *typed, "long_sequences=fail", check=False)
+    assert result.returncode != 0
+    (named,) = beyond
+    assert named in result.stderr and "> 2048" in result.stderr
+    assert not any(i in result.stderr for i in between)
+    beyond_limit = snakemake(tmp_path / "over", {}, *typed, "truncation_seq_length=3000",
+                             check=False)  # fmt: skip
+    assert "truncation_seq_length 3000 is beyond ESM C's 2048 residues" in beyond_limit.stderr
+
+
+def run_counts(outdir):
+    return json.loads((outdir / "run.json").read_text())
+
+
+def test_switching_between_esm2_and_esmc_recomputes_and_back_computes_nothing(
+    tmp_path, checkpoint, small_folder
+):
+    typed = ["--config", f"input={SHORT}", f"store={tmp_path / 'store'}"]
+    outdir = tmp_path / "run" / "results"
+    n = len(sequences_of(SHORT))
+    snakemake(tmp_path / "run", {}, *typed, f"model={checkpoint}")
+    assert run_counts(outdir)["computed"] == n
+    snakemake(tmp_path / "run", {}, *typed, f"model={small_folder}")
+    assert (run_counts(outdir)["computed"], run_counts(outdir)["from_store"]) == (n, 0)
+    with esmshard.open_embeddings(outdir) as emb:
+        assert emb.dim == 64 and emb.h5.attrs["model_family"] == "esmc"
+    keys = {p.name for p in (tmp_path / "store").iterdir() if not p.name.startswith(".")}
+    assert len(keys) == 2
+    back = snakemake(tmp_path / "run", {}, *typed, f"model={checkpoint}")
+    assert (run_counts(outdir)["computed"], run_counts(outdir)["from_store"]) == (0, n)
+    assert "embed" not in jobs_run(back)
+    with esmshard.open_embeddings(outdir) as emb:
+        assert emb.dim == 320 and emb.h5.attrs["model_family"] == "esm2"
+
+
+def test_contacts_with_esmc_are_refused_by_name_before_any_job(tmp_path, small_folder):
+    result = snakemake(tmp_path, {}, "--config", f"input={SHORT}", f"model={small_folder}",
+                       "include=[mean,contacts]", check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert "include: contacts: ESM C" in result.stderr and "has no contact head" in result.stderr
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_model_of_no_known_family_is_refused_naming_what_was_found(tmp_path):
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    result = snakemake(tmp_path / "run", {}, "--config", f"input={SHORT}", f"model={bert}",
+                       check=False)  # fmt: skip
+    assert result.returncode != 0
+    assert f"model folder '{bert}' holds no model of a family esmshard knows" in result.stderr
+    assert "found a config.json of model_type 'bert'" in result.stderr
+    assert not (tmp_path / "run" / "results").exists()
+
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "weights.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(ModelError, match="found files weights.bin"):
+        parse_spec(str(loose))
+    other = tmp_path / "decoder.pth"
+    torch.save({"decoder.weight": torch.zeros(2, 2), "decoder.bias": torch.zeros(2)}, other)
+    with pytest.raises(ModelError, match="found 2 entries, decoder.bias, decoder.weight"):
+        parse_spec(str(other))
+
+
+def test_a_pth_of_an_unpublished_shape_is_refused_naming_it(tmp_path):
+    hf = random_transformers_model((2, 64, 4), 128)
+    pth = tmp_path / "small.pth"
+    torch.save(evolutionaryscale_state(hf.state_dict()), pth)
+    with pytest.raises(ModelError, match="2 layers and dimension 64, which is none of"):
+        parse_spec(str(pth))
+
+
+def test_esm2_names_are_told_from_esmc_by_content_not_name(tmp_path, checkpoint):
+    renamed = tmp_path / "esmc_300m_2024_12_v0.pt"  # an ESM-2 checkpoint under an ESM C name
+    renamed.write_bytes(checkpoint.read_bytes())
+    assert parse_spec(str(renamed)).family.name == "esm2"
+    assert parse_spec(str(checkpoint)).arch == (6, 320, 20)
+    assert parse_spec(f"random:{TINY_MODEL}").family.name == "esm2"
+    assert parse_spec("random:esmc_300m").family is ESMC

@@ -1,0 +1,156 @@
+"""`esmshard export`: each format read back by the library that consumes it, equal to
+embeddings.h5, on runs made through the `snakemake` command line."""
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
+
+from esmshard.outputs.export import pt_name
+
+ESMSHARD = str(Path(sys.executable).parent / "esmshard")
+RECORDS = read_records(PROTEINS)  # 40 real proteins, 3 longer than 1022 residues
+IDS = [h[1:].split()[0] for h, _ in RECORDS]
+
+
+@pytest.fixture(scope="module", params=["float32", "float16"])
+def run(request, tmp_path_factory):
+    """A run with every representation kind at two layers, typed as users type it."""
+    workdir = tmp_path_factory.mktemp(f"export-{request.param}")
+    (workdir / "proteins.fasta").write_text(PROTEINS.read_text())
+    snakemake(workdir, {}, "--config", "input=proteins.fasta", "outdir=out",
+              f"model=random:{TINY_MODEL}", "repr_layers=[-1,3]", "include=[mean,per_tok,bos]",
+              f"output_dtype={request.param}")  # fmt: skip
+    return workdir
+
+
+def export(workdir, *args, check=True):
+    result = subprocess.run([ESMSHARD, "export", "out", *args], cwd=workdir, capture_output=True,
+                            text=True)  # fmt: skip
+    if check:
+        assert result.returncode == 0, result.stderr
+    return result
+
+
+def stored(workdir):
+    """embeddings.h5 as plain arrays: {name: array}, ids, headers, per-residue offsets."""
+    with h5py.File(workdir / "out" / "embeddings.h5") as h5:
+        arrays = {f"{kind}/{layer}": h5[kind][layer][:] for kind in ("mean", "per_tok", "bos")
+                  for layer in ("3", "6")}  # fmt: skip
+        return (arrays, h5["ids"].asstr()[:].tolist(), h5["headers"].asstr()[:].tolist(),
+                h5["per_tok/offsets"][:])  # fmt: skip
+
+
+def test_per_protein_h5_is_keyed_as_biotrainer_keys_it(run):
+    result = export(run, "--format", "per-protein-h5", "--out", "biotrainer.h5")
+    assert "40/40 proteins (100%)" in result.stderr
+    arrays, ids, _, _ = stored(run)
+    with h5py.File(run / "biotrainer.h5") as h5:
+        assert len(h5) == 40
+        for row, (_, sequence) in enumerate(RECORDS):
+            # biotrainer's hash of the sequence as the FASTA holds it
+            key = hashlib.sha256(f"{sequence}_{len(sequence)}".encode()).hexdigest()
+            assert h5[key].attrs["original_id"] == ids[row]
+            assert h5[key].dtype == arrays["mean/6"].dtype
+            np.testing.assert_array_equal(h5[key][:], arrays["mean/6"][row])
+
+
+def test_per_protein_h5_by_id_holds_the_chosen_kind_and_layer(run):
+    export(run, "--format", "per-protein-h5", "--key", "id", "--kind", "per_tok", "--layer", "-4",
+           "--out", "by_id.h5")  # fmt: skip
+    arrays, ids, _, offsets = stored(run)
+    with h5py.File(run / "by_id.h5") as h5:
+        assert sorted(h5) == sorted(ids)
+        for row, id_ in enumerate(ids):  # -4 of a 6-layer model is layer 3
+            expected = arrays["per_tok/3"][offsets[row] : offsets[row + 1]]
+            np.testing.assert_array_equal(h5[id_][:], expected)
+
+
+def test_pt_files_hold_fair_esm_extract_keys(run):
+    export(run, "--format", "pt", "--out", "pt")
+    arrays, ids, headers, offsets = stored(run)
+    index = pd.read_csv(run / "pt" / "index.tsv", sep="\t")
+    assert index["id"].tolist() == ids and len(list((run / "pt").glob("*.pt"))) == 40
+    for row, (id_, name) in enumerate(zip(index["id"], index["file"])):
+        result = torch.load(run / "pt" / name, weights_only=True)
+        assert set(result) == {"label", "representations", "mean_representations",
+                               "bos_representations"}  # fmt: skip
+        assert result["label"] == headers[row]
+        for layer in (3, 6):
+            got = {key: result[key][layer] for key in ("representations", "mean_representations",
+                                                       "bos_representations")}  # fmt: skip
+            assert all(t.dtype == torch.float32 for t in got.values())
+            per_tok = arrays[f"per_tok/{layer}"][offsets[row] : offsets[row + 1]]
+            np.testing.assert_array_equal(got["representations"].numpy(), per_tok)
+            np.testing.assert_array_equal(got["mean_representations"].numpy(),
+                                          arrays[f"mean/{layer}"][row])  # fmt: skip
+            np.testing.assert_array_equal(got["bos_representations"].numpy(),
+                                          arrays[f"bos/{layer}"][row])  # fmt: skip
+
+
+def test_npy_arrays_memory_map_and_match(run):
+    export(run, "--format", "npy", "--out", "arrays")
+    arrays, ids, _, offsets = stored(run)
+    folder = run / "arrays"
+    assert pd.read_csv(folder / "ids.tsv", sep="\t")["id"].tolist() == ids
+    np.testing.assert_array_equal(np.load(folder / "per_tok_offsets.npy"), offsets)
+    for name, expected in arrays.items():
+        loaded = np.load(folder / f"{name.replace('/', '_')}.npy", mmap_mode="r")
+        assert isinstance(loaded, np.memmap) and loaded.dtype == expected.dtype
+        np.testing.assert_array_equal(loaded, expected)
+
+
+def test_parquet_has_a_row_per_protein(run):
+    export(run, "--format", "parquet", "--out", "table.parquet")
+    arrays, ids, _, offsets = stored(run)
+    table = pd.read_parquet(run / "table.parquet")
+    assert table["id"].tolist() == ids
+    with h5py.File(run / "out" / "embeddings.h5") as h5:
+        assert table["sequence_sha256"].tolist() == [d.decode() for d in h5["sequence_sha256"]]
+    for name, expected in arrays.items():
+        column = table[name.replace("/", "_")]
+        if name.startswith("per_tok"):
+            got = np.concatenate([np.stack(rows) for rows in column])
+            assert [len(rows) for rows in column] == np.diff(offsets).tolist()
+        else:
+            got = np.stack(column)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_export_refuses_to_overwrite_and_names_a_missing_run(run, tmp_path):
+    (run / "taken.parquet").write_text("mine")
+    taken = export(run, "--format", "parquet", "--out", "taken.parquet", check=False)
+    assert taken.returncode == 1 and "taken.parquet exists" in taken.stderr
+    assert (run / "taken.parquet").read_text() == "mine"
+    missing = subprocess.run([ESMSHARD, "export", str(tmp_path), "--format", "npy", "--out",
+                              str(tmp_path / "x")], capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode == 1 and "embeddings.h5 does not exist" in missing.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_hash_keys_refuse_an_input_changed_since_the_run(run, tmp_path):
+    moved = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(run), str(moved)], check=True)
+    (moved / "proteins.fasta").write_text("".join(f"{h}\n{s[::-1]}\n" for h, s in RECORDS))
+    result = export(moved, "--format", "per-protein-h5", "--out", "b.h5", check=False)
+    assert result.returncode == 1
+    assert f"record '{IDS[0]}' (proteins.fasta:1) has another sequence" in result.stderr
+    assert not (moved / "b.h5").exists()
+
+
+def test_pt_names_are_safe_and_distinct():
+    ids = ["sp|P0A7Z4|RPOA_ECOLI", "a/b", "a%2Fb", "..", ".hidden", "ümlaut", "x" * 300,
+           "x" * 299 + "y", "A B", "A_B"]  # fmt: skip
+    names = [pt_name(i) for i in ids]
+    assert len(set(names)) == len(ids)
+    for name in names:
+        assert "/" not in name and not name.startswith(".") and len(name.encode()) <= 200
+    assert pt_name("sp|P0A7Z4|RPOA_ECOLI") == "sp%7CP0A7Z4%7CRPOA_ECOLI"

@@ -1,0 +1,34 @@
+"""run_step, which every job script runs: how a job ended is always in its log."""
+
+import subprocess
+import sys
+
+
+def job(log, body: str, *args):
+    script = (
+        "import sys, time\n"
+        "from esmshard.steps.job import run_step\n"
+        f"def step():\n    {body}\n"
+        f"run_step({str(log)!r}, step)\n"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], stderr=subprocess.PIPE, text=True
+    )
+
+
+def test_an_unexpected_error_is_in_the_log_with_its_traceback(tmp_path):
+    failed = job(tmp_path / "job.log", "{}['missing key']")
+    assert failed.wait() == 1
+    log = (tmp_path / "job.log").read_text()
+    assert "step: unexpected error (please report it with this log)" in log
+    assert "Traceback" in log and log.rstrip().endswith("KeyError: 'missing key'")
+
+
+def test_concurrent_attempts_add_to_one_log(tmp_path):
+    log = tmp_path / "job.log"
+    first, second = (job(log, "time.sleep(0.5)") for _ in range(2))
+    assert first.wait() == second.wait() == 0
+    text = log.read_text()
+    assert text.count("step: started on") == 2 and text.count("step: done") == 2
+    for proc in (first, second):
+        assert f"process {proc.pid}" in text

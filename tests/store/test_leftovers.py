@@ -1,0 +1,75 @@
+"""Leftovers of killed writers: removed when their writer is dead, never when it lives."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from esmshard.store import Store
+from esmshard.store.leftovers import remove_leftovers
+from esmshard.store.runlock import STALE_AFTER_SECONDS
+
+HOST = socket.gethostname()
+
+
+def dead_pid() -> int:
+    """The pid of a process of this host that has exited."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def age(path: Path, seconds: float) -> Path:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+    return path
+
+
+def test_dead_writers_leftovers_go_and_live_ones_stay(tmp_path):
+    outdir = tmp_path / "results"
+    store = Store(str(outdir / "store"))
+    key = Path(store.folder("0123456789abcdef"))
+    key.mkdir(parents=True)
+    (key / "settings.json").write_text("{}")
+    dead, live = dead_pid(), os.getpid()
+    spill = outdir / f".merge-spill-x1y2.{HOST}.{dead}.tmp"  # a folder, with its contents
+    spill.mkdir(parents=True)
+    (spill / "0.rows").write_bytes(b"\0" * 8)
+    gone = [
+        spill,
+        outdir / f".shards.{HOST}.{dead}.tmp",
+        age(_touch(outdir / "metrics" / f".a-0000.json.node7.cluster.{live}.tmp"), 2 * 3600),
+        _touch(key / f".p-0001.h5.{HOST}.{dead}.tmp"),
+        _touch(key / "p-0001.json"),  # its manifest: the part never arrived
+    ]
+    (outdir / f".shards.{HOST}.{dead}.tmp").mkdir()
+    kept = [
+        _touch(key / f".p-0002.h5.{HOST}.{live}.tmp"),  # being written now
+        _touch(key / "p-0002.json"),  # its manifest, written before the part is renamed
+        _touch(key / "p-0003.h5"),
+        _touch(key / "p-0003.json"),
+        _touch(outdir / "metrics" / f".b-0000.json.node7.cluster.{dead}.tmp"),  # fresh, elsewhere
+        _touch(outdir / "embeddings.h5"),
+    ]
+    assert sorted(remove_leftovers(outdir, store)) == sorted(gone)
+    assert not any(p.exists() for p in gone) and all(p.exists() for p in kept)
+    assert remove_leftovers(outdir, store) == []
+
+
+def test_an_old_folder_elsewhere_with_a_fresh_file_inside_is_alive(tmp_path):
+    spill = tmp_path / ".merge-spill-ab.node7.4242.tmp"
+    spill.mkdir()
+    _touch(spill / "0.data")
+    age(spill, STALE_AFTER_SECONDS + 60)
+    assert remove_leftovers(tmp_path, Store(str(tmp_path / "store"))) == []
+    age(spill / "0.data", STALE_AFTER_SECONDS + 60)
+    assert remove_leftovers(tmp_path, Store(str(tmp_path / "store"))) == [spill]
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({}))
+    return path
