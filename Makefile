@@ -36,8 +36,13 @@ run: $(BIN)/snakemake $(EXAMPLE)
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores all $(ARGS)
 
 # The tests read the real data in ../shared/data, or fetch it once into resources/test-data.
+# TEST_WORKERS pytest processes share the test files, each file whole on one worker: its
+# module-scoped runs are made once, and tests that must not overlap (the SLURM cluster's, one
+# machine-wide set of daemons) run one after another. The run ends with its 25 slowest tests
+# and its total time.
+TEST_WORKERS ?= 2
 test: $(BIN)/snakemake
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -v $(ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 lint: $(BIN)/snakemake
 	$(BIN)/snakefmt --check Snakefile workflow

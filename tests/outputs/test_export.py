@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
+from conftest import MODEL, PROTEINS, read_records, snakemake
 
 from esmshard.outputs.export import pt_name
 
@@ -26,7 +26,7 @@ def run(request, tmp_path_factory):
     workdir = tmp_path_factory.mktemp(f"export-{request.param}")
     (workdir / "proteins.fasta").write_text(PROTEINS.read_text())
     snakemake(workdir, {}, "--config", "input=proteins.fasta", "outdir=out",
-              f"model=random:{TINY_MODEL}", "repr_layers=[-1,3]", "include=[mean,per_tok,bos]",
+              f"model={MODEL}", "repr_layers=[-1,3]", "include=[mean,per_tok,bos]",
               f"output_dtype={request.param}")  # fmt: skip
     return workdir
 

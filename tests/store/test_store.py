@@ -139,7 +139,7 @@ def test_a_shrunk_and_reordered_input_computes_nothing_and_only_merges(increment
     "change, recomputed",
     [
         (["repr_layers=[-1,3]"], True),
-        (["model=random:esm2_t12_35M_UR50D"], True),
+        (["model=random:esm2_t6_8M_UR50D"], True),
         (["toks_per_batch=512", "gpus=[0]"], False),
     ],
 )
@@ -300,7 +300,7 @@ def test_a_damaged_or_foreign_store_part_is_set_aside_and_recomputed_by_the_same
         fh.seek(-1, 1)
         fh.write(bytes([byte[0] ^ 0x01]))
 
-    other_model = "model=random:esm2_t12_35M_UR50D"
+    other_model = "model=random:esm2_t6_8M_UR50D"
     run(tmp_path, fasta(tmp_path / "few.fasta", A[:3]), tmp_path / "other", other_model,
         f"store={shared}")  # fmt: skip
     (foreign_key,) = set(store.settings_keys()) - {key}

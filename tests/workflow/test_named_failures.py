@@ -17,9 +17,9 @@ import h5py
 import numpy as np
 import pytest
 from conftest import (
+    MODEL,
     PROTEINS,
     REPO,
-    TINY_MODEL,
     fill,
     jobs_run,
     leftovers,
@@ -33,7 +33,7 @@ from conftest import (
 
 RECORDS = read_records(PROTEINS)
 IDS = [h[1:].split()[0] for h, _ in RECORDS]
-CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 3}
+CONFIG = {"input": str(PROTEINS), "model": MODEL, "shards": 3}
 
 
 def means(outdir):
@@ -108,7 +108,7 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
         f"store part {shown} cannot be merged: it was computed with other settings (checkpoint = "
         in refused.stderr
     )
-    assert f'model = "{checkpoint}" where the store has "random:{TINY_MODEL}"' in refused.stderr
+    assert f'model = "{checkpoint}" where the store has "{MODEL}"' in refused.stderr
     rebuilt = snakemake(tmp_path, CONFIG)
     assert jobs_run(rebuilt)["embed"] == 1
     assert means(tmp_path / "results").keys() == means(finished_run / "results").keys()

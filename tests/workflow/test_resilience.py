@@ -15,6 +15,7 @@ from conftest import (
     ALIGNED,
     GENE_CALLER,
     LONG_PROTEIN,
+    MODEL,
     NONSTANDARD,
     PROTEINS,
     TINY_MODEL,
@@ -28,7 +29,7 @@ from conftest import (
 
 from esmshard.commands import status
 
-CONFIG = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 6}
+CONFIG = {"input": str(PROTEINS), "model": MODEL, "shards": 6}
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
 
 
@@ -138,7 +139,7 @@ def test_awkward_real_input_every_record_accounted_for(tmp_path):
     inputs = [folder / "odd ids.fa.gz", GENE_CALLER, ALIGNED, NONSTANDARD, LONG_PROTEIN]
     config = {
         "input": [str(p) for p in inputs],
-        "model": f"random:{TINY_MODEL}",
+        "model": MODEL,
         "shards": 3,
         "include": ["mean", "per_tok"],
         "long_sequences": "chunk",
