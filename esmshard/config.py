@@ -6,6 +6,7 @@ value is turned into what the schema asks for where its text means exactly that;
 left as it was, for the schema's validation to refuse with the key's name.
 """
 
+import os
 import re
 
 import jsonschema
@@ -80,3 +81,18 @@ def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
         "numerics": NUMERICS_VERSION,
     }
     return dict(sorted(settings.items()))
+
+
+PATH_KEYS = ("input", "outdir", "store", "model")  # `model` may also name a hub model
+
+
+def expand_home(config: dict) -> dict:
+    """The path keys of `config` with a leading `~` expanded, as the shell would."""
+    expanded = {}
+    for key in PATH_KEYS:
+        value = config.get(key)
+        if isinstance(value, str):
+            expanded[key] = os.path.expanduser(value)
+        elif isinstance(value, list):
+            expanded[key] = [os.path.expanduser(v) for v in value]
+    return expanded

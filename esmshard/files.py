@@ -8,6 +8,7 @@ import csv
 import errno
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -68,10 +69,16 @@ def naming_disk_full(path, needed_bytes: int | None = None):
         raise
 
 
+# Every temporary name esmshard writes ends `.esmshard-<host>-<pid>.tmp`: the clean-up of killed
+# writers' leftovers (esmshard.store.leftovers) removes such names only, so a user's own
+# `.draft.12345.tmp` beside the outputs is never taken for one.
+TEMPORARY_NAME = re.compile(r"^\..+\.esmshard-(?P<host>.+)-(?P<pid>\d+)\.tmp$")
+
+
 def writer_suffix() -> str:
-    """The end of every temporary name this process writes: its host and process, so that a
-    later run can tell a live writer's files from a dead one's (esmshard.store.leftovers)."""
-    return f".{socket.gethostname()}.{os.getpid()}.tmp"
+    """The end of every temporary name this process writes: esmshard's mark, its host and
+    process, so that a later run can tell a live writer's files from a dead one's."""
+    return f".esmshard-{socket.gethostname()}-{os.getpid()}.tmp"
 
 
 def temporary_folder(parent, purpose: str):

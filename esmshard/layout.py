@@ -73,6 +73,18 @@ class Layout:
         """The sha256 of inputs, checkpoints and store parts, by file version (esmshard.store.checksums)."""
         return self._path(".esmshard", "checksums.json")
 
+    @property
+    def own_files(self) -> list[str]:
+        """The files esmshard writes at the outdir's top level."""
+        return [self.embeddings, self.run_json, self.failed]
+
+    @property
+    def own_folders(self) -> list[str]:
+        """The outdir's folders that esmshard makes and alone writes in (its files at the top
+        level aside): what it may clean up in, recursively."""
+        names = ("shards", "metrics", "telemetry", "progress", "logs", "report", ".esmshard")
+        return [self._path(name) for name in names]
+
     def log(self, step: str, shard: str | None = None) -> str:
         return (
             self._path("logs", step, f"{shard}.log")

@@ -52,3 +52,16 @@ def test_values_that_mean_nothing_valid_are_refused_naming_the_key(bad, key):
     with pytest.raises(Exception) as err:
         checked({"input": ["x.fasta"], **bad})
     assert f"'{key}'" in str(err.value)
+
+
+def test_a_leading_tilde_is_the_home_folder_in_every_path_key(monkeypatch, tmp_path):
+    from esmshard.config import expand_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = {"input": ["~/a.fasta", "b.fasta"], "outdir": "~/out", "store": None,
+              "model": "random:esm2_t6_8M_UR50D", "shards": "auto"}  # fmt: skip
+    assert expand_home(config) == {
+        "input": [f"{tmp_path}/a.fasta", "b.fasta"],
+        "outdir": f"{tmp_path}/out",
+        "model": "random:esm2_t6_8M_UR50D",
+    }

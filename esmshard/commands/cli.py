@@ -24,6 +24,13 @@ def seconds(text: str) -> float:
     return value
 
 
+def cores(text: str) -> str:
+    """`all`, or a whole number of cores of at least 1 (Snakemake waits for ever on 0)."""
+    if text != "all" and not (text.isdigit() and int(text) >= 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of cores of at least 1, or all")
+    return text
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     # `esmshard run ... -- SNAKEMAKE OPTIONS`: what follows `--` goes to snakemake as it is.
@@ -61,7 +68,9 @@ def main(argv=None):
         help="a cluster profile esmshard ships (slurm, kubernetes, googlebatch, htcondor, lsf) "
         "or a profile folder of your own",
     )
-    run.add_argument("--cores", default="all", help="CPU cores Snakemake may use (default all)")
+    run.add_argument(
+        "--cores", type=cores, default="all", help="CPU cores Snakemake may use (default all)"
+    )
     run.add_argument(
         "--config",
         nargs="+",
@@ -195,7 +204,7 @@ def main(argv=None):
         text = render(state)
         if not args.watch:
             print(text)
-            return 0 if state["planned"] or state["started"] else 1
+            return 0 if (state["planned"] or state["started"]) and not state.get("damaged") else 1
         sys.stdout.write("\033[H\033[J" + text + "\n")
         sys.stdout.flush()
         try:
@@ -215,8 +224,8 @@ def store_of(path: Path) -> Path:
 def show_store(parser, args) -> int:
     if not args.path.is_dir():
         parser.error(f"{args.path} is not a folder; give a store or a run's outdir")
-    store = stores.Store(str(store_of(args.path)))
     try:
+        store = stores.Store(str(store_of(args.path))).checked()
         if args.remove:
             stores.remove(store, args.remove)
             print(f"removed the entries of settings {args.remove} from {store.root}")

@@ -4,6 +4,7 @@ Status needs no access to the jobs themselves, only the run's files, so it works
 after a run, and on a cluster where the jobs ran on other nodes of a shared filesystem.
 """
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -37,6 +38,24 @@ def stale_reason(progress: dict, now: float) -> str | None:
     return f"no update for {_duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
 
 
+def plan_problem(layout: Layout, plan: list[dict]) -> str | None:
+    """What is wrong with the run's plan files, if anything: status would count nothing."""
+    try:
+        computed = json.loads(Path(layout.plan_json).read_text()).get("computed", 0)
+        for row in plan:
+            int(row["n_residues"])
+            if not row["shard"]:
+                raise ValueError("a row names no shard")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return f"the plan (shards/plan.tsv, plan.json) is damaged ({what})"
+    if computed and not plan:
+        return (
+            f"the plan is damaged: plan.json plans {computed} sequences, shards/plan.tsv no shard"
+        )
+    return None
+
+
 def read_state(outdir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     layout = Layout(str(outdir))
@@ -45,6 +64,9 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         started = any(Path(p).exists() for p in marks)
         return {"outdir": str(outdir), "planned": False, "started": started}
     plan = read_tsv(layout.plan)
+    damaged = plan_problem(layout, plan)
+    if damaged:
+        return {"outdir": str(outdir), "planned": False, "started": True, "damaged": damaged}
     done = finished_metrics(layout, plan)
     finished = {m["shard"] for m in done}
     running, stale = [], []
@@ -82,6 +104,11 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
 
 
 def render(state: dict) -> str:
+    if state.get("damaged"):
+        return (
+            f"esmshard status {state['outdir']}: {state['damaged']}; the run's same command "
+            "plans it anew"
+        )
     if not state["planned"]:
         if not state["started"]:
             return (

@@ -128,7 +128,10 @@ _RESIDUE_TABLE = bytes(
     else ord("!")
     for c in map(chr, range(256))
 )
-_NOT_RESIDUE_BYTES = b"-. \t\r\n\v\f"
+_NOT_RESIDUE_BYTES = b"-. \t\n"
+# Bytes no header or sequence may hold: control characters, tab aside (a NUL cannot be stored
+# in the output's IDs; a lone carriage return hides text on a terminal and splits lines).
+_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
 _BLOCK_BYTES = 1 << 23
 
 
@@ -181,8 +184,10 @@ def _blocks(fh) -> Iterator[bytes]:
             first = False
         if data.endswith(b"\r"):  # keep a CRLF together
             data += fh.read(1)
-        if b"\r" in data:
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if (
+            b"\r" in data
+        ):  # a lone CR stays, for the record to refuse (esmshard.input.fasta._record)
+            data = data.replace(b"\r\n", b"\n")
         buffer = pending + data
         if not data:
             if buffer.strip():
@@ -230,6 +235,16 @@ def _record(path: str, part: bytes, line: int) -> RawRecord:
     """One record from the text after its '>': the header line, then the sequence lines."""
     end = part.find(b"\n")
     head, body = (part, b"") if end < 0 else (part[:end], part[end + 1 :])
+    control = _CONTROL.search(head) or _CONTROL.search(body)
+    if control:
+        where = "header" if _CONTROL.search(head) else "sequence"
+        byte = control.group()
+        if byte == b"\r":
+            what = "a carriage return (CR) inside a line; give the file LF or CRLF line ends"
+        else:
+            name = "a NUL byte" if byte == b"\x00" else "a control character"
+            what = f"{name} (0x{byte[0]:02x}); remove it"
+        raise FastaError(f"{path}:{line}: the {where} holds {what}")
     header = head.decode("utf-8", "replace").strip()
     if not header:
         raise FastaError(f"{path}:{line}: header line has no ID; give the record a name")

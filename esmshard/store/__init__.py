@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -76,6 +77,20 @@ def settings_key(settings: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+# A settings folder's name is its key, 16 lowercase hex digits: no other folder of the store's
+# root (a user's `.vscode/` or `analysis/`, with a settings.json or not) is ever read as one,
+# listed, cleaned up or removed.
+SETTINGS_KEY = re.compile(r"^[0-9a-f]{16}$")
+# esmshard marks the root of every store it writes in, with the format of its layout. A store of
+# an earlier esmshard (settings folders, no marker) is recognised by them and marked by its next run.
+MARKER = ".esmshard-store.json"
+STORE_FORMAT = 1
+
+
+class NotAStoreError(ValueError):
+    """A folder that is not an esmshard store was given where one is needed."""
+
+
 @dataclass(frozen=True)
 class Store:
     root: str
@@ -92,11 +107,33 @@ class Store:
     def settings(self, key: str) -> str:
         return os.path.join(self.root, key, "settings.json")
 
+    @property
+    def marker(self) -> str:
+        return os.path.join(self.root, MARKER)
+
     def settings_keys(self) -> list[str]:
         """The settings held, by key."""
         if not os.path.isdir(self.root):
             return []
-        return sorted(k for k in os.listdir(self.root) if os.path.isfile(self.settings(k)))
+        return sorted(
+            k
+            for k in os.listdir(self.root)
+            if SETTINGS_KEY.match(k) and os.path.isfile(self.settings(k))
+        )
+
+    def is_store(self) -> bool:
+        """Whether esmshard wrote here: its marker, or settings folders of an earlier version."""
+        return os.path.isfile(self.marker) or bool(self.settings_keys())
+
+    def checked(self) -> "Store":
+        """This store, or NotAStoreError if `root` is no esmshard store (maintenance acts only
+        on esmshard's own stores)."""
+        if not self.is_store():
+            raise NotAStoreError(
+                f"{self.root} is not an esmshard store (no {MARKER} and no settings folders); "
+                "give a store a run wrote, or that run's outdir"
+            )
+        return self
 
     def parts(self, key: str) -> list[str]:
         """The parts present under `key` (a part is present once its .h5 is in place)."""
@@ -106,8 +143,36 @@ class Store:
         return sorted(p.stem for p in folder.glob("*.h5") if not p.name.startswith("."))
 
 
+def mark(store: Store) -> None:
+    """Mark `store`'s root as esmshard's, once (atomic: concurrent runs write the same file)."""
+    if not os.path.isfile(store.marker):
+        os.makedirs(store.root, exist_ok=True)
+        try:
+            write_json(store.marker, {"esmshard_store_format": STORE_FORMAT})
+        except PermissionError:
+            pass  # a read-only store of an earlier version: its settings folders mark it
+
+
+def written_by_run(path, layout: Layout, store: Store) -> str | None:
+    """The file or folder that a run of `layout` and `store` writes and `path` is or lies in:
+    such a path cannot be an input (the run would overwrite or remove it)."""
+    target = Path(path).expanduser().resolve()
+    for own in layout.own_files + [store.marker]:
+        if target == Path(own).expanduser().resolve():
+            return own
+    root = Path(store.root).expanduser().resolve()
+    folders = layout.own_folders + [os.path.join(store.root, storelock.LOCKS)]
+    if target.is_relative_to(root) and SETTINGS_KEY.match(target.relative_to(root).parts[0]):
+        folders.append(store.folder(target.relative_to(root).parts[0]))
+    for folder in folders:
+        if target.is_relative_to(Path(folder).expanduser().resolve()):
+            return folder
+    return None
+
+
 def add_settings(store: Store, key: str, settings: dict) -> None:
     """Record what `key` stands for, once (atomic: concurrent runs write the same file)."""
+    mark(store)
     path = Path(store.settings(key))
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,23 +1,26 @@
 """Leftovers of killed writers, removed by the next run: temporary files and folders, and store
 manifests whose part never arrived.
 
-Every temporary name ends with its writer's host and process (esmshard.files.writer_suffix).
-A writer is dead when, on this host, its process is gone; on another host, when nothing under
-its name has changed for as long as `esmshard status` takes a job for dead. A live writer's
-files are never touched.
+Every temporary name ends with esmshard's mark, its writer's host and process
+(esmshard.files.writer_suffix), and only such names are removed, only where esmshard writes: the
+outdir's top level and its own folders (esmshard.layout.Layout.own_folders), and the store's top
+level, lock folder and settings folders. A user's files beside the outputs, whatever their
+names, are never touched. A writer is dead when, on this host, its process is gone; on another
+host, when nothing under its name has changed for as long as `esmshard status` takes a job for
+dead. A live writer's files are never touched.
 """
 
 import os
-import re
 import shutil
 import socket
 import time
 from pathlib import Path
 
+from ..files import TEMPORARY_NAME
+from ..layout import Layout
 from . import Store
 from .runlock import STALE_AFTER_SECONDS, process_alive
-
-TEMPORARY = re.compile(r"^\..*\.(?P<pid>\d+)\.tmp$")
+from .storelock import LOCKS
 
 
 def _newest_change(path: Path) -> float:
@@ -35,9 +38,9 @@ def _newest_change(path: Path) -> float:
 
 def writer_alive(path: Path, now: float) -> bool:
     """Whether the writer of temporary file or folder `path` may still be writing it."""
-    pid = int(TEMPORARY.match(path.name)["pid"])
-    if path.name.endswith(f".{socket.gethostname()}.{pid}.tmp"):
-        return process_alive(pid)
+    name = TEMPORARY_NAME.match(path.name)
+    if name["host"] == socket.gethostname():
+        return process_alive(int(name["pid"]))
     return now - _newest_change(path) < STALE_AFTER_SECONDS
 
 
@@ -48,18 +51,19 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def dead_temporaries(folder, now: float) -> tuple[list[Path], list[Path]]:
-    """The temporary files and folders under `folder` (not inside another one): (dead, live)."""
+def dead_temporaries(folder, now: float, recursive: bool) -> tuple[list[Path], list[Path]]:
+    """esmshard's temporary files and folders in `folder` (below it too if `recursive`, but not
+    inside another temporary one): (dead, live)."""
     dead, live = [], []
     for root, folders, files in os.walk(folder):
         for name in folders + files:
-            if TEMPORARY.match(name):
+            if TEMPORARY_NAME.match(name):
                 path = Path(root, name)
                 try:
                     (live if writer_alive(path, now) else dead).append(path)
                 except FileNotFoundError:
                     continue  # its writer finished meanwhile
-        folders[:] = [name for name in folders if not TEMPORARY.match(name)]
+        folders[:] = [n for n in folders if recursive and not TEMPORARY_NAME.match(n)]
     return dead, live
 
 
@@ -82,15 +86,16 @@ def orphan_manifests(store: Store, live: list[Path]) -> list[Path]:
 def remove_leftovers(outdir, store: Store) -> list[Path]:
     """Remove what dead writers left in `outdir` and in `store`; returns what was removed."""
     now = time.time()
-    folders = [Path(outdir)]
-    if not Path(store.root).resolve().is_relative_to(Path(outdir).resolve()):
-        folders.append(Path(store.root))  # a store elsewhere (one inside outdir is walked with it)
+    flat = [Path(outdir), Path(store.root)]
+    own = [Path(p) for p in Layout(str(outdir)).own_folders]
+    own += [Path(store.root, LOCKS)] + [Path(store.folder(k)) for k in store.settings_keys()]
     dead, live = [], []
-    for folder in folders:
-        if folder.is_dir():
-            found_dead, found_live = dead_temporaries(folder, now)
-            dead += found_dead
-            live += found_live
+    for folders, recursive in ((flat, False), (own, True)):
+        for folder in dict.fromkeys(folders):  # a store may be the outdir itself
+            if folder.is_dir():
+                found_dead, found_live = dead_temporaries(folder, now, recursive)
+                dead += found_dead
+                live += found_live
     removed = dead + orphan_manifests(store, live)
     for path in removed:
         _remove(path)

@@ -24,8 +24,11 @@ class StoreBusyError(RuntimeError):
     """A run holds the store key that maintenance would change."""
 
 
+LOCKS = ".locks"  # the store's folder of lock files
+
+
 def _folder(store_root) -> Path:
-    return Path(store_root) / ".locks"
+    return Path(store_root) / LOCKS
 
 
 def hold_shared(store_root, key: str) -> None:

@@ -72,3 +72,14 @@ def test_the_console_command_names_its_version_and_refuses_stray_options(capsys)
     with pytest.raises(SystemExit) as exit_:
         main(["run", "a.fasta", "-o", "out", "--gpus", "x"])
     assert exit_.value.code == 2 and "esmshard run: --gpus x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "x", "1.5"])
+def test_cores_that_cannot_work_are_refused_at_once(value, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        main(["run", "proteins.fasta", "-o", "out", "--cores", value])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(
+        f"argument --cores: {value!r}: give a number of cores of at least 1, or all"
+    )

@@ -3,6 +3,7 @@
 import bz2
 import gzip
 import lzma
+import re
 
 import pytest
 from conftest import (
@@ -234,3 +235,23 @@ def test_records_across_block_boundaries_read_the_same(tmp_path, monkeypatch, eo
     assert [r.sequence for r in whole] == plain(RECORDS[:12])
     # a blank line first, and two after each record (`between` is a line end of its own)
     assert whole[1].source == f"{path}:{5 + (len(RECORDS[0][1]) + 59) // 60}"
+
+
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        (b">a x\x00y\nMKV\n", "1: the header holds a NUL byte (0x00); remove it"),
+        (b">a\nMK\x00V\n", "1: the sequence holds a NUL byte (0x00); remove it"),
+        (b">a\x1b[31m red\nMKV\n", "1: the header holds a control character (0x1b); remove it"),
+        (b">a\nMK\x0bV\n", "1: the sequence holds a control character (0x0b); remove it"),
+        (b">a hdr\rMKVL\n", "1: the header holds a carriage return (CR) inside a line; give"),
+        (b">a\nMK\rVL\n", "1: the sequence holds a carriage return (CR) inside a line; give"),
+    ],
+)
+def test_control_characters_and_a_lone_cr_stop_with_file_and_line(tmp_path, record, message):
+    path = tmp_path / "x.fasta"
+    path.write_bytes(record + b">b\tfine\tdescription\nMKVLA\r\n")
+    with pytest.raises(FastaError, match=re.escape(f"{path}:{message}")):
+        list(read_fasta(path))
+    path.write_bytes(b">b\tfine\tdescription\nMKVLA\r\n")  # a tab in a header and CRLF are fine
+    assert [(r.id, r.sequence) for r in read_fasta(path)] == [("b", "MKVLA")]

@@ -1,4 +1,5 @@
-"""Leftovers of killed writers: removed when their writer is dead, never when it lives."""
+"""Leftovers of killed writers: removed when their writer is dead, never when it lives, and
+never a user's file whatever its name."""
 
 import json
 import os
@@ -35,32 +36,51 @@ def test_dead_writers_leftovers_go_and_live_ones_stay(tmp_path):
     key.mkdir(parents=True)
     (key / "settings.json").write_text("{}")
     dead, live = dead_pid(), os.getpid()
-    spill = outdir / f".merge-spill-x1y2.{HOST}.{dead}.tmp"  # a folder, with its contents
+    spill = outdir / f".merge-spill-x1y2.esmshard-{HOST}-{dead}.tmp"  # a folder, with its contents
     spill.mkdir(parents=True)
     (spill / "0.rows").write_bytes(b"\0" * 8)
     gone = [
         spill,
-        outdir / f".shards.{HOST}.{dead}.tmp",
-        age(_touch(outdir / "metrics" / f".a-0000.json.node7.cluster.{live}.tmp"), 2 * 3600),
-        _touch(key / f".p-0001.h5.{HOST}.{dead}.tmp"),
+        outdir / f".shards.esmshard-{HOST}-{dead}.tmp",
+        age(
+            _touch(outdir / "metrics" / f".a-0000.json.esmshard-node7.cluster-{live}.tmp"),
+            2 * 3600,
+        ),
+        _touch(key / f".p-0001.h5.esmshard-{HOST}-{dead}.tmp"),
         _touch(key / "p-0001.json"),  # its manifest: the part never arrived
     ]
-    (outdir / f".shards.{HOST}.{dead}.tmp").mkdir()
+    (outdir / f".shards.esmshard-{HOST}-{dead}.tmp").mkdir()
     kept = [
-        _touch(key / f".p-0002.h5.{HOST}.{live}.tmp"),  # being written now
+        _touch(key / f".p-0002.h5.esmshard-{HOST}-{live}.tmp"),  # being written now
         _touch(key / "p-0002.json"),  # its manifest, written before the part is renamed
         _touch(key / "p-0003.h5"),
         _touch(key / "p-0003.json"),
-        _touch(outdir / "metrics" / f".b-0000.json.node7.cluster.{dead}.tmp"),  # fresh, elsewhere
+        _touch(
+            outdir / "metrics" / f".b-0000.json.esmshard-node7.cluster-{dead}.tmp"
+        ),  # fresh, elsewhere
         _touch(outdir / "embeddings.h5"),
     ]
+    # A user's files beside the outputs and in the store, old enough and named like temporaries
+    # of a dead process, or like a settings folder: none is esmshard's.
+    users = [
+        age(_touch(outdir / "notes" / f".draft.{dead}.tmp"), 2 * 3600),
+        age(_touch(outdir / f".mine.{HOST}.{dead}.tmp"), 2 * 3600),
+        age(_touch(outdir / ".sync.777.tmp" / "state"), 2 * 3600),
+        age(_touch(outdir / "shards" / "mine" / f".x.{dead}.tmp"), 2 * 3600),
+        _touch(outdir / "store" / ".vscode" / "settings.json"),
+        _touch(outdir / "store" / ".vscode" / "launch.json"),
+        _touch(outdir / "store" / "analysis" / "settings.json"),
+        _touch(outdir / "store" / "analysis" / "tasks.json"),
+    ]
+    age(outdir / ".sync.777.tmp", 2 * 3600)
+    kept += users
     assert sorted(remove_leftovers(outdir, store)) == sorted(gone)
     assert not any(p.exists() for p in gone) and all(p.exists() for p in kept)
     assert remove_leftovers(outdir, store) == []
 
 
 def test_an_old_folder_elsewhere_with_a_fresh_file_inside_is_alive(tmp_path):
-    spill = tmp_path / ".merge-spill-ab.node7.4242.tmp"
+    spill = tmp_path / ".merge-spill-ab.esmshard-node7-4242.tmp"
     spill.mkdir()
     _touch(spill / "0.data")
     age(spill, STALE_AFTER_SECONDS + 60)

@@ -225,8 +225,10 @@ def test_two_runs_sharing_a_store_at_once(tmp_path, incremental):
     cache = tmp_path / "checksums.json"
     assert all(stores.check_part(store, key, name, cache) is None for name in store.parts(key))
     assert set(store_keys(shared)) == {stores.sequence_sha256(s.encode()) for _, s in B}
-    hidden = [p for p in shared.rglob("*") if p.name.startswith(".") and p.name != ".locks"]
+    own = {".locks", stores.MARKER}
+    hidden = [p for p in shared.rglob("*") if p.name.startswith(".") and p.name not in own]
     assert not hidden  # nothing half-written
+    assert json.loads((shared / stores.MARKER).read_text()) == {"esmshard_store_format": 1}
     locks = sorted(p.name for p in (shared / ".locks").iterdir())  # each run said who it was
     assert locks[0] == f"{key}.lock" and all(n.startswith(f"{key}.") for n in locks)
 

@@ -240,6 +240,27 @@ def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
     assert re.search(r"run_shard: done in [\d.]+ s, peak memory \d+ MB$", log.rstrip())
 
 
+def test_control_bytes_in_the_input_are_named_with_every_other_problem_before_any_job(tmp_path):
+    # A NUL in a header once passed the check and failed the embed job in h5py, and a rerun stayed
+    # stuck; a CR inside a header added residues silently.
+    (_, real), *_ = read_records(PROTEINS)
+    hostile = tmp_path / "hostile.fasta"
+    hostile.write_bytes(
+        b">nul\x00id\n" + real.encode() + b"\n>cr header\rMKV\n" + real.encode() + b"\n"
+        b">ok\n" + real.encode() + b"\n>ok\n" + real.encode() + b"\n"
+    )
+    result = snakemake(tmp_path, CONFIG, "--config", f"input={hostile}", check=False)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    for place in (
+        f"{hostile}:1: the header holds a NUL byte (0x00)",
+        f"{hostile}:3: the header holds a carriage return (CR) inside a line",
+        "duplicate IDs (1 ID)",
+    ):
+        assert place in result.stderr
+        assert place in (tmp_path / "results" / "logs" / "shard.log").read_text()
+    assert jobs_run(result) == {"shard": 1}
+
+
 def test_a_truncated_gz_is_named_and_leaves_nothing(tmp_path):
     whole = tmp_path / "proteins.fa.gz"
     subprocess.run(["gzip", "-c", str(PROTEINS)], stdout=whole.open("wb"), check=True)

@@ -45,7 +45,7 @@ def use_esmshard():
 
 use_esmshard()
 
-from esmshard.config import coerce_config, embedding_settings
+from esmshard.config import coerce_config, embedding_settings, expand_home
 from esmshard.files import read_tsv
 from esmshard.input.sizing import (
     embed_mem_mb,
@@ -55,7 +55,7 @@ from esmshard.input.sizing import (
 from esmshard.layout import Layout
 from esmshard.models import ModelError, parse_spec
 from esmshard.steps.provenance import mixed_precisions
-from esmshard.store import Store, settings_key
+from esmshard.store import Store, settings_key, written_by_run
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
 from esmshard.store.runlock import RunActiveError, current_run_id, hold
@@ -66,6 +66,8 @@ from esmshard.store.storelock import hold_shared
 with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
     config.update(coerce_config(config, yaml.safe_load(fh)))
 validate(config, schema="../schemas/config.schema.yaml")
+# `~` means the home folder in every path key, for every step alike.
+config.update(expand_home(config))
 
 INPUTS = config["input"]
 try:
@@ -115,6 +117,13 @@ def fasta_inputs(wildcards):
             raise WorkflowError(
                 f"input FASTA '{path}' does not exist; set `input:` in the config "
                 "(`make run` makes the example input)"
+            )
+        written = written_by_run(path, RUN, STORE)
+        if written:
+            raise WorkflowError(
+                f"input FASTA '{path}' is where this run writes ({written}): the run would "
+                "overwrite or remove it. Move the input elsewhere, or choose another `outdir` "
+                "or `store`"
             )
     return INPUTS
 

@@ -1,0 +1,157 @@
+"""esmshard removes only what it wrote: a user's files planted in the outdir, the store and beside
+the input stay byte-identical through a run, a resume after kill -9, `esmshard store` and an
+export; an input where the run writes is refused before any work."""
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    MODEL,
+    NEW,
+    A,
+    config,
+    fasta,
+    kill_9_after_shards,
+    snakemake,
+    snakemake_command,
+)
+
+from esmshard.store import Store
+
+ESMSHARD = Path(sys.executable).parent / "esmshard"
+HOST = socket.gethostname()
+# Names that esmshard's clean-up once took for its own: temporaries of a long-dead process
+# (`.NAME.<digits>.tmp`, files and folders) and folders holding a settings.json.
+HOSTILE = [
+    "notes/.draft.12345.tmp",
+    ".sync.777.tmp/state",
+    f".mine.{HOST}.1.tmp",
+    ".vscode/settings.json",
+    ".vscode/launch.json",
+    ".vscode/tasks.json",
+    "analysis/settings.json",
+    "analysis/summary.json",
+    "README.txt",
+]
+
+
+def random_names(rng: random.Random, n: int) -> list[str]:
+    """Random paths, a third of them named like temporaries and a third like settings folders."""
+    names = []
+    for i in range(n):
+        folder = "/".join(f"d{rng.randrange(10**6)}" for _ in range(rng.randrange(3)))
+        stem = f"u{rng.randrange(10**9)}"
+        name = [f".{stem}.{rng.randrange(10**6)}.tmp", f"{stem}.json", f"{stem}.txt"][i % 3]
+        names.append(f"{folder}/{name}".lstrip("/"))
+        if i % 3 == 1:
+            names.append(f"{folder}/settings.json".lstrip("/"))
+    return names
+
+
+def plant(root: Path, names: list[str], rng: random.Random) -> dict[Path, bytes]:
+    """The user's files under `root`, two hours old (older than any clean-up's grace)."""
+    planted = {}
+    then = time.time() - 2 * 3600
+    for name in names:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(64))
+        planted[path] = path.read_bytes()
+    for path in planted:
+        for p in [path, *path.parents]:
+            if p == root:
+                break
+            os.utime(p, (then, then))
+    return planted
+
+
+def changed(planted: dict[Path, bytes]) -> list[str]:
+    return [str(p) for p, data in planted.items() if not p.is_file() or p.read_bytes() != data]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ESMSHARD), *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_users_files_survive_runs_resume_store_maintenance_and_exports(tmp_path, seed):
+    rng = random.Random(seed)
+    outdir, store_root = tmp_path / "out", tmp_path / "lab"  # the store: a folder of the user's
+    a = fasta(tmp_path / "in" / "a.fasta", A)
+    b = fasta(tmp_path / "in" / "b.fasta", A + NEW)
+    planted = {}
+    for root in (outdir, store_root, a.parent):
+        planted |= plant(root, HOSTILE + random_names(rng, 12), rng)
+    more = ("shards=1", f"store={store_root}")
+    snakemake(tmp_path, {}, "--resources", "gpu=1", *config(a, outdir, *more))
+    assert changed(planted) == []
+    # A grown input killed after its first new shard, then the same command.
+    cmd, env = snakemake_command(
+        tmp_path, {}, "--resources", "gpu=1", *config(b, outdir, "shards=3", more[1])
+    )
+    kill_9_after_shards(cmd, env, store_root, 2)
+    snakemake(tmp_path, {}, "--resources", "gpu=1", *config(b, outdir, "shards=3", more[1]))
+    assert changed(planted) == []
+
+    (key,) = Store(str(store_root)).settings_keys()
+    for args in (
+        [str(store_root)],
+        [str(store_root), "--verify"],
+        [str(store_root), "--prune", "--keep", "out", "--apply"],
+        ["out", "--verify"],
+    ):
+        done = cli("store", *args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    export = cli("export", "out", "--format", "pt", "--out", "pt", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    assert changed(planted) == []
+
+    # Removing anything that is not one of the store's settings keys is refused in one line.
+    for name in (".vscode", "analysis", "README.txt", "../out"):
+        done = cli("store", str(store_root), "--remove", name, cwd=tmp_path)
+        assert done.returncode == 1 and "Traceback" not in done.stderr
+        assert done.stderr.startswith("esmshard store: ") and len(done.stderr.splitlines()) == 1
+        assert f"holds no settings '{name}'" in done.stderr
+    # A folder of the user's that no run wrote is no store: refused, nothing touched.
+    for args in ([], ["--verify"], ["--prune", "--keep", "out", "--apply"], ["--remove", key]):
+        done = cli("store", "in", *args, cwd=tmp_path)
+        assert done.returncode == 1 and "is not an esmshard store" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1
+    assert cli("store", str(store_root), "--remove", key, cwd=tmp_path).returncode == 0
+    assert changed(planted) == []
+    assert not Path(store_root, key).exists()
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["out/embeddings.h5", "out/run.json", "out/shards/mine.fasta", "out/logs/x.fasta"],
+)
+def test_an_input_where_the_run_writes_is_refused_before_any_work(tmp_path, where):
+    (tmp_path / where).parent.mkdir(parents=True)
+    target = fasta(tmp_path / where, A[:5])
+    before = target.read_bytes()
+    done = snakemake(tmp_path, {}, *config(where, "out"), check=False)
+    assert done.returncode != 0
+    message = done.stdout + done.stderr
+    assert f"input FASTA '{where}' is where this run writes" in message
+    assert target.read_bytes() == before
+    assert not (tmp_path / "out" / "shards" / "plan.tsv").exists()
+
+
+def test_a_tilde_in_the_paths_typed_means_home_for_every_step(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    fasta(home / "a.fasta", A[:6])
+    done = snakemake(
+        tmp_path / "work", {}, "--config", "input=~/a.fasta", "outdir=~/out", "store=~/store",
+        f"model={MODEL}", "shards=1", env={"HOME": str(home)},
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert (home / "out" / "embeddings.h5").is_file() and Store(str(home / "store")).is_store()
+    assert not list(tmp_path.rglob("~"))
