@@ -3,7 +3,9 @@
 import bz2
 import gzip
 import lzma
+import os
 import re
+import stat
 import string
 import zlib
 from dataclasses import dataclass
@@ -101,6 +103,20 @@ def normalise(raw: str, where: str) -> tuple[str, int]:
         )
     replaced = out.count("X") - seq.count("X")
     return out, replaced
+
+
+def not_a_file(path) -> str | None:
+    """Why `path` cannot be read as an input file, if it cannot: it is missing, a folder, or a
+    named pipe or device (the shard step reads each input twice)."""
+    if not os.path.exists(path):
+        return "does not exist" + (" (a link to a missing file)" if os.path.islink(path) else "")
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        return "is a folder; give the FASTA files in it (e.g. `input: [dir/a.faa, dir/b.faa]`)"
+    if not stat.S_ISREG(mode):
+        kind = "a named pipe (FIFO)" if stat.S_ISFIFO(mode) else "not a regular file"
+        return f"is {kind}; esmshard reads each input twice, so give a file"
+    return None
 
 
 def looks_nucleotide(sequence: str | bytes) -> bool:

@@ -24,6 +24,7 @@ as extract's, which float16 values convert to exactly).
 """
 
 import hashlib
+import os
 import re
 import sys
 import time
@@ -409,8 +410,13 @@ def export(
     one dataset per protein (default: mean, else the first kind held; the highest layer)."""
     layout = Layout(str(outdir))
     out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise ExportError(f"{out} is a link to {os.readlink(out)}, which does not exist; "
+                          "remove the link or choose another --out")  # fmt: skip
     if out.exists():
         raise ExportError(f"{out} exists; remove it or choose another --out")
+    if not out.parent.is_dir():
+        raise ExportError(f"{out.parent} is not a folder; make it, or choose another --out")
     if not Path(layout.embeddings).is_file():
         raise ExportError(f"{layout.embeddings} does not exist: give the outdir of a finished run")
     with Embeddings(layout.embeddings) as emb:

@@ -25,7 +25,7 @@ from ..files import atomic_path, naming_disk_full, write_json
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..representations import KINDS, absolute_layers
-from ..store import write_manifest
+from ..store import Store, add_settings, write_manifest
 from ..store.runlock import current_run_id
 from ..store.shardfile import Failure, ShardWriter, output_bytes
 from . import provenance
@@ -259,6 +259,8 @@ def run_shard(
             **sampler.summary(),
         }
         write_json(metrics_json, metrics)
+        # What the part's settings folder stands for, written anew if it was lost or damaged.
+        add_settings(Store(str(Path(out_h5).parent.parent)), Path(out_h5).parent.name, settings)
         write_manifest(manifest_json, part, len(ids) - len(failed))
     log.info(
         "shard %s done: %d residues in %.1f s, %d failed",

@@ -143,6 +143,15 @@ class Store:
         return sorted(p.stem for p in folder.glob("*.h5") if not p.name.startswith("."))
 
 
+def read_json_object(path: Path) -> dict | None:
+    """The JSON object in `path`, or None if it is missing, unreadable or of another shape."""
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def mark(store: Store) -> None:
     """Mark `store`'s root as esmshard's, once (atomic: concurrent runs write the same file)."""
     if not os.path.isfile(store.marker):
@@ -174,7 +183,7 @@ def add_settings(store: Store, key: str, settings: dict) -> None:
     """Record what `key` stands for, once (atomic: concurrent runs write the same file)."""
     mark(store)
     path = Path(store.settings(key))
-    if not path.is_file():
+    if read_json_object(path) != settings:  # missing, or damaged: what `key` stands for is known
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json(path, settings)
 
@@ -227,10 +236,14 @@ def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
     part, manifest = store.part(key, name), store.manifest(key, name)
     if not os.path.exists(part):
         return "its file is gone"
+    if not os.path.isfile(part):
+        return "it is not a file"
     try:
         expected = json.loads(Path(manifest).read_text())
     except (OSError, ValueError) as err:
         return f"no readable manifest ({err})"
+    if not isinstance(expected, dict):
+        return f"its manifest holds {type(expected).__name__} JSON, not a manifest"
     size = os.path.getsize(part)
     if size != expected.get("bytes"):
         return f"{size} bytes where its manifest says {expected.get('bytes')}"
@@ -266,16 +279,15 @@ def summary(store: Store) -> list[dict]:
     """Per settings key: the settings, the parts, the sequences and the bytes held."""
     rows = []
     for key in store.settings_keys():
-        settings = json.loads(Path(store.settings(key)).read_text())
+        settings = read_json_object(Path(store.settings(key)))
+        if settings is None:  # the next run with these settings writes it anew
+            settings = {"settings.json": "damaged"}
         n_sequences = n_bytes = 0
         parts = store.parts(key)
         for name in parts:
-            try:
-                manifest = json.loads(Path(store.manifest(key, name)).read_text())
-            except (OSError, ValueError):
-                continue
-            n_sequences += manifest["n_sequences"]
-            n_bytes += manifest["bytes"]
+            manifest = read_json_object(Path(store.manifest(key, name))) or {}
+            n_sequences += int(manifest.get("n_sequences", 0))
+            n_bytes += int(manifest.get("bytes", 0))
         rows.append(
             {
                 "key": key,

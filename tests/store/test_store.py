@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -408,3 +409,41 @@ def test_check_part_says_what_is_wrong(tmp_path):
     moved = stores.set_aside(store, key, "abc-0000", "a test")
     assert moved == [f"{part}.corrupt", f"{manifest}.corrupt"]
     assert stores.check_part(store, key, "abc-0000", cache) == "its file is gone"
+
+
+def test_a_damaged_store_names_itself_and_heals_like_a_damaged_part(tmp_path):
+    """A manifest of the wrong shape, an unreadable settings.json and a folder where a part
+    belongs: the listing and --verify go on and name them; the same command heals the store."""
+    a = fasta(tmp_path / "a.fasta", A[:30])
+    outdir = tmp_path / "results"
+    run(tmp_path, a, outdir, "shards=3")
+    before = means(outdir)
+    store = stores.Store(str(outdir / "store"))
+    (key,) = store.settings_keys()
+    first, second, third = store.parts(key)
+    Path(store.manifest(key, first)).write_text("[]")
+    Path(store.settings(key)).write_text("{not json")
+    Path(store.part(key, second)).unlink()
+    Path(store.part(key, second)).mkdir()
+    esmshard = [str(Path(sys.executable).parent / "esmshard"), "store", str(outdir)]
+    listing = subprocess.run(esmshard, capture_output=True, text=True)
+    assert (
+        listing.returncode == 0
+        and '"settings.json"="damaged"' in listing.stdout.replace(": ", "=")
+        or "settings.json=" in listing.stdout
+    ), listing.stdout + listing.stderr
+    verify = subprocess.run([*esmshard, "--verify"], capture_output=True, text=True)
+    assert verify.returncode == 1 and "Traceback" not in verify.stderr
+    text = verify.stdout + verify.stderr
+    assert "its manifest holds list JSON, not a manifest" in text and "it is not a file" in text
+    assert store.parts(key) == [third]
+    # The next run that needs their sequences computes them again, and writes the settings anew.
+    again = tmp_path / "again"
+    result = run(tmp_path, a, again, "shards=3", f"store={store.root}")
+    assert jobs_run(result)["embed"] >= 1  # the two parts' sequences; the third part's reused
+    assert run_json(again)["computed"] > 0 and run_json(again)["from_store"] > 0
+    assert json.loads(Path(store.settings(key)).read_text())["model"] == MODEL
+    after = means(again)
+    assert after.keys() == before.keys()
+    for id_, mean in before.items():
+        np.testing.assert_allclose(after[id_], mean, atol=1e-6, rtol=0)

@@ -83,6 +83,7 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_users_files_survive_runs_resume_store_maintenance_and_exports(tmp_path, seed):
     rng = random.Random(seed)
     outdir, store_root = tmp_path / "out", tmp_path / "lab"  # the store: a folder of the user's
+    (tmp_path / "in").mkdir()
     a = fasta(tmp_path / "in" / "a.fasta", A)
     b = fasta(tmp_path / "in" / "b.fasta", A + NEW)
     planted = {}
@@ -155,3 +156,29 @@ def test_a_tilde_in_the_paths_typed_means_home_for_every_step(tmp_path):
     assert done.returncode == 0
     assert (home / "out" / "embeddings.h5").is_file() and Store(str(home / "store")).is_store()
     assert not list(tmp_path.rglob("~"))
+
+
+def test_paths_that_cannot_work_are_named_in_one_line_before_any_work(tmp_path):
+    (tmp_path / "in").mkdir()
+    fasta(tmp_path / "in" / "a.fasta", A[:4])
+    os.mkfifo(tmp_path / "pipe.fasta")
+    (tmp_path / "taken").write_text("a file of the user's\n")
+    for config_items, message in (
+        (config("in", "out"), "input FASTA 'in' is a folder; give the FASTA files in it"),
+        (config("pipe.fasta", "out"), "input FASTA 'pipe.fasta' is a named pipe (FIFO)"),
+        (config("in/a.fasta", "taken"), "outdir 'taken' is a file; choose a folder for `outdir`"),
+    ):
+        done = snakemake(tmp_path, {}, *config_items, check=False)
+        assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+        assert not (tmp_path / "out" / "shards" / "plan.tsv").exists()
+    assert (tmp_path / "taken").read_text() == "a file of the user's\n"
+    os.symlink("gone/elsewhere.pt", tmp_path / "dangling")
+    for out, message in (
+        ("missing/x.pt", "missing is not a folder; make it, or choose another --out"),
+        (
+            "dangling",
+            "dangling is a link to gone/elsewhere.pt, which does not exist; remove the link or choose another --out",
+        ),
+    ):
+        done = cli("export", "out", "--format", "pt", "--out", out, cwd=tmp_path)
+        assert done.returncode == 1 and done.stderr.strip() == f"esmshard export: {message}"

@@ -47,6 +47,7 @@ use_esmshard()
 
 from esmshard.config import coerce_config, embedding_settings, expand_home
 from esmshard.files import read_tsv
+from esmshard.input.fasta import not_a_file
 from esmshard.input.sizing import (
     embed_mem_mb,
     embed_runtime_minutes,
@@ -96,6 +97,8 @@ if "contacts" in config["include"] and config["long_sequences"] == "chunk":
     )
 
 RUN = Layout(config["outdir"])
+if os.path.exists(RUN.outdir) and not os.path.isdir(RUN.outdir):
+    raise WorkflowError(f"outdir '{RUN.outdir}' is a file; choose a folder for `outdir`")
 ARCH = (MODEL.num_layers, MODEL.embed_dim)  # read from the model's files
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
@@ -113,9 +116,10 @@ def fasta_inputs(wildcards):
     """The input FASTA files, checked when the run is planned rather than when the workflow is
     read, so that `snakemake --lint` needs none."""
     for path in INPUTS:
-        if not os.path.isfile(path):
+        problem = not_a_file(path)
+        if problem:
             raise WorkflowError(
-                f"input FASTA '{path}' does not exist; set `input:` in the config "
+                f"input FASTA '{path}' {problem}; set `input:` in the config "
                 "(`make run` makes the example input)"
             )
         written = written_by_run(path, RUN, STORE)
