@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import re
+import resource
 import shutil
 import socket
 import tempfile
@@ -35,24 +36,61 @@ def free_bytes(path) -> int:
     return shutil.disk_usage(path).free
 
 
-def disk_full_error(path, needed: int | None) -> DiskFullError:
-    need = f"about {human_bytes(needed)}" if needed else "more space"
+# The failed writes that mean "no room" (a full disk, a quota, a file size limit such as
+# `ulimit -f`), with the words HDF5 reports them by (it wraps the errno in a later error).
+NO_ROOM = {
+    errno.ENOSPC: "No space left on device",
+    errno.EDQUOT: "Disk quota exceeded",
+    errno.EFBIG: "File too large",
+}
+
+
+def no_room_errno(err: BaseException) -> int | None:
+    """The errno of NO_ROOM that `err`, or an error it arose from, is, if any."""
+    while err is not None:
+        code = getattr(err, "errno", None)
+        if code in NO_ROOM:
+            return code
+        for code, words in NO_ROOM.items():
+            if words in str(err):
+                return code
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write (`ulimit -f`), None if unlimited."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if limit == resource.RLIM_INFINITY else limit
+
+
+def disk_full_error(path, needed: int | None, code: int = errno.ENOSPC) -> DiskFullError:
+    """The one-line error of a write to `path` that found no room (`code`, of NO_ROOM)."""
+    reason = f"[Errno {code}] {NO_ROOM[code]}"
+    if code == errno.ENOSPC:
+        need = f"about {human_bytes(needed)}" if needed else "more space"
+        what = f"no space left for {path}: it needs {need} and {human_bytes(free_bytes(path))} "
+        what += f"are free on that filesystem ({reason})"
+        fix = "free some space (or set `outdir` to a larger disk)"
+    elif code == errno.EDQUOT:
+        what = f"no room for {path}: the disk quota is used up ({reason})"
+        fix = "free some space or have the quota raised (or set `outdir` elsewhere)"
+    else:
+        need = f"about {human_bytes(needed)}" if needed else "more"
+        what = f"no room for {path}: it needs {need}, beyond this process's file size limit"
+        limit = file_size_limit()
+        what += f" of {human_bytes(limit)} ({reason})" if limit else f" ({reason})"
+        fix = "raise the limit (`ulimit -f unlimited`)"
     err = DiskFullError(
-        f"no space left for {path}: it needs {need} and {human_bytes(free_bytes(path))} are free "
-        "on that filesystem. Nothing incomplete was kept; free some space (or set `outdir` to a "
-        "larger disk) and run the same command again"
+        f"{what}. Nothing incomplete was kept; {fix} and run the same command again"
     )
-    err.errno = errno.ENOSPC
+    err.errno = code
     return err
 
 
 def is_disk_full(err: BaseException) -> bool:
-    """True if `err`, or an error it arose from, is ENOSPC (HDF5 reports it as a later error)."""
-    while err is not None:
-        if getattr(err, "errno", None) == errno.ENOSPC or "No space left on device" in str(err):
-            return True
-        err = err.__cause__ or err.__context__
-    return False
+    """True if `err`, or an error it arose from, found no room (NO_ROOM)."""
+    return no_room_errno(err) is not None
 
 
 @contextmanager
@@ -61,11 +99,14 @@ def naming_disk_full(path, needed_bytes: int | None = None):
     has less free; a disk that fills up meanwhile is reported as DiskFullError naming `path`."""
     if needed_bytes is not None and free_bytes(path) < needed_bytes:
         raise disk_full_error(path, needed_bytes)
+    # Checked first, as free space is: HDF5 can crash its process after a write that failed.
+    if needed_bytes is not None and needed_bytes > (file_size_limit() or needed_bytes):
+        raise disk_full_error(path, needed_bytes, errno.EFBIG)
     try:
         yield
     except Exception as err:
         if is_disk_full(err) and not isinstance(err, DiskFullError):
-            raise disk_full_error(path, needed_bytes) from err
+            raise disk_full_error(path, needed_bytes, no_room_errno(err)) from err
         raise
 
 

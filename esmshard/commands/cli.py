@@ -2,12 +2,13 @@
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from .. import store as stores
-from ..files import human_bytes
+from ..files import DiskFullError, human_bytes
 from ..input.fasta import FastaError
 from ..outputs import export as exports
 from ..representations import KINDS
@@ -194,6 +195,11 @@ def main(argv=None):
             )
         except (exports.ExportError, KeyError, FastaError) as err:
             parser.exit(1, f"esmshard export: {err.args[0]}\n")
+        except DiskFullError as err:
+            # Straight out: after a failed write, HDF5's clean-up at exit can crash the process.
+            sys.stderr.write(f"esmshard export: {err}\n")
+            sys.stderr.flush()
+            os._exit(1)
         print(f"wrote {args.out}")
         return 0
     if not args.outdir.is_dir():

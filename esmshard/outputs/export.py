@@ -40,6 +40,7 @@ from ..input.fasta import read_raw
 from ..input.records import iter_batches, source
 from ..layout import Layout
 from ..representations import KINDS
+from ..store.leftovers import remove_dead_temporaries_of
 from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
 from .reader import Embeddings
 
@@ -430,6 +431,7 @@ def export(
             chosen = kind or ("mean" if "mean" in emb.layers else next(iter(emb.layers)))
             kinds = {chosen: [emb.layer(chosen, layer)]}
         bar = ProgressBar(len(emb), f"export {fmt}", stream)
+        remove_dead_temporaries_of(out)  # of an export killed before
         with atomic_path(out) as target:
             FORMATS[fmt].write(emb, Path(target), bar, Options(kinds, key, layout.records))
         return len(emb)

@@ -10,6 +10,7 @@ host, when nothing under its name has changed for as long as `esmshard status` t
 dead. A live writer's files are never touched.
 """
 
+import glob
 import os
 import shutil
 import socket
@@ -65,6 +66,19 @@ def dead_temporaries(folder, now: float, recursive: bool) -> tuple[list[Path], l
                     continue  # its writer finished meanwhile
         folders[:] = [n for n in folders if recursive and not TEMPORARY_NAME.match(n)]
     return dead, live
+
+
+def remove_dead_temporaries_of(path) -> list[Path]:
+    """Remove what dead writers of `path` left beside it (its temporary names); returns them."""
+    path = Path(path)
+    dead = [
+        p
+        for p in path.parent.glob(f".{glob.escape(path.name)}.esmshard-*.tmp")
+        if TEMPORARY_NAME.match(p.name) and not writer_alive(p, time.time())
+    ]
+    for found in dead:
+        _remove(found)
+    return dead
 
 
 def orphan_manifests(store: Store, live: list[Path]) -> list[Path]:

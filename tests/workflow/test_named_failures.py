@@ -8,10 +8,14 @@ content under an old modification time.
 import json
 import os
 import re
+import resource
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -205,6 +209,40 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
         done = snakemake(tmp_path, config)
         assert jobs_run(done)["merge"] == 1 and "embed" not in jobs_run(done)
         assert list(means(outdir)) == IDS
+
+
+def test_a_file_size_limit_is_named_in_one_line_and_the_same_command_then_finishes(tmp_path):
+    """`ulimit -f` stands in for a quota or a full disk: the embed job's part outgrows it."""
+    config = {**CONFIG, "include": ["mean", "per_tok"], "shards": 1}
+    cmd, env = snakemake_command(tmp_path, config)
+
+    def limited():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))
+
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True,
+                          preexec_fn=limited)  # fmt: skip
+    outdir = tmp_path / "results"
+    message = "beyond this process's file size limit of 300.0 KB ([Errno 27] File too large)"
+    assert done.returncode != 0 and message in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "Segmentation" not in done.stderr
+    (log,) = (outdir / "logs" / "embed").glob("*.log")
+    lines = [line for line in log.read_text().splitlines() if message in line]
+    assert len(lines) == 1 and "ERROR esmshard: no room for " in lines[0]
+    assert leftovers(outdir) == [] and not (outdir / "embeddings.h5").exists()
+    snakemake(tmp_path, config)
+    assert (outdir / "embeddings.h5").is_file() and leftovers(outdir) == []
+    # The export too, and a killed export's temporary folder is removed by the next one.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    killed = tmp_path / f".npy.esmshard-{socket.gethostname()}-{dead.pid}.tmp"
+    killed.mkdir()
+    export = [Path(sys.executable).parent / "esmshard", "export", "results", "--format", "npy",
+              "--out", "npy"]  # fmt: skip
+    done = subprocess.run(export, cwd=tmp_path, capture_output=True, text=True,
+                          preexec_fn=limited)  # fmt: skip
+    assert done.returncode == 1 and done.stderr.startswith("esmshard export: no room for ")
+    assert message in done.stderr and len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "npy").exists() and list(tmp_path.glob(".npy*")) == []
 
 
 def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
