@@ -51,9 +51,9 @@ def no_room_errno(err: BaseException) -> int | None:
         code = getattr(err, "errno", None)
         if code in NO_ROOM:
             return code
-        for code, words in NO_ROOM.items():
+        for known, words in NO_ROOM.items():
             if words in str(err):
-                return code
+                return known
         err = err.__cause__ or err.__context__
     return None
 
@@ -100,7 +100,8 @@ def naming_disk_full(path, needed_bytes: int | None = None):
     if needed_bytes is not None and free_bytes(path) < needed_bytes:
         raise disk_full_error(path, needed_bytes)
     # Checked first, as free space is: HDF5 can crash its process after a write that failed.
-    if needed_bytes is not None and needed_bytes > (file_size_limit() or needed_bytes):
+    limit = file_size_limit()
+    if needed_bytes is not None and limit is not None and needed_bytes > limit:
         raise disk_full_error(path, needed_bytes, errno.EFBIG)
     try:
         yield

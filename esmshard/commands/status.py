@@ -4,7 +4,6 @@ Status needs no access to the jobs themselves, only the run's files, so it works
 after a run, and on a cluster where the jobs ran on other nodes of a shared filesystem.
 """
 
-import json
 import socket
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from ..files import read_tsv
 from ..layout import Layout
 from ..steps.progress import current_files, finished_metrics, per_slot, rate, slot_key
+from ..store import read_json_object
 from ..store.runlock import STALE_AFTER_SECONDS, process_alive
 
 GIB = 1 << 30
@@ -40,15 +40,18 @@ def stale_reason(progress: dict, now: float) -> str | None:
 
 def plan_problem(layout: Layout, plan: list[dict]) -> str | None:
     """What is wrong with the run's plan files, if anything: status would count nothing."""
+    summary = read_json_object(Path(layout.plan_json))
+    if summary is None:
+        return "the plan is damaged: shards/plan.json is missing or no JSON object"
     try:
-        computed = json.loads(Path(layout.plan_json).read_text()).get("computed", 0)
         for row in plan:
             int(row["n_residues"])
             if not row["shard"]:
                 raise ValueError("a row names no shard")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ValueError, KeyError, TypeError) as err:
         what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        return f"the plan (shards/plan.tsv, plan.json) is damaged ({what})"
+        return f"the plan is damaged: shards/plan.tsv ({what})"
+    computed = summary.get("computed", 0)
     if computed and not plan:
         return (
             f"the plan is damaged: plan.json plans {computed} sequences, shards/plan.tsv no shard"

@@ -189,7 +189,7 @@ def _blocks(fh) -> Iterator[bytes]:
     """The file's bytes in blocks that end where a record ends, each starting with a newline.
 
     The newline before the first record stands for line 0, so that every header follows a
-    newline; line ends are made '\\n' (CRLF and lone CR alike).
+    newline; CRLF line ends are made '\\n' (a lone CR is no line end).
     """
     pending = b"\n"
     first = True
@@ -200,9 +200,8 @@ def _blocks(fh) -> Iterator[bytes]:
             first = False
         if data.endswith(b"\r"):  # keep a CRLF together
             data += fh.read(1)
-        if (
-            b"\r" in data
-        ):  # a lone CR stays, for the record to refuse (esmshard.input.fasta._record)
+        # CRLF ends a line; a lone CR stays, for the record to refuse (`_record`)
+        if b"\r" in data:
             data = data.replace(b"\r\n", b"\n")
         buffer = pending + data
         if not data:

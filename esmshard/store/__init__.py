@@ -165,16 +165,17 @@ def mark(store: Store) -> None:
 def written_by_run(path, layout: Layout, store: Store) -> str | None:
     """The file or folder that a run of `layout` and `store` writes and `path` is or lies in:
     such a path cannot be an input (the run would overwrite or remove it)."""
-    target = Path(path).expanduser().resolve()
+    target = Path(path).resolve()
     for own in layout.own_files + [store.marker]:
-        if target == Path(own).expanduser().resolve():
+        if target == Path(own).resolve():
             return own
-    root = Path(store.root).expanduser().resolve()
     folders = layout.own_folders + [os.path.join(store.root, storelock.LOCKS)]
-    if target.is_relative_to(root) and SETTINGS_KEY.match(target.relative_to(root).parts[0]):
-        folders.append(store.folder(target.relative_to(root).parts[0]))
+    root = Path(store.root).resolve()
+    first = target.relative_to(root).parts[:1] if target.is_relative_to(root) else ()
+    if first and SETTINGS_KEY.match(first[0]):
+        folders.append(store.folder(first[0]))
     for folder in folders:
-        if target.is_relative_to(Path(folder).expanduser().resolve()):
+        if target.is_relative_to(Path(folder).resolve()):
             return folder
     return None
 

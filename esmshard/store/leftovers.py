@@ -81,13 +81,13 @@ def remove_dead_temporaries_of(path) -> list[Path]:
     return dead
 
 
-def orphan_manifests(store: Store, live: list[Path]) -> list[Path]:
-    """Store manifests without their part whose part is not being written: an embed job killed
-    between the two. `live` (the live temporaries, listed first) keeps a writer's manifest: its
+def orphan_manifests(store: Store, keys: list[str], live: list[Path]) -> list[Path]:
+    """Manifests in the settings folders `keys` without their part whose part is not being
+    written: an embed job killed between the two. `live` (the live temporaries, listed first) keeps a writer's manifest: its
     part, once renamed, appears before its temporary file is gone."""
     being_written = {path.name.split(".h5.", 1)[0].lstrip(".") for path in live}
     orphans = []
-    for key in store.settings_keys():
+    for key in keys:
         for manifest in Path(store.folder(key)).glob("*.json"):
             name = manifest.stem
             if manifest.name == "settings.json" or name.startswith("."):
@@ -102,7 +102,8 @@ def remove_leftovers(outdir, store: Store) -> list[Path]:
     now = time.time()
     flat = [Path(outdir), Path(store.root)]
     own = [Path(p) for p in Layout(str(outdir)).own_folders]
-    own += [Path(store.root, LOCKS)] + [Path(store.folder(k)) for k in store.settings_keys()]
+    keys = store.settings_keys()
+    own += [Path(store.root, LOCKS)] + [Path(store.folder(k)) for k in keys]
     dead, live = [], []
     for folders, recursive in ((flat, False), (own, True)):
         for folder in dict.fromkeys(folders):  # a store may be the outdir itself
@@ -110,7 +111,7 @@ def remove_leftovers(outdir, store: Store) -> list[Path]:
                 found_dead, found_live = dead_temporaries(folder, now, recursive)
                 dead += found_dead
                 live += found_live
-    removed = dead + orphan_manifests(store, live)
+    removed = dead + orphan_manifests(store, keys, live)
     for path in removed:
         _remove(path)
     return removed
