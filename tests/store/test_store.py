@@ -17,6 +17,7 @@ from conftest import (
     NEW,
     PROTEINS,
     REPO,
+    TINY_MODEL,
     A,
     B,
     config,
@@ -272,14 +273,15 @@ def test_kill_9_during_merge_then_the_same_command_leaves_nothing_behind(tmp_pat
         tmp_path / "a.fasta", [(f">copy{k}_{h[1:]}", s) for k in range(400) for h, s in A[:20]]
     )
     outdir, store = tmp_path / "results", tmp_path / "lab-store"
-    cmd, env = snakemake_command(
-        tmp_path, {}, "--resources", "gpu=1", *config(a, outdir, "shards=2", f"store={store}")
-    )
+    # esm2_t6's D = 320, not the micro model's 32: merge must copy enough to be caught running.
+    args = ["--resources", "gpu=1", "--config", f"input={a}", f"outdir={outdir}",
+            f"model=random:{TINY_MODEL}", "shards=2", f"store={store}"]  # fmt: skip
+    cmd, env = snakemake_command(tmp_path, {}, *args)
     kill_9_when(cmd, env, lambda: any(outdir.glob(".merge-spill-*.tmp")))
     assert any(".merge-spill-" in p for p in leftovers(outdir, store))
     orphan = next(store.glob("*/settings.json")).with_name("0123456789ab-0000.json")
     orphan.write_text("{}")  # an embed job killed between its manifest and its part
-    again = run(tmp_path, a, outdir, "shards=2", f"store={store}")
+    again = snakemake(tmp_path, {}, *args)
     assert jobs_run(again) == {"merge": 1, "report": 1}
     assert leftovers(outdir, store) == [] and not orphan.exists()
 
