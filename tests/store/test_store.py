@@ -270,7 +270,7 @@ def test_kill_9_during_the_shard_step_then_the_same_command(tmp_path):
 def test_kill_9_during_merge_then_the_same_command_leaves_nothing_behind(tmp_path):
     # Many records of few sequences: each is computed once, and merge has a while to run.
     a = fasta(
-        tmp_path / "a.fasta", [(f">copy{k}_{h[1:]}", s) for k in range(400) for h, s in A[:20]]
+        tmp_path / "a.fasta", [(f">copy{k}_{h[1:]}", s) for k in range(2000) for h, s in A[:20]]
     )
     outdir, store = tmp_path / "results", tmp_path / "lab-store"
     # esm2_t6's D = 320, not the micro model's 32: merge must copy enough to be caught running.
