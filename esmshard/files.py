@@ -12,7 +12,9 @@ import re
 import resource
 import shutil
 import socket
+import sys
 import tempfile
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -71,10 +73,10 @@ def disk_full_error(path, needed: int | None, code: int = errno.ENOSPC) -> DiskF
         need = f"about {human_bytes(needed)}" if needed else "more space"
         what = f"no space left for {path}: it needs {need} and {human_bytes(free_bytes(path))} "
         what += f"are free on that filesystem ({reason})"
-        fix = "free some space (or set `outdir` to a larger disk)"
+        fix = "free some space there (or write to a larger disk)"
     elif code == errno.EDQUOT:
         what = f"no room for {path}: the disk quota is used up ({reason})"
-        fix = "free some space or have the quota raised (or set `outdir` elsewhere)"
+        fix = "free some space or have the quota raised (or write elsewhere)"
     else:
         need = f"about {human_bytes(needed)}" if needed else "more"
         what = f"no room for {path}: it needs {need}, beyond this process's file size limit"
@@ -111,6 +113,27 @@ def naming_disk_full(path, needed_bytes: int | None = None):
         raise
 
 
+def quiet_hdf5_cleanup(report) -> None:
+    """Send h5py's reports of the objects it cannot free after a failed write (a full disk:
+    dozens of tracebacks, through both of Python's hooks) to `report`, so that the failure
+    itself is seen, in one line; any other error is shown as before."""
+    shown, shown_unraisable = sys.excepthook, sys.unraisablehook
+
+    def in_h5py(tb) -> bool:
+        return any("h5py" in frame.f_code.co_filename for frame, _ in traceback.walk_tb(tb))
+
+    def excepthook(kind, error, tb):
+        report(error) if in_h5py(tb) else shown(kind, error, tb)
+
+    def unraisablehook(unraisable):
+        if in_h5py(unraisable.exc_traceback):
+            report(unraisable.exc_value)
+        else:
+            shown_unraisable(unraisable)
+
+    sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
+
+
 # Every temporary name esmshard writes ends `.esmshard-<host>-<pid>.tmp`: the clean-up of killed
 # writers' leftovers (esmshard.store.leftovers) removes such names only, so a user's own
 # `.draft.12345.tmp` beside the outputs is never taken for one.
@@ -121,6 +144,24 @@ def writer_suffix() -> str:
     """The end of every temporary name this process writes: esmshard's mark, its host and
     process, so that a later run can tell a live writer's files from a dead one's."""
     return f".esmshard-{socket.gethostname()}-{os.getpid()}.tmp"
+
+
+def unwritable(path) -> str | None:
+    """Why nothing can be written at `path` (a folder, or where one would be made), or None.
+
+    A real probe, a file of esmshard's temporary name made and removed at once in `path` or
+    its nearest existing parent: `os.access` says yes to root, even on a read-only mount.
+    """
+    folder = Path(path).absolute()
+    while not folder.exists():
+        folder = folder.parent
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-", suffix=writer_suffix()):
+            pass
+    except OSError as err:
+        name = errno.errorcode.get(err.errno, "?")
+        return f"{folder} cannot be written: {err.strerror or err} ({name})"
+    return None
 
 
 def temporary_folder(parent, purpose: str):

@@ -5,6 +5,7 @@ Paths are strings, so that the rules can pass a wildcard such as "{shard}" for t
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,13 @@ class Layout:
             if shard
             else self._path("logs", f"{step}.log")
         )
+
+
+def every_attempt(log_path: str) -> str:
+    """Where the lines of every attempt of the job logging to `log_path` (a `Layout.log`) are
+    kept, appended: Snakemake removes a job's log before it runs the job again, so `logs/`
+    holds the latest attempt and `logs/attempts/` every one."""
+    parts = Path(log_path).parts
+    # The last `logs` folder; a log outside one (a step run on its own) keeps them beside it.
+    at = max((i for i, name in enumerate(parts[:-1]) if name == "logs"), default=len(parts) - 2)
+    return str(Path(*parts[: at + 1], "attempts", *parts[at + 1 :]))

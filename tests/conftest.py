@@ -258,6 +258,20 @@ def small_disk(folder: Path, megabytes: int):
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """`folder` on a read-only mount (a bind mount of itself) inside the block: EROFS for every
+    writer, root included, as a read-only share or a snapshot gives."""
+    bound = subprocess.run(["mount", "--bind", folder, folder], capture_output=True, text=True)
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (it needs root): {bound.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", folder], check=True)
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
 def fill(disk: Path, leave_bytes: int) -> None:
     """Write a filler file until `leave_bytes` are free, or the disk is full (others write too)."""
     with open(disk / "filler", "ab", buffering=0) as fh:

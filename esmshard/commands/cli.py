@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .. import store as stores
-from ..files import DiskFullError, human_bytes
+from ..files import human_bytes, quiet_hdf5_cleanup, unwritable
 from ..input.fasta import FastaError
 from ..outputs import export as exports
 from ..representations import KINDS
@@ -189,13 +189,14 @@ def main(argv=None):
             parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
         return show_store(parser, args)
     if args.command == "export":
+        quiet_hdf5_cleanup(lambda error: None)  # a failed write is reported below, in one line
         try:
             exports.export(
                 args.outdir, args.format, args.out, kind=args.kind, layer=args.layer, key=args.key
             )
         except (exports.ExportError, KeyError, FastaError) as err:
             parser.exit(1, f"esmshard export: {err.args[0]}\n")
-        except DiskFullError as err:
+        except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line
             # Straight out: after a failed write, HDF5's clean-up at exit can crash the process.
             sys.stderr.write(f"esmshard export: {err}\n")
             sys.stderr.flush()
@@ -232,16 +233,21 @@ def show_store(parser, args) -> int:
         parser.error(f"{args.path} is not a folder; give a store or a run's outdir")
     try:
         store = stores.Store(str(store_of(args.path))).checked()
-        if args.remove:
+        read_only = unwritable(store.root)
+        if read_only and (args.remove is not None or args.apply):
+            raise ValueError(f"{read_only}; nothing was removed")
+        if args.remove is not None:
             stores.remove(store, args.remove)
             print(f"removed the entries of settings {args.remove} from {store.root}")
             return 0
         if args.verify:
-            return verify_store(store)
+            return verify_store(store, read_only)
         if args.prune:
             return prune_store(store, args.keep, args.apply)
     except (KeyError, ValueError, StoreBusyError) as err:
         parser.exit(1, f"esmshard store: {err.args[0]}\n")
+    except OSError as err:  # e.g. a part another user owns: no traceback for a path
+        parser.exit(1, f"esmshard store: {err}\n")
     rows = stores.summary(store)
     if not rows:
         print(f"{store.root}: no embeddings stored")
@@ -256,10 +262,11 @@ def show_store(parser, args) -> int:
     return 0
 
 
-def verify_store(store) -> int:
+def verify_store(store, read_only: str | None) -> int:
     verified = stores.verify(store)
+    done = f"left in place ({read_only})" if read_only else "set aside"
     for part, reason in verified.damaged:
-        print(f"damaged: {part}: {reason}; set aside (the next run recomputes its sequences)")
+        print(f"damaged: {part}: {reason}; {done} (the next run recomputes its sequences)")
     print(f"{store.root}: {verified.n_parts} parts checked, {len(verified.damaged)} damaged")
     return 1 if verified.damaged else 0
 

@@ -23,7 +23,7 @@ import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
-from ..files import write_json, write_text
+from ..files import unwritable, write_json, write_text
 from ..input.datasets import shared_data_dir, write_every_nth_record
 from ..layout import Layout
 from ..version import __version__
@@ -280,6 +280,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
     args = parser.parse_args(argv)
+    problem = unwritable(args.out)
+    if problem or args.out.is_file():
+        parser.exit(2, f"esmshard gpu-check: --out {args.out}: {problem or 'is a file'}\n")
     result = check(args.out)
     print((args.out / "gpu-check.md").read_text())
     return 0 if result["ok"] else 1

@@ -145,9 +145,20 @@ _RESIDUE_TABLE = bytes(
     for c in map(chr, range(256))
 )
 _NOT_RESIDUE_BYTES = b"-. \t\n"
-# Bytes no header or sequence may hold: control characters, tab aside (a NUL cannot be stored
-# in the output's IDs; a lone carriage return hides text on a terminal and splits lines).
-_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]")
+# Bytes no header or sequence may hold: control characters, tab aside, and the C1 controls
+# (U+0080..U+009F) in UTF-8. A NUL cannot be stored in the output's IDs; the others, shown on a
+# terminal, can hide or rewrite what is around them (an escape sequence, a lone carriage return,
+# which also splits lines).
+_CONTROL = re.compile(rb"[\x00-\x08\x0b-\x1f\x7f]|\xc2[\x80-\x9f]")
+_CONTROL_TEXT = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters written as escapes (ESC as \\x1b): for an ID from
+    the outputs of an earlier esmshard, which let them in, shown on a terminal or in a TSV."""
+    return _CONTROL_TEXT.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 _BLOCK_BYTES = 1 << 23
 
 
@@ -258,7 +269,8 @@ def _record(path: str, part: bytes, line: int) -> RawRecord:
             what = "a carriage return (CR) inside a line; give the file LF or CRLF line ends"
         else:
             name = "a NUL byte" if byte == b"\x00" else "a control character"
-            what = f"{name} (0x{byte[0]:02x}); remove it"
+            code = f"0x{byte[0]:02x}" if len(byte) == 1 else f"U+{ord(byte.decode()):04X}"
+            what = f"{name} ({code}); remove it"
         raise FastaError(f"{path}:{line}: the {where} holds {what}")
     header = head.decode("utf-8", "replace").strip()
     if not header:

@@ -35,8 +35,8 @@ import h5py
 import numpy as np
 
 from .. import contacts
-from ..files import atomic_path
-from ..input.fasta import read_raw
+from ..files import atomic_path, unwritable
+from ..input.fasta import printable, read_raw
 from ..input.records import iter_batches, source
 from ..layout import Layout
 from ..representations import KINDS
@@ -194,7 +194,7 @@ def sequences_in_order(emb: Embeddings, records_path: str):
                 continue
             if hashlib.sha256(record.sequence).hexdigest().encode() != sha256:
                 raise ExportError(
-                    f"record '{id_}' ({source(file, record.line)}) has another sequence than the "
+                    f"record '{printable(id_)}' ({source(file, record.line)}) has another sequence than the "
                     "one embedded: the input changed since the run. Run the workflow again, or "
                     "key the datasets by ID (--key id)"
                 )
@@ -229,7 +229,7 @@ def write_per_protein_h5(emb, target, bar, options: Options):
                 else:
                     if "/" in id_ or id_ in (".", ".."):
                         raise ExportError(
-                            f"ID '{id_}' cannot be an HDF5 dataset name ('/' separates groups); "
+                            f"ID '{printable(id_)}' cannot be an HDF5 dataset name ('/' separates groups); "
                             "key the datasets by sequence hash (--key hash)"
                         )
                     name = id_
@@ -286,7 +286,7 @@ def write_pt(emb, target, bar, options: Options):
                     fh = open(target / f"{name}.pt", "xb")
                 with fh:
                     torch.save(result, fh)
-                index.write(f"{id_}\t{name}.pt\n")
+                index.write(f"{printable(id_)}\t{name}.pt\n")
             bar.update(len(block.ids))
 
 
@@ -337,7 +337,7 @@ def write_npy(emb, target, bar, options: Options):
                     files[(kind, layer)].write(values)
             if block.contacts is not None:
                 files[contacts.NAME].write(block.contacts)
-            ids.writelines(f"{i}\t{s}\n" for i, s in zip(block.ids, block.sha256))
+            ids.writelines(f"{printable(i)}\t{s}\n" for i, s in zip(block.ids, block.sha256))
             bar.update(len(block.ids))
     for file in files.values():
         file.close()
@@ -418,6 +418,9 @@ def export(
         raise ExportError(f"{out} exists; remove it or choose another --out")
     if not out.parent.is_dir():
         raise ExportError(f"{out.parent} is not a folder; make it, or choose another --out")
+    problem = unwritable(out.parent)
+    if problem:
+        raise ExportError(f"{problem}; choose another --out")
     if not Path(layout.embeddings).is_file():
         raise ExportError(f"{layout.embeddings} does not exist: give the outdir of a finished run")
     with Embeddings(layout.embeddings) as emb:

@@ -8,6 +8,7 @@ import sys
 import time
 
 from ..compute.telemetry import peak_memory_mb
+from ..layout import every_attempt
 
 
 def run_step(log_path, step, **kwargs):
@@ -16,19 +17,22 @@ def run_step(log_path, step, **kwargs):
     Known problems (bad input, a model that cannot be had, a full disk) end the step with their
     message alone; anything else with its traceback; a signal with its name.
     """
-    from ..files import DiskFullError
+    from ..files import DiskFullError, quiet_hdf5_cleanup
     from ..input.fasta import FastaError
     from ..models import ModelError
     from .merge import MergeError
 
-    # The job log gets everything; the run's output (the job's stderr) only problems.
+    # The job log gets everything, this attempt's and (appended) every attempt's; the run's
+    # output (the job's stderr) only problems.
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.WARNING)
+    attempts = every_attempt(log_path)
+    os.makedirs(os.path.dirname(attempts), exist_ok=True)
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        # Appended: a retried or concurrent attempt adds to the log instead of erasing it.
-        handlers=[logging.FileHandler(log_path, mode="a"), console],
+        handlers=[logging.FileHandler(path, mode="a") for path in (log_path, attempts)]
+        + [console],
     )
     logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
     log = logging.getLogger("esmshard")
@@ -47,14 +51,9 @@ def run_step(log_path, step, **kwargs):
 
     signal.signal(signal.SIGTERM, stop)
 
-    # After a failed write (a full disk) h5py reports each object it cannot free, dozens of
-    # tracebacks (through both hooks); they go to the job log only, so that the run's output
-    # shows the error itself. The step's own errors are handled below.
-    def log_ignored(*args):
-        error = args[1] if len(args) == 3 else args[0].exc_value
-        log.info("while cleaning up: %r", error)
-
-    sys.excepthook = sys.unraisablehook = log_ignored
+    # h5py's noise after a failed write goes to the job log only: the run's output shows the
+    # error itself. The step's own errors are handled below.
+    quiet_hdf5_cleanup(lambda error: log.info("while cleaning up: %r", error))
     try:
         result = step(**kwargs)
     except (FastaError, ModelError, MergeError, DiskFullError, ValueError) as err:

@@ -24,7 +24,14 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..compute.telemetry import peak_memory_mb
-from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
+from ..files import (
+    Buckets,
+    atomic_path,
+    temporary_folder,
+    unwritable,
+    write_json,
+    write_tsv,
+)
 from ..input.balance import assign, embedded_residue_counts, record_costs
 from ..input.fasta import FastaError, looks_nucleotide, read_raw
 from ..input.input_problems import InputProblems
@@ -34,6 +41,7 @@ from ..store import (
     KEY_BYTES,
     KEY_DTYPE,
     Store,
+    StoreReadOnlyError,
     add_settings,
     check_part,
     part_keys,
@@ -114,6 +122,7 @@ def write_shards(
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
     store, key = Store(str(store_root)), settings_key(settings)
+    read_only = unwritable(store.root)  # a store for reuse alone, if it holds every sequence
     # The spooled sequences, then the shard files.
     needed = 2 * estimated_text_bytes(inputs)
     with (
@@ -152,6 +161,12 @@ def write_shards(
         stored = _index_store(store, key, parts, Path(work) / "store")
         match = _match(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
         new = match.new_records
+        if new.size and read_only:
+            raise StoreReadOnlyError(
+                f"the store {store.root} lacks {new.size} of the {match.n_unique} unique "
+                f"sequences of this run, and {read_only}. Set `store` to a folder you can "
+                "write (a copy of this one keeps what it holds), or make this one writable"
+            )
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
         costs = record_costs(lengths[new], truncation_seq_length, long_sequences, arch[1])
         new_residues = embedded(new)[0]
@@ -180,7 +195,8 @@ def write_shards(
             "computed": int(new.size),
         }
         write_json(building / "plan.json", summary)
-        add_settings(store, key, settings)
+        if not read_only:
+            add_settings(store, key, settings)
     log.info(
         "%d records, %d unique sequences: %d found in the store (%s), %d to compute in %d shards",
         summary["records"],

@@ -91,6 +91,10 @@ class NotAStoreError(ValueError):
     """A folder that is not an esmshard store was given where one is needed."""
 
 
+class StoreReadOnlyError(ValueError):
+    """A run would add parts to a store that cannot be written."""
+
+
 @dataclass(frozen=True)
 class Store:
     root: str
@@ -162,22 +166,31 @@ def mark(store: Store) -> None:
             pass  # a read-only store of an earlier version: its settings folders mark it
 
 
+def written_by_layout(path, layout: Layout) -> str | None:
+    """The outdir's own file or folder (`layout`'s) that `path` is or lies in."""
+    return _written_in(Path(path).resolve(), layout.own_files, layout.own_folders)
+
+
+def _written_in(target: Path, files: list[str], folders: list[str]) -> str | None:
+    for own in files:
+        if target == Path(own).resolve():
+            return own
+    for folder in folders:
+        if target.is_relative_to(Path(folder).resolve()):
+            return folder
+    return None
+
+
 def written_by_run(path, layout: Layout, store: Store) -> str | None:
     """The file or folder that a run of `layout` and `store` writes and `path` is or lies in:
     such a path cannot be an input (the run would overwrite or remove it)."""
     target = Path(path).resolve()
-    for own in layout.own_files + [store.marker]:
-        if target == Path(own).resolve():
-            return own
     folders = layout.own_folders + [os.path.join(store.root, storelock.LOCKS)]
     root = Path(store.root).resolve()
     first = target.relative_to(root).parts[:1] if target.is_relative_to(root) else ()
     if first and SETTINGS_KEY.match(first[0]):
         folders.append(store.folder(first[0]))
-    for folder in folders:
-        if target.is_relative_to(Path(folder).resolve()):
-            return folder
-    return None
+    return _written_in(target, layout.own_files + [store.marker], folders)
 
 
 def add_settings(store: Store, key: str, settings: dict) -> None:
@@ -260,18 +273,20 @@ SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed it
 def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
     """Move a part that failed its check, and its manifest, out of the way, so that no run uses
     them again (`esmshard store --prune` removes them); returns where they went."""
-    moved = []
+    moved, kept = [], ""
     for path in (store.part(key, name), store.manifest(key, name)):
         try:
             os.replace(path, path + SET_ASIDE)
             moved.append(path + SET_ASIDE)
         except FileNotFoundError:
             pass  # another run set it aside first, or the part never had one
+        except OSError as err:  # a store that cannot be written: the part stays, unused
+            kept = f"left in place ({err.strerror})"
     log.warning(
-        "store part %s fails its check (%s): set aside as %s, its sequences are recomputed",
+        "store part %s fails its check (%s): %s, its sequences are recomputed",
         store.part(key, name),
         reason,
-        " and ".join(moved) or "(already gone)",
+        kept or "set aside as " + (" and ".join(moved) or "(already gone)"),
     )
     return moved
 

@@ -97,13 +97,16 @@ def orphan_manifests(store: Store, keys: list[str], live: list[Path]) -> list[Pa
     return orphans
 
 
-def remove_leftovers(outdir, store: Store) -> list[Path]:
-    """Remove what dead writers left in `outdir` and in `store`; returns what was removed."""
+def remove_leftovers(outdir, store: Store | None) -> list[Path]:
+    """Remove what dead writers left in `outdir` and in `store` (None: a store that cannot be
+    written, left alone); returns what was removed."""
     now = time.time()
-    flat = [Path(outdir), Path(store.root)]
+    flat = [Path(outdir)]
     own = [Path(p) for p in Layout(str(outdir)).own_folders]
-    keys = store.settings_keys()
-    own += [Path(store.root, LOCKS)] + [Path(store.folder(k)) for k in keys]
+    keys = store.settings_keys() if store else []
+    if store:
+        flat.append(Path(store.root))
+        own += [Path(store.root, LOCKS)] + [Path(store.folder(k)) for k in keys]
     dead, live = [], []
     for folders, recursive in ((flat, False), (own, True)):
         for folder in dict.fromkeys(folders):  # a store may be the outdir itself
@@ -111,7 +114,7 @@ def remove_leftovers(outdir, store: Store) -> list[Path]:
                 found_dead, found_live = dead_temporaries(folder, now, recursive)
                 dead += found_dead
                 live += found_live
-    removed = dead + orphan_manifests(store, keys, live)
+    removed = dead + (orphan_manifests(store, keys, live) if store else [])
     for path in removed:
         _remove(path)
     return removed

@@ -17,7 +17,13 @@ from conftest import (
     read_records,
 )
 
-from esmshard.input.fasta import FastaError, looks_nucleotide, normalise, read_fasta
+from esmshard.input.fasta import (
+    FastaError,
+    looks_nucleotide,
+    normalise,
+    printable,
+    read_fasta,
+)
 
 RECORDS = read_records(PROTEINS)
 ECOLI = RECORDS[:5]
@@ -244,6 +250,10 @@ def test_records_across_block_boundaries_read_the_same(tmp_path, monkeypatch, eo
         (b">a\nMK\x00V\n", "1: the sequence holds a NUL byte (0x00); remove it"),
         (b">a\x1b[31m red\nMKV\n", "1: the header holds a control character (0x1b); remove it"),
         (b">a\nMK\x0bV\n", "1: the sequence holds a control character (0x0b); remove it"),
+        (
+            ">a\u009b31m\nMKV\n".encode(),
+            "1: the header holds a control character (U+009B); remove",
+        ),
         (b">a hdr\rMKVL\n", "1: the header holds a carriage return (CR) inside a line; give"),
         (b">a\nMK\rVL\n", "1: the sequence holds a carriage return (CR) inside a line; give"),
     ],
@@ -255,3 +265,8 @@ def test_control_characters_and_a_lone_cr_stop_with_file_and_line(tmp_path, reco
         list(read_fasta(path))
     path.write_bytes(b">b\tfine\tdescription\nMKVLA\r\n")  # a tab in a header and CRLF are fine
     assert [(r.id, r.sequence) for r in read_fasta(path)] == [("b", "MKVLA")]
+
+
+def test_printable_escapes_what_a_terminal_would_act_on():
+    assert printable("P1\x1b[31m\u009b2J\rx\x7f") == "P1\\x1b[31m\\x9b2J\\rx\\x7f"
+    assert printable("sp|P12345|Ünïcode_ID\tdesc") == "sp|P12345|Ünïcode_ID\tdesc"

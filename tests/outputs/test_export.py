@@ -2,6 +2,7 @@
 embeddings.h5, on runs made through the `snakemake` command line."""
 
 import hashlib
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import MODEL, PROTEINS, read_records, snakemake
+from conftest import MODEL, PROTEINS, fill, read_records, small_disk, snakemake
 
 from esmshard.outputs.export import pt_name
 
@@ -154,3 +155,34 @@ def test_pt_names_are_safe_and_distinct():
     for name in names:
         assert "/" not in name and not name.startswith(".") and len(name.encode()) <= 200
     assert pt_name("sp|P0A7Z4|RPOA_ECOLI") == "sp%7CP0A7Z4%7CRPOA_ECOLI"
+
+
+def test_a_disk_that_fills_during_an_export_is_one_line_and_the_same_command_then_works(
+    run, tmp_path
+):
+    """HDF5 once crashed with a segmentation fault after its failed write (per-protein-h5)."""
+    with small_disk(tmp_path / "disk", 1) as disk:
+        fill(disk, 8 << 10)  # room for the file's first blocks, not for 40 proteins' datasets
+        typed = ["--format", "per-protein-h5", "--out", f"{disk}/biotrainer.h5"]
+        full = export(run, *typed, check=False)
+        assert full.returncode == 1 and "Segmentation" not in full.stderr
+        last = full.stderr.splitlines()[-1]  # after the progress bar
+        assert last.startswith(f"esmshard export: no space left for {disk}/biotrainer.h5: ")
+        assert "[Errno 28] No space left on device" in last and "Traceback" not in full.stderr
+        assert [p.name for p in disk.iterdir()] == ["filler"]
+        (disk / "filler").unlink()
+        export(run, *typed)
+        with h5py.File(disk / "biotrainer.h5") as h5:
+            assert len(h5) == 40
+
+
+def test_ids_with_control_characters_from_an_earlier_version_are_escaped_in_tsvs(run, tmp_path):
+    """Earlier versions let an escape sequence into IDs; inputs with one are refused now."""
+    shutil.copytree(run / "out", tmp_path / "out")
+    with h5py.File(tmp_path / "out" / "embeddings.h5", "r+") as h5:
+        h5["ids"][0] = "P1\x1b[2J"  # would clear the terminal
+    for fmt, tsv in (("pt", "pt/index.tsv"), ("npy", "npy/ids.tsv")):
+        export(tmp_path, "--format", fmt, "--out", fmt)
+        text = (tmp_path / tsv).read_text()
+        assert "\x1b" not in text and text.splitlines()[1].startswith("P1\\x1b[2J\t")
+    assert (tmp_path / "pt" / "P1%1B%5B2J.pt").is_file()

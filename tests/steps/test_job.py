@@ -30,5 +30,7 @@ def test_concurrent_attempts_add_to_one_log(tmp_path):
     assert first.wait() == second.wait() == 0
     text = log.read_text()
     assert text.count("step: started on") == 2 and text.count("step: done") == 2
+    # Every attempt is kept beside it too: Snakemake removes a job's log before a rerun.
+    assert (tmp_path / "attempts" / "job.log").read_text() == text
     for proc in (first, second):
         assert f"process {proc.pid}" in text

@@ -279,6 +279,11 @@ def test_job_logs_say_how_a_job_ended_errors_and_signals(tmp_path):
     snakemake(workdir, CONFIG, "--config", "shards=1", "toks_per_batch=1100")
     log = job_log.read_text()
     assert re.search(r"run_shard: done in [\d.]+ s, peak memory \d+ MB$", log.rstrip())
+    # Snakemake removed the killed attempt's log before the job ran again; logs/attempts/ keeps it.
+    assert "SIGTERM" not in log
+    attempts = (job_log.parents[1] / "attempts" / "embed" / job_log.name).read_text()
+    assert attempts.index("stopped by SIGTERM") < attempts.index("run_shard: done in")
+    assert attempts.endswith(log)
 
 
 def test_control_bytes_in_the_input_are_named_with_every_other_problem_before_any_job(tmp_path):

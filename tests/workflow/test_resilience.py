@@ -211,7 +211,7 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     assert not out.exists() and not list(tmp_path.glob(f".{name}.h5.*"))
     assert not (tmp_path / "progress.json").exists() and not (tmp_path / "t.tsv").exists()
     assert "run_shard: stopped by SIGTERM" in (tmp_path / "job.log").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.log", "pool", "shards"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts", "job.log", "pool", "shards"]
     with pool.acquire(
         ["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}
     ) as slot:

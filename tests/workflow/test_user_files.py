@@ -18,6 +18,8 @@ from conftest import (
     config,
     fasta,
     kill_9_after_shards,
+    read_only,
+    run_json,
     snakemake,
     snakemake_command,
 )
@@ -182,3 +184,100 @@ def test_paths_that_cannot_work_are_named_in_one_line_before_any_work(tmp_path):
     ):
         done = cli("export", "out", "--format", "pt", "--out", out, cwd=tmp_path)
         assert done.returncode == 1 and done.stderr.strip() == f"esmshard export: {message}"
+
+
+def test_a_read_only_store_is_reused_and_one_that_must_grow_says_so(tmp_path):
+    """A store shared read-only (a lab's, a snapshot) serves every run it holds the sequences
+    of; a run that would add to it is refused in one line before any work, naming the key."""
+    fasta(tmp_path / "a.fasta", A[:8])
+    fasta(tmp_path / "b.fasta", A[:8] + NEW[:2])
+    snakemake(tmp_path, {}, *config("a.fasta", "first", "shards=2", "store=lab"))
+    plant(tmp_path / "lab", HOSTILE, random.Random(3))
+    before = {p: p.read_bytes() for p in (tmp_path / "lab").rglob("*") if p.is_file()}
+    with read_only(tmp_path / "lab"):
+        snakemake(tmp_path, {}, *config("a.fasta", "second", "store=lab"))
+        reused = run_json(tmp_path / "second")
+        assert (reused["computed"], reused["from_store"], reused["failed"]) == (0, 8, 0)
+        grown = snakemake(tmp_path, {}, *config("b.fasta", "third", "store=lab"), check=False)
+        # `esmshard store` lists and verifies it; what would remove anything says why not.
+        (key,) = Store(str(tmp_path / "lab")).settings_keys()
+        assert cli("store", "lab", cwd=tmp_path).returncode == 0
+        verified = cli("store", "lab", "--verify", cwd=tmp_path)
+        assert verified.returncode == 0 and "2 parts checked, 0 damaged" in verified.stdout
+        for args in (["--remove", key], ["--prune", "--keep", "first", "--apply"]):
+            done = cli("store", "lab", *args, cwd=tmp_path)
+            assert done.returncode == 1 and done.stderr == (
+                f"esmshard store: {tmp_path}/lab cannot be written: Read-only file system "
+                "(EROFS); nothing was removed\n"
+            )
+    assert grown.returncode != 0 and "Traceback" not in grown.stderr
+    message = (
+        f"the store lab lacks 2 of the 10 unique sequences of this run, and {tmp_path}/lab "
+        "cannot be written: Read-only file system (EROFS). Set `store` to a folder you can write"
+    )
+    assert message in grown.stderr
+    assert message in (tmp_path / "third" / "logs" / "shard.log").read_text()
+    assert not (tmp_path / "third" / "shards").exists()
+    assert {p: p.read_bytes() for p in (tmp_path / "lab").rglob("*") if p.is_file()} == before
+
+
+def test_a_read_only_outdir_or_export_folder_is_named_in_one_line(tmp_path):
+    fasta(tmp_path / "a.fasta", A[:4])
+    snakemake(tmp_path, {}, *config("a.fasta", "out", "shards=1"))
+    (tmp_path / "shelf").mkdir()
+    (tmp_path / "shelf" / "mine.txt").write_text("a file of the user's\n")
+    with read_only(tmp_path / "shelf"):
+        done = snakemake(tmp_path, {}, *config("a.fasta", "shelf/out"), check=False)
+        assert done.returncode != 0 and "Traceback" not in done.stderr
+        assert (
+            f"outdir 'shelf/out': {tmp_path}/shelf cannot be written: Read-only file system "
+            "(EROFS); choose a folder you can write for `outdir`"
+        ) in done.stderr
+        export = cli("export", "out", "--format", "npy", "--out", "shelf/npy", cwd=tmp_path)
+        assert export.returncode == 1 and export.stderr == (
+            f"esmshard export: {tmp_path}/shelf cannot be written: Read-only file system "
+            "(EROFS); choose another --out\n"
+        )
+    assert [p.name for p in (tmp_path / "shelf").iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize(
+    "typed, message",
+    [
+        (["input=missing.fasta"], "input FASTA 'missing.fasta' does not exist; set `input:`"),
+        (["input=empty.fasta"], "empty.fasta: no FASTA records (the file is empty or has no"),
+        (["store=a.fasta"], "store 'a.fasta' is a file; choose a folder for `store`"),
+        (["store=out/shards"], "store 'out/shards' is where this run writes its own files"),
+        (["store=out/embeddings.h5"], "store 'out/embeddings.h5' is where this run writes"),
+        (["shards=0"], "0 is not valid under any of the given schemas"),
+        (["gpus=[0,-1]"], "['0', '-1'] is not valid under any of the given schemas"),
+    ],
+)
+def test_typed_mistakes_are_refused_in_one_line_before_any_model_is_loaded(
+    tmp_path, typed, message
+):
+    before = fasta(tmp_path / "a.fasta", A[:4]).read_bytes()
+    (tmp_path / "empty.fasta").write_text("")
+    # The input typed replaces config()'s own.
+    items = config(next((t[6:] for t in typed if t.startswith("input=")), "a.fasta"), "out")
+    done = snakemake(tmp_path, {}, *items, *[t for t in typed if not t.startswith("input=")],
+                     check=False)  # fmt: skip
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert message in done.stderr
+    assert not (tmp_path / "out" / "logs" / "embed").exists()
+    assert (tmp_path / "a.fasta").read_bytes() == before
+
+
+def test_esmshard_commands_typed_wrong_say_so_in_one_line(tmp_path):
+    fasta(tmp_path / "a.fasta", A[:4])
+    snakemake(tmp_path, {}, *config("a.fasta", "out", "shards=1"))
+    for args, status, message in (
+        (["store", "out", "--remove", ""], 1, f"esmshard store: {tmp_path}/out/store holds no "),
+        (["gpu-check", "--out", "a.fasta"], 2, "esmshard gpu-check: --out a.fasta: "),
+        (["export", "out", "--format", "npy", "--out", "a.fasta/npy"], 1,
+         "esmshard export: a.fasta is not a folder; make it, or choose another --out"),
+        (["export", "out", "--format", "pt", "--out", "out"], 1, "esmshard export: out exists"),
+    ):  # fmt: skip
+        done = cli(*args, cwd=tmp_path)
+        assert done.returncode == status and done.stderr.startswith(message), done.stderr
+        assert len(done.stderr.splitlines()) == 1

@@ -46,7 +46,7 @@ def use_esmshard():
 use_esmshard()
 
 from esmshard.config import coerce_config, embedding_settings, expand_home
-from esmshard.files import read_tsv
+from esmshard.files import read_tsv, unwritable
 from esmshard.input.fasta import not_a_file
 from esmshard.input.sizing import (
     embed_mem_mb,
@@ -56,7 +56,7 @@ from esmshard.input.sizing import (
 from esmshard.layout import Layout
 from esmshard.models import ModelError, parse_spec
 from esmshard.steps.provenance import mixed_precisions
-from esmshard.store import Store, settings_key, written_by_run
+from esmshard.store import Store, settings_key, written_by_layout, written_by_run
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
 from esmshard.store.runlock import RunActiveError, current_run_id, hold
@@ -97,14 +97,29 @@ if "contacts" in config["include"] and config["long_sequences"] == "chunk":
     )
 
 RUN = Layout(config["outdir"])
-if os.path.exists(RUN.outdir) and not os.path.isdir(RUN.outdir):
-    raise WorkflowError(f"outdir '{RUN.outdir}' is a file; choose a folder for `outdir`")
+STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
+for key, folder in (("outdir", RUN.outdir), ("store", STORE.root)):
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise WorkflowError(f"{key} '{folder}' is a file; choose a folder for `{key}`")
+OUTDIR_UNWRITABLE = unwritable(RUN.outdir)
+if OUTDIR_UNWRITABLE:
+    raise WorkflowError(
+        f"outdir '{RUN.outdir}': {OUTDIR_UNWRITABLE}; choose a folder you can write for `outdir`"
+    )
+STORE_IN_RUN = written_by_layout(STORE.root, RUN)
+if STORE_IN_RUN:
+    raise WorkflowError(
+        f"store '{STORE.root}' is where this run writes its own files ({STORE_IN_RUN}), which "
+        "would replace or remove it; choose another `store` (by default the outdir's store/)"
+    )
+# A store that cannot be written is used for reuse alone (the shard step refuses a run that
+# would add to it): no lock is taken in it, nothing cleaned up.
+STORE_UNWRITABLE = unwritable(STORE.root)
 ARCH = (MODEL.num_layers, MODEL.embed_dim)  # read from the model's files
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
 # merge checks every part against them (esmshard.config, esmshard.store).
 EMBEDDING_PARAMS = embedding_settings(config, FAMILY.name, MODEL.identity(RUN.checksums))
-STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
 KEY = settings_key(EMBEDDING_PARAMS)
 
 
@@ -112,9 +127,8 @@ wildcard_constraints:
     shard=r"[0-9a-f]+-[0-9]+",
 
 
-def fasta_inputs(wildcards):
-    """The input FASTA files, checked when the run is planned rather than when the workflow is
-    read, so that `snakemake --lint` needs none."""
+def check_inputs():
+    """Refuse an input FASTA that is no file or lies where the run writes."""
     for path in INPUTS:
         problem = not_a_file(path)
         if problem:
@@ -129,7 +143,12 @@ def fasta_inputs(wildcards):
                 "overwrite or remove it. Move the input elsewhere, or choose another `outdir` "
                 "or `store`"
             )
-    return INPUTS
+
+
+# When the workflow is read (an error in an input function comes with Snakemake's traceback);
+# `snakemake --lint` reads it without running it, and needs no input.
+if "--lint" not in sys.argv:
+    check_inputs()
 
 
 def records_mem_mb(bytes_per_record):
@@ -209,8 +228,11 @@ def hold_run_lock():
         hold(RUN.run_lock, config["outdir"])
     except RunActiveError as err:
         raise WorkflowError(str(err))
-    hold_shared(STORE.root, KEY)
-    removed = remove_leftovers(config["outdir"], STORE)
+    if STORE_UNWRITABLE:
+        logger.info(f"esmshard: reusing a store that cannot be written ({STORE_UNWRITABLE})")
+    else:
+        hold_shared(STORE.root, KEY)
+    removed = remove_leftovers(config["outdir"], None if STORE_UNWRITABLE else STORE)
     if removed:
         logger.info(
             f"esmshard: removed {len(removed)} leftovers of killed runs: "

@@ -1,7 +1,7 @@
 # A checkpoint: which shards there are is known only once the input and the store are read.
 checkpoint shard:
     input:
-        fasta_inputs,
+        INPUTS,
     output:
         directory(RUN.shard_dir),
     log:
