@@ -6,24 +6,27 @@ CPU_TOKENS_PER_BATCH = 4096  # on a CPU larger batches do not run faster
 MAX_AUTO_TOKENS = 1 << 20
 
 
-def make_batches(lengths, toks_per_batch) -> list[list[int]]:
-    """Longest first, each batch as many sequences as fit the token budget once padded.
+def make_batches(lengths, toks_per_batch, packed: bool = False) -> list[list[int]]:
+    """Longest first, each batch as many sequences as fit the token budget: once padded to the
+    batch's longest, or `packed`, laid end to end (its real tokens alone count).
 
     `toks_per_batch` is a number or a function of the batch's longest sequence (in tokens).
     A sequence longer than the budget gets a batch of its own.
     """
     budget_for = toks_per_batch if callable(toks_per_batch) else (lambda _: toks_per_batch)
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    batches, current, width, budget = [], [], 0, 0
+    batches, current, width, total, budget = [], [], 0, 0, 0
     for i in order:
         tokens = lengths[i] + 2  # BOS and EOS
         if not current:
             budget = budget_for(tokens)
         width = max(width, tokens)
-        if current and width * (len(current) + 1) > budget:
+        size = total + tokens if packed else width * (len(current) + 1)
+        if current and size > budget:
             batches.append(current)
-            current, width, budget = [], tokens, budget_for(tokens)
+            current, width, total, budget = [], tokens, 0, budget_for(tokens)
         current.append(i)
+        total += tokens
     if current:
         batches.append(current)
     return batches

@@ -12,7 +12,7 @@ from ..contacts import NAME as CONTACTS
 from ..contacts import upper_triangle
 from ..input.long_sequences import chunk_spans
 from ..models.esm2 import FastESM2
-from ..models.layers import FastForward
+from ..models.layers import FastForward, Packed
 from ..representations import KINDS, Representation
 from ..store.shardfile import Failure
 from .precision import Precision, autocast
@@ -55,6 +55,7 @@ class Embedder:
         fast_path=True,
         contacts=False,
         kinds=tuple(KINDS),
+        packed=False,
     ):
         self.model = model.to(device)
         # Contact maps need the attention maps: fair-esm's own forward pass computes them. A
@@ -66,6 +67,8 @@ class Embedder:
             self.net = self.model
         else:
             self.net = FastESM2(self.model) if fast_path and not contacts else self.model
+        # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.
+        self.packed = packed and isinstance(self.net, FastESM2)
         self.alphabet = alphabet
         self.layers = sorted(layers)
         self.device = device
@@ -88,11 +91,7 @@ class Embedder:
         residues/s: on a GPU that would take longer than the forward pass.
         """
         lengths = np.array([len(s) for s in sequences])
-        residues = self.token_of_byte[
-            np.frombuffer("".join(sequences).encode("ascii"), dtype=np.uint8)
-        ]
-        if (residues < 0).any():
-            raise ValueError("a sequence holds characters that are not the model's residue tokens")
+        residues = self.residue_tokens(sequences)
         toks = np.full(
             (len(sequences), lengths.max() + 2), self.alphabet.padding_idx, dtype=np.int64
         )
@@ -102,6 +101,27 @@ class Embedder:
         toks[:, 0] = self.alphabet.cls_idx
         toks[np.arange(len(sequences)), lengths + 1] = self.alphabet.eos_idx
         return torch.from_numpy(toks)
+
+    def packed_tokens(self, sequences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The sequences' tokens laid end to end, each BOS, residues, EOS; each one's count of
+        tokens; and which tokens are residues."""
+        counts = np.array([len(s) + 2 for s in sequences])
+        ends = np.cumsum(counts)
+        toks = np.full(ends[-1], self.alphabet.eos_idx, dtype=np.int64)
+        toks[ends - counts] = self.alphabet.cls_idx
+        residue = np.ones(ends[-1], dtype=bool)
+        residue[ends - counts] = residue[ends - 1] = False
+        toks[residue] = self.residue_tokens(sequences)
+        return toks, counts, residue
+
+    def residue_tokens(self, sequences: list[str]) -> np.ndarray:
+        """Every residue's token, the sequences one after the other."""
+        residues = self.token_of_byte[
+            np.frombuffer("".join(sequences).encode("ascii"), dtype=np.uint8)
+        ]
+        if (residues < 0).any():
+            raise ValueError("a sequence holds characters that are not the model's residue tokens")
+        return residues
 
     def to_device(self, array: np.ndarray) -> torch.Tensor:
         """A host array on the device, its copy queued without waiting (pinned memory on a GPU)."""
@@ -118,24 +138,35 @@ class Embedder:
         kinds = self.kinds if kinds is None else kinds
         started = time.perf_counter()
         lengths = np.array([len(s) for s in sequences])
-        toks = self.tokens(sequences)
-        self.host_seconds += time.perf_counter() - started
-        if self.inject_oom_tokens and toks.numel() > self.inject_oom_tokens:
-            raise torch.OutOfMemoryError(f"injected: batch of {toks.numel()} tokens")
-        width = toks.shape[1]
         # Residue positions (BOS, EOS and padding left out), known on the host: no device sync.
-        residue = (np.arange(width) >= 1) & (np.arange(width) <= lengths[:, None])
+        if self.packed:
+            toks, counts, residue = self.packed_tokens(sequences)
+        else:
+            toks = self.tokens(sequences).numpy()
+            width = toks.shape[1]
+            residue = (np.arange(width) >= 1) & (np.arange(width) <= lengths[:, None])
+        self.host_seconds += time.perf_counter() - started
+        if self.inject_oom_tokens and toks.size > self.inject_oom_tokens:
+            raise torch.OutOfMemoryError(f"injected: batch of {toks.size} tokens")
         with torch.inference_mode():
-            toks = self.to_device(toks.numpy())
             with autocast(self.precision, self.device):
-                if self.contacts:
-                    out = self.net(toks, repr_layers=self.layers, return_contacts=True)
+                if self.packed:
+                    batch = Packed.of(toks, counts, self.to_device)
+                    out = self.net(batch, self.layers)
+                elif self.contacts:
+                    out = self.net(
+                        self.to_device(toks), repr_layers=self.layers, return_contacts=True
+                    )
                 elif isinstance(self.net, FastForward):
-                    out = self.net(toks, self.layers, padded=bool(residue.sum() < toks.numel()))
+                    padded = bool(residue.sum() < toks.size - 2 * len(sequences))
+                    out = self.net(self.to_device(toks), self.layers, padded=padded)
                 else:
-                    out = self.net(toks, repr_layers=self.layers)
+                    out = self.net(self.to_device(toks), repr_layers=self.layers)
             reps = [out["representations"][layer] for layer in self.layers]
-            values = self.reduce(reps, self.to_device(residue), kinds)
+            if self.packed:
+                values = self.reduce_packed(reps, batch, self.to_device(residue), kinds)
+            else:
+                values = self.reduce(reps, self.to_device(residue), kinds)
             if PER_TOK in kinds:
                 values[PER_TOK] = self.gather(reps, self.to_device(np.flatnonzero(residue)))
             if self.contacts:
@@ -161,18 +192,36 @@ class Embedder:
         """
         mask = residue[:, :, None]
         sums = [rep.masked_fill(~mask, 0).sum(1, dtype=torch.float32) for rep in reps]
+        counts = residue.sum(1, keepdim=True, dtype=torch.float32)
+        return Embedder.per_sequence(sums, [rep[:, 0] for rep in reps], counts, kinds)
+
+    @staticmethod
+    def reduce_packed(reps, packed: Packed, residue: torch.Tensor, kinds) -> dict:
+        """`reduce` for a packed batch: each sequence's sum by a segment reduction (in order,
+        so a sequence's numbers do not depend on where in the batch it lies)."""
+        counts = packed.bounds.diff()
+        sums = [
+            torch.segment_reduce(
+                rep.masked_fill(~residue[:, None], 0).float(), "sum", lengths=counts
+            )
+            for rep in reps
+        ]
+        first = packed.bounds[:-1].long()
+        residues = (counts - 2).float()[:, None]
+        return Embedder.per_sequence(sums, [rep[first] for rep in reps], residues, kinds)
+
+    @staticmethod
+    def per_sequence(sums, bos_rows, counts, kinds) -> dict[str, torch.Tensor]:
+        """From each layer's per-sequence sums, BOS rows and residue counts: the kinds asked
+        for and the finite flags."""
         finite = torch.stack(
-            [
-                torch.isfinite(s).all(1) & torch.isfinite(rep[:, 0]).all(1)
-                for s, rep in zip(sums, reps)
-            ]
+            [torch.isfinite(s).all(1) & torch.isfinite(b).all(1) for s, b in zip(sums, bos_rows)]
         ).all(0)
         values = {FINITE: finite}
         if MEAN in kinds:
-            counts = residue.sum(1, keepdim=True, dtype=torch.float32)
             values[MEAN] = torch.stack([s / counts for s in sums])
         if BOS in kinds:
-            values[BOS] = torch.stack([rep[:, 0].float() for rep in reps])
+            values[BOS] = torch.stack([b.float() for b in bos_rows])
         return values
 
     @staticmethod

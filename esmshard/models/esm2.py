@@ -18,7 +18,16 @@ import torch.nn.functional as F
 
 from .archs import ESM2 as ARCHS
 from .esm2_files import ensure_available, hub_paths, regression_path
-from .layers import FastForward, dense_for, rotary, rotate_half
+from .layers import (
+    FastForward,
+    Packed,
+    compute_dtype,
+    dense_for,
+    packed_attention,
+    packed_rotary,
+    rotary,
+    rotate_half,
+)
 from .spec import RANDOM_SEED, ModelSpec
 from .weights import safe_load
 
@@ -85,42 +94,66 @@ class FastESM2(FastForward):
         self.head_dim = model.embed_dim // model.attention_heads
 
     def attention(self, layer, x, cos, sin, mask, dense):
+        """Self-attention of `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
         attn = layer.self_attn
-        batch, length, _ = x.shape
+        shape = x.shape
 
-        def heads(t):
-            return t.view(batch, length, self.attention_heads, self.head_dim).transpose(1, 2)
+        def heads(t):  # B × H × L × head dim; packed: T × H × head dim
+            t = t.view(*shape[:-1], self.attention_heads, self.head_dim)
+            return t if packed else t.transpose(1, 2)
 
+        packed = isinstance(mask, Packed)
         q = heads(dense(x, attn.q_proj))
         k = heads(dense(x, attn.k_proj))
         v = heads(dense(x, attn.v_proj))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
+        if packed:
+            return packed_attention(q, k, v, mask, attn.scaling).reshape(shape)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
-        return out.transpose(1, 2).reshape(batch, length, self.embed_dim)
+        return out.transpose(1, 2).reshape(shape)
 
     def forward(self, tokens, repr_layers, padded: bool | None = None):
+        """Representations of padded `tokens` (B × L), or of a Packed batch (T × D each)."""
         m = self.model
+        packed = tokens if isinstance(tokens, Packed) else None
+        if packed:
+            tokens = packed.tokens
         padding = tokens.eq(m.padding_idx)
         x = m.embed_scale * m.embed_tokens(tokens)
         if m.token_dropout:
             masked = tokens == m.mask_idx
             x = x.masked_fill(masked.unsqueeze(-1), 0.0)
             mask_ratio_train = 0.15 * 0.8
-            observed = masked.sum(-1).to(x.dtype) / (~padding).sum(-1)
-            x = x * (1 - mask_ratio_train) / (1 - observed)[:, None, None]
-        x = x * (1 - padding.unsqueeze(-1).type_as(x))
+            if packed:  # each sequence's share of <mask> tokens, BOS and EOS counted
+                n = len(packed.host_bounds) - 1
+                count = torch.zeros(n, device=x.device, dtype=x.dtype)
+                count.index_add_(0, packed.sequence_of, masked.to(x.dtype))
+                observed = (count / packed.bounds.diff())[packed.sequence_of, None]
+            else:
+                observed = (masked.sum(-1).to(x.dtype) / (~padding).sum(-1))[:, None, None]
+            x = x * (1 - mask_ratio_train) / (1 - observed)
+        if not packed:
+            x = x * (1 - padding.unsqueeze(-1).type_as(x))
         dense = dense_for(x)
 
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
         # The inverse frequencies move with the model.
-        cos, sin = rotary(m.layers[0].self_attn.rot_emb.inv_freq, tokens.shape[1], tokens.device)
-        # Boolean mask, True where attention is allowed: every query sees the real keys only.
-        if padded is None:
-            padded = bool(padding.any())
-        mask = ~padding[:, None, None, :] if padded else None
+        inv_freq = m.layers[0].self_attn.rot_emb.inv_freq
+        if packed:
+            (cos, sin), mask = packed_rotary(inv_freq, packed), packed
+        else:
+            cos, sin = rotary(inv_freq, tokens.shape[1], tokens.device)
+        # In the dtype q and k are computed in: fp32 tables would promote them (under autocast
+        # the products are half precision), and varlen attention takes half precision only.
+        cos, sin = (t.to(compute_dtype(x)) for t in (cos, sin))
+        if not packed:
+            # Boolean mask, True where attention is allowed: every query sees the real keys only.
+            if padded is None:
+                padded = bool(padding.any())
+            mask = ~padding[:, None, None, :] if padded else None
         for index, layer in enumerate(m.layers[: max(wanted)]):
             attended = self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
             x = dense(attended, layer.self_attn.out_proj, residual=x)

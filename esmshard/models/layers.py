@@ -1,9 +1,13 @@
 """What the families' fast forward passes share: dense layers through oneDNN on CPUs in fp32
-(see `onednn_available`), rotary position embeddings, and the mark of a fast forward pass.
+(see `onednn_available`), rotary position embeddings, packed batches, and the mark of a fast
+forward pass.
 """
 
 import functools
+import importlib.util
+from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -68,12 +72,91 @@ def dense_for(x):
     return onednn_dense if cpu_fp32 and onednn_available() else torch_dense
 
 
+def compute_dtype(x) -> torch.dtype:
+    """The dtype products of `x` come out in: autocast's where it is on, else `x`'s."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
 def rotary(inv_freq, length: int, device):
     """cos and sin of each position's angles, 1 × 1 × length × head dim, as `rotate_half` pairs them."""
     t = torch.arange(length, device=device).type_as(inv_freq)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[None, None], emb.sin()[None, None]
+
+
+class Packed(NamedTuple):
+    """A batch's sequences laid end to end, no padding: attention stays within each sequence
+    and rotary positions restart at each. Token counts are the tokens of each sequence with its
+    BOS and EOS."""
+
+    tokens: torch.Tensor  # T token ids
+    bounds: torch.Tensor  # B + 1 offsets of the sequences in `tokens` (int32)
+    sequence_of: torch.Tensor  # T: the sequence each token belongs to
+    positions: torch.Tensor  # T: each token's position in its sequence
+    host_bounds: tuple[int, ...]  # `bounds` on the host (no device sync to read them)
+
+    @property
+    def longest(self) -> int:
+        return int(np.diff(self.host_bounds).max())
+
+    @classmethod
+    def of(cls, tokens: np.ndarray, counts: np.ndarray, to_device) -> "Packed":
+        """From the T token ids and each sequence's token count; `to_device` moves an array."""
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        sequence_of = np.repeat(np.arange(len(counts)), counts)
+        positions = np.arange(bounds[-1]) - bounds[:-1][sequence_of]
+        return cls(
+            to_device(tokens),
+            to_device(bounds.astype(np.int32)),
+            to_device(sequence_of),
+            to_device(positions),
+            tuple(bounds.tolist()),
+        )
+
+
+def varlen_available(q) -> bool:
+    """Whether torch's variable-length (flash) attention takes `q`: CUDA, fp16 or bf16."""
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None  # torch >= 2.10
+
+
+def packed_attention(q, k, v, packed: Packed, scale: float | None = None):
+    """Attention of T × heads × head-dim q, k, v within each sequence of `packed`.
+
+    On CUDA in fp16/bf16 one call of torch's variable-length flash attention; elsewhere (CPUs,
+    where it is not implemented, and fp32) one fused attention per sequence, so that CPU runs
+    check the same packing, offsets and positions.
+    """
+    if varlen_available(q):
+        from torch.nn.attention.varlen import varlen_attn
+
+        longest = packed.longest
+        # Its default scale is the usual one (both families'); torch 2.10 takes no other.
+        scaled = {} if scale is None or scale == q.shape[-1] ** -0.5 else {"scale": scale}
+        return varlen_attn(q, k, v, packed.bounds, packed.bounds, longest, longest, **scaled)
+    n, longest = len(packed.host_bounds) - 1, packed.longest
+    where = (packed.sequence_of, packed.positions)
+
+    def padded(t):  # B × H × longest × head dim
+        out = t.new_zeros(n, longest, *t.shape[1:])
+        out[where] = t
+        return out.transpose(1, 2)
+
+    keys = torch.zeros(n, longest, dtype=torch.bool, device=q.device)
+    keys[where] = True
+    out = F.scaled_dot_product_attention(
+        padded(q), padded(k), padded(v), attn_mask=keys[:, None, None, :], scale=scale
+    )
+    return out.transpose(1, 2)[where]
+
+
+def packed_rotary(inv_freq, packed: Packed):
+    """cos and sin of each packed token's angles at its own position, T × 1 × head dim."""
+    cos, sin = rotary(inv_freq, packed.longest, packed.tokens.device)
+    return cos[0, 0][packed.positions, None], sin[0, 0][packed.positions, None]
 
 
 class FastForward(torch.nn.Module):

@@ -86,6 +86,7 @@ def run_shard(
     settings: dict,
     toks_per_batch,
     gpus,
+    batching="auto",
     threads,
     progress_json,
     telemetry_tsv,
@@ -160,9 +161,10 @@ def run_shard(
                 settings["fast_path"],
                 with_contacts,
                 [kind for kind in include if kind in KINDS],
+                packed=batching != "padded",
             )
             batch_lengths = [len(sequences[k]) for k in batched]
-            batches = make_batches(batch_lengths, budget)
+            batches = make_batches(batch_lengths, budget, embedder.packed)
             loaded = time.time()
 
             progress.update(0, sampler)
@@ -228,10 +230,11 @@ def run_shard(
             "n_failed": len(failed),
             "n_batches": len(batches),
             "toks_per_batch": toks_per_batch,
+            "batching": "packed" if embedder.packed else "padded",
             "token_budget": budget(batch_lengths[batches[0][0]] + 2)
             if callable(budget) and batches
             else budget,
-            "padded_fraction": padded_fraction(batch_lengths, batches),
+            "padded_fraction": 0.0 if embedder.packed else padded_fraction(batch_lengths, batches),
             "seconds": finished - started,
             "load_seconds": loaded - started,
             "compute_seconds": finished - loaded,

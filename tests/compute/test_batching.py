@@ -43,3 +43,9 @@ def test_padding_per_shard_of_the_real_proteome_stays_below_five_percent(monkeyp
 
     fractions = throughput.padding(throughput.DEFAULT_FASTA, batching.CPU_TOKENS_PER_BATCH)
     assert len(fractions) > 1 and max(fractions) < 0.05
+
+
+def test_packed_batches_count_real_tokens_only():
+    lengths = [98, 48, 48, 10, 10, 10]  # 100, 50, 50, 12, 12, 12 tokens with BOS and EOS
+    assert batching.make_batches(lengths, 200, packed=True) == [[0, 1, 2], [3, 4, 5]]
+    assert batching.make_batches(lengths, 200) == [[0, 1], [2, 3, 4, 5]]  # padded: 2 × 100, 4 × 50

@@ -26,7 +26,7 @@ from conftest import (
 )
 from esm.pretrained import load_model_and_alphabet_core
 
-from esmshard.compute.batching import make_batches, padded_fraction
+from esmshard.compute.batching import make_batches
 from esmshard.files import read_tsv
 
 RECORDS = read_records(PROTEINS)
@@ -100,9 +100,9 @@ def test_four_slot_run_gives_every_output(four_gpu_run):
             min(len(r["sequence"]), 1022)
             for r in read_tsv(outdir / "shards" / f"{metrics['shard']}.tsv")
         ]
-        assert metrics["padded_fraction"] == padded_fraction(
-            lengths, make_batches(lengths, metrics["token_budget"])
-        )
+        # batching auto: ESM-2's fast path packs its batches, whose budget counts real tokens
+        assert metrics["batching"] == "packed" and metrics["padded_fraction"] == 0.0
+        assert metrics["n_batches"] == len(make_batches(lengths, metrics["token_budget"], True))
     log = sorted((outdir / "logs" / "embed").glob("*.log"))[0].read_text()
     assert "computing on the CPU" in log
     assert log.count("NVML is not available") == 1
@@ -168,16 +168,21 @@ def test_embeddings_equal_plain_fair_esm_forward(four_gpu_run, checkpoint):
         assert h5["truncated"][:].sum() == sum(len(s) > 1022 for _, s in RECORDS) == 3
 
 
-def test_shard_count_does_not_change_embeddings_and_gpu_limit_holds(tmp_path, four_gpu_run):
+def test_shard_count_and_batching_do_not_change_embeddings_and_gpu_limit_holds(
+    tmp_path, four_gpu_run
+):
     config = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "gpus": [0, 1, 2, 3]}
     snakemake(tmp_path / "one", {**config, "shards": 1}, "--resources", "gpu=4")
-    snakemake(tmp_path / "seven", {**config, "shards": 7}, "--resources", "gpu=2")
+    snakemake(tmp_path / "seven", {**config, "shards": 7}, "--resources", "gpu=2",
+              "--config", "batching=padded")  # fmt: skip
     ids_one, one = read_means(tmp_path / "one" / "results")
     ids_seven, seven = read_means(tmp_path / "seven" / "results")
     assert ids_one == ids_seven == IDS
     np.testing.assert_allclose(one, seven, atol=1e-5)
     metrics = load_metrics(tmp_path / "seven" / "results")
     assert len(metrics) == 7 and max_overlap(metrics) == 2
+    assert {m["batching"] for m in metrics} == {"padded"}
+    assert {m["batching"] for m in load_metrics(tmp_path / "one" / "results")} == {"packed"}
     with h5py.File(tmp_path / "one" / "results" / "embeddings.h5") as h5:
         assert h5.attrs["weights"] == "random"
     assert (

@@ -14,6 +14,7 @@ run_step(
     shard=snakemake.wildcards.shard,
     gpus=snakemake.config["gpus"],
     toks_per_batch=snakemake.config["toks_per_batch"],
+    batching=snakemake.config["batching"],
     threads=snakemake.threads,
     settings=dict(snakemake.params.items()),
 )
