@@ -68,7 +68,7 @@ class Embedder:
         else:
             self.net = FastESM2(self.model) if fast_path and not contacts else self.model
         # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.
-        self.packed = packed and isinstance(self.net, FastESM2)
+        self.packed = packed and isinstance(self.net, FastForward) and self.net.packs
         self.alphabet = alphabet
         self.layers = sorted(layers)
         self.device = device

@@ -84,7 +84,26 @@ def write_checkpoint(model, directory: Path, name: str) -> Path:
     return path
 
 
+def fuse_qkv(attn) -> torch.nn.Linear:
+    """One D → 3·D product for fair-esm's q, k and v projections of `attn`: their weights become
+    views of the fused one (no second copy in memory; fair-esm's own forward pass still works)."""
+    weight = attn.q_proj.weight
+    fused = torch.nn.Linear(
+        attn.embed_dim, 3 * attn.embed_dim, device=weight.device, dtype=weight.dtype
+    )
+    projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+    with torch.no_grad():
+        fused.weight.copy_(torch.cat([p.weight for p in projections]))
+        fused.bias.copy_(torch.cat([p.bias for p in projections]))
+    fused.requires_grad_(False)
+    for p, weight, bias in zip(projections, fused.weight.chunk(3), fused.bias.chunk(3)):
+        p.weight, p.bias = torch.nn.Parameter(weight, False), torch.nn.Parameter(bias, False)
+    return fused
+
+
 class FastESM2(FastForward):
+    packs = True
+
     def __init__(self, model):
         super().__init__()
         self.model = model  # fair-esm's ESM2: its modules and weights, used as they are
@@ -92,10 +111,12 @@ class FastESM2(FastForward):
         self.embed_dim = model.embed_dim
         self.attention_heads = model.attention_heads
         self.head_dim = model.embed_dim // model.attention_heads
+        self.qkv = torch.nn.ModuleList(fuse_qkv(layer.self_attn) for layer in model.layers)
 
-    def attention(self, layer, x, cos, sin, mask, dense):
-        """Self-attention of `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
-        attn = layer.self_attn
+    def attention(self, index, x, cos, sin, mask, dense):
+        """Self-attention of layer `index` on `x`: B × L × D with `mask`, or T × D packed (`mask`
+        a Packed)."""
+        attn = self.model.layers[index].self_attn
         shape = x.shape
 
         def heads(t):  # B × H × L × head dim; packed: T × H × head dim
@@ -103,9 +124,7 @@ class FastESM2(FastForward):
             return t if packed else t.transpose(1, 2)
 
         packed = isinstance(mask, Packed)
-        q = heads(dense(x, attn.q_proj))
-        k = heads(dense(x, attn.k_proj))
-        v = heads(dense(x, attn.v_proj))
+        q, k, v = (heads(t) for t in dense(x, self.qkv[index]).chunk(3, dim=-1))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
@@ -155,7 +174,7 @@ class FastESM2(FastForward):
                 padded = bool(padding.any())
             mask = ~padding[:, None, None, :] if padded else None
         for index, layer in enumerate(m.layers[: max(wanted)]):
-            attended = self.attention(layer, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
+            attended = self.attention(index, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
             x = dense(attended, layer.self_attn.out_proj, residual=x)
             x = dense(
                 dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x

@@ -19,7 +19,15 @@ import torch.nn.functional as F
 
 from .archs import ESMC as ARCHS
 from .esmc_weights import Shape, read_weights
-from .layers import FastForward, dense_for, rotary, rotate_half
+from .layers import (
+    FastForward,
+    Packed,
+    dense_for,
+    packed_attention,
+    packed_rotary,
+    rotary,
+    rotate_half,
+)
 from .spec import RANDOM_SEED, ModelError, ModelSpec
 
 VOCABULARY = (
@@ -67,6 +75,8 @@ class Block(torch.nn.Module):
 
 
 class ESMC(FastForward):
+    packs = True
+
     def __init__(self, shape: Shape):
         super().__init__()
         (self.num_layers, self.embed_dim, self.attention_heads), ffn, theta = shape
@@ -88,30 +98,39 @@ class ESMC(FastForward):
         return x + dense(out, linear) / self.residual_scale
 
     def attention(self, block, x, cos, sin, mask, dense):
-        batch, length, _ = x.shape
+        """Self-attention of `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
+        shape, packed = x.shape, isinstance(mask, Packed)
         q, k, v = dense(block.attn_norm(x), block.qkv).chunk(3, dim=-1)
         # Under autocast the norms compute in fp32; the attention takes one dtype.
         q, k = block.q_norm(q).to(v.dtype), block.k_norm(k).to(v.dtype)
 
-        def heads(t):
-            return t.reshape(batch, length, self.attention_heads, self.head_dim).transpose(1, 2)
+        def heads(t):  # B × H × L × head dim; packed: T × H × head dim
+            t = t.reshape(*shape[:-1], self.attention_heads, self.head_dim)
+            return t if packed else t.transpose(1, 2)
 
         q, k, v = heads(q), heads(k), heads(v)
         q = (q * cos + rotate_half(q) * sin).to(v.dtype)
         k = (k * cos + rotate_half(k) * sin).to(v.dtype)
+        if packed:
+            return packed_attention(q, k, v, mask).reshape(shape)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return out.transpose(1, 2).reshape(batch, length, self.embed_dim)
+        return out.transpose(1, 2).reshape(shape)
 
     def forward(self, tokens, repr_layers, padded: bool | None = None):
-        padding = tokens.eq(self.padding_idx)
-        x = self.embed(tokens)
+        """Representations of padded `tokens` (B × L), or of a Packed batch (T × D each)."""
+        packed = tokens if isinstance(tokens, Packed) else None
+        x = self.embed(packed.tokens if packed else tokens)
         dense = dense_for(x)
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
-        cos, sin = rotary(self.inv_freq, tokens.shape[1], tokens.device)
-        if padded is None:
-            padded = bool(padding.any())
-        mask = ~padding[:, None, None, :] if padded else None  # True: the key is a real token
+        if packed:
+            (cos, sin), mask = packed_rotary(self.inv_freq, packed), packed
+        else:
+            cos, sin = rotary(self.inv_freq, tokens.shape[1], tokens.device)
+            padding = tokens.eq(self.padding_idx)
+            if padded is None:
+                padded = bool(padding.any())
+            mask = ~padding[:, None, None, :] if padded else None  # True: the key is real
         for index, block in enumerate(self.layers[: max(wanted)]):
             x = self.residual(
                 x, self.attention(block, x, cos, sin, mask, dense), dense, block.out_proj

@@ -163,5 +163,7 @@ class FastForward(torch.nn.Module):
     """A forward pass called as `net(tokens, repr_layers, padded)` (esmshard.models.spec.Family).
 
     `padded`: whether any token is padding, when the caller knows (asking the device would make
-    the host wait for it).
+    the host wait for it). A family that `packs` also takes a Packed batch for `tokens`.
     """
+
+    packs = False

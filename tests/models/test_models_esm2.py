@@ -62,6 +62,17 @@ def test_onednn_dense_layers_are_used_on_cpu():
     assert layers.onednn_available()
 
 
+def test_q_k_v_are_one_product_whose_weights_fair_esm_shares():
+    model = random_model("esm2_t6_8M_UR50D").eval()
+    before = [layer.self_attn.v_proj.weight.clone() for layer in model.layers]
+    fast = FastESM2(model)
+    for layer, fused, v in zip(model.layers, fast.qkv, before):
+        attn = layer.self_attn
+        assert attn.q_proj.weight.data_ptr() == fused.weight.data_ptr()  # a view: no copy
+        assert attn.v_proj.weight.untyped_storage().data_ptr() == fused.weight.data_ptr()
+        assert torch.equal(attn.v_proj.weight, v) and torch.equal(fused.weight[-320:], v)
+
+
 def test_layers_above_the_highest_requested_are_not_run(model):
     ran = []
     hooks = [

@@ -95,8 +95,9 @@ def small_folder(tmp_path_factory):
     return folder
 
 
+@pytest.mark.parametrize("batching", ["padded", "packed"])
 @pytest.mark.parametrize("dense", ["onednn", "torch"])
-def test_every_layer_equals_transformers_with_padding(small_folder, dense, monkeypatch):
+def test_every_layer_equals_transformers(small_folder, dense, batching, monkeypatch):
     from esmshard.models import layers
 
     if dense == "torch":  # the path GPUs, autocast and torch builds without oneDNN take
@@ -108,7 +109,8 @@ def test_every_layer_equals_transformers_with_padding(small_folder, dense, monke
     assert isinstance(net, ESMCModule)
     sequences = [s for _, s in sequences_of(SHORT)[:6]]
     embedder = Embedder(net, alphabet, [0, 1, 3], torch.device("cpu"), PRECISIONS["fp32"],
-                        kinds=("mean", "per_tok", "bos"))  # fmt: skip
+                        kinds=("mean", "per_tok", "bos"), packed=batching == "packed")  # fmt: skip
+    assert embedder.packed == (batching == "packed")
     tokens = embedder.tokens(sequences)
     theirs = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
     assert torch.equal(tokens, theirs["input_ids"])
