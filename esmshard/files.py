@@ -30,12 +30,17 @@ def human_bytes(n: float) -> str:
         n /= 1000
 
 
-def free_bytes(path) -> int:
-    """Free space on the filesystem that holds `path` (or would hold it, if it does not exist yet)."""
+def nearest_existing(path) -> Path:
+    """`path` if it exists, else its nearest parent that does (where it would be made)."""
     path = Path(path).absolute()
     while not path.exists():
         path = path.parent
-    return shutil.disk_usage(path).free
+    return path
+
+
+def free_bytes(path) -> int:
+    """Free space on the filesystem that holds `path` (or would hold it, if it does not exist yet)."""
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 # The failed writes that mean "no room" (a full disk, a quota, a file size limit such as
@@ -152,9 +157,7 @@ def unwritable(path) -> str | None:
     A real probe, a file of esmshard's temporary name made and removed at once in `path` or
     its nearest existing parent: `os.access` says yes to root, even on a read-only mount.
     """
-    folder = Path(path).absolute()
-    while not folder.exists():
-        folder = folder.parent
+    folder = nearest_existing(path)
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-", suffix=writer_suffix()):
             pass

@@ -280,9 +280,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
     args = parser.parse_args(argv)
-    problem = unwritable(args.out)
-    if problem or args.out.is_file():
-        parser.exit(2, f"esmshard gpu-check: --out {args.out}: {problem or 'is a file'}\n")
+    problem = unwritable(args.out)  # a file there too: it cannot hold a folder's files
+    if problem:
+        parser.exit(2, f"esmshard gpu-check: --out {args.out}: {problem}\n")
     result = check(args.out)
     print((args.out / "gpu-check.md").read_text())
     return 0 if result["ok"] else 1

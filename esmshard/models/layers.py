@@ -96,10 +96,8 @@ class Packed(NamedTuple):
     sequence_of: torch.Tensor  # T: the sequence each token belongs to
     positions: torch.Tensor  # T: each token's position in its sequence
     host_bounds: tuple[int, ...]  # `bounds` on the host (no device sync to read them)
-
-    @property
-    def longest(self) -> int:
-        return int(np.diff(self.host_bounds).max())
+    longest: int  # tokens of the longest sequence
+    key_mask: torch.Tensor  # B × longest: where each sequence has a token (attention's fallback)
 
     @classmethod
     def of(cls, tokens: np.ndarray, counts: np.ndarray, to_device) -> "Packed":
@@ -107,12 +105,16 @@ class Packed(NamedTuple):
         bounds = np.concatenate([[0], np.cumsum(counts)])
         sequence_of = np.repeat(np.arange(len(counts)), counts)
         positions = np.arange(bounds[-1]) - bounds[:-1][sequence_of]
+        key_mask = np.zeros((len(counts), counts.max()), dtype=bool)
+        key_mask[sequence_of, positions] = True
         return cls(
             to_device(tokens),
             to_device(bounds.astype(np.int32)),
             to_device(sequence_of),
             to_device(positions),
             tuple(bounds.tolist()),
+            int(counts.max()),
+            to_device(key_mask),
         )
 
 
@@ -127,28 +129,27 @@ def packed_attention(q, k, v, packed: Packed, scale: float | None = None):
     """Attention of T × heads × head-dim q, k, v within each sequence of `packed`.
 
     On CUDA in fp16/bf16 one call of torch's variable-length flash attention; elsewhere (CPUs,
-    where it is not implemented, and fp32) one fused attention per sequence, so that CPU runs
+    where it is not implemented, and fp32) the sequences' rows are gathered into one padded
+    block for one fused attention with the keys masked, and scattered back, so that CPU runs
     check the same packing, offsets and positions.
     """
+    longest = packed.longest
     if varlen_available(q):
         from torch.nn.attention.varlen import varlen_attn
 
-        longest = packed.longest
-        # Its default scale is the usual one (both families'); torch 2.10 takes no other.
+        # Its default scale, 1/sqrt(head dim), is both families' own: passed only if another is.
         scaled = {} if scale is None or scale == q.shape[-1] ** -0.5 else {"scale": scale}
         return varlen_attn(q, k, v, packed.bounds, packed.bounds, longest, longest, **scaled)
-    n, longest = len(packed.host_bounds) - 1, packed.longest
     where = (packed.sequence_of, packed.positions)
 
     def padded(t):  # B × H × longest × head dim
-        out = t.new_zeros(n, longest, *t.shape[1:])
+        out = t.new_zeros(packed.key_mask.shape[0], longest, *t.shape[1:])
         out[where] = t
         return out.transpose(1, 2)
 
-    keys = torch.zeros(n, longest, dtype=torch.bool, device=q.device)
-    keys[where] = True
+    mask = packed.key_mask[:, None, None, :]
     out = F.scaled_dot_product_attention(
-        padded(q), padded(k), padded(v), attn_mask=keys[:, None, None, :], scale=scale
+        padded(q), padded(k), padded(v), attn_mask=mask, scale=scale
     )
     return out.transpose(1, 2)[where]
 
