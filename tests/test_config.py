@@ -30,6 +30,9 @@ def checked(config):
         ({"toks_per_batch": "auto"}, {"toks_per_batch": "auto"}),
         ({"fast_path": "False"}, {"fast_path": False}),
         ({"outdir": 2024}, {"outdir": "2024"}),
+        ({"compile": "on"}, {"compile": "on"}),
+        ({"compile": True}, {"compile": True}),  # a YAML file's bare `on`
+        ({"compile": "false"}, {"compile": False}),
     ],
 )
 def test_typed_forms_mean_what_a_yaml_file_means(typed, meant):
@@ -46,6 +49,7 @@ def test_typed_forms_mean_what_a_yaml_file_means(typed, meant):
         ({"shards": "many"}, "shards"),
         ({"precision": "fp8"}, "precision"),
         ({"fast_path": "maybe"}, "fast_path"),
+        ({"compile": "sometimes"}, "compile"),
     ],
 )
 def test_values_that_mean_nothing_valid_are_refused_naming_the_key(bad, key):

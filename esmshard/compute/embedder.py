@@ -67,8 +67,10 @@ class Embedder:
             self.net = self.model
         else:
             self.net = FastESM2(self.model) if fast_path and not contacts else self.model
+        # esmshard's own forward pass (it packs and compiles where its family does)
+        self.fast = isinstance(self.net, FastForward)
         # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.
-        self.packed = packed and isinstance(self.net, FastForward) and self.net.packs
+        self.packed = packed and self.fast and self.net.packs
         self.alphabet = alphabet
         self.layers = sorted(layers)
         self.device = device
@@ -83,6 +85,10 @@ class Embedder:
         for token, index in alphabet.tok_to_idx.items():
             if len(token) == 1:
                 self.token_of_byte[ord(token)] = index
+
+    @property
+    def batching(self) -> str:
+        return "packed" if self.packed else "padded"
 
     def tokens(self, sequences: list[str]) -> torch.Tensor:
         """fair-esm's batch layout (BOS, residues, EOS, padding) from one table lookup per batch.
@@ -157,7 +163,7 @@ class Embedder:
                     out = self.net(
                         self.to_device(toks), repr_layers=self.layers, return_contacts=True
                     )
-                elif isinstance(self.net, FastForward):
+                elif self.fast:
                     padded = bool(residue.sum() < toks.size - 2 * len(sequences))
                     out = self.net(self.to_device(toks), self.layers, padded=padded)
                 else:

@@ -22,7 +22,6 @@ from .layers import (
     FastForward,
     Packed,
     compute_dtype,
-    dense_for,
     packed_attention,
     packed_rotary,
     rotary,
@@ -113,10 +112,8 @@ class FastESM2(FastForward):
         self.head_dim = model.embed_dim // model.attention_heads
         self.qkv = torch.nn.ModuleList(fuse_qkv(layer.self_attn) for layer in model.layers)
 
-    def attention(self, index, x, cos, sin, mask, dense):
-        """Self-attention of layer `index` on `x`: B × L × D with `mask`, or T × D packed (`mask`
-        a Packed)."""
-        attn = self.model.layers[index].self_attn
+    def attention(self, attn, qkv, x, cos, sin, mask, dense):
+        """Self-attention `attn` on `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
         shape = x.shape
 
         def heads(t):  # B × H × L × head dim; packed: T × H × head dim
@@ -124,7 +121,7 @@ class FastESM2(FastForward):
             return t if packed else t.transpose(1, 2)
 
         packed = isinstance(mask, Packed)
-        q, k, v = (heads(t) for t in dense(x, self.qkv[index]).chunk(3, dim=-1))
+        q, k, v = (heads(t) for t in dense(x, qkv).chunk(3, dim=-1))
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
@@ -132,6 +129,16 @@ class FastESM2(FastForward):
             return packed_attention(q, k, v, mask, attn.scaling).reshape(shape)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)
         return out.transpose(1, 2).reshape(shape)
+
+    def block(self, layer, qkv, x, cos, sin, mask, dense):
+        """fair-esm's TransformerLayer `layer` (q, k and v as the one product `qkv`) on `x`.
+
+        Its modules come in as arguments, not as an index: compiled (esmshard.compute.compiled),
+        one graph then serves every layer."""
+        attn = layer.self_attn
+        attended = self.attention(attn, qkv, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
+        x = dense(attended, attn.out_proj, residual=x)
+        return dense(dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x)
 
     def forward(self, tokens, repr_layers, padded: bool | None = None):
         """Representations of padded `tokens` (B × L), or of a Packed batch (T × D each)."""
@@ -155,7 +162,7 @@ class FastESM2(FastForward):
             x = x * (1 - mask_ratio_train) / (1 - observed)
         if not packed:
             x = x * (1 - padding.unsqueeze(-1).type_as(x))
-        dense = dense_for(x)
+        dense = self.dense_for(x)
 
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
@@ -174,11 +181,7 @@ class FastESM2(FastForward):
                 padded = bool(padding.any())
             mask = ~padding[:, None, None, :] if padded else None
         for index, layer in enumerate(m.layers[: max(wanted)]):
-            attended = self.attention(index, layer.self_attn_layer_norm(x), cos, sin, mask, dense)
-            x = dense(attended, layer.self_attn.out_proj, residual=x)
-            x = dense(
-                dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x
-            )
+            x = self.run_block(layer, self.qkv[index], x, cos, sin, mask, dense)
             if index + 1 == self.num_layers:
                 x = m.emb_layer_norm_after(x)  # fair-esm normalises the last layer's output only
             if index + 1 in wanted:

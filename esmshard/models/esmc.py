@@ -22,7 +22,6 @@ from .esmc_weights import Shape, read_weights
 from .layers import (
     FastForward,
     Packed,
-    dense_for,
     packed_attention,
     packed_rotary,
     rotary,
@@ -116,11 +115,20 @@ class ESMC(FastForward):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return out.transpose(1, 2).reshape(shape)
 
+    def block(self, block, x, cos, sin, mask, dense):
+        """Block `block` on `x`. The block comes in as an argument, not as an index: compiled
+        (esmshard.compute.compiled), one graph then serves every layer."""
+        x = self.residual(
+            x, self.attention(block, x, cos, sin, mask, dense), dense, block.out_proj
+        )
+        gate, up = dense(block.ffn_norm(x), block.gate_up).chunk(2, dim=-1)
+        return self.residual(x, F.silu(gate) * up, dense, block.down)
+
     def forward(self, tokens, repr_layers, padded: bool | None = None):
         """Representations of padded `tokens` (B × L), or of a Packed batch (T × D each)."""
         packed = tokens if isinstance(tokens, Packed) else None
         x = self.embed(packed.tokens if packed else tokens)
-        dense = dense_for(x)
+        dense = self.dense_for(x)
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
         if packed:
@@ -132,11 +140,7 @@ class ESMC(FastForward):
                 padded = bool(padding.any())
             mask = ~padding[:, None, None, :] if padded else None  # True: the key is real
         for index, block in enumerate(self.layers[: max(wanted)]):
-            x = self.residual(
-                x, self.attention(block, x, cos, sin, mask, dense), dense, block.out_proj
-            )
-            gate, up = dense(block.ffn_norm(x), block.gate_up).chunk(2, dim=-1)
-            x = self.residual(x, F.silu(gate) * up, dense, block.down)
+            x = self.run_block(block, x, cos, sin, mask, dense)
             if index + 1 == self.num_layers:
                 x = self.norm(x)
             if index + 1 in wanted:

@@ -96,8 +96,13 @@ class Packed(NamedTuple):
     sequence_of: torch.Tensor  # T: the sequence each token belongs to
     positions: torch.Tensor  # T: each token's position in its sequence
     host_bounds: tuple[int, ...]  # `bounds` on the host (no device sync to read them)
-    longest: int  # tokens of the longest sequence
-    key_mask: torch.Tensor  # B × longest: where each sequence has a token (attention's fallback)
+    # At least the tokens of the longest sequence: the next power of two (at least 64), an upper
+    # bound being all that varlen attention needs. Compiled, each value is a graph of its own.
+    longest: int
+    # max(B, 2) × the longest sequence's tokens: where each sequence has a token (attention's
+    # fallback). Two rows at least (an empty one after a lone sequence): compiled, a batch of
+    # one would otherwise be a shape of its own (sizes 0 and 1 are specialised).
+    key_mask: torch.Tensor
 
     @classmethod
     def of(cls, tokens: np.ndarray, counts: np.ndarray, to_device) -> "Packed":
@@ -105,7 +110,7 @@ class Packed(NamedTuple):
         bounds = np.concatenate([[0], np.cumsum(counts)])
         sequence_of = np.repeat(np.arange(len(counts)), counts)
         positions = np.arange(bounds[-1]) - bounds[:-1][sequence_of]
-        key_mask = np.zeros((len(counts), counts.max()), dtype=bool)
+        key_mask = np.zeros((max(len(counts), 2), counts.max()), dtype=bool)
         key_mask[sequence_of, positions] = True
         return cls(
             to_device(tokens),
@@ -113,7 +118,7 @@ class Packed(NamedTuple):
             to_device(sequence_of),
             to_device(positions),
             tuple(bounds.tolist()),
-            int(counts.max()),
+            max(64, 1 << int(counts.max() - 1).bit_length()),
             to_device(key_mask),
         )
 
@@ -133,17 +138,17 @@ def packed_attention(q, k, v, packed: Packed, scale: float | None = None):
     block for one fused attention with the keys masked, and scattered back, so that CPU runs
     check the same packing, offsets and positions.
     """
-    longest = packed.longest
     if varlen_available(q):
         from torch.nn.attention.varlen import varlen_attn
 
         # Its default scale, 1/sqrt(head dim), is both families' own: passed only if another is.
         scaled = {} if scale is None or scale == q.shape[-1] ** -0.5 else {"scale": scale}
+        longest = packed.longest
         return varlen_attn(q, k, v, packed.bounds, packed.bounds, longest, longest, **scaled)
     where = (packed.sequence_of, packed.positions)
 
-    def padded(t):  # B × H × longest × head dim
-        out = t.new_zeros(packed.key_mask.shape[0], longest, *t.shape[1:])
+    def padded(t):  # max(B, 2) × H × longest × head dim
+        out = t.new_zeros(*packed.key_mask.shape, *t.shape[1:])
         out[where] = t
         return out.transpose(1, 2)
 
@@ -168,3 +173,13 @@ class FastForward(torch.nn.Module):
     """
 
     packs = False
+    compiled_block = None  # `block` compiled (esmshard.compute.compiled), where it is
+
+    def dense_for(self, x):
+        """`dense_for(x)`, but torch's own product when compiled: its compiler picks the kernels
+        (it cannot trace the oneDNN call)."""
+        return torch_dense if self.compiled_block else dense_for(x)
+
+    def run_block(self, *args):
+        """One repeated layer, `block(*args)`: compiled where it has been."""
+        return (self.compiled_block or self.block)(*args)

@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 import h5py
@@ -58,6 +59,11 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - started
 
 
+def part_store(out_h5) -> Store:
+    """The store that the part `out_h5` goes into (<store>/<settings key>/<part>.h5)."""
+    return Store(str(Path(out_h5).parent.parent))
+
+
 def pick_device(slot: pool.Slot, threads: int):
     """The torch device of the slot, and its name."""
     import torch
@@ -87,6 +93,7 @@ def run_shard(
     toks_per_batch,
     gpus,
     batching="auto",
+    compile="auto",
     threads,
     progress_json,
     telemetry_tsv,
@@ -115,9 +122,11 @@ def run_shard(
         with (
             pool.acquire(pool.pool_devices(gpus), job=shard) as slot,
             telemetry.Sampler(slot.cuda_visible_devices, telemetry_tsv) as sampler,
+            ExitStack() as on_exit,
         ):
             import torch  # with the slot held (the module's docstring says why)
 
+            from ..compute import compiled
             from ..compute.embedder import Embedder
 
             torch.set_num_threads(threads)
@@ -165,6 +174,15 @@ def run_shard(
             )
             batch_lengths = [len(sequences[k]) for k in batched]
             batches = make_batches(batch_lengths, budget, embedder.packed)
+            layer = None
+            if compiled.wanted(compile, device) and embedder.fast:
+                key = compiled.CacheKey.of(
+                    device, spec.family.name, embedder.net, resolved.name, embedder.batching
+                )
+                cache = Path(part_store(out_h5).compiled)
+                layer = compiled.Compiled(embedder.net, key, cache)
+                layer.start()
+                on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
             loaded = time.time()
 
             progress.update(0, sampler)
@@ -230,7 +248,12 @@ def run_shard(
             "n_failed": len(failed),
             "n_batches": len(batches),
             "toks_per_batch": toks_per_batch,
-            "batching": "packed" if embedder.packed else "padded",
+            "batching": embedder.batching,
+            # seconds spent tracing and compiling (0 when not compiled), and whether the
+            # compiled code came from the store's cache
+            "compile_seconds": layer.seconds if layer else 0.0,
+            "compile_cache": ("hit" if layer.hit else "miss") if layer else "off",
+            "compile_graphs": layer.graphs if layer else 0,
             "token_budget": budget(batch_lengths[batches[0][0]] + 2)
             if callable(budget) and batches
             else budget,
@@ -263,7 +286,7 @@ def run_shard(
         }
         write_json(metrics_json, metrics)
         # What the part's settings folder stands for, written anew if it was lost or damaged.
-        add_settings(Store(str(Path(out_h5).parent.parent)), Path(out_h5).parent.name, settings)
+        add_settings(part_store(out_h5), Path(out_h5).parent.name, settings)
         write_manifest(manifest_json, part, len(ids) - len(failed))
     log.info(
         "shard %s done: %d residues in %.1f s, %d failed",

@@ -101,6 +101,10 @@ def scaling(metrics: list[dict]) -> dict:
         "busy_seconds": busy,
         "residues_per_second": residues / wall if wall > 0 else None,
         "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
+        # compiled layers (`compile`): seconds spent compiling, and the shards whose compiled
+        # code came from the store's cache
+        "compile_seconds": sum(m.get("compile_seconds", 0.0) for m in metrics),
+        "compile_cache_hits": sum(m.get("compile_cache") == "hit" for m in metrics),
         "slots": slots,
         "measured": {
             "gpus": len(slots),
@@ -122,9 +126,12 @@ def scaling(metrics: list[dict]) -> dict:
                     "seconds",
                     "n_sequences",
                     "n_residues",
+                    "load_seconds",
                 )
             }
             | {
+                "compile_seconds": m.get("compile_seconds", 0.0),
+                "compile_cache": m.get("compile_cache", "off"),
                 "residues_per_second": m["n_residues"] / m["seconds"]
                 if m["seconds"] > 0
                 else None,
@@ -288,6 +295,11 @@ def render_html(result: dict, series: dict, computed_with: str = "") -> str:
         {"figure": "residues/s overall", "value": result["residues_per_second"]},
         {"figure": "load imbalance (slowest shard / mean)", "value": result["load_imbalance"]},
         {
+            "figure": "compiling (s; shards whose compiled code was in the store)",
+            "value": f"{_fmt(result['compile_seconds'])}; {result['compile_cache_hits']} of "
+            f"{result['n_shards']}",
+        },
+        {
             "figure": "measured speedup on this run's slots",
             "value": f"{_fmt(result['measured']['speedup'])}× on {result['measured']['gpus']} slot(s)",
         },
@@ -352,6 +364,9 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
                 "device",
                 "started_offset",
                 "seconds",
+                "load_seconds",
+                "compile_seconds",
+                "compile_cache",
                 "n_sequences",
                 "n_residues",
                 "residues_per_second",

@@ -84,6 +84,8 @@ SETTINGS_KEY = re.compile(r"^[0-9a-f]{16}$")
 # esmshard marks the root of every store it writes in, with the format of its layout. A store of
 # an earlier esmshard (settings folders, no marker) is recognised by them and marked by its next run.
 MARKER = ".esmshard-store.json"
+# Compiled layers kept for later jobs (esmshard.compute.compiled), one file per key.
+COMPILED = ".compiled"
 STORE_FORMAT = 1
 
 
@@ -114,6 +116,10 @@ class Store:
     @property
     def marker(self) -> str:
         return os.path.join(self.root, MARKER)
+
+    @property
+    def compiled(self) -> str:
+        return os.path.join(self.root, COMPILED)
 
     def settings_keys(self) -> list[str]:
         """The settings held, by key."""

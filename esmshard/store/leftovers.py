@@ -4,7 +4,7 @@ manifests whose part never arrived.
 Every temporary name ends with esmshard's mark, its writer's host and process
 (esmshard.files.writer_suffix), and only such names are removed, only where esmshard writes: the
 outdir's top level and its own folders (esmshard.layout.Layout.own_folders), and the store's top
-level, lock folder and settings folders. A user's files beside the outputs, whatever their
+level, lock folder, compiled-layer folder and settings folders. A user's files beside the outputs, whatever their
 names, are never touched. A writer is dead when, on this host, its process is gone; on another
 host, when nothing under its name has changed for as long as `esmshard status` takes a job for
 dead. A live writer's files are never touched.
@@ -106,7 +106,8 @@ def remove_leftovers(outdir, store: Store | None) -> list[Path]:
     keys = store.settings_keys() if store else []
     if store:
         flat.append(Path(store.root))
-        own += [Path(store.root, LOCKS)] + [Path(store.folder(k)) for k in keys]
+        own += [Path(store.root, LOCKS), Path(store.compiled)]
+        own += [Path(store.folder(k)) for k in keys]
     dead, live = [], []
     for folders, recursive in ((flat, False), (own, True)):
         for folder in dict.fromkeys(folders):  # a store may be the outdir itself

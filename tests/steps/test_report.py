@@ -9,7 +9,7 @@ def metrics(shard, slot, start, seconds, residues=1000):
     return {
         "shard": shard, "gpu_slot": slot, "device": "cpu", "device_name": "cpu", "host": "node1",
         "cuda_visible_devices": str(slot), "started_at": start, "finished_at": start + seconds,
-        "seconds": seconds, "compute_seconds": seconds - 1, "n_sequences": 10, "n_residues": residues,
+        "seconds": seconds, "load_seconds": 1.0, "compute_seconds": seconds - 1, "n_sequences": 10, "n_residues": residues,
         "n_failed": 0, "model": "random:esm2_t6_8M_UR50D", "weights": "random", "telemetry_samples": 0,
     }  # fmt: skip
 
@@ -24,7 +24,8 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
     runs = [
         metrics("shard_0000", 0, 100.0, 10.0),
         metrics("shard_0001", 1, 100.0, 10.0),
-        metrics("shard_0002", 0, 110.0, 5.0),
+        metrics("shard_0002", 0, 110.0, 5.0)
+        | {"compile_seconds": 0.5, "compile_cache": "hit"},  # the others: metrics of no `compile`
     ]
     metric_files, telemetry_files = [], []
     for m in runs:
@@ -48,11 +49,15 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
     )
     assert result["load_imbalance"] == pytest.approx(10 / (25 / 3))
     assert result["telemetry"] is False
+    assert result["compile_seconds"] == 0.5 and result["compile_cache_hits"] == 1
+    assert [s["compile_cache"] for s in result["shards"]] == ["off", "off", "hit"]
     html = (tmp_path / "report.html").read_text()
     assert (
         "No GPU telemetry" in html
         and "Random-weight model" in html
         and html.count("data:image/png") == 3
+        and "compile_seconds" in html
+        and "shards whose compiled code was in the store" in html
     )
 
 

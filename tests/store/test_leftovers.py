@@ -48,6 +48,8 @@ def test_dead_writers_leftovers_go_and_live_ones_stay(tmp_path):
         ),
         _touch(key / f".p-0001.h5.esmshard-{HOST}-{dead}.tmp"),
         _touch(key / "p-0001.json"),  # its manifest: the part never arrived
+        # a compiled layer's entry whose job was killed while writing it
+        _touch(Path(store.compiled) / f".0123abcd.entry.esmshard-{HOST}-{dead}.tmp"),
     ]
     (outdir / f".shards.esmshard-{HOST}-{dead}.tmp").mkdir()
     kept = [
@@ -59,6 +61,7 @@ def test_dead_writers_leftovers_go_and_live_ones_stay(tmp_path):
             outdir / "metrics" / f".b-0000.json.esmshard-node7.cluster-{dead}.tmp"
         ),  # fresh, elsewhere
         _touch(outdir / "embeddings.h5"),
+        _touch(Path(store.compiled) / "0123abcd.entry"),
     ]
     # A user's files beside the outputs and in the store, old enough and named like temporaries
     # of a dead process, or like a settings folder: none is esmshard's.

@@ -15,6 +15,7 @@ run_step(
     gpus=snakemake.config["gpus"],
     toks_per_batch=snakemake.config["toks_per_batch"],
     batching=snakemake.config["batching"],
+    compile=snakemake.config["compile"],
     threads=snakemake.threads,
     settings=dict(snakemake.params.items()),
 )

@@ -1,0 +1,192 @@
+"""Compiled layers (esmshard.compute.compiled): the eager path's numbers from one graph for every
+layer and batch, a cache entry checked before it is used, and runs that share a store's cache."""
+
+import json
+import logging
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from conftest import PROTEINS, config, read_records, snakemake, write_subset
+
+from esmshard.compute import compiled
+from esmshard.compute.batching import make_batches
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
+from esmshard.models.archs import Arch
+from esmshard.models.esm2 import random_model
+from esmshard.models.esmc import ALPHABET, ESMC, ffn_size
+from esmshard.models.esmc_weights import Shape
+
+SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
+CPU = torch.device("cpu")
+
+
+def esm2():
+    model = random_model("esm2_t6_8M_UR50D").eval()
+    return model, model.alphabet, model.num_layers
+
+
+def esmc():
+    """A small ESM C (3 layers, D = 64) with seeded random weights."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return ESMC(Shape(Arch(3, 64, 4), ffn_size(64))).eval(), ALPHABET, 3
+
+
+@pytest.mark.parametrize(
+    "setting, device, expected",
+    [
+        ("auto", "cuda", True),
+        ("auto", "cpu", False),
+        ("on", "cpu", True),
+        (True, "cpu", True),  # a YAML file's bare `on`
+        ("off", "cuda", False),
+        (False, "cuda", False),
+    ],
+)
+def test_auto_compiles_on_cuda_devices_only_and_on_off_mean_what_they_say(
+    setting, device, expected
+):
+    assert compiled.wanted(setting, torch.device(device)) is expected
+
+
+def key(net, batching="packed", **changes) -> compiled.CacheKey:
+    return compiled.CacheKey.of(CPU, "ESM-2", net, "fp32", batching)._replace(**changes)
+
+
+@pytest.mark.parametrize("batching", ["packed", "padded"])
+@pytest.mark.parametrize("family", [esm2, esmc], ids=["esm2", "esmc"])
+def test_one_compiled_graph_gives_the_eager_numbers_for_every_layer_and_batch(family, batching):
+    torch.set_num_threads(2)
+    model, alphabet, layers = family()
+    embedders = [
+        Embedder(
+            model, alphabet, [0, layers], CPU, PRECISIONS["fp32"], packed=batching == "packed"
+        )
+        for _ in range(2)
+    ]
+    eager, fast = embedders
+    layer = compiled.Compiled(fast.net, key(fast.net, batching), None)
+    layer.start()
+    try:
+        lengths = [len(s) for s in SEQUENCES]
+        planned = make_batches(lengths, 4096, batching == "packed")
+        # the longest proteins (a 1022-residue one), middling and short ones, a lone sequence
+        batches = planned[:2] + planned[len(planned) // 2 : len(planned) // 2 + 1] + planned[-1:]
+        batches.append([planned[-1][0]])
+        assert any(lengths[b[0]] == 1022 for b in batches)
+        for batch in batches:
+            seqs = [SEQUENCES[i] for i in batch]
+            for got, want in zip(fast.forward(seqs), eager.forward(seqs)):
+                for n in (0, layers):
+                    assert np.abs(got[n].mean - want[n].mean).max() <= 1e-4
+                    assert np.abs(got[n].bos - want[n].bos).max() <= 1e-4
+        # Every layer of every batch ran compiled code: one graph, and for padded batches one
+        # more for the lone sequence (a batch of size 1 is a shape of its own).
+        assert layer.graphs == (1 if batching == "packed" else 2)
+        assert layer.seconds > 0
+    finally:
+        layer.finish()
+    assert fast.net.compiled_block is None
+
+
+def test_an_entry_reads_back_only_as_written_and_for_its_own_key(tmp_path):
+    folder = tmp_path / "compiler"
+    (folder / "fxgraph").mkdir(parents=True)
+    (folder / "fxgraph" / "graph").write_bytes(b"compiled" * 1000)
+    (folder / "locks").mkdir()
+    net, _, _ = esm2()
+    mine = key(net)
+    entry = compiled.Entry.at(tmp_path / "cache", mine)
+    assert entry.read(mine) == (None, None)  # none yet: no problem either
+    entry.write(mine, folder)
+    archive, problem = entry.read(mine)
+    assert archive and problem is None
+    assert entry.path.parent.name == "cache" and not list(entry.path.parent.glob(".*"))
+
+    foreign = mine._replace(torch="1.0.0 abc")
+    assert "another torch" in entry.read(foreign)[1]
+    assert compiled.Entry.at(tmp_path / "cache", foreign).path != entry.path
+
+    data = entry.path.read_bytes()
+    flipped = bytearray(data)
+    flipped[-100] ^= 0xFF
+    entry.path.write_bytes(bytes(flipped))
+    assert "SHA-256" in entry.read(mine)[1]
+    entry.path.write_bytes(data[:-10])
+    assert "bytes where" in entry.read(mine)[1]
+    entry.path.write_bytes(b"\x00garbage")
+    assert "unreadable" in entry.read(mine)[1]
+
+
+def test_a_damaged_entry_is_ignored_and_replaced_by_the_jobs_own_compilation(tmp_path, caplog):
+    torch.set_num_threads(2)
+    model, alphabet, layers = esm2()
+    embedder = Embedder(model, alphabet, [layers], CPU, PRECISIONS["fp32"], packed=True)
+    cache = tmp_path / "store" / ".compiled"
+    mine = key(embedder.net)
+    entry = compiled.Entry.at(cache, mine)
+    entry.path.parent.mkdir(parents=True)
+    entry.path.write_bytes(json.dumps({"key": mine._asdict()}).encode() + b"\nnot an archive")
+    torch._dynamo.reset()  # nothing compiled earlier in this process helps
+    layer = compiled.Compiled(embedder.net, mine, cache)
+    with caplog.at_level(logging.WARNING):
+        layer.start()
+        embedder.forward(SEQUENCES[:3])
+        layer.finish()
+    assert not layer.hit and "ignored" in caplog.text and str(entry.path) in caplog.text
+    archive, problem = entry.read(mine)
+    assert archive and problem is None  # rebuilt from this job's compilation
+
+
+def means(outdir):
+    with h5py.File(outdir / "embeddings.h5") as h5:
+        return dict(zip(h5["ids"].asstr()[:], h5["mean/6"][:]))
+
+
+def embed_metrics(outdir) -> dict:
+    (path,) = (outdir / "metrics").glob("*.json")
+    return json.loads(path.read_text())
+
+
+def test_runs_sharing_a_store_compile_once_and_give_the_eager_numbers(tmp_path):
+    """Two runs on two inputs share one store: the second's embed job loads what the first
+    compiled. A third finds the entry damaged, compiles again and keeps a good entry."""
+    inputs = [
+        write_subset(f"ecoli_compile_{k}.fasta", lambda i, h, s, k=k: i % 150 == 7 * k + 1)
+        for k in range(3)
+    ]
+    store = tmp_path / "store"
+    runs = []
+    for k, path in enumerate(inputs[:2]):
+        outdir = tmp_path / f"compiled_{k}"
+        snakemake(tmp_path, {}, *config(path, outdir, f"store={store}", "compile=on", "shards=1"))
+        runs.append(embed_metrics(outdir))
+        eager = tmp_path / f"eager_{k}"
+        snakemake(tmp_path, {}, *config(path, eager, "compile=off", "shards=1"))
+        assert embed_metrics(eager)["compile_cache"] == "off"
+        got, want = means(outdir), means(eager)
+        assert got.keys() == want.keys() and len(got) > 10
+        assert max(np.abs(got[i] - want[i]).max() for i in got) <= 1e-4
+    first, second = runs
+    assert (first["compile_cache"], second["compile_cache"]) == ("miss", "hit")
+    assert second["compile_seconds"] <= 0.25 * first["compile_seconds"], runs
+    (entry,) = (store / ".compiled").glob("*.entry")
+    report = json.loads((tmp_path / "compiled_1" / "report" / "scaling.json").read_text())
+    assert report["compile_cache_hits"] == 1
+
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    outdir = tmp_path / "compiled_2"
+    snakemake(tmp_path, {}, *config(inputs[2], outdir, f"store={store}", "compile=on"))
+    assert embed_metrics(outdir)["compile_cache"] == "miss"
+    (log,) = (outdir / "logs" / "embed").glob("*.log")
+    assert "ignored: its bytes changed since they were written" in log.read_text()
+    assert entry.read_bytes() != bytes(data)  # written anew, whole
+    with open(entry, "rb") as fh:
+        header = json.loads(fh.readline())
+    assert header["key"]["device"] == compiled.device_kind(CPU)
+    assert (entry.parent.parent / ".esmshard-store.json").is_file()
