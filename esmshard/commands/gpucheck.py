@@ -1,12 +1,14 @@
 """`esmshard gpu-check` (`make gpu-check`): one command, run in a clone, that proves a GPU machine.
 
-It runs the test suite's GPU tests; a whole `snakemake` run with `gpus: auto` on the real proteome
-and random weights of esm2_t33_650M's shape in fair-esm's on-disk format, checking that its
-telemetry, `esmshard status` and the report's device plots hold real figures; and
-benchmarks/throughput.py (fair-esm's own loop against the fast path in bf16, with the matrix
-product peak measured in the same run). Everything goes into gpu-check.json and gpu-check.md,
-with the device, driver, torch and CUDA versions. Without network: what it needs is installed
-(the wheelhouse) and the data lie in ESMSHARD_DATA or ../shared/data.
+It runs the test suite's GPU tests; whole `snakemake` runs with `gpus: auto` on the real proteome
+and random weights of esm2_t33_650M's shape in fair-esm's on-disk format (and of ESM C 600M's),
+checking that their telemetry, `esmshard status` and the report's device plots hold real
+figures; benchmarks/throughput.py (fair-esm's own loop against the fast path in bf16, with the
+matrix-product peak measured in the same run); and benchmarks/peers.py (every peer a user would
+pick, beside esmshard's padded, packed and compiled paths, on the same batches). Everything goes
+into gpu-check.json and gpu-check.md, with the device, driver, torch and CUDA versions. Without
+network: what it needs is installed (the wheelhouse) and the data lie in ESMSHARD_DATA or
+../shared/data.
 
 On a machine without CUDA the same plumbing runs on a small model and slice, and the files say
 that no GPU was found.
@@ -17,6 +19,7 @@ import csv
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -32,8 +35,21 @@ from .status import read_state, render
 REPO = Path(__file__).resolve().parents[2]
 PROTEOME = "ecoli_k12_UP000000625.fasta"
 # What runs on a GPU, and the stand-in that exercises the same plumbing on a CPU.
-GPU_PLAN = {"model": "esm2_t33_650M_UR50D", "every": 1, "toks_per_batch": 65536}
-CPU_PLAN = {"model": "esm2_t6_8M_UR50D", "every": 100, "toks_per_batch": 4096}
+GPU_PLAN = {
+    "model": "esm2_t33_650M_UR50D",
+    "esmc_model": "esmc_600m",  # a whole run of ESM C too
+    "every": 1,
+    "toks_per_batch": 65536,
+    "peers": ["--repeats", "2"],
+}
+CPU_PLAN = {
+    "model": "esm2_t6_8M_UR50D",
+    "esmc_model": None,
+    "every": 100,
+    "toks_per_batch": 4096,
+    "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "4"]
+    + ["--no-big", "--repeats", "1", "--threads", "2"],
+}
 
 
 def environment() -> dict:
@@ -90,25 +106,30 @@ def run_tests(out: Path) -> dict:
     return counts
 
 
-def run_workflow(out: Path, plan: dict, gpus: int) -> dict:
-    """A whole run through the `snakemake` command line, as users type it, and what it left."""
+def run_workflow(out: Path, plan: dict, gpus: int, name: str = "run") -> dict:
+    """A whole run through the `snakemake` command line, as users type it, and what it left.
+    An ESM-2 model's random weights are written in fair-esm's on-disk format first; ESM C's
+    are `random:`."""
+    from ..models import ESM2
     from ..models.esm2 import random_model, write_checkpoint
 
-    work = out / "run"
+    work = out / name
     work.mkdir(parents=True, exist_ok=True)
     fasta = shared_data_dir() / PROTEOME
     if plan["every"] > 1:
         write_every_nth_record(fasta, work / "input.fasta", plan["every"])
         fasta = work / "input.fasta"
-    checkpoint = write_checkpoint(random_model(plan["model"]), work / "weights", plan["model"])
+    model = f"random:{plan['model']}"
+    if plan["model"] in ESM2.archs:
+        model = write_checkpoint(random_model(plan["model"]), work / "weights", plan["model"])
     outdir = work / "results"
     cmd = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(work)]
     cmd += ["--cores", "all", "--resources", f"gpu={max(gpus, 1)}", "--config"]
-    cmd += [f"input={fasta}", f"outdir={outdir}", f"model={checkpoint}", "gpus=auto"]
+    cmd += [f"input={fasta}", f"outdir={outdir}", f"model={model}", "gpus=auto"]
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(work / "gpu-pool")}
     started = time.time()
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-    (out / "snakemake.log").write_text(done.stdout + done.stderr)
+    (out / f"snakemake-{name}.log").write_text(done.stdout + done.stderr)
     result = {
         "command": "snakemake " + " ".join(cmd[3:]),
         "ok": done.returncode == 0,
@@ -128,13 +149,15 @@ def run_workflow(out: Path, plan: dict, gpus: int) -> dict:
         precisions=sorted({m["precision"] for m in metrics}),
         load_seconds=sum(m["load_seconds"] for m in metrics),
         compute_seconds=sum(m["compute_seconds"] for m in metrics),
+        compile_seconds=sum(m["compile_seconds"] for m in metrics),
+        compile_cache=sorted({m["compile_cache"] for m in metrics}),
         # the host's own work (tokens, read-back, checks, writing) against the time of the batches
         host_fraction=sum(m["host_seconds"] + m["write_seconds"] for m in metrics)
         / sum(m["compute_seconds"] for m in metrics),
         # the whole job: loading, forward passes, read-back and writing
-        whole_shard_tokens_per_second=tokens / sum(m["seconds"] for m in metrics),
+        whole_shard_tokens_per_s_with_loading=tokens / sum(m["seconds"] for m in metrics),
         # after the model is loaded: forward passes, read-back and writing
-        compute_tokens_per_second=tokens / sum(m["compute_seconds"] for m in metrics),
+        whole_shard_tokens_per_s_loaded=tokens / sum(m["compute_seconds"] for m in metrics),
         peak_gpu_memory_bytes=max((m["torch_peak_allocated_bytes"] or 0) for m in metrics),
     )
     samples = []
@@ -167,15 +190,19 @@ def run_workflow(out: Path, plan: dict, gpus: int) -> dict:
     return result
 
 
-def run_benchmark(out: Path, plan: dict, gpu: bool) -> dict:
-    """benchmarks/throughput.py: fair-esm's loop against the fast path, one repetition each."""
-    cmd = [sys.executable, str(REPO / "benchmarks" / "throughput.py"), "--models", plan["model"]]
+def throughput_args(plan: dict, gpu: bool) -> list[str]:
+    """benchmarks/throughput.py's: fair-esm's loop against the fast path, one repetition each."""
+    args = ["--models", plan["model"], "--repeats", "1"]
+    return args + (["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"])
+
+
+def run_benchmark(out: Path, script: str, args: list[str], plan: dict) -> dict:
+    """`python benchmarks/<script>.py` on the plan's proteins and budget; its JSON lines."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), *args]
     cmd += ["--every", str(plan["every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
-    cmd += ["--repeats", "1"]
-    cmd += ["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"]
     started = time.time()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    (out / "throughput.log").write_text(done.stdout + done.stderr)
+    (out / f"{script}.log").write_text(done.stdout + done.stderr)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {
         "command": "python " + " ".join(cmd[1:]).replace(f"{REPO}/", ""),
@@ -184,6 +211,26 @@ def run_benchmark(out: Path, plan: dict, gpu: bool) -> dict:
         "rows": rows,
         "error": None if done.returncode == 0 else done.stderr[-2000:],
     }
+
+
+def whole_run_lines(model: str, run: dict) -> list[str]:
+    lines = ["", f"## A whole run: {model}", f"`{run['command']}`", ""]
+    if "shards" not in run:
+        return lines + ["The run failed:", "```", run.get("error", ""), "```"]
+    lines += [
+        f"{run['sequences']} sequences, {run['tokens']:,} tokens in {run['shards']} shard(s) "
+        f"on {', '.join(run['devices'])} ({', '.join(run['precisions'])}); whole-shard "
+        f"{run['whole_shard_tokens_per_s_with_loading']:,.0f} tokens/s with model loading "
+        f"({run['load_seconds']:.1f} s), {run['whole_shard_tokens_per_s_loaded']:,.0f} tokens/s "
+        "once loaded (read-back and writing included); compiling "
+        f"{run['compile_seconds']:.1f} s (cache: {', '.join(run['compile_cache'])}); "
+        "the host's own work per batch (tokens, read-back, checks, writing) "
+        f"{run['host_fraction']:.1%} of the batches' time; "
+        f"{run['telemetry_samples']} telemetry samples, mean utilization "
+        f"{run['mean_utilization_percent'] or 0:.0f}%.",
+        "",
+    ]
+    return lines + [f"- [{'x' if ok else ' '}] {name}" for name, ok in run["checks"].items()]
 
 
 def markdown(result: dict) -> str:
@@ -204,26 +251,9 @@ def markdown(result: dict) -> str:
         f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
         f"({tests['seconds']:.0f} s)" + "".join(f"\n- failed: {n}" for n in tests["failures"]),
         "",
-        "## A whole run",
     ]
-    run = result["workflow"]
-    lines += [f"`{run['command']}`", ""]
-    if "shards" in run:
-        lines += [
-            f"{run['sequences']} sequences, {run['tokens']:,} tokens in {run['shards']} shard(s) "
-            f"on {', '.join(run['devices'])} ({', '.join(run['precisions'])}); "
-            f"whole-shard {run['whole_shard_tokens_per_second']:,.0f} tokens/s (model loading "
-            f"{run['load_seconds']:.1f} s included), {run['compute_tokens_per_second']:,.0f} "
-            "tokens/s once loaded (read-back and writing included); "
-            f"the host's own work per batch (tokens, read-back, checks, writing) "
-            f"{run['host_fraction']:.1%} of the batches' time; "
-            f"{run['telemetry_samples']} telemetry samples, mean utilization "
-            f"{run['mean_utilization_percent'] or 0:.0f}%.",
-            "",
-        ]
-        lines += [f"- [{'x' if ok else ' '}] {name}" for name, ok in run["checks"].items()]
-    else:
-        lines += ["The run failed:", "```", run.get("error", ""), "```"]
+    for model, run in result["workflows"].items():
+        lines += whole_run_lines(model, run)
     bench = result["throughput"]
     lines += ["", "## Forward-pass throughput", f"`{bench['command']}`", ""]
     table = [r for r in bench["rows"] if "side" in r]
@@ -242,6 +272,27 @@ def markdown(result: dict) -> str:
             )
     if bench["error"]:
         lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    peers = result["peers"]
+    lines += ["", "## Peers side by side", f"`{peers['command']}`", ""]
+    rows = [r for r in peers["rows"] if "share_of_peak" in r]
+    if rows:
+        lines += [
+            "| model | side | precision | tokens/s | share of peak | speed-up | baseline |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['model']} | {r['side']} | {r['precision']} | {r['tokens_per_s']:,.0f} | "
+            f"{r['share_of_peak']:.1%} | {r['speedup_vs_baseline']:.2f}× | {r['baseline']} |"
+            for r in rows
+        ]
+    lines += [
+        f"\n{r['model']}, {r['side']} ({r['precision']}): {r['tokens_per_s']:,.0f} tokens/s, "
+        f"peak memory {(r['peak_memory_bytes'] or 0) / 2**30:.1f} GiB."
+        for r in peers["rows"]
+        if "peak_memory_bytes" in r
+    ]
+    if peers["error"]:
+        lines += ["The benchmark failed:", "```", peers["error"], "```"]
     lines += ["", f"Verdict: **{'pass' if result['ok'] else 'FAIL'}** ({result['seconds']:.0f} s)"]
     return "\n".join(lines) + "\n"
 
@@ -255,22 +306,36 @@ def check(out: Path) -> dict:
     print(f"gpu-check: {env['device']}" + ("" if env["gpu"] else ": no GPU found, CPU plumbing"))
     print("gpu-check: the GPU tests ...", flush=True)
     tests = run_tests(out)
-    print("gpu-check: a whole snakemake run ...", flush=True)
-    workflow = run_workflow(out, plan, env["gpus"])
+    workflows = {}
+    for model in filter(None, (plan["model"], plan["esmc_model"])):
+        print(f"gpu-check: a whole snakemake run of {model} ...", flush=True)
+        workflows[model] = run_workflow(out, {**plan, "model": model}, env["gpus"], model)
     print("gpu-check: the throughput benchmark ...", flush=True)
-    throughput = run_benchmark(out, plan, env["gpu"])
+    throughput = run_benchmark(out, "throughput", throughput_args(plan, env["gpu"]), plan)
+    print("gpu-check: every peer beside esmshard ...", flush=True)
+    peers = run_benchmark(out, "peers", plan["peers"], plan)
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "environment": env,
         "plan": plan,
         "tests": tests,
-        "workflow": workflow,
+        "workflows": workflows,
         "throughput": throughput,
-        "ok": tests["ok"] and workflow["ok"] and throughput["ok"],
+        "peers": peers,
+        "ok": tests["ok"]
+        and all(run["ok"] for run in workflows.values())
+        and throughput["ok"]
+        and peers["ok"],
         "seconds": time.time() - started,
     }
-    write_json(out / "gpu-check.json", result)
-    write_text(out / "gpu-check.md", markdown(result))
+    folders = [out]
+    if env["gpu"]:  # the raw record of the figures the docs quote, committed with them
+        gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["device"]).strip("-")
+        folders.append(REPO / "benchmarks" / "results" / f"{result['date']}-{gpu}")
+    for folder in folders:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / "gpu-check.json", result)
+        write_text(folder / "gpu-check.md", markdown(result))
     return result
 
 

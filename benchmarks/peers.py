@@ -1,0 +1,270 @@
+"""Every tool a user would pick beside esmshard: the same proteins, batches and device, one run.
+
+    python benchmarks/peers.py --device cuda --every 1 --toks-per-batch 65536
+    python benchmarks/peers.py --esm2 esm2_t6_8M_UR50D --esmc esmc_300m --esmc-sequences 4 \
+        --big --every 100 --toks-per-batch 4096 --threads 2
+
+ESM-2 (`--esm2`, random weights of the real shape): fair-esm's model in fp32 and with its weights
+in bf16 (as `model.bfloat16()` gives it); transformers' `EsmModel` in bf16 with SDPA attention
+(what HuggingFace users run); esmshard's forward pass in `--precision` with padded batches, with
+packed ones, and packed through the compiled layer (`compile: on`, compiled before the timed
+repetitions: its seconds are reported apart). The padded sides all take esmshard's padded
+batches for `--toks-per-batch` tokens; the packed sides its packed batches for the same budget.
+ESM C (`--esmc`): transformers' `EsmcModel` in bf16 on the padded batches, beside esmshard
+packed and packed compiled. `--big` (esm2_t36_3B's shape) adds esmshard packed for the largest
+ESM-2 on one device: tokens/s and peak memory. Every side reads the mean over each sequence's
+residues back to the host; sides alternate, `--repeats` times.
+
+Prints one JSON line per side: tokens/s (BOS and EOS counted, padding not), the share of the
+device's measured matrix-product peak in the side's precision, and the speed-up over the
+family's baseline (fair-esm fp32 for ESM-2, transformers for ESM C).
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from throughput import DEFAULT_FASTA, esmc_models, flops, matmul_peaks, subset, synchronize
+
+from esmshard.compute import compiled
+from esmshard.compute.batching import make_batches
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
+from esmshard.input.fasta import read_fasta
+from esmshard.models import ESM2, ESMC
+from esmshard.models.esm2 import random_model
+
+BIG = "esm2_t36_3B_UR50D"
+
+
+def masked_means(hidden, toks, lengths):
+    """Each sequence's mean over its residues (BOS at 0), one copy to the host per batch."""
+    positions = torch.arange(toks.shape[1], device=toks.device)
+    residue = (positions >= 1) & (positions <= lengths[:, None])
+    sums = hidden.float().masked_fill(~residue[..., None], 0).sum(1)
+    return (sums / lengths[:, None]).cpu()
+
+
+def padded_side(forward, tokens_of, sequences, batches, device):
+    """A peer's model (`forward`: tokens -> B × L × D) on esmshard's padded batches."""
+
+    def run():
+        with torch.inference_mode():
+            for batch in batches:
+                seqs = [sequences[i] for i in batch]
+                toks = tokens_of.tokens(seqs).to(device, non_blocking=True)
+                lengths = torch.tensor([len(s) for s in seqs], device=device)
+                masked_means(forward(toks), toks, lengths)
+
+    return run
+
+
+def esmshard_side(embedder, sequences, batches):
+    """esmshard's Embedder as the embed step runs it (look-ahead, read-back of the means)."""
+
+    def run():
+        work = ((b, [sequences[i] for i in b]) for b in batches)
+        for parts in embedder.embed_batches(work, failed=[]):
+            for _, reps in parts:
+                for rep in reps:
+                    next(iter(rep.values())).mean
+
+    return run
+
+
+def compiled_side(embedder, sequences, batches, device, family, precision):
+    """`esmshard_side` through the compiled layer, compiled first (every shape of these
+    batches): the run, and the seconds the compilation took."""
+    net = embedder.net
+    key = compiled.CacheKey.of(device, family, net, precision, embedder.batching)
+    layer = compiled.Compiled(net, key, None)  # no cache: this process compiles it all
+    layer.start()
+    run = esmshard_side(embedder, sequences, batches)
+    run()
+    return run, layer
+
+
+def timed(run, device) -> float:
+    synchronize(device)
+    started = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def esm2_sides(name, sequences, args, device):
+    """(side, precision, run) for ESM-2's peers and esmshard, and the compiled layer."""
+    import transformers
+
+    net = random_model(name).eval().to(device)
+    layers, dim, heads = ESM2.archs[name]
+    bf16 = random_model(name).eval().to(device, torch.bfloat16)
+    hf = transformers.EsmModel(
+        transformers.EsmConfig(
+            vocab_size=33, hidden_size=dim, num_hidden_layers=layers, num_attention_heads=heads,
+            intermediate_size=4 * dim, position_embedding_type="rotary", token_dropout=True,
+            pad_token_id=1, mask_token_id=32, emb_layer_norm_before=False,
+            max_position_embeddings=1026, attn_implementation="sdpa",
+        ),
+        add_pooling_layer=False,
+    ).eval().to(device, torch.bfloat16)  # fmt: skip
+    precision = PRECISIONS[args.precision]
+    padded_fast, packed_fast, packed_compiled = (
+        Embedder(net, net.alphabet, [layers], device, precision, kinds=["mean"], packed=packed)
+        for packed in (False, True, True)
+    )
+    lengths = [len(s) for s in sequences]
+    padded, packed = (make_batches(lengths, args.toks_per_batch, p) for p in (False, True))
+
+    def fair_esm(model):
+        return lambda toks: model(toks, repr_layers=[layers])["representations"][layers]
+
+    run_compiled, layer = compiled_side(
+        packed_compiled, sequences, packed, device, "ESM-2", args.precision
+    )
+    sides = [
+        ("fair-esm", "fp32", padded_side(fair_esm(net), padded_fast, sequences, padded, device)),
+        ("fair-esm", "bf16", padded_side(fair_esm(bf16), padded_fast, sequences, padded, device)),
+        (
+            "transformers EsmModel (SDPA)",
+            "bf16",
+            padded_side(
+                lambda toks: hf(input_ids=toks, attention_mask=toks.ne(1)).last_hidden_state,
+                padded_fast,
+                sequences,
+                padded,
+                device,
+            ),
+        ),  # fmt: skip
+        ("esmshard padded", args.precision, esmshard_side(padded_fast, sequences, padded)),
+        ("esmshard packed", args.precision, esmshard_side(packed_fast, sequences, packed)),
+        ("esmshard packed compiled", args.precision, run_compiled),
+    ]
+    return sides, layer
+
+
+def esmc_sides(name, sequences, args, device, folder):
+    hf, net, alphabet = esmc_models(name, folder, device)
+    hf.to(torch.bfloat16)
+    layers = net.num_layers
+    precision = PRECISIONS[args.precision]
+    padded_fast, packed_fast, packed_compiled = (
+        Embedder(net, alphabet, [layers], device, precision, kinds=["mean"], packed=packed)
+        for packed in (False, True, True)
+    )
+    lengths = [len(s) for s in sequences]
+    padded, packed = (make_batches(lengths, args.toks_per_batch, p) for p in (False, True))
+    run_compiled, layer = compiled_side(
+        packed_compiled, sequences, packed, device, "ESM C", args.precision
+    )
+    sides = [
+        (
+            "transformers EsmcModel (SDPA)",
+            "bf16",
+            padded_side(
+                lambda toks: hf(input_ids=toks, attention_mask=toks.ne(1)).last_hidden_state,
+                padded_fast,
+                sequences,
+                padded,
+                device,
+            ),
+        ),  # fmt: skip
+        ("esmshard packed", args.precision, esmshard_side(packed_fast, sequences, packed)),
+        ("esmshard packed compiled", args.precision, run_compiled),
+    ]
+    return sides, layer
+
+
+def measure(name, arch, sides, layer, sequences, args, device) -> None:
+    """Time the sides, alternating, and print a line for each."""
+    layers, dim, _ = arch
+    times = {(side, precision): [] for side, precision, _ in sides}
+    for _ in range(args.repeats):
+        for side, precision, run in sides:
+            times[side, precision].append(timed(run, device))
+    layer.finish()
+    tokens = sum(len(s) + 2 for s in sequences)
+    work = flops([len(s) + 2 for s in sequences], layers, dim)
+    peaks = {p: max(matmul_peaks(dim, p, device).values()) for p in {p for _, p, _ in sides}}
+    baseline = statistics.median(times[sides[0][0], sides[0][1]])
+    for side, precision, _ in sides:
+        seconds = statistics.median(times[side, precision])
+        row = {
+            "model": name,
+            "side": side,
+            "precision": precision,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "sequences": len(sequences),
+            "tokens": tokens,
+            "seconds": seconds,
+            "runs": times[side, precision],
+            "tokens_per_s": tokens / seconds,
+            "matmul_peak_tflops": peaks[precision] / 1e12,
+            "share_of_peak": work / seconds / peaks[precision],
+            "baseline": f"{sides[0][0]} {sides[0][1]}",
+            "speedup_vs_baseline": baseline / seconds,
+        }
+        if "compiled" in side:
+            row.update(compile_seconds=layer.seconds, compiled_graphs=layer.graphs)
+        print(json.dumps(row), flush=True)
+
+
+def big(sequences, args, device) -> None:
+    """esmshard packed for the largest ESM-2's shape: tokens/s and peak memory."""
+    net = random_model(BIG).eval()
+    embedder = Embedder(
+        net, net.alphabet, [net.num_layers], device, PRECISIONS[args.precision],
+        kinds=["mean"], packed=True,
+    )  # fmt: skip
+    batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = timed(esmshard_side(embedder, sequences, batches), device)
+    tokens = sum(len(s) + 2 for s in sequences)
+    print(json.dumps({
+        "model": BIG, "side": "esmshard packed", "precision": args.precision,
+        "sequences": len(sequences), "tokens": tokens, "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda" else None,
+    }), flush=True)  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fasta", type=Path, default=DEFAULT_FASTA)
+    parser.add_argument("--every", type=int, default=1, help="every N-th record (1: all)")
+    parser.add_argument("--esm2", nargs="*", default=["esm2_t33_650M_UR50D"])
+    parser.add_argument("--esmc", nargs="*", default=["esmc_300m", "esmc_600m"])
+    parser.add_argument("--esmc-sequences", type=int, help="ESM C: the first N records only")
+    parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"{BIG}'s shape too (default: on a GPU)")  # fmt: skip
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    parser.add_argument("--toks-per-batch", type=int, default=65536)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        records = list(read_fasta(subset(args.fasta, args.every, Path(tmp) / "subset.fasta")))
+        for name in args.esm2:
+            sequences = [r.sequence[: ESM2.max_residues] for r in records]
+            sides, layer = esm2_sides(name, sequences, args, device)
+            measure(name, ESM2.archs[name], sides, layer, sequences, args, device)
+        for name in args.esmc:
+            chosen = records[: args.esmc_sequences]
+            sequences = [r.sequence[: ESMC.max_residues] for r in chosen]
+            sides, layer = esmc_sides(name, sequences, args, device, Path(tmp) / name)
+            measure(name, ESMC.archs[name], sides, layer, sequences, args, device)
+        if args.big if args.big is not None else device.type == "cuda":
+            big([r.sequence[: ESM2.max_residues] for r in records], args, device)
+
+
+if __name__ == "__main__":
+    main()
