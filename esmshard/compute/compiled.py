@@ -3,12 +3,15 @@ device, and reused by every later job.
 
 One graph serves every layer (the layer's modules are arguments, esmshard.models.layers.
 FastForward.block) and every batch: its sizes are symbolic but for the model's dimensions, and
-the one number a batch passes, its longest sequence, is rounded up to a power of two. The compiler's own cache folder is
-job-private and node-local; after a job that compiled, it is kept as one entry under
-`<store>/.compiled/`, keyed by what the compiled code depends on (CacheKey), and the next job with
-that key unpacks it before its first batch: it still traces the layer, but compiles no kernel.
-An entry is checked before it is used (its key and the SHA-256 of its bytes): a damaged or
-foreign one is ignored, and the job's own compilation replaces it.
+the one number a batch passes, its longest sequence, is rounded up to a power of two.
+
+The compiler's own cache folder is job-private and node-local; after a job that compiled, it is
+kept as one entry under `<store>/.compiled/`, keyed by what the compiled code depends on
+(CacheKey), and the next job with that key unpacks it before its first batch: it still traces the
+layer, but compiles no kernel. An entry is checked before it is used (its key and the SHA-256 of
+its bytes): a damaged or foreign one is ignored, and the job's own compilation replaces it. The
+compiler keys its own cached kernels by the traced graph too, so a changed layer never runs
+stale code.
 """
 
 import hashlib
@@ -24,13 +27,11 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from ..config import NUMERICS_VERSION
 from ..files import atomic_path
 
 log = logging.getLogger(__name__)
 
-# esmshard's numerics version: raised whenever a forward pass's arithmetic changes, so that no
-# entry compiled from the earlier code is used.
-NUMERICS = 1
 # The environment variable torch's compiler takes its cache folder from.
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
@@ -95,7 +96,7 @@ class CacheKey(NamedTuple):
             f"{net.num_layers}x{net.embed_dim}x{net.attention_heads}",
             precision,
             batching,
-            NUMERICS,
+            NUMERICS_VERSION,
         )
 
     @property
