@@ -5,9 +5,9 @@ import os
 
 from .fasta import compression
 
-# `shards: auto`, from the residues to compute and the model alone (never the GPU count): shards as
-# many as possible while a job's fixed cost (process start, imports, model loading, CUDA
-# start-up) stays under 2.5% (3% with a margin) of its GPU time on a fast GPU.
+# `shards: auto`, from the residues to compute and the model: shards as many as possible while a
+# job's fixed cost (process start, imports, model loading, CUDA start-up) stays under 2.5% (3% with
+# a margin) of its GPU time on a fast GPU; and on one machine at least one per pool slot.
 JOB_OVERHEAD_SECONDS = 20
 TARGET_OVERHEAD_FRACTION = 0.025
 MAX_SHARDS = 4096  # beyond this, shards grow instead (Snakemake plans every job up front)
@@ -37,10 +37,14 @@ def fast_gpu_seconds(residues: int, layers: int, dim: int) -> float:
     return residues / tokens_per_second
 
 
-def auto_shard_count(residues: int, layers: int, dim: int) -> int:
+def auto_shard_count(residues: int, layers: int, dim: int, slots: int = 1) -> int:
+    """Shards for `residues` of work: as many as the job-overhead rule allows, and at least
+    `slots`, the embed jobs that run at once on this machine (an idle GPU costs nothing, and
+    jobs starting side by side take no longer than one). The caller keeps it to the number of
+    sequences."""
     smallest = JOB_OVERHEAD_SECONDS / TARGET_OVERHEAD_FRACTION  # GPU seconds per shard
     by_overhead = math.floor(fast_gpu_seconds(residues, layers, dim) / smallest)
-    return max(1, min(MAX_SHARDS, by_overhead))
+    return max(1, slots, min(MAX_SHARDS, by_overhead))
 
 
 def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt: int = 1) -> int:

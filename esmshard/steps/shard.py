@@ -108,12 +108,13 @@ def write_shards(
     checksum_cache,
     long_sequences: str = "truncate",
     nucleotide_check: bool = True,
+    slots: int = 1,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
 
-    `shards` is a number or "auto" (esmshard.input.sizing, from the new work alone); `arch` is the
-    model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
+    `shards` is a number or "auto" (esmshard.input.sizing, from the new work and `slots`, the embed
+    jobs that run at once); `arch` is the model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
     the first record of each sequence that the store (`store_root`, embeddings made with
     `settings`) lacks. Nothing is written under a final name until every check has passed; the
     shard files, the record table and the plan appear together, as `shard_dir`, or none: a
@@ -172,7 +173,9 @@ def write_shards(
         new_residues = embedded(new)[0]
         n_shards = min(
             new.size,
-            auto_shard_count(int(new_residues.sum()), *arch) if shards == "auto" else shards,
+            auto_shard_count(int(new_residues.sum()), *arch, slots)
+            if shards == "auto"
+            else shards,
         )
         plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
         names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]

@@ -31,6 +31,14 @@ def test_auto_shards_keep_job_overhead_under_3_percent_for_the_650m_model():
     assert counts == sorted(counts)
 
 
+def test_auto_shards_give_every_slot_of_the_pool_one_at_least():
+    layers, dim = 33, 1280
+    assert auto_shard_count(1_400_000, layers, dim, slots=4) == 4  # a proteome on 4 GPUs
+    assert auto_shard_count(0, layers, dim, slots=8) == 8  # the caller caps it by the sequences
+    # beyond the pool, the work decides as before
+    assert auto_shard_count(35e9, layers, dim, slots=4) == auto_shard_count(35e9, layers, dim)
+
+
 def test_compressed_inputs_count_twice_their_size(tmp_path):
 
     for suffix, opener in ((".gz", gzip.open), (".bz2", bz2.open)):

@@ -45,6 +45,7 @@ def use_esmshard():
 
 use_esmshard()
 
+from esmshard.compute.pool import pool_devices
 from esmshard.config import coerce_config, embedding_settings, expand_home
 from esmshard.files import read_tsv, unwritable
 from esmshard.input.fasta import not_a_file
@@ -154,6 +155,20 @@ if "--lint" not in sys.argv:
 def records_mem_mb(bytes_per_record):
     """Memory for a step that keeps `bytes_per_record` per input record, and 2 GB."""
     return lambda wildcards: 2048 + math.ceil(bytes_per_record * estimated_records(INPUTS) / 2**20)
+
+
+def parallel_slots():
+    """Embed jobs that run at once on this machine: the GPU pool's slots, at most `--resources
+    gpu`. 1 on a cluster (the main process and its jobs), where the job-overhead rule alone
+    sizes the shards: there each job waits in a queue."""
+    if workflow.remote_exec or not workflow.local_exec:
+        return 1
+    try:
+        slots = len(pool_devices(config["gpus"])) or 1
+    except ValueError:  # a device this machine lacks: the embed jobs say which
+        slots = len(config["gpus"])
+    gpu = getattr(workflow.global_resources.get("gpu"), "value", None)  # --resources gpu=N
+    return max(1, min(slots, gpu)) if gpu is not None else slots
 
 
 def planned_shards(wildcards=None):

@@ -16,6 +16,8 @@ checkpoint shard:
         # New content under an old mtime re-runs this step too (esmshard.store.checksums).
         input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
         shards=config["shards"],
+        # embed jobs at once on this machine: with `shards: auto`, at least as many shards
+        slots=lambda wildcards: parallel_slots() if config["shards"] == "auto" else 1,
         arch=list(ARCH),
         store=STORE.root,
         settings=EMBEDDING_PARAMS,
