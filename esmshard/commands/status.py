@@ -103,6 +103,7 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "failed": sum(m.get("n_failed", 0) for m in done),
         "slots": per_slot(done),
         "running": stale + running,  # a live job shows over a dead one of its slot
+        "pool_slots": (read_json_object(Path(layout.plan_json)) or {}).get("slots"),
     }
 
 
@@ -145,6 +146,9 @@ def render(state: dict) -> str:
                 memory,
             )
         )
+    pool = state.get("pool_slots") or 0
+    for k in range(len(rows) - 1, pool):  # slots of the pool that have run nothing yet
+        rows.append((f"slot {k}", "-", "no shard yet", "0", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

@@ -42,8 +42,10 @@ def replay(durations: list[float], n_devices: int) -> float:
 
 
 def devices(metrics: list[dict]) -> list[dict]:
-    """One entry per device slot: what NVML saw while its shards ran, and its throughput."""
+    """One entry per device slot: what NVML saw while its shards ran, its throughput, its busy
+    time, and its idle tail: how long it waited, after its last shard, for the run's last one."""
     out = []
+    end = max(m["finished_at"] for m in metrics)
     for key, s in per_slot(metrics).items():
         ran = [m for m in metrics if slot_key(m) == key]
 
@@ -63,6 +65,8 @@ def devices(metrics: list[dict]) -> list[dict]:
                 "mean_utilization_percent": weighted("mean_utilization_percent"),
                 "shards": s["shards"],
                 "residues_per_second": s["residues_per_second"],
+                "busy_seconds": sum(m["seconds"] for m in ran),
+                "idle_tail_seconds": end - max(m["finished_at"] for m in ran),
             }
         )
     return out
@@ -83,13 +87,16 @@ def scaling(metrics: list[dict]) -> dict:
         modelled.append(
             {
                 "gpus": k,
-                "makespan_seconds": makespan,
-                "speedup": speedup,
-                "efficiency": speedup / k,
+                "modelled_makespan_seconds": makespan,
+                "modelled_speedup": speedup,
+                "modelled_efficiency": speedup / k,
                 "guide_speedup": list(GUIDE_SPEEDUP.get(k, (1.0, 1.0))),
             }
         )
     measured = busy / wall if wall > 0 else None
+    for row in modelled:  # a measured figure only where the run had that many slots
+        row["measured_speedup"] = measured if row["gpus"] == len(slots) else None
+    slot_rows = devices(metrics)
     return {
         "model": metrics[0]["model"],
         "weights": metrics[0]["weights"],
@@ -112,7 +119,9 @@ def scaling(metrics: list[dict]) -> dict:
             "efficiency": measured / len(slots) if measured is not None else None,
         },
         "modelled": modelled,
-        "devices": devices(metrics),
+        "devices": slot_rows,
+        # the time the first slot to run out of shards waits for the last shard
+        "idle_tail_seconds": max(d["idle_tail_seconds"] for d in slot_rows),
         "telemetry": any(m.get("telemetry_samples") for m in metrics),
         "shards": [
             {
@@ -198,7 +207,7 @@ def _speedup(result) -> str:
     )
     ax.plot(
         gpus,
-        [m["speedup"] for m in result["modelled"]],
+        [m["modelled_speedup"] for m in result["modelled"]],
         "o-",
         label="modelled from this run's shards",
     )
@@ -295,6 +304,10 @@ def render_html(result: dict, series: dict, computed_with: str = "") -> str:
         {"figure": "residues/s overall", "value": result["residues_per_second"]},
         {"figure": "load imbalance (slowest shard / mean)", "value": result["load_imbalance"]},
         {
+            "figure": "idle tail (s): the first slot out of shards waits for the last shard",
+            "value": result["idle_tail_seconds"],
+        },
+        {
             "figure": "compiling (s; shards whose compiled code was in the store)",
             "value": f"{_fmt(result['compile_seconds'])}; {result['compile_cache_hits']} of "
             f"{result['n_shards']}",
@@ -328,11 +341,20 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
 </head><body><h1>{TITLE}</h1>{warning}
 {_table(summary, ["figure", "value"])}
 <h2>Speedup and efficiency</h2>
-<p>Modelled by replaying the measured shard times, in their start order, on that many devices.</p>
+<p>Modelled: by replaying the measured shard times, in their start order, on that many devices. Measured: this run's own, on its
+{len(result["slots"])} slot(s) (busy time of the jobs over their wall time); none for the
+other device counts, which this run did not have.</p>
 {
         _table(
             result["modelled"],
-            ["gpus", "makespan_seconds", "speedup", "efficiency", "guide_speedup"],
+            [
+                "gpus",
+                "modelled_makespan_seconds",
+                "modelled_speedup",
+                "modelled_efficiency",
+                "measured_speedup",
+                "guide_speedup",
+            ],
         )
     }
 {images}
@@ -346,6 +368,8 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00
                 "name",
                 "shards",
                 "residues_per_second",
+                "busy_seconds",
+                "idle_tail_seconds",
                 "mean_utilization_percent",
                 "mean_memory_used_GiB",
                 "peak_memory_used_GiB",

@@ -108,7 +108,7 @@ def write_shards(
     checksum_cache,
     long_sequences: str = "truncate",
     nucleotide_check: bool = True,
-    slots: int = 1,
+    slots: int | None = None,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
@@ -173,7 +173,7 @@ def write_shards(
         new_residues = embedded(new)[0]
         n_shards = min(
             new.size,
-            auto_shard_count(int(new_residues.sum()), *arch, slots)
+            auto_shard_count(int(new_residues.sum()), *arch, slots or 1)
             if shards == "auto"
             else shards,
         )
@@ -196,6 +196,8 @@ def write_shards(
             "unique_sequences": match.n_unique,
             "from_store": match.n_unique - int(new.size),
             "computed": int(new.size),
+            # embed jobs at once on this machine, as `shards: auto` planned for (else None)
+            "slots": slots,
         }
         write_json(building / "plan.json", summary)
         if not read_only:

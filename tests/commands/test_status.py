@@ -54,6 +54,18 @@ def test_status_of_a_run_in_progress(run_in_progress):
     )
     assert "node7:cpu0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
     assert "shards 1/2 (50%)" in text and "ETA 0m20s" in text and "1 failed" in text
+    assert "no shard yet" not in text  # a plan of no pool (`shards` a number): its slots alone
+
+
+def test_every_slot_of_the_pool_shows_those_that_ran_nothing_too(run_in_progress):
+    plan = run_in_progress / "shards" / "plan.json"
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "slots": 4}))
+    text = status.render(status.read_state(run_in_progress, now=120.0))
+    assert "node7:cpu0" in text and "node7:00000000:43:00.0" in text
+    assert [line.split()[:2] for line in text.splitlines() if "no shard yet" in line] == [
+        ["slot", "2"],
+        ["slot", "3"],
+    ]
 
 
 def test_a_shard_whose_part_is_not_in_the_store_is_not_finished(run_in_progress):

@@ -50,6 +50,13 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
     assert result["load_imbalance"] == pytest.approx(10 / (25 / 3))
     assert result["telemetry"] is False
     assert result["compile_seconds"] == 0.5 and result["compile_cache_hits"] == 1
+    # per slot: busy time, and the wait after its last shard for the run's last one
+    busy = {d["slot"]: (d["busy_seconds"], d["idle_tail_seconds"]) for d in result["devices"]}
+    assert busy == {"node1:0": (15.0, 0.0), "node1:1": (10.0, 5.0)}
+    assert result["idle_tail_seconds"] == 5.0
+    # a measured speedup only for the slot count this run had; the rest modelled
+    measured = {m["gpus"]: m["measured_speedup"] for m in result["modelled"]}
+    assert measured == {1: None, 2: pytest.approx(25 / 15), 4: None, 8: None}
     assert [s["compile_cache"] for s in result["shards"]] == ["off", "off", "hit"]
     html = (tmp_path / "report.html").read_text()
     assert (
@@ -58,6 +65,9 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
         and html.count("data:image/png") == 3
         and "compile_seconds" in html
         and "shards whose compiled code was in the store" in html
+        and "idle_tail_seconds" in html
+        and "modelled_speedup" in html
+        and "measured_speedup" in html
     )
 
 

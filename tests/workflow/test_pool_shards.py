@@ -1,6 +1,8 @@
 """`shards: auto` knows the pool: on one machine every slot given gets a shard, and a run with
 another pool size recomputes nothing (the store is by sequence)."""
 
+import json
+
 import h5py
 import numpy as np
 from conftest import jobs_run, run_json, snakemake, write_subset
@@ -32,6 +34,9 @@ def test_two_slots_get_balanced_shards_and_one_slot_then_recomputes_nothing(tmp_
     total = sum(m["n_residues"] for m in metrics)
     assert all(0.3 <= m["n_residues"] / total <= 0.7 for m in metrics), metrics
     assert {m["gpu_slot"] for m in metrics} == {0, 1}
+    report = json.loads((outdir / "report" / "scaling.json").read_text())
+    assert len(report["devices"]) == 2 and all(d["busy_seconds"] > 0 for d in report["devices"])
+    assert report["measured"]["gpus"] == 2 and report["idle_tail_seconds"] >= 0
 
     again = run(tmp_path, outdir, checkpoint, 1)
     assert "embed" not in jobs_run(again)

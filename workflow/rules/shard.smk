@@ -17,7 +17,7 @@ checkpoint shard:
         input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
         shards=config["shards"],
         # embed jobs at once on this machine: with `shards: auto`, at least as many shards
-        slots=lambda wildcards: parallel_slots() if config["shards"] == "auto" else 1,
+        slots=lambda wildcards: parallel_slots() if config["shards"] == "auto" else None,
         arch=list(ARCH),
         store=STORE.root,
         settings=EMBEDDING_PARAMS,
