@@ -10,4 +10,12 @@ def open_embeddings(path):
     return Embeddings(path)
 
 
-__all__ = ["__version__", "open_embeddings"]
+def embed(sequences, model="esm2_t33_650M_UR50D", **settings):
+    """Embeddings of `sequences` in this process, read like `open_embeddings`:
+    esmshard.commands.inprocess."""
+    from .commands.inprocess import embed
+
+    return embed(sequences, model, **settings)
+
+
+__all__ = ["__version__", "embed", "open_embeddings"]

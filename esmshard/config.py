@@ -69,6 +69,36 @@ def coerce_config(config: dict, schema: dict) -> dict:
     }
 
 
+class ConfigError(ValueError):
+    """Settings that cannot work together, or with the model; the message says what to change."""
+
+
+def for_family(config: dict, family) -> dict:
+    """The settings that depend on the model's family (esmshard.models.spec.Family), made
+    concrete: `truncation_seq_length: auto` is its limit. ConfigError where the family or the
+    other settings refuse them."""
+    limit = config["truncation_seq_length"]
+    limit = family.max_residues if limit == "auto" else limit
+    if limit > family.max_residues:
+        raise ConfigError(
+            f"truncation_seq_length {limit} is beyond {family.title}'s {family.max_residues} "
+            f"residues (the longest it was trained on); use at most {family.max_residues}, or "
+            "auto, and long_sequences: chunk for longer sequences"
+        )
+    if "contacts" in config["include"] and not family.contacts:
+        raise ConfigError(
+            f"include: contacts: {family.title} ({config['model']}) has no contact head; contact "
+            "maps come from ESM-2 models. Remove contacts from include, or use an ESM-2 model"
+        )
+    if "contacts" in config["include"] and config["long_sequences"] == "chunk":
+        raise ConfigError(
+            "include: contacts cannot be combined with long_sequences: chunk (a contact map "
+            "spans the whole sequence, a window sees part of it); use long_sequences: truncate, "
+            "as fair-esm's extract does, or skip"
+        )
+    return {**config, "truncation_seq_length": limit}
+
+
 def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
     """The settings an embedding was computed with, as embed jobs record them and merge checks them.
 

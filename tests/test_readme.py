@@ -70,6 +70,19 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
     assert watch.returncode == 0 and "finished" in out and "shards 1/1 (100%)" in out
 
 
+def test_embedding_from_python_as_the_readme_shows(tmp_path):
+    example = tmp_path / "resources" / "ecoli_k12_example.fasta"
+    subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", str(example)], env=ENV,
+                   check=True)  # fmt: skip
+    code = doc_block("README.md", "**From Python**", "```python\n")
+    for _ in range(2):  # the second time from the store
+        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV,
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.strip() == "291 (291, 320) (320,)"
+    assert len(list((tmp_path / "store").rglob("*.h5"))) == 1
+
+
 def test_reading_and_exporting_as_the_docs_show(tmp_path):
     example = tmp_path / "example.fasta"
     subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", str(example)], env=ENV,

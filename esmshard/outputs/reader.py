@@ -44,12 +44,24 @@ class Batch(NamedTuple):
 
 
 class Embeddings:
-    """An open embeddings.h5 (esmshard.steps.merge writes it); use as a context manager or `close()`."""
+    """An open embeddings.h5 (esmshard.steps.merge writes it); use as a context manager or `close()`.
 
-    def __init__(self, path):
-        path = Path(path)
-        self.path = path / "embeddings.h5" if path.is_dir() else path
-        self.h5 = h5py.File(self.path, "r")
+    `source`: the file, the outdir that holds it, or the file's bytes in a file object
+    (esmshard.embed's results); `failed`: the records that could not be embedded, by ID, with
+    the reason, where known.
+    """
+
+    def __init__(self, source, failed: dict[str, str] | None = None):
+        if hasattr(source, "read"):
+            self.path = None
+            self.h5 = h5py.File(source, "r")
+            self.name = "these embeddings"
+        else:
+            path = Path(source)
+            self.path = path / "embeddings.h5" if path.is_dir() else path
+            self.h5 = h5py.File(self.path, "r")
+            self.name = str(self.path)
+        self.failed = failed
         self.layers = {
             kind: sorted(int(layer) for layer in self.h5[kind] if layer.isdigit())
             for kind in KINDS
@@ -88,7 +100,7 @@ class Embeddings:
             return self._row_of[id_]
         except KeyError:
             raise KeyError(
-                f"{id_!r} is not in {self.path} (failed, or not in the input)"
+                f"{id_!r} is not in {self.name} (failed, or not in the input)"
             ) from None
 
     def _row(self, protein: int | str) -> int:
@@ -106,7 +118,7 @@ class Embeddings:
         """The stored layer number that `layer` names (see the module's docstring)."""
         if kind not in self.layers:
             raise KeyError(
-                f"{self.path} holds no {kind!r} representations; it holds {self.layers}"
+                f"{self.name} holds no {kind!r} representations; it holds {self.layers}"
             )
         stored = self.layers[kind]
         if layer is None:
@@ -114,16 +126,16 @@ class Embeddings:
         if layer < 0 and self.num_layers:
             layer += self.num_layers + 1
         if layer not in stored:
-            raise KeyError(f"{self.path} holds {kind!r} at layers {stored}, not at {layer}")
+            raise KeyError(f"{self.name} holds {kind!r} at layers {stored}, not at {layer}")
         return layer
 
     def array(self, kind: str = "mean", layer: int | None = None) -> np.ndarray:
         """One layer of one kind, every protein (per-residue kinds: every residue, see
-        `offsets`): memory-mapped when the dataset is stored whole and uncompressed, as esmshard
-        writes it unless per_residue_compression is set; read into memory otherwise."""
+        `offsets`): memory-mapped when the dataset is stored whole and uncompressed in a file, as
+        esmshard writes it unless per_residue_compression is set; read into memory otherwise."""
         data = self.h5[dataset(kind, self.layer(kind, layer))]
         offset = data.id.get_offset()
-        if offset is None or data.compression or data.chunks:
+        if offset is None or data.compression or data.chunks or self.path is None:
             return data[:]
         return np.memmap(self.path, data.dtype, "r", offset=offset, shape=data.shape)
 
@@ -146,7 +158,7 @@ class Embeddings:
     def contact_map(self, protein: int | str) -> np.ndarray:
         """One protein's contact map (length × length), by row or ID."""
         if not self.has_contacts:
-            raise KeyError(f"{self.path} holds no contact maps (include: contacts)")
+            raise KeyError(f"{self.name} holds no contact maps (include: contacts)")
         row = self._row(protein)
         start, stop = self.h5[CONTACT_OFFSETS][row : row + 2]
         values = self.h5[CONTACT_VALUES][start:stop]
@@ -155,7 +167,7 @@ class Embeddings:
     def __getitem__(self, protein: int | str) -> Protein:
         row = self._row(protein)
         if not 0 <= row < len(self):
-            raise IndexError(f"row {row} is not in {self.path} ({len(self)} proteins)")
+            raise IndexError(f"row {row} is not in {self.name} ({len(self)} proteins)")
         h5 = self.h5
 
         def rows(kind):
@@ -191,4 +203,9 @@ class Embeddings:
         """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.outputs.torchdata)."""
         from .torchdata import EmbeddingDataset
 
+        if self.path is None:  # its workers open the file each
+            raise ValueError(
+                "a Dataset reads an embeddings.h5 file: these embeddings are held in memory "
+                "(esmshard.embed); use array() or batches(), or a run's embeddings.h5"
+            )
         return EmbeddingDataset(self.path, kind, self.layer(kind, layer), len(self), Embeddings)

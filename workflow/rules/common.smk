@@ -46,7 +46,13 @@ def use_esmshard():
 use_esmshard()
 
 from esmshard.compute.pool import pool_devices
-from esmshard.config import coerce_config, embedding_settings, expand_home
+from esmshard.config import (
+    ConfigError,
+    coerce_config,
+    embedding_settings,
+    expand_home,
+    for_family,
+)
 from esmshard.files import read_tsv, unwritable
 from esmshard.input.fasta import not_a_file
 from esmshard.input.sizing import (
@@ -77,25 +83,10 @@ try:
 except ModelError as err:
     raise WorkflowError(str(err))
 FAMILY = MODEL.family
-if config["truncation_seq_length"] == "auto":
-    config["truncation_seq_length"] = FAMILY.max_residues
-if config["truncation_seq_length"] > FAMILY.max_residues:
-    raise WorkflowError(
-        f"truncation_seq_length {config['truncation_seq_length']} is beyond {FAMILY.title}'s "
-        f"{FAMILY.max_residues} residues (the longest it was trained on); use at most "
-        f"{FAMILY.max_residues}, or auto, and long_sequences: chunk for longer sequences"
-    )
-if "contacts" in config["include"] and not FAMILY.contacts:
-    raise WorkflowError(
-        f"include: contacts: {FAMILY.title} ({config['model']}) has no contact head; contact "
-        "maps come from ESM-2 models. Remove contacts from include, or use an ESM-2 model"
-    )
-if "contacts" in config["include"] and config["long_sequences"] == "chunk":
-    raise WorkflowError(
-        "include: contacts cannot be combined with long_sequences: chunk (a contact map spans "
-        "the whole sequence, a window sees part of it); use long_sequences: truncate, as "
-        "fair-esm's extract does, or skip"
-    )
+try:
+    config.update(for_family(config, FAMILY))
+except ConfigError as err:
+    raise WorkflowError(str(err))
 
 RUN = Layout(config["outdir"])
 STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
