@@ -7,7 +7,8 @@ from .fasta import compression
 
 # `shards: auto`, from the residues to compute and the model: shards as many as possible while a
 # job's fixed cost (process start, imports, model loading, CUDA start-up) stays under 2.5% (3% with
-# a margin) of its GPU time on a fast GPU; and on one machine at least one per pool slot.
+# a margin) of its GPU time on a fast GPU; and at least one per embed job that runs at once (on a
+# cluster, where each holds at least a job's fixed cost of work).
 JOB_OVERHEAD_SECONDS = 20
 TARGET_OVERHEAD_FRACTION = 0.025
 MAX_SHARDS = 4096  # beyond this, shards grow instead (Snakemake plans every job up front)
@@ -37,14 +38,18 @@ def fast_gpu_seconds(residues: int, layers: int, dim: int) -> float:
     return residues / tokens_per_second
 
 
-def auto_shard_count(residues: int, layers: int, dim: int, slots: int = 1) -> int:
+def auto_shard_count(
+    residues: int, layers: int, dim: int, slots: int = 1, cluster: bool = False
+) -> int:
     """Shards for `residues` of work: as many as the job-overhead rule allows, and at least
-    `slots`, the embed jobs that run at once on this machine (an idle GPU costs nothing, and
-    jobs starting side by side take no longer than one). The caller keeps it to the number of
-    sequences."""
-    smallest = JOB_OVERHEAD_SECONDS / TARGET_OVERHEAD_FRACTION  # GPU seconds per shard
-    by_overhead = math.floor(fast_gpu_seconds(residues, layers, dim) / smallest)
-    return max(1, slots, min(MAX_SHARDS, by_overhead))
+    `slots`, the embed jobs that run at once. On one machine all of them (an idle GPU costs
+    nothing, and jobs starting side by side take no longer than one); on a cluster, where each
+    job waits in a queue, as many as hold a job's fixed cost of work each at least. The caller
+    keeps it to the number of sequences."""
+    seconds = fast_gpu_seconds(residues, layers, dim)
+    by_overhead = math.floor(seconds / (JOB_OVERHEAD_SECONDS / TARGET_OVERHEAD_FRACTION))
+    floor = min(slots, math.floor(seconds / JOB_OVERHEAD_SECONDS)) if cluster else slots
+    return max(1, floor, min(MAX_SHARDS, by_overhead))
 
 
 def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt: int = 1) -> int:

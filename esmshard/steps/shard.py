@@ -109,12 +109,13 @@ def write_shards(
     long_sequences: str = "truncate",
     nucleotide_check: bool = True,
     slots: int | None = None,
+    cluster: bool | None = None,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
 
     `shards` is a number or "auto" (esmshard.input.sizing, from the new work and `slots`, the embed
-    jobs that run at once); `arch` is the model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
+    jobs that run at once, on a `cluster` or not); `arch` is the model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
     the first record of each sequence that the store (`store_root`, embeddings made with
     `settings`) lacks. Nothing is written under a final name until every check has passed; the
     shard files, the record table and the plan appear together, as `shard_dir`, or none: a
@@ -173,7 +174,7 @@ def write_shards(
         new_residues = embedded(new)[0]
         n_shards = min(
             new.size,
-            auto_shard_count(int(new_residues.sum()), *arch, slots or 1)
+            auto_shard_count(int(new_residues.sum()), *arch, slots or 1, bool(cluster))
             if shards == "auto"
             else shards,
         )
@@ -198,6 +199,7 @@ def write_shards(
             "computed": int(new.size),
             # embed jobs at once on this machine, as `shards: auto` planned for (else None)
             "slots": slots,
+            "cluster": cluster,
         }
         write_json(building / "plan.json", summary)
         if not read_only:

@@ -39,6 +39,17 @@ def test_auto_shards_give_every_slot_of_the_pool_one_at_least():
     assert auto_shard_count(35e9, layers, dim, slots=4) == auto_shard_count(35e9, layers, dim)
 
 
+def test_on_a_cluster_the_jobs_at_once_are_a_floor_where_each_holds_a_jobs_fixed_cost():
+    layers, dim = 33, 1280
+    proteome = 1_400_000  # residues: 5.5 s of fast-GPU work, under one job's fixed cost (20 s)
+    assert auto_shard_count(proteome, layers, dim, slots=100, cluster=True) == 1
+    assert auto_shard_count(proteome, layers, dim, slots=100) == 100  # one machine: every slot
+    million = 350e6  # 1,376 s of fast-GPU work: 68 jobs of at least 20 s each
+    assert auto_shard_count(million, layers, dim, slots=100, cluster=True) == 68
+    assert auto_shard_count(million, layers, dim, slots=8, cluster=True) == 8
+    assert auto_shard_count(million, layers, dim) == 1
+
+
 def test_compressed_inputs_count_twice_their_size(tmp_path):
 
     for suffix, opener in ((".gz", gzip.open), (".bz2", bz2.open)):

@@ -181,3 +181,22 @@ def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
     assert len(blocks["embed"]) == 3
     assert all("gpu=1" in r and "slurm_partition=esmshard-test" in r for r in blocks["embed"])
     assert all("gpu=" not in r for rule in ("merge", "report") for r in blocks[rule])
+
+
+def test_on_slurm_the_shard_job_is_given_the_profiles_jobs_for_shards_auto(slurm, tmp_path):
+    """`shards: auto` on a cluster: the shard job, which runs there (sbatch), learns the profile's
+    `jobs` from the main process; the plan records it."""
+    profile = filled_profile(tmp_path)
+    cmd, env = slurm_command(tmp_path / "auto", profile, slurm)
+    result = subprocess.run(
+        [*cmd, "--until", "shard", "--config", "shards=auto"], cwd=REPO, env=env,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    plan = json.loads((tmp_path / "auto" / "results" / "shards" / "plan.json").read_text())
+    jobs = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())["jobs"]
+    assert (plan["slots"], plan["cluster"]) == (jobs, True), result.stdout + result.stderr
+    # 40 proteins are far less work than a job's fixed cost on a cluster: one shard
+    assert (
+        len((tmp_path / "auto" / "results" / "shards" / "plan.tsv").read_text().splitlines()) == 2
+    )

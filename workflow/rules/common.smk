@@ -148,18 +148,26 @@ def records_mem_mb(bytes_per_record):
     return lambda wildcards: 2048 + math.ceil(bytes_per_record * estimated_records(INPUTS) / 2**20)
 
 
-def parallel_slots():
-    """Embed jobs that run at once on this machine: the GPU pool's slots, at most `--resources
-    gpu`. 1 on a cluster (the main process and its jobs), where the job-overhead rule alone
-    sizes the shards: there each job waits in a queue."""
-    if workflow.remote_exec or not workflow.local_exec:
-        return 1
+def parallel_jobs():
+    """The embed jobs that run at once, for `shards: auto`: on one machine the GPU pool's slots,
+    at most `--resources gpu`; with a cluster executor, the jobs Snakemake may have queued or
+    running at once (`--jobs`, a profile's `jobs`). The shard job runs on the cluster, and
+    Snakemake hands it no value of the main process: the number goes in the environment, which
+    sbatch (and bsub) pass on; where it is not passed, 1."""
+    if workflow.remote_exec:
+        return int(os.environ.get(CLUSTER_JOBS_ENV, 1))
+    if not workflow.local_exec:
+        os.environ[CLUSTER_JOBS_ENV] = str(workflow.nodes or 1)
+        return workflow.nodes or 1
     try:
         slots = len(pool_devices(config["gpus"])) or 1
     except ValueError:  # a device this machine lacks: the embed jobs say which
         slots = len(config["gpus"])
     gpu = getattr(workflow.global_resources.get("gpu"), "value", None)  # --resources gpu=N
     return max(1, min(slots, gpu)) if gpu is not None else slots
+
+
+CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
 
 
 def planned_shards(wildcards=None):

@@ -16,8 +16,14 @@ checkpoint shard:
         # New content under an old mtime re-runs this step too (esmshard.store.checksums).
         input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
         shards=config["shards"],
-        # embed jobs at once on this machine: with `shards: auto`, at least as many shards
-        slots=lambda wildcards: parallel_slots() if config["shards"] == "auto" else None,
+        # embed jobs at once, on one machine or a cluster: `shards: auto` makes at least as
+        # many shards (on a cluster, where the work allows)
+        slots=lambda wildcards: parallel_jobs() if config["shards"] == "auto" else None,
+        cluster=lambda wildcards: (
+            (not workflow.local_exec or workflow.remote_exec)
+            if config["shards"] == "auto"
+            else None
+        ),
         arch=list(ARCH),
         store=STORE.root,
         settings=EMBEDDING_PARAMS,
