@@ -62,5 +62,7 @@ def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt:
 
 
 def embed_mem_mb(layers: int, dim: int) -> int:
-    """4 GB plus three copies of the fp32 weights (12·layers·D² parameters) while loading."""
-    return 4096 + math.ceil(3 * 4 * 12 * layers * dim**2 / 2**20)
+    """4 GB plus the fp32 weights (12·layers·D² parameters) once, and a quarter more: a
+    checkpoint's tensors are memory-mapped into the model, not copied (esmshard.models.esm2.
+    load_checkpoint), and the fast path adds q, k and v as one product."""
+    return 4096 + math.ceil(1.25 * 4 * 12 * layers * dim**2 / 2**20)

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .archs import ESM2 as ARCHS
-from .esm2_files import ensure_available, hub_paths, regression_path
+from .esm2_files import PREFIXES, ensure_available, hub_paths, regression_path
 from .layers import (
     FastForward,
     Packed,
@@ -27,7 +27,7 @@ from .layers import (
     rotary,
     rotate_half,
 )
-from .spec import RANDOM_SEED, ModelSpec
+from .spec import RANDOM_SEED, ModelError, ModelSpec
 from .weights import safe_load
 
 
@@ -43,8 +43,6 @@ def random_model(name: str):
 
 def load(spec: ModelSpec):
     """(fair-esm's ESM2 in eval mode on the CPU, its alphabet)."""
-    from esm.pretrained import load_model_and_alphabet_core
-
     if spec.kind == "random":
         model = random_model(spec.name)
     elif spec.kind in ("hf", "folder"):
@@ -53,12 +51,43 @@ def load(spec: ModelSpec):
         model = esm2_from_transformers(spec.path)
     else:
         ensure_available(spec)
-        path = spec.path if spec.kind == "local" else hub_paths(spec.name)[0]
-        # fair-esm reads the family from the name it is given: the file's content said ESM-2.
-        model, _ = load_model_and_alphabet_core(
-            "esm2", safe_load(path), safe_load(regression_path(path))
-        )
+        model = load_checkpoint(spec.path if spec.kind == "local" else hub_paths(spec.name)[0])
     return model.eval(), model.alphabet
+
+
+def load_checkpoint(path: Path):
+    """fair-esm's ESM2 from its checkpoint and contact-regression file, as fair-esm's loader
+    builds it, without two copies of the weights in memory: the tensors are memory-mapped from
+    the file, the model is built without storage (torch's meta device) and takes the file's
+    tensors as its own. The 15B model's 60 GB checkpoint then needs no more host memory than
+    the pages in use. Names with either of fair-esm's prefixes are taken, as fair-esm does."""
+    import esm
+    from esm.model.esm2 import ESM2
+
+    try:
+        data = safe_load(path, mmap=True)
+    except RuntimeError:  # a file in torch's legacy format (before 1.6) cannot be mapped
+        data = safe_load(path)
+    state = {}
+    for name, tensor in {**data["model"], **safe_load(regression_path(path))["model"]}.items():
+        prefix = next((p for p in PREFIXES if name.startswith(p)), "")
+        state[name[len(prefix) :]] = tensor
+    cfg = data["cfg"]["model"]
+    with torch.device("meta"):
+        model = ESM2(
+            num_layers=cfg.encoder_layers,
+            embed_dim=cfg.encoder_embed_dim,
+            attention_heads=cfg.encoder_attention_heads,
+            alphabet=esm.data.Alphabet.from_architecture("ESM-1b"),
+            token_dropout=cfg.token_dropout,
+        )
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ModelError(
+            f"{path}: the tensors do not fit ESM-2 of {cfg.encoder_layers} layers and dimension "
+            f"{cfg.encoder_embed_dim}: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
+    return model
 
 
 def write_checkpoint(model, directory: Path, name: str) -> Path:

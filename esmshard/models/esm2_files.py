@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .spec import Arch, ModelError, ModelSpec
 
-PREFIX = "encoder.sentence_encoder."
+# The prefixes of fair-esm's tensor names that its loader takes away (either, as it does).
+PREFIXES = ("encoder.sentence_encoder.", "encoder.")
 
 
 def is_checkpoint(contents) -> bool:
@@ -16,7 +17,7 @@ def is_checkpoint(contents) -> bool:
     tensors = contents.get("model") if isinstance(contents, dict) else None
     if not isinstance(tensors, dict) or "cfg" not in contents:
         return False
-    return f"{PREFIX}emb_layer_norm_after.weight" in tensors and not any(
+    return any(f"{p}emb_layer_norm_after.weight" in tensors for p in PREFIXES) and not any(
         "embed_positions" in name for name in tensors
     )
 

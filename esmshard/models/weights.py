@@ -139,13 +139,14 @@ def _tensor_shapes(value, tensor_type):
     return value
 
 
-def safe_load(path: Path) -> dict:
-    """torch.load that unpickles tensors and fair-esm's argparse.Namespace config, nothing else."""
+def safe_load(path: Path, mmap: bool = False) -> dict:
+    """torch.load that unpickles tensors and fair-esm's argparse.Namespace config, nothing else.
+    `mmap`: the tensors stay in the file, memory-mapped, read as they are used."""
     import torch
 
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(str(path), map_location="cpu", weights_only=True)
+            return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         found = [line for line in str(err).splitlines() if "GLOBAL" in line]
         raise ModelError(

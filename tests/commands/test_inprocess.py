@@ -65,6 +65,7 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         ("no/such.fasta", MODEL, {}, FastaError, "no/such.fasta: does not exist"),
         ({"P1": "MKV"}, "random:esmc_300m", {"include": ["contacts"]}, ConfigError, "contact"),
     ],
+    ids=["empty", "dna", "letter", "repeated-id", "none", "model", "setting", "file", "contacts"],
 )
 def test_bad_input_is_one_line_naming_it(sequences, model, settings, error, words):
     with pytest.raises(error) as raised:
