@@ -67,7 +67,8 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
     time.sleep(1.5)
     watch.send_signal(signal.SIGINT)
     out, _ = watch.communicate(timeout=10)
-    assert watch.returncode == 0 and "finished" in out and "shards 1/1 (100%)" in out
+    # --gpus 0,1: one shard per GPU of the pool (shards: auto)
+    assert watch.returncode == 0 and "finished" in out and "shards 2/2 (100%)" in out
 
 
 def test_embedding_from_python_as_the_readme_shows(tmp_path):

@@ -47,8 +47,8 @@ CPU_PLAN = {
     "esmc_model": None,
     "every": 100,
     "toks_per_batch": 4096,
-    "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "4"]
-    + ["--no-big", "--repeats", "1", "--threads", "2"],
+    "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
+    + ["--no-big", "--repeats", "1", "--threads", "2", "--every", "400"],
 }
 
 
@@ -197,9 +197,11 @@ def throughput_args(plan: dict, gpu: bool) -> list[str]:
 
 
 def run_benchmark(out: Path, script: str, args: list[str], plan: dict) -> dict:
-    """`python benchmarks/<script>.py` on the plan's proteins and budget; its JSON lines."""
-    cmd = [sys.executable, str(REPO / "benchmarks" / f"{script}.py"), *args]
+    """`python benchmarks/<script>.py` on the plan's proteins and budget (`args` may set other
+    ones: they come last); its JSON lines."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / f"{script}.py")]
     cmd += ["--every", str(plan["every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
+    cmd += args
     started = time.time()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     (out / f"{script}.log").write_text(done.stdout + done.stderr)

@@ -159,16 +159,19 @@ def test_runs_sharing_a_store_compile_once_and_give_the_eager_numbers(tmp_path):
         for k in range(3)
     ]
     store = tmp_path / "store"
+    # the eager path's numbers for both inputs, in one run
+    eager = tmp_path / "eager"
+    both = f"input=[{inputs[0]},{inputs[1]}]"
+    snakemake(tmp_path, {}, *config(inputs[0], eager, both, "compile=off", "shards=1"))
+    assert embed_metrics(eager)["compile_cache"] == "off"
+    want = means(eager)
     runs = []
     for k, path in enumerate(inputs[:2]):
         outdir = tmp_path / f"compiled_{k}"
         snakemake(tmp_path, {}, *config(path, outdir, f"store={store}", "compile=on", "shards=1"))
         runs.append(embed_metrics(outdir))
-        eager = tmp_path / f"eager_{k}"
-        snakemake(tmp_path, {}, *config(path, eager, "compile=off", "shards=1"))
-        assert embed_metrics(eager)["compile_cache"] == "off"
-        got, want = means(outdir), means(eager)
-        assert got.keys() == want.keys() and len(got) > 10
+        got = means(outdir)
+        assert len(got) > 10 and got.keys() <= want.keys()
         assert max(np.abs(got[i] - want[i]).max() for i in got) <= 1e-4
     first, second = runs
     assert (first["compile_cache"], second["compile_cache"]) == ("miss", "hit")
