@@ -1,10 +1,13 @@
 """Forward-pass throughput: a peer against esmshard's fast path, same proteins, device, weights
 and threads, in one process, alternating repetitions. For ESM-2 the peer is fair-esm's model
-with its own batching; for ESM C it is transformers' EsmcModel (SDPA attention) on esmshard's
-batches, the weights read by esmshard from the folder transformers saved.
+with its own batching; for ESM C it is transformers' EsmcModel (SDPA attention), for the T5
+encoders (ProtT5, Ankh: t5_files.SHAPES, the first `--t5-layers` of their layers) transformers'
+T5EncoderModel, each on esmshard's batches and tokens, the weights read by esmshard from the
+folder transformers saved.
 
     python benchmarks/throughput.py --models esm2_t6_8M_UR50D esm2_t12_35M_UR50D --threads 2
     python benchmarks/throughput.py --models esmc_300m --every 40
+    python benchmarks/throughput.py --models prot_t5_xl_uniref50 --t5-layers 2 --every 40
     python benchmarks/throughput.py --device cuda --precision bf16 --every 1 --toks-per-batch 65536
 
 Reports residues/s, tokens/s (real tokens, BOS/EOS included) and achieved FLOP/s against the
@@ -30,15 +33,19 @@ from esmshard.compute.batching import make_batches, padded_fraction
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
 from esmshard.input.datasets import shared_data_dir
-from esmshard.input.fasta import read_fasta
-from esmshard.models import ESM2, ESMC, load, parse_spec
+from esmshard.input.fasta import ALPHABET, read_fasta
+from esmshard.input.sizing import ModelSize
+from esmshard.models import ESM2, ESMC, T5, load, parse_spec
 from esmshard.models.esm2 import random_model
 from esmshard.models.layers import onednn_available, onednn_dense
+from esmshard.models.t5_files import SHAPES
+from esmshard.models.t5_tokenizer import write_tokenizer
 from esmshard.steps.shard import read_shard, write_shards
 
 DEFAULT_FASTA = shared_data_dir() / "ecoli_k12_UP000000625.fasta"
 TRUNCATION = 1022  # ESM-2's; ESM C's is its family's max_residues
-ESM2_650M = ESM2.archs["esm2_t33_650M_UR50D"]  # the shape `shards: auto` is cut for here
+ESM2_650M = ESM2.archs["esm2_t33_650M_UR50D"]
+ESM2_650M_SIZE = ModelSize(12 * ESM2_650M.layers * ESM2_650M.dim**2, ESM2_650M.dim)
 
 
 def subset(fasta: Path, every: int, out: Path) -> Path:
@@ -59,9 +66,11 @@ def synchronize(device) -> None:
         torch.cuda.synchronize()
 
 
-def flops(lengths, layers, dim) -> float:
-    """Dense layers 24·D² per token, attention scores and mixing 4·D per token pair."""
-    return sum(layers * (24 * dim**2 * n + 4 * dim * n * n) for n in lengths)
+def flops(lengths, layers, dim, params=None) -> float:
+    """Dense layers 2·params per token (ESM: params 12·layers·D²), attention scores and mixing
+    4·D per token pair and layer."""
+    params = 12 * layers * dim**2 if params is None else params
+    return sum(2 * params * n + layers * 4 * dim * n * n for n in lengths)
 
 
 def matmul_peaks(dim, precision, device) -> dict[str, float]:
@@ -133,16 +142,40 @@ def esmc_models(name: str, folder: Path, device):
     return hf.eval().to(device), net.to(device), alphabet
 
 
+def t5_models(name: str, layers: int, folder: Path, device):
+    """transformers' T5EncoderModel of the published shape `name`, its first `layers` layers
+    (random weights, as transformers initialises them), saved with a tokenizer, and esmshard's
+    T5Encoder read from the folder."""
+    import transformers
+
+    (_, dim, heads), head_dim, ffn, feed_forward, buckets, distance, eps, vocab = SHAPES[name]
+    hf = transformers.T5EncoderModel(
+        transformers.T5Config(
+            vocab_size=vocab, d_model=dim, d_kv=head_dim, d_ff=ffn, num_layers=layers,
+            num_heads=heads, feed_forward_proj=feed_forward,
+            relative_attention_num_buckets=buckets, relative_attention_max_distance=distance,
+            layer_norm_epsilon=eps,
+        )
+    )  # fmt: skip
+    hf.save_pretrained(folder)
+    write_tokenizer(folder, "".join(sorted(ALPHABET)))
+    spec = parse_spec(str(folder))
+    net, alphabet = load(spec)
+    return hf.eval().to(device), net.to(device), alphabet, spec.params
+
+
 def transformers_peer(hf, embedder, sequences, toks_per_batch, device) -> float:
-    """transformers' EsmcModel on esmshard's batches and tokens, means over the residues kept."""
+    """transformers' model on esmshard's batches and tokens, means over the residues kept."""
     batches = make_batches([len(s) for s in sequences], toks_per_batch)
+    first = embedder.bos  # the first residue's column
     start = time.perf_counter()
     with torch.no_grad():
         for batch in batches:
             toks = embedder.tokens([sequences[i] for i in batch]).to(device)
-            hidden = hf(input_ids=toks, attention_mask=toks.ne(1)).last_hidden_state
+            mask = toks.ne(embedder.alphabet.padding_idx)
+            hidden = hf(input_ids=toks, attention_mask=mask).last_hidden_state
             for row, i in enumerate(batch):
-                hidden[row, 1 : len(sequences[i]) + 1].mean(0).cpu()
+                hidden[row, first : first + len(sequences[i])].mean(0).cpu()
     synchronize(device)
     return time.perf_counter() - start
 
@@ -173,7 +206,7 @@ def padding(fasta: Path, toks_per_batch: int, n_shards: int = 8) -> list[float]:
         shards, store, cache = (Path(tmp) / name for name in ("shards", "store", "checksums"))
         settings = {"model": "padding only"}  # an empty store of its own: every record planned
         plan = write_shards(
-            [fasta], shards, n_shards, TRUNCATION, ESM2_650M[:2], store, settings, cache
+            [fasta], shards, n_shards, TRUNCATION, ESM2_650M_SIZE, store, settings, cache
         )
         fractions = []
         for p in plan["shards"]:
@@ -190,6 +223,7 @@ def main():
     parser.add_argument("--fasta", type=Path, default=DEFAULT_FASTA)
     parser.add_argument("--every", type=int, default=10, help="use every N-th record (1: all)")
     parser.add_argument("--models", nargs="+", default=["esm2_t6_8M_UR50D", "esm2_t12_35M_UR50D"])
+    parser.add_argument("--t5-layers", type=int, default=2, help="T5 encoders: layers kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument(
@@ -208,12 +242,24 @@ def main():
         fasta = subset(args.fasta, args.every, Path(tmp) / "subset.fasta")
         records = list(read_fasta(fasta))
         for name in args.models:
-            family = parse_spec(f"random:{name}").family
+            params = None  # ESM's 12·layers·D²
+            if name in SHAPES:
+                family = T5
+                layers, dim, _ = SHAPES[name].arch._replace(layers=args.t5_layers)
+            else:
+                family = parse_spec(f"random:{name}").family
+                layers, dim, _ = family.archs[name]
             limit = family.max_residues
             sequences = [r.sequence[:limit] for r in records]
-            lengths = [len(s) + 2 for s in sequences]
-            layers, dim, _ = family.archs[name]
-            if family is ESMC:
+            lengths = [len(s) + 2 - (not family.bos) for s in sequences]
+            if family is T5:
+                peer_name = "transformers"
+                hf, net, alphabet, params = t5_models(name, layers, Path(tmp) / name, device)
+                tokens_of = Embedder(net, alphabet, [layers], device, PRECISIONS["fp32"])
+
+                def run_peer():
+                    return transformers_peer(hf, tokens_of, sequences, args.toks_per_batch, device)
+            elif family is ESMC:
                 peer_name = "transformers"
                 hf, net, alphabet = esmc_models(name, Path(tmp) / name, device)
                 tokens_of = Embedder(net, alphabet, [layers], device, PRECISIONS["fp32"])
@@ -237,7 +283,7 @@ def main():
                 )
                 times["esmshard"].append(seconds)
                 host_fractions.append(host / seconds)
-            work = flops(lengths, layers, dim)
+            work = flops(lengths, layers, dim, params)
             peaks_of = {
                 precision: matmul_peaks(dim, precision, device)
                 for precision in {"fp32", args.precision}

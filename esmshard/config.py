@@ -79,7 +79,7 @@ def for_family(config: dict, family) -> dict:
     other settings refuse them."""
     limit = config["truncation_seq_length"]
     limit = family.max_residues if limit == "auto" else limit
-    if limit > family.max_residues:
+    if limit > family.max_residues and family.positions_end:
         raise ConfigError(
             f"truncation_seq_length {limit} is beyond {family.title}'s {family.max_residues} "
             f"residues (the longest it was trained on); use at most {family.max_residues}, or "
@@ -89,6 +89,12 @@ def for_family(config: dict, family) -> dict:
         raise ConfigError(
             f"include: contacts: {family.title} ({config['model']}) has no contact head; contact "
             "maps come from ESM-2 models. Remove contacts from include, or use an ESM-2 model"
+        )
+    if "bos" in config["include"] and not family.bos:
+        raise ConfigError(
+            f"include: bos: {family.title} ({config['model']}) has no BOS token (its sequences "
+            "are the residues and </s>); remove bos from include, and use mean for one vector "
+            "per protein"
         )
     if "contacts" in config["include"] and config["long_sequences"] == "chunk":
         raise ConfigError(

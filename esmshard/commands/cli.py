@@ -61,7 +61,7 @@ def main(argv=None):
     )
     run.add_argument(
         "--model",
-        help="ESM-2 or ESM C model: a name, a checkpoint or folder, hf:REPO (default: the "
+        help="ESM-2, ESM C, ProtT5 or Ankh model: a name, a checkpoint or folder, hf:REPO (default: the "
         "config's, esm2_t33_650M_UR50D)",
     )
     run.add_argument(

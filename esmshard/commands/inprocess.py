@@ -21,6 +21,7 @@ import yaml
 
 from ..config import ConfigError, coerce_config, embedding_settings, for_family
 from ..input.fasta import FastaError, looks_nucleotide, normalise, not_a_file, printable
+from ..input.sizing import ModelSize
 from ..layout import Layout
 from ..models import ensure_available, parse_spec
 from ..outputs.reader import Embeddings
@@ -127,7 +128,7 @@ def embed(
             run.shard_dir,
             config["shards"],
             config["truncation_seq_length"],
-            (spec.num_layers, spec.embed_dim),
+            ModelSize(spec.params, spec.embed_dim),
             store.root,
             params,
             run.checksums,

@@ -42,7 +42,7 @@ def padded_fraction(lengths, batches) -> float:
 def auto_token_budget(
     free_bytes: int,
     model_bytes: int,
-    embed_dim: int,
+    activation_values: int,
     heads: int,
     longest_tokens: int,
     bytes_per_value: int = 4,
@@ -50,14 +50,16 @@ def auto_token_budget(
 ) -> int:
     """Tokens per batch that fit the device's free memory next to the model.
 
-    Per token a layer holds about 16·D activations (residual, norms, q/k/v, output, the 4·D
-    feed-forward in and out) and, as fair-esm materialises attention, 3·H·L scores for the
-    batch's longest sequence L. Contact maps keep every
+    Per token a layer holds `activation_values` (ESM: about 16·D: residual, norms, q/k/v,
+    output, the 4·D feed-forward in and out) and, as fair-esm materialises attention, 3·H·L
+    scores for the batch's longest sequence L. Contact maps keep every
     layer's scores, twice (fair-esm stacks them, its contact head permutes them): 2·layers·H·L
     more. 20% is kept in reserve.
     """
     per_token = bytes_per_value * (
-        16 * embed_dim + 3 * heads * longest_tokens + 2 * contact_layers * heads * longest_tokens
+        activation_values
+        + 3 * heads * longest_tokens
+        + 2 * contact_layers * heads * longest_tokens
     )
     usable = 0.8 * free_bytes - model_bytes
     return int(max(longest_tokens, min(MAX_AUTO_TOKENS, usable // per_token)))
@@ -79,7 +81,8 @@ def token_budget(toks_per_batch, device, net, precision: Precision, contacts: bo
     return lambda longest: auto_token_budget(
         free,
         model_bytes,
-        net.embed_dim,
+        # a model whose layers are not ESM's shape says what they hold (esmshard.models.t5)
+        getattr(net, "activation_values", 16 * net.embed_dim),
         net.attention_heads,
         longest,
         precision.bytes_per_value,

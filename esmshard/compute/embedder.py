@@ -38,7 +38,8 @@ class Launched(NamedTuple):
 
 
 class Embedder:
-    """A model's forward pass with fair-esm's token layout (BOS, residues, EOS), on one device.
+    """A model's forward pass with fair-esm's token layout (BOS, residues, EOS; no BOS where
+    the alphabet has none), on one device.
 
     Only what `kinds` asks for leaves the device: the mean over each sequence's residues and the
     BOS row are reduced there (in fp32, whatever the precision), per-residue rows are gathered
@@ -72,6 +73,7 @@ class Embedder:
         # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.
         self.packed = packed and self.fast and self.net.packs
         self.alphabet = alphabet
+        self.bos = int(alphabet.prepend_bos)  # tokens before the residues: 1 or 0
         self.layers = sorted(layers)
         self.device = device
         self.precision = precision
@@ -91,7 +93,7 @@ class Embedder:
         return "packed" if self.packed else "padded"
 
     def tokens(self, sequences: list[str]) -> torch.Tensor:
-        """fair-esm's batch layout (BOS, residues, EOS, padding) from one table lookup per batch.
+        """fair-esm's batch layout ([BOS,] residues, EOS, padding) from one table lookup per batch.
 
         Encoding residue by residue in Python, as fair-esm's converter does, manages about 0.3M
         residues/s: on a GPU that would take longer than the forward pass.
@@ -99,24 +101,29 @@ class Embedder:
         lengths = np.array([len(s) for s in sequences])
         residues = self.residue_tokens(sequences)
         toks = np.full(
-            (len(sequences), lengths.max() + 2), self.alphabet.padding_idx, dtype=np.int64
+            (len(sequences), lengths.max() + self.bos + 1),
+            self.alphabet.padding_idx,
+            dtype=np.int64,
         )
         rows = np.repeat(np.arange(len(sequences)), lengths)
-        columns = np.arange(len(residues)) - np.repeat(np.cumsum(lengths) - lengths, lengths) + 1
-        toks[rows, columns] = residues
-        toks[:, 0] = self.alphabet.cls_idx
-        toks[np.arange(len(sequences)), lengths + 1] = self.alphabet.eos_idx
+        start = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        toks[rows, np.arange(len(residues)) - start + self.bos] = residues
+        if self.bos:
+            toks[:, 0] = self.alphabet.cls_idx
+        toks[np.arange(len(sequences)), lengths + self.bos] = self.alphabet.eos_idx
         return torch.from_numpy(toks)
 
     def packed_tokens(self, sequences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The sequences' tokens laid end to end, each BOS, residues, EOS; each one's count of
+        """The sequences' tokens laid end to end, each [BOS,] residues, EOS; each one's count of
         tokens; and which tokens are residues."""
-        counts = np.array([len(s) + 2 for s in sequences])
+        counts = np.array([len(s) + self.bos + 1 for s in sequences])
         ends = np.cumsum(counts)
         toks = np.full(ends[-1], self.alphabet.eos_idx, dtype=np.int64)
-        toks[ends - counts] = self.alphabet.cls_idx
         residue = np.ones(ends[-1], dtype=bool)
-        residue[ends - counts] = residue[ends - 1] = False
+        residue[ends - 1] = False
+        if self.bos:
+            toks[ends - counts] = self.alphabet.cls_idx
+            residue[ends - counts] = False
         toks[residue] = self.residue_tokens(sequences)
         return toks, counts, residue
 
@@ -150,7 +157,9 @@ class Embedder:
         else:
             toks = self.tokens(sequences).numpy()
             width = toks.shape[1]
-            residue = (np.arange(width) >= 1) & (np.arange(width) <= lengths[:, None])
+            residue = (np.arange(width) >= self.bos) & (
+                np.arange(width) < lengths[:, None] + self.bos
+            )
         self.host_seconds += time.perf_counter() - started
         if self.inject_oom_tokens and toks.size > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.size} tokens")
@@ -164,15 +173,15 @@ class Embedder:
                         self.to_device(toks), repr_layers=self.layers, return_contacts=True
                     )
                 elif self.fast:
-                    padded = bool(residue.sum() < toks.size - 2 * len(sequences))
+                    padded = bool(residue.sum() < toks.size - (self.bos + 1) * len(sequences))
                     out = self.net(self.to_device(toks), self.layers, padded=padded)
                 else:
                     out = self.net(self.to_device(toks), repr_layers=self.layers)
             reps = [out["representations"][layer] for layer in self.layers]
             if self.packed:
-                values = self.reduce_packed(reps, batch, self.to_device(residue), kinds)
+                values = self.reduce_packed(reps, batch, self.to_device(residue), kinds, self.bos)
             else:
-                values = self.reduce(reps, self.to_device(residue), kinds)
+                values = self.reduce(reps, self.to_device(residue), kinds, self.bos)
             if PER_TOK in kinds:
                 values[PER_TOK] = self.gather(reps, self.to_device(np.flatnonzero(residue)))
             if self.contacts:
@@ -190,7 +199,7 @@ class Embedder:
             return Launched(host, copied, lengths)
 
     @staticmethod
-    def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds) -> dict[str, torch.Tensor]:
+    def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds, bos=1) -> dict:
         """The per-sequence kinds and the finite flags, on the device, accumulated in fp32.
 
         A sequence's sum over its residues is finite exactly when each of them is (but for an
@@ -199,10 +208,11 @@ class Embedder:
         mask = residue[:, :, None]
         sums = [rep.masked_fill(~mask, 0).sum(1, dtype=torch.float32) for rep in reps]
         counts = residue.sum(1, keepdim=True, dtype=torch.float32)
-        return Embedder.per_sequence(sums, [rep[:, 0] for rep in reps], counts, kinds)
+        bos_rows = [rep[:, 0] for rep in reps] if bos else None
+        return Embedder.per_sequence(sums, bos_rows, counts, kinds)
 
     @staticmethod
-    def reduce_packed(reps, packed: Packed, residue: torch.Tensor, kinds) -> dict:
+    def reduce_packed(reps, packed: Packed, residue: torch.Tensor, kinds, bos=1) -> dict:
         """`reduce` for a packed batch: each sequence's sum by a segment reduction (in order,
         so a sequence's numbers do not depend on where in the batch it lies)."""
         counts = packed.bounds.diff()
@@ -213,20 +223,20 @@ class Embedder:
             for rep in reps
         ]
         first = packed.bounds[:-1].long()
-        residues = (counts - 2).float()[:, None]
-        return Embedder.per_sequence(sums, [rep[first] for rep in reps], residues, kinds)
+        residues = (counts - bos - 1).float()[:, None]
+        bos_rows = [rep[first] for rep in reps] if bos else None
+        return Embedder.per_sequence(sums, bos_rows, residues, kinds)
 
     @staticmethod
     def per_sequence(sums, bos_rows, counts, kinds) -> dict[str, torch.Tensor]:
-        """From each layer's per-sequence sums, BOS rows and residue counts: the kinds asked
-        for and the finite flags."""
-        finite = torch.stack(
-            [torch.isfinite(s).all(1) & torch.isfinite(b).all(1) for s, b in zip(sums, bos_rows)]
-        ).all(0)
+        """From each layer's per-sequence sums, BOS rows (None without a BOS) and residue
+        counts: the kinds asked for and the finite flags."""
+        checked = sums + (bos_rows or [])
+        finite = torch.stack([torch.isfinite(s).all(1) for s in checked]).all(0)
         values = {FINITE: finite}
         if MEAN in kinds:
             values[MEAN] = torch.stack([s / counts for s in sums])
-        if BOS in kinds:
+        if BOS in kinds and bos_rows:
             values[BOS] = torch.stack([b.float() for b in bos_rows])
         return values
 
@@ -352,9 +362,8 @@ class Embedder:
         spans = chunk_spans(len(sequence), window)
         pieces, window_failures = {}, []
         windows = [sequence[span.start : span.end] for span in spans]
-        for done, reps in self.embed(
-            list(range(len(spans))), windows, window_failures, (PER_TOK, BOS)
-        ):
+        kinds = (PER_TOK, BOS) if self.bos else (PER_TOK,)
+        for done, reps in self.embed(list(range(len(spans))), windows, window_failures, kinds):
             pieces.update(zip(done, reps))
         if window_failures:
             k, reason = window_failures[0]

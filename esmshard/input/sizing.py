@@ -2,6 +2,7 @@
 
 import math
 import os
+from typing import NamedTuple
 
 from .fasta import compression
 
@@ -21,6 +22,13 @@ COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 ASSUMED_FLOPS = 2.5e13  # sustained by a recent datacenter GPU in bf16 or tf32
 
 
+class ModelSize(NamedTuple):
+    """What the cost of a model's forward pass scales with."""
+
+    params: int  # its layers' parameters: a token costs 2·params FLOPs (ESM-2: 12·layers·D²)
+    dim: int  # D: attention's share grows with the length over D (esmshard.input.balance)
+
+
 def estimated_text_bytes(paths) -> int:
     """The inputs' size once decompressed, estimated from the files' sizes."""
     return int(
@@ -32,37 +40,35 @@ def estimated_records(paths) -> int:
     return int(estimated_text_bytes(paths) / BYTES_PER_RECORD)
 
 
-def fast_gpu_seconds(residues: int, layers: int, dim: int) -> float:
-    """The input's work on a fast GPU: 24·layers·D² FLOPs per token (esmshard.input.balance)."""
-    tokens_per_second = min(FAST_GPU_FLOPS / (24 * layers * dim**2), MAX_TOKENS_PER_SECOND)
+def fast_gpu_seconds(residues: int, params: int) -> float:
+    """The input's work on a fast GPU: 2·params FLOPs per token (esmshard.input.balance)."""
+    tokens_per_second = min(FAST_GPU_FLOPS / (2 * params), MAX_TOKENS_PER_SECOND)
     return residues / tokens_per_second
 
 
-def auto_shard_count(
-    residues: int, layers: int, dim: int, slots: int = 1, cluster: bool = False
-) -> int:
+def auto_shard_count(residues: int, params: int, slots: int = 1, cluster: bool = False) -> int:
     """Shards for `residues` of work: as many as the job-overhead rule allows, and at least
     `slots`, the embed jobs that run at once. On one machine all of them (an idle GPU costs
     nothing, and jobs starting side by side take no longer than one); on a cluster, where each
     job waits in a queue, as many as hold a job's fixed cost of work each at least. The caller
     keeps it to the number of sequences."""
-    seconds = fast_gpu_seconds(residues, layers, dim)
+    seconds = fast_gpu_seconds(residues, params)
     by_overhead = math.floor(seconds / (JOB_OVERHEAD_SECONDS / TARGET_OVERHEAD_FRACTION))
     floor = min(slots, math.floor(seconds / JOB_OVERHEAD_SECONDS)) if cluster else slots
     return max(1, floor, min(MAX_SHARDS, by_overhead))
 
 
-def embed_runtime_minutes(estimated_cost: float, layers: int, dim: int, attempt: int = 1) -> int:
+def embed_runtime_minutes(estimated_cost: float, params: int, attempt: int = 1) -> int:
     """10 minutes for start-up and model loading plus twice the predicted compute; doubled per retry.
 
-    A cost unit is one token of a short sequence: about 24·layers·D² FLOPs.
+    A cost unit is one token of a short sequence: about 2·params FLOPs.
     """
-    seconds = 24 * layers * dim**2 * estimated_cost / ASSUMED_FLOPS
+    seconds = 2 * params * estimated_cost / ASSUMED_FLOPS
     return math.ceil((10 + 2 * seconds / 60) * 2 ** (attempt - 1))
 
 
-def embed_mem_mb(layers: int, dim: int) -> int:
-    """4 GB plus the fp32 weights (12·layers·D² parameters) once, and a quarter more: a
-    checkpoint's tensors are memory-mapped into the model, not copied (esmshard.models.esm2.
-    load_checkpoint), and the fast path adds q, k and v as one product."""
-    return 4096 + math.ceil(1.25 * 4 * 12 * layers * dim**2 / 2**20)
+def embed_mem_mb(params: int) -> int:
+    """4 GB plus the fp32 weights once, and a quarter more: a checkpoint's tensors are
+    memory-mapped into the model, not copied (esmshard.models.esm2.load_checkpoint), and the
+    fast path adds q, k and v as one product."""
+    return 4096 + math.ceil(1.25 * 4 * params / 2**20)

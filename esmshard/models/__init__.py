@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from . import archs, esm2_files, esm2_hf, esmc_weights
+from . import archs, esm2_files, esm2_hf, esmc_weights, t5_files
 from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
     CHECKPOINT_SUFFIXES,
@@ -39,7 +39,17 @@ ESMC = Family(
     max_residues=2048,
     contacts=False,
 )
-FAMILIES = {family.name: family for family in (ESM2, ESMC)}
+T5 = Family(
+    name="t5",
+    title="T5 encoder",
+    module="esmshard.models.t5",
+    archs={},  # a T5 needs its tokenizer's files: no random:<name> (t5_files.SHAPES lists them)
+    max_residues=4096,  # esmshard's default limit: relative positions have no end
+    contacts=False,
+    bos=False,
+    positions_end=False,
+)
+FAMILIES = {family.name: family for family in (ESM2, ESMC, T5)}
 
 RANDOM_PREFIX = "random:"
 HF_PREFIX = "hf:"
@@ -54,6 +64,7 @@ class Weights(NamedTuple):
     arch: Arch
     location: Path
     files: tuple[Path, ...]
+    params: int | None = None  # its layers' parameters, where not 12·layers·D²
 
 
 def _found(folder: Path, config: dict | None) -> str:
@@ -77,13 +88,17 @@ def recognise(path: Path) -> Weights:
         if esmc_weights.is_hf_config(config):
             arch = esmc_weights.hf_shape(path).arch
             return Weights(ESMC, arch, path, (path / "config.json", *safetensors_files(path)))
+        if t5_files.is_hf_config(config):
+            shape = t5_files.shape_of(path)
+            files = (t5_files.tokenizer_file(path), *t5_files.weight_files(path))
+            return Weights(T5, shape.arch, path, (path / "config.json", *files), shape.params)
         checkpoints = [p for p in sorted(path.rglob("*")) if p.suffix in CHECKPOINT_SUFFIXES]
         if config is None and len(checkpoints) == 1:
             return recognise(checkpoints[0])._replace(files=(checkpoints[0],))
         raise ModelError(
             f"model folder '{path}' holds no model of a family esmshard knows ({known}): found "
             f"{_found(path, config)}. A folder is one saved by transformers (config.json of "
-            "model_type esm or esmc, and .safetensors files), or holds one EvolutionaryScale .pth"
+            "model_type esm, esmc or t5, and its weights), or holds one EvolutionaryScale .pth"
         )
     contents = checkpoint_contents(path)
     if esm2_files.is_checkpoint(contents):
@@ -126,13 +141,20 @@ def parse_spec(model: str) -> ModelSpec:
             repo,
             snapshot.name,
             found.files,
+            found.params,
         )
     path = Path(model)
     if path.is_dir():
         found = recognise(path)
         kind = "folder" if found.location == path else "local"
         return ModelSpec(
-            found.family, path.resolve().name, kind, found.location, found.arch, files=found.files
+            found.family,
+            path.resolve().name,
+            kind,
+            found.location,
+            found.arch,
+            files=found.files,
+            layer_params=found.params,
         )
     if path.suffix in CHECKPOINT_SUFFIXES or path.is_file():
         if not path.is_file():

@@ -12,7 +12,6 @@ Weights are read by esmshard.models.esmc_weights.
 """
 
 import math
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +26,7 @@ from .layers import (
     rotary,
     rotate_half,
 )
-from .spec import RANDOM_SEED, ModelError, ModelSpec
+from .spec import RANDOM_SEED, Alphabet, ModelError, ModelSpec
 
 VOCABULARY = (
     "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - | <mask>"
@@ -39,16 +38,6 @@ NORM_EPS = 1e-5
 def ffn_size(dim: int) -> int:
     """The feed-forward's hidden size: 8/3 of the model's, rounded up to a multiple of 256."""
     return int((8 / 3 * dim + 255) // 256 * 256)
-
-
-class Alphabet(NamedTuple):
-    """The token indices the Embedder asks for, as fair-esm's Alphabet names them."""
-
-    tok_to_idx: dict
-    padding_idx: int
-    cls_idx: int
-    eos_idx: int
-    mask_idx: int
 
 
 ALPHABET = Alphabet(

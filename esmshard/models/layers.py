@@ -173,6 +173,7 @@ class FastForward(torch.nn.Module):
     """
 
     packs = False
+    compiles = True  # whether `block` is worth compiling (one graph for every batch's shape)
     compiled_block = None  # `block` compiled (esmshard.compute.compiled), where it is
 
     def dense_for(self, x):

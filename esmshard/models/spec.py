@@ -20,6 +20,18 @@ class Arch(NamedTuple):
     heads: int
 
 
+class Alphabet(NamedTuple):
+    """The token indices the Embedder asks for, as fair-esm's Alphabet names them (its ESM-2
+    alphabet is one): a family without a BOS token has `prepend_bos` False and no `cls_idx`."""
+
+    tok_to_idx: dict  # a one-letter token is a residue's
+    padding_idx: int
+    cls_idx: int | None  # BOS
+    eos_idx: int
+    mask_idx: int | None
+    prepend_bos: bool = True
+
+
 @dataclass(frozen=True)
 class Family:
     """One row of the families table (esmshard.models.FAMILIES): what the pipeline asks of a family.
@@ -28,7 +40,8 @@ class Family:
     model runs): `load(spec) -> (model, alphabet)` and `random_model(name)`. Its model, or the
     fast forward pass over it, is called as `net(tokens, repr_layers, padded)` and returns
     {"representations": {layer: B × L × D}}, layer 0 the embeddings and layer `layers` after the
-    final norm; tokens are BOS, residues, EOS, padding (`alphabet` names their indices).
+    final norm; tokens are BOS (where the family has one), residues, EOS, padding (`alphabet`
+    names their indices).
     """
 
     name: str  # as settings, store keys and outputs name it
@@ -37,6 +50,10 @@ class Family:
     archs: dict[str, Arch]  # published shapes by name: random:<name> builds one
     max_residues: int  # the longest sequence it was trained on, BOS and EOS left out
     contacts: bool  # whether it has a contact head (`include: contacts`)
+    bos: bool = True  # whether its sequences start with a BOS token (`include: bos`)
+    # Whether `max_residues` is where its positions end (a longer truncation_seq_length is
+    # refused), or only esmshard's default limit (relative positions have no end).
+    positions_end: bool = True
 
     def runner(self):
         return importlib.import_module(self.module)
@@ -54,6 +71,7 @@ class ModelSpec:
     repo: str | None = None  # the HuggingFace hub id
     revision: str | None = None  # the commit of the hub repository that was loaded
     files: tuple[Path, ...] = ()  # what `identity` hashes for a folder
+    layer_params: int | None = None  # its layers' parameters, where not ESM's 12·layers·D²
 
     @property
     def weights(self) -> str:
@@ -86,3 +104,10 @@ class ModelSpec:
     @property
     def embed_dim(self) -> int | None:
         return self.arch.dim if self.arch else None
+
+    @property
+    def params(self) -> int | None:
+        """Its layers' parameters (embeddings and heads left out): what a token costs."""
+        if self.layer_params is not None:
+            return self.layer_params
+        return 12 * self.arch.layers * self.arch.dim**2 if self.arch else None

@@ -16,7 +16,10 @@ from typing import NamedTuple
 
 from .spec import ModelError
 
-HF_PATTERNS = ["config.json", "*.safetensors", "*.pth"]  # what is downloaded of a hub repository
+# What is downloaded of a hub repository: its config, weights and tokenizer files; pytorch_model
+# .bin files (ProtT5's repositories hold no other) only where it has no .safetensors or .pth.
+HF_PATTERNS = ["config.json", "*.safetensors", "*.pth", "tokenizer.json", "spiece.model"]
+HF_BIN_PATTERNS = ["pytorch_model*.bin"]
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
 
 
@@ -158,14 +161,21 @@ def safe_load(path: Path, mmap: bool = False) -> dict:
 def hf_snapshot(repo: str) -> Path:
     """The HuggingFace cache's folder of `repo` (HF_PATTERNS of it), fetched into the cache if
     it is not there (ModelError if it cannot be)."""
+    folder = _hf_download(repo, HF_PATTERNS)
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.pth")):
+        folder = _hf_download(repo, HF_BIN_PATTERNS)
+    return folder
+
+
+def _hf_download(repo: str, patterns: list[str]) -> Path:
     from huggingface_hub import constants, snapshot_download
 
     try:
-        return Path(snapshot_download(repo, allow_patterns=HF_PATTERNS, local_files_only=True))
+        return Path(snapshot_download(repo, allow_patterns=patterns, local_files_only=True))
     except Exception:  # not cached (huggingface_hub's error types vary between versions)
         pass
     try:
-        return Path(snapshot_download(repo, allow_patterns=HF_PATTERNS))
+        return Path(snapshot_download(repo, allow_patterns=patterns))
     except Exception as err:  # any network failure means the same advice
         raise ModelError(
             f"cannot download hf:{repo} from the HuggingFace hub ({type(err).__name__}: "

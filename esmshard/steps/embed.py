@@ -175,7 +175,7 @@ def run_shard(
             batch_lengths = [len(sequences[k]) for k in batched]
             batches = make_batches(batch_lengths, budget, embedder.packed)
             layer = None
-            if compiled.wanted(compile, device) and embedder.fast:
+            if compiled.wanted(compile, device) and embedder.fast and embedder.net.compiles:
                 key = compiled.CacheKey.of(
                     device, spec.family.name, embedder.net, resolved.name, embedder.batching
                 )

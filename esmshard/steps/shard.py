@@ -36,7 +36,7 @@ from ..input.balance import assign, embedded_residue_counts, record_costs
 from ..input.fasta import FastaError, looks_nucleotide, read_raw
 from ..input.input_problems import InputProblems
 from ..input.records import ScanWriter, source, write_table
-from ..input.sizing import auto_shard_count, estimated_text_bytes
+from ..input.sizing import ModelSize, auto_shard_count, estimated_text_bytes
 from ..store import (
     KEY_BYTES,
     KEY_DTYPE,
@@ -102,7 +102,7 @@ def write_shards(
     shard_dir,
     shards,
     truncation_seq_length: int,
-    arch: tuple[int, int],
+    model_size: ModelSize,
     store_root,
     settings: dict,
     checksum_cache,
@@ -115,7 +115,7 @@ def write_shards(
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
 
     `shards` is a number or "auto" (esmshard.input.sizing, from the new work and `slots`, the embed
-    jobs that run at once, on a `cluster` or not); `arch` is the model's (layers, D). Each sequence is computed once, whatever its IDs: the shard files hold
+    jobs that run at once, on a `cluster` or not), and `model_size`. Each sequence is computed once, whatever its IDs: the shard files hold
     the first record of each sequence that the store (`store_root`, embeddings made with
     `settings`) lacks. Nothing is written under a final name until every check has passed; the
     shard files, the record table and the plan appear together, as `shard_dir`, or none: a
@@ -170,11 +170,11 @@ def write_shards(
                 "write (a copy of this one keeps what it holds), or make this one writable"
             )
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
-        costs = record_costs(lengths[new], truncation_seq_length, long_sequences, arch[1])
+        costs = record_costs(lengths[new], truncation_seq_length, long_sequences, model_size.dim)
         new_residues = embedded(new)[0]
         n_shards = min(
             new.size,
-            auto_shard_count(int(new_residues.sum()), *arch, slots or 1, bool(cluster))
+            auto_shard_count(int(new_residues.sum()), model_size.params, slots or 1, bool(cluster))
             if shards == "auto"
             else shards,
         )

@@ -25,16 +25,16 @@ def test_batches_follow_a_budget_that_depends_on_the_longest_sequence():
 
 
 def test_auto_budget_grows_with_free_memory_and_shrinks_with_sequence_length():
-    small = batching.auto_token_budget(8 << 30, 2_600_000_000, 1280, 20, 1024)
-    large = batching.auto_token_budget(80 << 30, 2_600_000_000, 1280, 20, 1024)
+    small = batching.auto_token_budget(8 << 30, 2_600_000_000, 16 * 1280, 20, 1024)
+    large = batching.auto_token_budget(80 << 30, 2_600_000_000, 16 * 1280, 20, 1024)
     assert 1024 <= small < large
     # a longer batch needs more memory per token (ESM C's batches reach 2050 tokens)
-    assert batching.auto_token_budget(80 << 30, 0, 1280, 20, 200) > large
-    assert batching.auto_token_budget(80 << 30, 2_600_000_000, 1280, 20, 2050) < large
+    assert batching.auto_token_budget(80 << 30, 0, 16 * 1280, 20, 200) > large
+    assert batching.auto_token_budget(80 << 30, 2_600_000_000, 16 * 1280, 20, 2050) < large
     # never below one sequence of the batch's width, even without room
-    assert batching.auto_token_budget(1 << 20, 2_600_000_000, 1280, 20, 900) == 900
+    assert batching.auto_token_budget(1 << 20, 2_600_000_000, 16 * 1280, 20, 900) == 900
     # bf16 activations take fewer bytes: more tokens fit
-    assert batching.auto_token_budget(80 << 30, 0, 1280, 20, 1024, bytes_per_value=3) > large
+    assert batching.auto_token_budget(80 << 30, 0, 16 * 1280, 20, 1024, bytes_per_value=3) > large
 
 
 def test_padding_per_shard_of_the_real_proteome_stays_below_five_percent(monkeypatch):

@@ -82,9 +82,9 @@ def test_a_non_finite_value_fails_only_its_sequence(embedder, monkeypatch):
     sequences = SEQUENCES[:4]
     reduce = Embedder.reduce
 
-    def poisoned(reps, residue, kinds):
+    def poisoned(reps, residue, kinds, bos):
         reps[-1][2, 5, 0] = float("nan")  # sequence 2, its fifth residue, at the last layer
-        return reduce(reps, residue, kinds)
+        return reduce(reps, residue, kinds, bos)
 
     monkeypatch.setattr(Embedder, "reduce", staticmethod(poisoned))
     failed = []

@@ -8,6 +8,7 @@ from conftest import NUCLEOTIDE, PROTEINS, fill, read_records, small_disk, write
 
 from esmshard.files import DiskFullError
 from esmshard.input.fasta import FastaError
+from esmshard.input.sizing import ModelSize
 from esmshard.representations import Representation
 from esmshard.steps.shard import read_shard, write_shards
 
@@ -29,7 +30,15 @@ def plan_shards(inputs, shard_dir, n_shards, limit=1022, store=None, **options):
     store = store or shard_dir.with_name(f"{shard_dir.name}-store")
     cache = shard_dir.with_name(f"{shard_dir.name}-checksums.json")
     return write_shards(
-        inputs, shard_dir, n_shards, limit, (6, 320), store, SETTINGS, cache, **options
+        inputs,
+        shard_dir,
+        n_shards,
+        limit,
+        ModelSize(12 * 6 * 320**2, 320),
+        store,
+        SETTINGS,
+        cache,
+        **options,
     )
 
 

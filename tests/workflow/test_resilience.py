@@ -177,11 +177,19 @@ def test_long_sequence_policies(tmp_path, policy):
 
 def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     from esmshard.compute import pool
+    from esmshard.input.sizing import ModelSize
     from esmshard.steps.shard import write_shards
 
     shards = tmp_path / "shards"
     plan = write_shards(
-        [PROTEINS], shards, 1, 1022, (6, 320), shards / "store", {}, shards / "checksums.json"
+        [PROTEINS],
+        shards,
+        1,
+        1022,
+        ModelSize(12 * 6 * 320**2, 320),
+        shards / "store",
+        {},
+        shards / "checksums.json",
     )
     name = plan["shards"][0]["shard"]
     out = tmp_path / f"{name}.h5"

@@ -56,6 +56,7 @@ from esmshard.config import (
 from esmshard.files import read_tsv, unwritable
 from esmshard.input.fasta import not_a_file
 from esmshard.input.sizing import (
+    ModelSize,
     embed_mem_mb,
     embed_runtime_minutes,
     estimated_records,
@@ -107,7 +108,7 @@ if STORE_IN_RUN:
 # A store that cannot be written is used for reuse alone (the shard step refuses a run that
 # would add to it): no lock is taken in it, nothing cleaned up.
 STORE_UNWRITABLE = unwritable(STORE.root)
-ARCH = (MODEL.num_layers, MODEL.embed_dim)  # read from the model's files
+MODEL_SIZE = ModelSize(MODEL.params, MODEL.embed_dim)  # read from the model's files
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
 # merge checks every part against them (esmshard.config, esmshard.store).
@@ -201,7 +202,7 @@ def embed_runtime(wildcards, input, attempt):
     if not os.path.isfile(input.plan):
         return TBDString()  # before sharding; Snakemake evaluates it again once the plan exists
     costs = shard_costs(input.plan, os.stat(input.plan).st_mtime_ns)
-    return embed_runtime_minutes(costs[wildcards.shard], *ARCH, attempt)
+    return embed_runtime_minutes(costs[wildcards.shard], MODEL_SIZE.params, attempt)
 
 
 def io_runtime(wildcards, input, attempt):

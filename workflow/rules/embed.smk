@@ -17,7 +17,7 @@ rule embed:
     resources:
         gpu=1,
         runtime=embed_runtime,
-        mem_mb=embed_mem_mb(*ARCH),
+        mem_mb=embed_mem_mb(MODEL_SIZE.params),
     params:
         **EMBEDDING_PARAMS,
     script:

@@ -24,7 +24,7 @@ checkpoint shard:
             if config["shards"] == "auto"
             else None
         ),
-        arch=list(ARCH),
+        model_size=list(MODEL_SIZE),
         store=STORE.root,
         settings=EMBEDDING_PARAMS,
         truncation_seq_length=config["truncation_seq_length"],

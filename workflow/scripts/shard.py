@@ -1,3 +1,4 @@
+from esmshard.input.sizing import ModelSize
 from esmshard.layout import Layout
 from esmshard.models import ensure_available, parse_spec
 from esmshard.steps.job import run_step
@@ -12,6 +13,7 @@ def shard(settings, **params):
 
 params = dict(snakemake.params.items())
 del params["input_sha256"]  # there to re-run this step when an input's content changes
+params["model_size"] = ModelSize(*params["model_size"])
 run_step(
     snakemake.log[0],
     shard,
