@@ -38,6 +38,8 @@ PROTEOME = "ecoli_k12_UP000000625.fasta"
 GPU_PLAN = {
     "model": "esm2_t33_650M_UR50D",
     "esmc_model": "esmc_600m",  # a whole run of ESM C too
+    # ProtT5-XL-U50's encoder (all 24 layers, random weights) against transformers' T5EncoderModel
+    "t5_model": "prot_t5_xl_uniref50",
     "every": 1,
     "toks_per_batch": 65536,
     "peers": ["--repeats", "2"],
@@ -45,6 +47,7 @@ GPU_PLAN = {
 CPU_PLAN = {
     "model": "esm2_t6_8M_UR50D",
     "esmc_model": None,
+    "t5_model": None,
     "every": 100,
     "toks_per_batch": 4096,
     "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
@@ -191,8 +194,10 @@ def run_workflow(out: Path, plan: dict, gpus: int, name: str = "run") -> dict:
 
 
 def throughput_args(plan: dict, gpu: bool) -> list[str]:
-    """benchmarks/throughput.py's: fair-esm's loop against the fast path, one repetition each."""
-    args = ["--models", plan["model"], "--repeats", "1"]
+    """benchmarks/throughput.py's: fair-esm's loop against the fast path (and transformers'
+    T5EncoderModel against esmshard's T5, where the plan has one), one repetition each."""
+    t5 = [plan["t5_model"], "--t5-layers", "24"] if plan["t5_model"] else []
+    args = ["--models", plan["model"], *t5, "--repeats", "1"]
     return args + (["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"])
 
 
@@ -261,13 +266,13 @@ def markdown(result: dict) -> str:
     table = [r for r in bench["rows"] if "side" in r]
     if table:
         lines += [
-            "| side | precision | tokens/s | TFLOP/s | peak TFLOP/s | fraction of peak | "
+            "| model | side | precision | tokens/s | TFLOP/s | peak TFLOP/s | fraction of peak | "
             "speed-up | host's share |",
-            "|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for r in table:
             lines.append(
-                f"| {r['side']} | {r['precision']} | {r['tokens_per_second']:,.0f} | "
+                f"| {r['model']} | {r['side']} | {r['precision']} | {r['tokens_per_second']:,.0f} | "
                 f"{r['achieved_gflops'] / 1e3:,.1f} | {r['matmul_peak_gflops'] / 1e3:,.1f} | "
                 f"{r['fraction_of_peak']:.1%} | {r['speedup_vs_peer']:.2f}× | "
                 + (f"{r['host_fraction']:.0%} |" if r.get("host_fraction") is not None else "– |")

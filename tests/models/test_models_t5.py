@@ -284,3 +284,17 @@ def test_t5_limit_is_a_default_and_bos_is_refused():
     )
     with pytest.raises(ConfigError, match="include: bos"):
         for_family({**config, "include": ["bos"]}, T5)
+
+
+def test_bf16_autocast_runs_the_same_path_within_bf16s_precision(tmp_path):
+    """The GPUs' precision, through CPU autocast: fp32 norms, bf16 products and attention mask."""
+    folder = saved_model(tmp_path, "ankh", SMALL["ankh"], 3)
+    net, alphabet = esmshard.models.load(parse_spec(str(folder)))
+    sequences = [s for _, s in records()][:5]
+    means = {}
+    for precision in ("fp32", "bf16"):
+        embedder = Embedder(net, alphabet, [3], torch.device("cpu"), PRECISIONS[precision])
+        means[precision] = np.stack([rep[3].mean for rep in embedder.forward(sequences)])
+    assert np.isfinite(means["bf16"]).all()
+    scale = np.abs(means["fp32"]).max()
+    np.testing.assert_allclose(means["bf16"], means["fp32"], atol=0.03 * scale, rtol=0)
