@@ -6,6 +6,7 @@ value is turned into what the schema asks for where its text means exactly that;
 left as it was, for the schema's validation to refuse with the key's name.
 """
 
+import difflib
 import os
 import re
 
@@ -73,36 +74,115 @@ class ConfigError(ValueError):
     """Settings that cannot work together, or with the model; the message says what to change."""
 
 
-def for_family(config: dict, family) -> dict:
-    """The settings that depend on the model's family (esmshard.models.spec.Family), made
-    concrete: `truncation_seq_length: auto` is its limit. ConfigError where the family or the
-    other settings refuse them."""
+TYPE_WORDS = {
+    "integer": "a whole number",
+    "string": "text",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "a mapping",
+    "number": "a number",
+}
+
+
+def describe(schema: dict) -> str:
+    """What a value of `schema` looks like, in words: "auto or a whole number of at least 1"."""
+    if "const" in schema:
+        return str(schema["const"])
+    if "enum" in schema:
+        return "one of " + ", ".join(map(str, schema["enum"]))
+    options = schema.get("oneOf", []) + schema.get("anyOf", [])
+    if options:
+        return " or ".join(describe(option) for option in options)
+    kind = schema.get("type")
+    words = TYPE_WORDS.get(kind, "a value")
+    if kind == "integer" and "minimum" in schema:
+        words += f" of at least {schema['minimum']}"
+    if kind == "string" and schema.get("minLength"):
+        words = "non-empty text"
+    if kind == "array":
+        words = "a list of items each " + describe(schema.get("items", {}))
+        words += ", at least one" if schema.get("minItems") else ""
+        words += ", none twice" if schema.get("uniqueItems") else ""
+    return words
+
+
+def shown(value) -> str:
+    """A config value as the user types it, short: [0,-1], not ['0', '-1']."""
+    text = f"[{','.join(map(str, value))}]" if isinstance(value, list) else str(value)
+    text = text or '""'
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def schema_problems(config: dict, schema: dict) -> dict[str, str]:
+    """A line for each key of `config` that `schema` does not know (naming the closest known key)
+    or whose value it refuses (saying what it takes), and for each required key missing; by key,
+    in the config's order."""
+    properties = schema.get("properties", {})
+    problems = {}
+    for key, value in config.items():
+        if key not in properties:
+            close = difflib.get_close_matches(key, properties, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]}?" if close else "see config/config.yaml for the keys"
+            problems[key] = f"{key}: not a config key of esmshard; {hint}"
+        elif not jsonschema.Draft202012Validator(properties[key]).is_valid(value):
+            problems[key] = f"{key}: {shown(value)} is not valid; give {describe(properties[key])}"
+    for key in schema.get("required", []):
+        if key not in config:
+            problems[key] = f"{key}: missing; give {describe(properties[key])}"
+    return problems
+
+
+def family_problems(config: dict, family) -> list[str]:
+    """Why the model's family (esmshard.models.spec.Family) refuses these settings, one line
+    each."""
+    problems = []
     limit = config["truncation_seq_length"]
-    limit = family.max_residues if limit == "auto" else limit
-    if limit > family.max_residues and family.positions_end:
-        raise ConfigError(
+    if limit != "auto" and limit > family.max_residues and family.positions_end:
+        problems.append(
             f"truncation_seq_length {limit} is beyond {family.title}'s {family.max_residues} "
             f"residues (the longest it was trained on); use at most {family.max_residues}, or "
             "auto, and long_sequences: chunk for longer sequences"
         )
     if "contacts" in config["include"] and not family.contacts:
-        raise ConfigError(
+        problems.append(
             f"include: contacts: {family.title} ({config['model']}) has no contact head; contact "
             "maps come from ESM-2 models. Remove contacts from include, or use an ESM-2 model"
         )
     if "bos" in config["include"] and not family.bos:
-        raise ConfigError(
+        problems.append(
             f"include: bos: {family.title} ({config['model']}) has no BOS token (its sequences "
             "are the residues and </s>); remove bos from include, and use mean for one vector "
             "per protein"
         )
     if "contacts" in config["include"] and config["long_sequences"] == "chunk":
-        raise ConfigError(
+        problems.append(
             "include: contacts cannot be combined with long_sequences: chunk (a contact map "
             "spans the whole sequence, a window sees part of it); use long_sequences: truncate, "
             "as fair-esm's extract does, or skip"
         )
-    return {**config, "truncation_seq_length": limit}
+    return problems
+
+
+def layer_problems(repr_layers, model: str, num_layers: int) -> list[str]:
+    """A line for each of `repr_layers` that a `num_layers`-layer model lacks (fair-esm's
+    numbering: 0 the embeddings, negative from the end)."""
+    return [
+        f"repr_layers: layer {layer} does not exist in {model}, which has {num_layers} layers; "
+        f"give 0 to {num_layers}, or -1 (the last) to -{num_layers + 1}"
+        for layer in repr_layers
+        if not -(num_layers + 1) <= layer <= num_layers
+    ]
+
+
+def for_family(config: dict, family) -> dict:
+    """The settings that depend on the model's family (esmshard.models.spec.Family), made
+    concrete: `truncation_seq_length: auto` is its limit. ConfigError, one line per problem,
+    where the family or the other settings refuse them."""
+    problems = family_problems(config, family)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    limit = config["truncation_seq_length"]
+    return {**config, "truncation_seq_length": family.max_residues if limit == "auto" else limit}
 
 
 def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:

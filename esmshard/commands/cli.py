@@ -39,8 +39,8 @@ def main(argv=None):
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(
         prog="esmshard",
-        description="esmshard: protein language model embeddings (ESM-2, ESM C) on every GPU, "
-        "as a Snakemake workflow",
+        description="esmshard: protein language model embeddings (ESM-2, ESM C, and T5 encoders: "
+        "ProtT5, Ankh) on every GPU, as a Snakemake workflow",
     )
     parser.add_argument("--version", action="version", version=f"esmshard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -51,8 +51,10 @@ def main(argv=None):
         "`snakemake` command it builds is printed first; anything after `--` is passed on to "
         "it, e.g. `esmshard run proteins.fasta -o out -- --dry-run`.",
     )
-    run.add_argument("inputs", nargs="+", metavar="FASTA", help="protein FASTA files (.gz too)")
-    run.add_argument("-o", "--outdir", required=True, help="where the run's outputs go")
+    run.add_argument(
+        "inputs", nargs="*", metavar="FASTA", help="protein FASTA files (.gz, .bz2, .xz too)"
+    )
+    run.add_argument("-o", "--outdir", help="where the run's outputs go")
     run.add_argument(
         "--gpus",
         default="auto",
@@ -61,8 +63,10 @@ def main(argv=None):
     )
     run.add_argument(
         "--model",
-        help="ESM-2, ESM C, ProtT5 or Ankh model: a name, a checkpoint or folder, hf:REPO (default: the "
-        "config's, esm2_t33_650M_UR50D)",
+        help="an ESM-2, ESM C, ProtT5 or Ankh model: a fair-esm name (esm2_t33_650M_UR50D, the "
+        "default, downloads its weights once), hf:OWNER/NAME (HuggingFace), a folder saved by "
+        "transformers, a .pt or .pth checkpoint file, or random:NAME (seeded random weights of a "
+        "published shape, e.g. random:esm2_t6_8M_UR50D: runs offline, for trying esmshard out)",
     )
     run.add_argument(
         "--profile",
@@ -75,9 +79,11 @@ def main(argv=None):
     run.add_argument(
         "--config",
         nargs="+",
+        action="extend",
         default=[],
         metavar="KEY=VALUE",
-        help="other config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]'",
+        help="config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]' (input, "
+        "outdir, gpus and model too, the same as their options)",
     )
     status = commands.add_parser(
         "status", help="dashboard of a run: per device slot, progress, ETA"
@@ -163,6 +169,8 @@ def main(argv=None):
     if passed_on and args.command != "run":
         parser.error("options after `--` go with `esmshard run` only")
     if args.command == "run":
+        # Options in any order: FASTA files typed after --config's KEY=VALUE items are inputs.
+        args.inputs += [item for item in args.config if "=" not in item]
         try:
             launch.run(
                 launch.Launch(
@@ -172,7 +180,7 @@ def main(argv=None):
                     model=args.model,
                     profile=args.profile,
                     cores=args.cores,
-                    config=args.config,
+                    config=[item for item in args.config if "=" in item],
                     snakemake_args=passed_on,
                 )
             )

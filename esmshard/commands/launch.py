@@ -15,12 +15,17 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+import yaml
+
 from ..compute.pool import visible_devices
 
 SHIPPED = Path(__file__).resolve().parents[1] / "workflow_files"
 CLONE = Path(__file__).resolve().parents[2]
-# The settings `esmshard run` sets itself; the rest come with --config KEY=VALUE.
+# The settings `esmshard run` has options for; --config KEY=VALUE gives them as well.
 OWN_KEYS = ("input", "outdir", "gpus", "model")
+# Set for the workflow by `esmshard run`: read the workflow's own config/config.yaml (its
+# defaults), not one that the current folder holds for a project of its own.
+DEFAULTS_ENV = "ESMSHARD_WORKFLOW_CONFIG"
 
 
 class LaunchError(ValueError):
@@ -31,7 +36,7 @@ class Launch(NamedTuple):
     """What `esmshard run` was asked for."""
 
     inputs: list[str]
-    outdir: str
+    outdir: str | None
     gpus: str = "auto"  # "auto" or "0,1,2"
     model: str | None = None
     profile: str | None = None
@@ -80,16 +85,51 @@ def gpu_list(gpus: str) -> list[int] | str:
     return indices
 
 
+def typed_list(text: str) -> list[str]:
+    """A --config list value as typed ('[a,b]', 'a'), read as Snakemake reads it."""
+    value = yaml.safe_load(text) if text.strip().startswith("[") else text
+    return [str(item) for item in value] if isinstance(value, list) else [str(value)]
+
+
+def with_config_options(launch: Launch) -> Launch:
+    """`launch` with the --config values of keys that have options (input, outdir, gpus, model)
+    moved to those options: typed either way, they mean the same."""
+    options, rest = {}, []
+    for item in launch.config:
+        key, _, value = item.partition("=")
+        if "=" not in item or not key:
+            raise LaunchError(f"--config {item}: give KEY=VALUE, e.g. 'repr_layers=[-1,6]'")
+        if key not in OWN_KEYS:
+            rest.append(item)
+            continue
+        try:
+            options[key] = typed_list(value) if key in ("input", "gpus") else value
+        except yaml.YAMLError:
+            raise LaunchError(f"--config {item}: give a list as [a,b]") from None
+    if "gpus" in options:
+        options["gpus"] = ",".join(options["gpus"])
+    given = {"input": launch.inputs, "outdir": launch.outdir, "gpus": launch.gpus}
+    given |= {"model": launch.model}
+    for key, value in options.items():
+        if given[key] not in (None, [], "auto", value):
+            raise LaunchError(
+                f"--config {key}= and the option for {key} say different things; give one"
+            )
+    fields = {"inputs" if key == "input" else key: value for key, value in options.items()}
+    launch = launch._replace(config=rest, **fields)
+    if not launch.inputs:
+        raise LaunchError(
+            "give the protein FASTA files to embed, e.g. esmshard run a.fasta -o out"
+        )
+    if not launch.outdir:
+        raise LaunchError("give the folder for the outputs with -o OUTDIR")
+    return launch
+
+
 def snakemake_command(launch: Launch) -> list[str]:
     """The `snakemake` command line for `launch`, run from the current folder."""
     root = workflow_root()
-    for item in launch.config:
-        key = item.partition("=")[0]
-        if "=" not in item or key in OWN_KEYS:
-            raise LaunchError(
-                f"--config {item}: give KEY=VALUE for a key other than "
-                f"{', '.join(OWN_KEYS)} (esmshard run has its own options for those)"
-            )
+    launch = with_config_options(launch)
     if "--config" in launch.snakemake_args or "-C" in launch.snakemake_args:
         raise LaunchError(
             "give config values to esmshard run's own --config, not after `--` (Snakemake "
@@ -125,10 +165,11 @@ def snakemake_command(launch: Launch) -> list[str]:
 def run(launch: Launch) -> None:
     """Print the command, then become it (signals and the exit status are Snakemake's own)."""
     cmd = snakemake_command(launch)
-    print("esmshard run: " + shlex.join(cmd), file=sys.stderr, flush=True)
+    print(f"esmshard run: {DEFAULTS_ENV}=1 " + shlex.join(cmd), file=sys.stderr, flush=True)
     # This environment's snakemake, beside this Python, ahead of any other on PATH.
     beside = Path(sys.executable).parent / "snakemake"
     executable = str(beside) if beside.is_file() else shutil.which("snakemake")
     if executable is None:
         raise LaunchError("snakemake is not installed here; pip install esmshard installs it")
+    os.environ[DEFAULTS_ENV] = "1"
     os.execv(executable, [executable, *cmd[1:]])

@@ -4,7 +4,13 @@ import pytest
 from conftest import REPO
 
 from esmshard.commands.cli import main
-from esmshard.commands.launch import Launch, LaunchError, snakemake_command, workflow_root
+from esmshard.commands.launch import (
+    Launch,
+    LaunchError,
+    snakemake_command,
+    with_config_options,
+    workflow_root,
+)
 
 
 def test_in_a_clone_the_workflow_is_the_clones_own():
@@ -30,6 +36,15 @@ def test_the_command_sets_the_pool_and_its_resources_from_the_gpu_list():
                       "gpus=[0,2]", "repr_layers=[-1,6]", "--dry-run"]  # fmt: skip
 
 
+def test_config_keys_that_have_options_mean_the_same_as_the_options():
+    typed = Launch([], None, config=["input=[a.fa,b c.fa]", "outdir=o", "gpus=[0,1]",
+                                     "model=random:esmc_300m", "shards=2"])  # fmt: skip
+    assert with_config_options(typed) == Launch(
+        ["a.fa", "b c.fa"], "o", "0,1", "random:esmc_300m", config=["shards=2"]
+    )
+    assert with_config_options(Launch(["a.fa"], "o", config=["input=a.fa"])).inputs == ["a.fa"]
+
+
 def test_without_gpus_the_pool_has_one_cpu_slot(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     cmd = snakemake_command(Launch(inputs=["a.fasta"], outdir="out"))
@@ -52,7 +67,9 @@ def test_a_profile_is_named_or_given_as_a_folder(tmp_path):
         (Launch(["a.fasta"], "out", gpus="1,1"), "--gpus 1,1: give device indices"),
         (Launch(["a.fasta"], "out", profile="pbs"), "it ships: googlebatch, htcondor, kubernetes"),
         (Launch(["a.fasta"], "out", profile="slurm", gpus="0"), "--gpus goes with a workstation"),
-        (Launch(["a.fasta"], "out", config=["outdir=x"]), "--config outdir=x: give KEY=VALUE"),
+        (Launch(["a.fasta"], "out", config=["outdir=x"]), "--config outdir= and the option for"),
+        (Launch([], "out"), "give the protein FASTA files to embed"),
+        (Launch(["a.fasta"], None), "give the folder for the outputs with -o OUTDIR"),
         (Launch(["a.fasta"], "out", config=["shards"]), "--config shards: give KEY=VALUE"),
         (Launch(["a.fasta"], "out", snakemake_args=["--config", "a=1"]), "Snakemake keeps only"),
     ],

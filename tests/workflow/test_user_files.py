@@ -244,13 +244,13 @@ def test_a_read_only_outdir_or_export_folder_is_named_in_one_line(tmp_path):
 @pytest.mark.parametrize(
     "typed, message",
     [
-        (["input=missing.fasta"], "input FASTA 'missing.fasta' does not exist; set `input:`"),
+        (["input=missing.fasta"], "input FASTA 'missing.fasta' does not exist; set `input`"),
         (["input=empty.fasta"], "empty.fasta: no FASTA records (the file is empty or has no"),
         (["store=a.fasta"], "store 'a.fasta' is a file; choose a folder for `store`"),
         (["store=out/shards"], "store 'out/shards' is where this run writes its own files"),
         (["store=out/embeddings.h5"], "store 'out/embeddings.h5' is where this run writes"),
-        (["shards=0"], "0 is not valid under any of the given schemas"),
-        (["gpus=[0,-1]"], "['0', '-1'] is not valid under any of the given schemas"),
+        (["shards=0"], "shards: 0 is not valid; give a whole number of at least 1 or auto"),
+        (["gpus=[0,-1]"], "gpus: [0,-1] is not valid; give auto or a list of items each a whole"),
     ],
 )
 def test_typed_mistakes_are_refused_in_one_line_before_any_model_is_loaded(

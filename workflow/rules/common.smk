@@ -9,7 +9,6 @@ from pathlib import Path
 import yaml
 from snakemake.common.tbdstring import TBDString
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 
 # Which esmshard runs this workflow: in a clone, the clone's own (beside workflow/, for the driver
@@ -31,30 +30,32 @@ def use_esmshard():
     try:
         import esmshard
     except ImportError:
-        raise WorkflowError(
+        stop(
             f"this workflow needs esmshard {needed}, which is not installed in the Python "
             f"that runs Snakemake ({sys.executable}): pip install esmshard=={needed} there"
         )
     if esmshard.__version__ != needed:
-        raise WorkflowError(
+        stop(
             f"this workflow needs esmshard {needed}, but esmshard {esmshard.__version__} is "
             f"installed ({Path(esmshard.__file__).parent}): pip install esmshard=={needed}, "
             "or deploy the workflow's release of that version"
         )
 
 
+def stop(*problems):
+    """End before any job with one line per problem and exit status 2: an exception raised while
+    Snakemake reads the workflow would come with its location lines (and, from `validate`, the
+    whole schema)."""
+    for problem in problems:
+        print(f"esmshard: {problem}", file=sys.stderr)
+    sys.exit(2)
+
+
 use_esmshard()
 
 from esmshard.compute.pool import pool_devices
-from esmshard.config import (
-    ConfigError,
-    coerce_config,
-    embedding_settings,
-    expand_home,
-    for_family,
-)
+from esmshard.config import embedding_settings
 from esmshard.files import read_tsv, unwritable
-from esmshard.input.fasta import not_a_file
 from esmshard.input.sizing import (
     ModelSize,
     embed_mem_mb,
@@ -62,49 +63,30 @@ from esmshard.input.sizing import (
     estimated_records,
 )
 from esmshard.layout import Layout
-from esmshard.models import ModelError, parse_spec
+from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import mixed_precisions
-from esmshard.store import Store, settings_key, written_by_layout, written_by_run
+from esmshard.store import Store, settings_key
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
 from esmshard.store.runlock import RunActiveError, current_run_id, hold
 from esmshard.store.storelock import hold_shared
 
-# Command-line values arrive as YAML's base loader reads them ('gpus=[0,1]' as strings):
-# each takes the form the schema asks for before validation, so both ways mean the same.
+# The whole config checked before any job (esmshard.steps.checks): command-line values arrive as
+# YAML's base loader reads them ('gpus=[0,1]' as strings) and take the form the schema asks for;
+# `~` means the home folder in every path key. `snakemake --lint` reads the workflow without
+# running it (Snakemake gives a Snakefile no other sign of it), and needs no input.
 with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
-    config.update(coerce_config(config, yaml.safe_load(fh)))
-validate(config, schema="../schemas/config.schema.yaml")
-# `~` means the home folder in every path key, for every step alike.
-config.update(expand_home(config))
+    SCHEMA = yaml.safe_load(fh)
+CHECKED = check_config({**defaults(SCHEMA), **config}, SCHEMA, inputs="--lint" not in sys.argv)
+if CHECKED.problems:
+    stop(*CHECKED.problems)
+config.update(CHECKED.config)
 
 INPUTS = config["input"]
-try:
-    MODEL = parse_spec(config["model"])
-except ModelError as err:
-    raise WorkflowError(str(err))
+MODEL = CHECKED.model
 FAMILY = MODEL.family
-try:
-    config.update(for_family(config, FAMILY))
-except ConfigError as err:
-    raise WorkflowError(str(err))
-
 RUN = Layout(config["outdir"])
 STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
-for key, folder in (("outdir", RUN.outdir), ("store", STORE.root)):
-    if os.path.exists(folder) and not os.path.isdir(folder):
-        raise WorkflowError(f"{key} '{folder}' is a file; choose a folder for `{key}`")
-OUTDIR_UNWRITABLE = unwritable(RUN.outdir)
-if OUTDIR_UNWRITABLE:
-    raise WorkflowError(
-        f"outdir '{RUN.outdir}': {OUTDIR_UNWRITABLE}; choose a folder you can write for `outdir`"
-    )
-STORE_IN_RUN = written_by_layout(STORE.root, RUN)
-if STORE_IN_RUN:
-    raise WorkflowError(
-        f"store '{STORE.root}' is where this run writes its own files ({STORE_IN_RUN}), which "
-        "would replace or remove it; choose another `store` (by default the outdir's store/)"
-    )
 # A store that cannot be written is used for reuse alone (the shard step refuses a run that
 # would add to it): no lock is taken in it, nothing cleaned up.
 STORE_UNWRITABLE = unwritable(STORE.root)
@@ -118,30 +100,6 @@ KEY = settings_key(EMBEDDING_PARAMS)
 
 wildcard_constraints:
     shard=r"[0-9a-f]+-[0-9]+",
-
-
-def check_inputs():
-    """Refuse an input FASTA that is no file or lies where the run writes."""
-    for path in INPUTS:
-        problem = not_a_file(path)
-        if problem:
-            raise WorkflowError(
-                f"input FASTA '{path}' {problem}; set `input:` in the config "
-                "(`make run` makes the example input)"
-            )
-        written = written_by_run(path, RUN, STORE)
-        if written:
-            raise WorkflowError(
-                f"input FASTA '{path}' is where this run writes ({written}): the run would "
-                "overwrite or remove it. Move the input elsewhere, or choose another `outdir` "
-                "or `store`"
-            )
-
-
-# When the workflow is read (an error in an input function comes with Snakemake's traceback);
-# `snakemake --lint` reads it without running it, and needs no input.
-if "--lint" not in sys.argv:
-    check_inputs()
 
 
 def records_mem_mb(bytes_per_record):

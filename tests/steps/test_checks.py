@@ -1,0 +1,48 @@
+"""The whole config checked before any job (esmshard.steps.checks), without Snakemake."""
+
+import yaml
+from conftest import GENE_CALLER, REPO
+
+from esmshard.steps.checks import check_config, defaults
+
+SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def checked(tmp_path, **typed):
+    base = {**defaults(SCHEMA), "input": [str(GENE_CALLER)], "outdir": str(tmp_path / "out")}
+    return check_config({**base, "model": "random:esm2_t6_8M_UR50D", **typed}, SCHEMA)
+
+
+def test_a_config_as_typed_comes_back_as_the_run_uses_it(tmp_path):
+    done = checked(tmp_path, repr_layers=["-1", "6"], gpus=["0", "1"], shards="2")
+    assert done.problems == []
+    assert (done.config["repr_layers"], done.config["gpus"], done.config["shards"]) == (
+        [-1, 6], [0, 1], 2)  # fmt: skip
+    assert done.config["truncation_seq_length"] == 1022 and done.model.num_layers == 6
+
+
+def test_every_problem_is_found_at_once_one_line_each(tmp_path):
+    done = checked(
+        tmp_path, repr_layers=[7, -8, -7, 0], include=["per_tok", "contacts"],
+        long_sequences="chunk", toks_per_batch="lots", input=["missing.faa"], gpu=[0],
+    )  # fmt: skip
+    assert done.problems == [
+        "toks_per_batch: lots is not valid; give a whole number of at least 1 or auto",
+        "gpu: not a config key of esmshard; did you mean gpus?",
+        "include: contacts cannot be combined with long_sequences: chunk (a contact map spans "
+        "the whole sequence, a window sees part of it); use long_sequences: truncate, as "
+        "fair-esm's extract does, or skip",
+        "repr_layers: layer 7 does not exist in esm2_t6_8M_UR50D, which has 6 layers; give 0 "
+        "to 6, or -1 (the last) to -7",
+        "repr_layers: layer -8 does not exist in esm2_t6_8M_UR50D, which has 6 layers; give 0 "
+        "to 6, or -1 (the last) to -7",
+        "input FASTA 'missing.faa' does not exist; set `input` to your protein FASTA files",
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_that_cannot_be_had_leaves_the_other_keys_checked(tmp_path):
+    done = checked(tmp_path, model="random:esm3", shards=0)
+    assert done.model is None and len(done.problems) == 2
+    assert done.problems[0].startswith("shards: 0 is not valid")
+    assert done.problems[1].startswith("model 'random:esm3': unknown architecture")

@@ -1,0 +1,107 @@
+"""A new user's first commands, typed as the README teaches them: every mistake is a few lines
+naming the key or file, before any job, with exit status 2 and nothing written."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import GENE_CALLER, NUCLEOTIDE, TINY_MODEL, snakemake
+
+ESMSHARD = Path(sys.executable).parent / "esmshard"
+RANDOM = f"random:{TINY_MODEL}"
+STACK_LINE = 'File "'
+
+
+def esmshard(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(ESMSHARD), *args], cwd=cwd, capture_output=True, text=True)
+
+
+def ours(stderr: str) -> list[str]:
+    """The lines esmshard itself wrote (Snakemake adds which profile and config it read)."""
+    return [line for line in stderr.splitlines() if line.startswith("esmshard")]
+
+
+def refused(done: subprocess.CompletedProcess, folder: Path, *messages: str) -> None:
+    """Exit status 2, the messages each on a line of esmshard's, few lines, no stack lines, and
+    nothing written where the outputs would go."""
+    text = done.stdout + done.stderr
+    assert done.returncode == 2, text[-3000:]
+    assert "Traceback" not in text and STACK_LINE not in text, text[-3000:]
+    assert len(text.strip().splitlines()) <= 4 + len(messages), text
+    for message in messages:
+        assert any(message in line for line in ours(done.stderr)), (message, text)
+    assert not (folder / "out").exists()
+
+
+def test_a_mistyped_key_is_one_line_naming_the_key_meant(tmp_path):
+    done = esmshard("run", str(GENE_CALLER), "-o", "out", "--model", RANDOM, "--config",
+                    "repr_layer=[-1]", cwd=tmp_path)  # fmt: skip
+    refused(done, tmp_path, "repr_layer: not a config key of esmshard; did you mean repr_layers?")
+
+
+def test_every_mistake_of_one_command_is_named_at_once_before_any_job(tmp_path):
+    done = snakemake(
+        tmp_path, {}, "--config", f"input={GENE_CALLER}", "outdir=out", "model=random:esmc_300m",
+        "repr_layers=[99,-1]", "include=[mean,contacts]", "precision=fp8", "shard=4", check=False,
+    )  # fmt: skip
+    refused(
+        done,
+        tmp_path,
+        "repr_layers: layer 99 does not exist in esmc_300m, which has 30 layers; give 0 to 30",
+        "include: contacts: ESM C (random:esmc_300m) has no contact head",
+        "precision: fp8 is not valid; give one of auto, fp32, bf16, fp16",
+        "shard: not a config key of esmshard; did you mean shards?",
+    )
+    assert not list(tmp_path.glob("**/logs"))
+
+
+def test_a_nucleotide_file_is_one_line_before_any_job(tmp_path):
+    done = esmshard("run", str(NUCLEOTIDE), "-o", "out", "--model", RANDOM, cwd=tmp_path)
+    refused(done, tmp_path, f"input FASTA '{NUCLEOTIDE}' holds nucleotide sequences")
+    assert "nucleotide_check: false" in done.stderr
+
+
+def test_an_input_where_the_run_writes_has_no_stack_lines(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "embeddings.h5").write_bytes(b"the user's\n")
+    done = snakemake(tmp_path, {}, "--config", "input=out/embeddings.h5", "outdir=out",
+                     f"model={RANDOM}", check=False)  # fmt: skip
+    assert done.returncode == 2 and STACK_LINE not in done.stderr, done.stderr
+    assert "input FASTA 'out/embeddings.h5' is where this run writes" in done.stderr
+    assert (tmp_path / "out" / "embeddings.h5").read_bytes() == b"the user's\n"
+
+
+@pytest.mark.parametrize(
+    "typed",
+    [
+        ["--config", f"model={RANDOM}", "repr_layers=[-1]", str(GENE_CALLER), "-o", "out"],
+        [str(GENE_CALLER), "--config", f"model={RANDOM}", "outdir=out", "gpus=[0]"],
+        ["--config", f"input={GENE_CALLER}", f"model={RANDOM}", "-o", "out"],
+    ],
+)
+def test_esmshard_run_takes_config_keys_for_its_options_in_any_order(tmp_path, typed):
+    """In a Snakemake project's folder, whose config/config.yaml is not esmshard's."""
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.yaml").write_text("samples: samples.tsv\nthreads: 8\n")
+    done = esmshard("run", *typed, "--", "--dry-run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = done.stderr.splitlines()[0]
+    assert printed.startswith("esmshard run: ESMSHARD_WORKFLOW_CONFIG=1 snakemake ")
+    assert f"model={RANDOM}" in printed and "outdir=out" in printed
+
+
+def test_an_option_and_a_config_key_that_disagree_are_refused(tmp_path):
+    done = esmshard("run", str(GENE_CALLER), "-o", "out", "--model", RANDOM, "--config",
+                    "model=esm2_t12_35M_UR50D", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and done.stderr == (
+        "esmshard run: --config model= and the option for model say different things; give one\n"
+    )
+
+
+def test_help_names_every_family_and_every_way_to_name_a_model(tmp_path):
+    top = esmshard("--help", cwd=tmp_path).stdout
+    assert all(name in top for name in ("ESM-2", "ESM C", "ProtT5", "Ankh"))
+    model_help = " ".join(esmshard("run", "--help", cwd=tmp_path).stdout.split())
+    for way in ("random:NAME", "hf:OWNER/NAME", "folder saved by transformers", ".pt or .pth"):
+        assert way in model_help
