@@ -1,5 +1,7 @@
 # `make run`: the workflow on the example input; `make test`: the test suite; `make lint`: the
-# format and lint checks CI runs. Each creates .venv with the project installed. TORCH picks the
+# format and lint checks CI runs; `make wheel`: the wheel in dist/; `make release`: the tag
+# vX.Y.Z of esmshard/version.py and its wheel. Each creates .venv with the project and what
+# running needs installed (the test and lint tools only for `make test` and `make lint`). TORCH picks the
 # torch build (default: the release this project is tested with); ARGS passes extra options to
 # snakemake (or pytest), e.g.
 #   make run ARGS="--config model=random:esm2_t6_8M_UR50D --resources gpu=4"
@@ -20,19 +22,32 @@ BIN = $(VENV)/bin
 # ../shared/data beside the checkout or downloaded once from UniProt into resources/.
 EXAMPLE = resources/ecoli_k12_example.fasta
 
-.PHONY: run test lint clean wheelhouse gpu-check
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' esmshard/version.py)
+DEFAULT_MODEL = esm2_t33_650M_UR50D
+
+.PHONY: run test lint clean wheel release wheelhouse gpu-check
 
 $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[test,cluster,lint]"
+	$(BIN)/python -m pip install --quiet -e ".[cluster]"
+	touch $@
+
+# The test and lint tools, beside what running needs.
+$(VENV)/.test-tools: $(BIN)/snakemake
+	$(BIN)/python -m pip install --quiet -e ".[test,cluster]"
+	touch $@
+
+$(VENV)/.lint-tools: $(BIN)/snakemake
+	$(BIN)/python -m pip install --quiet -e ".[lint,cluster]"
 	touch $@
 
 $(EXAMPLE): | $(BIN)/snakemake
 	$(BIN)/python -m esmshard.input.datasets example $@
 
 run: $(BIN)/snakemake $(EXAMPLE)
+	@case "$(ARGS)" in *model=*) ;; *) echo "esmshard: the default model, $(DEFAULT_MODEL), downloads its weights (2.6 GB) once into torch's hub cache; to run offline: make run ARGS=\"--config model=random:esm2_t6_8M_UR50D\"";; esac
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores all $(ARGS)
 
 # The tests read the real data in ../shared/data, or fetch it once into resources/test-data.
@@ -41,10 +56,10 @@ run: $(BIN)/snakemake $(EXAMPLE)
 # machine-wide set of daemons) run one after another. The run ends with its 25 slowest tests
 # and its total time.
 TEST_WORKERS ?= 2
-test: $(BIN)/snakemake
+test: $(VENV)/.test-tools
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
-lint: $(BIN)/snakemake
+lint: $(VENV)/.lint-tools
 	$(BIN)/snakefmt --check Snakefile workflow
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
@@ -55,6 +70,17 @@ wheelhouse: $(BIN)/snakemake
 
 gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(BIN)/snakemake)
 	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.commands.gpucheck --out $(GPU_CHECK_OUT)
+
+# The wheel that `pip install` takes on any machine (the workflow's files inside it).
+wheel: $(BIN)/snakemake
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
+	@echo "esmshard: wrote dist/esmshard-$(VERSION)-py3-none-any.whl"
+
+# A release: the tag that deployments name (snakedeploy --tag vX.Y.Z), on a clean tree.
+release: wheel
+	@test -z "$$(git status --porcelain)" || { echo "esmshard: commit or stash your changes first"; exit 1; }
+	git tag -a "v$(VERSION)" -m "esmshard $(VERSION)"
+	@echo "esmshard: tagged v$(VERSION); push it with: git push origin v$(VERSION)"
 
 clean:
 	rm -rf results .snakemake

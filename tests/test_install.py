@@ -109,7 +109,8 @@ def test_the_wheel_runs_from_an_empty_folder_as_snakemake_does_in_a_clone(tmp_pa
     printed = done.stderr.splitlines()[0]
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert printed.startswith(
-        f"esmshard run: snakemake --snakefile {site}/esmshard/workflow_files/Snakefile "
+        f"esmshard run: ESMSHARD_WORKFLOW_CONFIG=1 snakemake --snakefile "
+        f"{site}/esmshard/workflow_files/Snakefile "
         "--cores all --resources gpu=1 "
     )
     assert f"esmshard: {len(IDS)} records" in done.stderr

@@ -30,6 +30,13 @@ def test_make_run_writes_the_example_and_runs_the_workflow(tmp_path):
             h[1:].split()[0] for h, _ in read_records(example)
         ]
         assert len(h5["ids"]) == 291 and h5.attrs["weights"] == "random"
+    # Without a model named, it says first that the default model downloads its weights.
+    dry = subprocess.run(["make", "-C", str(REPO), "run", f"VENV={VENV}", "ARGS=--dry-run"], env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    first = next(line for line in dry.stdout.splitlines() if line.startswith("esmshard"))
+    assert "esm2_t33_650M_UR50D, downloads its weights" in first
+    assert 'make run ARGS="--config model=random:esm2_t6_8M_UR50D"' in first
 
 
 def test_running_command_as_the_readme_types_it(tmp_path):

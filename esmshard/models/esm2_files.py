@@ -74,5 +74,6 @@ def ensure_available(spec: ModelSpec) -> None:
                 f"cannot download {spec.name} weights from {url} ({err}). Without network access, "
                 f"put {spec.name}.pt and {spec.name}-contact-regression.pt into {path.parent} "
                 "(the torch hub cache; TORCH_HOME moves it), or set `model:` to the path of a local "
-                ".pt checkpoint"
+                ".pt checkpoint. To try esmshard offline, use random weights of the same shape: "
+                f"model=random:{spec.name}"
             ) from err
