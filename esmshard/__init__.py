@@ -1,4 +1,4 @@
-"""esmshard: sharded, multi-GPU protein language model embeddings (ESM-2, ESM C)."""
+"""esmshard: sharded, multi-GPU protein language model embeddings (ESM-2, ESM C, ProtT5, Ankh)."""
 
 from .version import __version__
 
@@ -10,12 +10,14 @@ def open_embeddings(path):
     return Embeddings(path)
 
 
-def embed(sequences, model="esm2_t33_650M_UR50D", **settings):
-    """Embeddings of `sequences` in this process, read like `open_embeddings`:
-    esmshard.commands.inprocess."""
-    from .commands.inprocess import embed
+def __getattr__(name):
+    """`esmshard.embed` (esmshard.commands.inprocess), imported when first used: `import esmshard`
+    stays quick, and help() and autocompletion see its whole signature."""
+    if name == "embed":
+        from .commands.inprocess import embed
 
-    return embed(sequences, model, **settings)
+        return embed
+    raise AttributeError(f"module 'esmshard' has no attribute {name!r}")
 
 
 __all__ = ["__version__", "embed", "open_embeddings"]

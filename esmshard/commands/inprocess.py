@@ -10,57 +10,86 @@ read like `esmshard.open_embeddings` and held in memory. Settings take the workf
 keys and defaults (config/config.yaml), validated by the same schema.
 """
 
-import csv
 import io
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import yaml
 
-from ..config import ConfigError, coerce_config, embedding_settings, for_family
+from ..config import ConfigError, embedding_settings
 from ..input.fasta import FastaError, looks_nucleotide, normalise, not_a_file, printable
 from ..input.sizing import ModelSize
 from ..layout import Layout
 from ..models import ensure_available, parse_spec
-from ..outputs.reader import Embeddings
+from ..outputs.reader import Embeddings, read_failed
+from ..steps.checks import check_config, defaults
 from ..steps.embed import run_shard
 from ..steps.merge import merge
 from ..steps.shard import write_shards
 from ..store import Store, settings_key
 from .launch import workflow_root
 
-Sequences = Mapping[str, str] | Iterable[tuple[str, str]] | str | os.PathLike
+Sequences = Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[str] | str | os.PathLike
+# A string that names no file and is made of these is one sequence, not a path.
+SEQUENCE_TEXT = re.compile(r"[A-Za-z*\s-]+")
 
 
-def settings_of(options: dict) -> dict:
-    """The workflow's config: its schema's defaults, then `options`, coerced and validated."""
-    import jsonschema
-
+def schema() -> dict:
     with open(workflow_root() / "workflow" / "schemas" / "config.schema.yaml") as fh:
-        schema = yaml.safe_load(fh)
-    defaults = {k: v["default"] for k, v in schema["properties"].items() if "default" in v}
-    config = coerce_config({**defaults, **options}, schema)
-    for error in jsonschema.Draft202012Validator(schema).iter_errors(config):
-        where = ".".join(str(p) for p in error.absolute_path) or "settings"
-        raise ConfigError(f"{where}: {error.message}")
-    return config
+        return yaml.safe_load(fh)
+
+
+def settings_of(options: dict, model) -> dict:
+    """The workflow's config: its schema's defaults, then `options`, coerced and checked as a
+    run's are (esmshard.steps.checks); ConfigError naming every setting that cannot work."""
+    config_schema = schema()
+    # Tuples, ranges and numpy arrays as the lists (of plain numbers) that the schema takes.
+    lists = {
+        key: [item.item() if hasattr(item, "item") else item for item in value]
+        for key, value in options.items()
+        if isinstance(value, Iterable) and not isinstance(value, (str, bytes, Mapping))
+    }
+    checked = check_config(
+        {**defaults(config_schema), **options, **lists}, config_schema, inputs=False, model=model
+    )
+    if checked.problems:
+        raise ConfigError("; ".join(checked.problems))
+    return checked.config
+
+
+def pairs_of(sequences) -> Iterable[tuple[str, str]]:
+    """(ID, sequence) pairs of a mapping, of pairs, or of sequences alone (IDs "0", "1", ...)."""
+    if isinstance(sequences, Mapping):
+        return sequences.items()
+    if not isinstance(sequences, Iterable):
+        raise TypeError(
+            f"sequences: {type(sequences).__name__} is not sequences; give a FASTA path, a "
+            "sequence, a list of sequences, a mapping of ID to sequence, or (ID, sequence) pairs"
+        )
+    items = list(sequences)
+    if items and all(isinstance(item, str) for item in items):
+        return [(str(n), sequence) for n, sequence in enumerate(items)]
+    return items
 
 
 def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path:
     """A FASTA path as given, or the sequences written as one (each ID checked first)."""
+    if isinstance(sequences, str) and not os.path.exists(os.path.expanduser(sequences)):
+        if SEQUENCE_TEXT.fullmatch(sequences):
+            sequences = ["".join(sequences.split())]  # one sequence, pasted
     if isinstance(sequences, (str, os.PathLike)):
         path = Path(sequences).expanduser()
         problem = not_a_file(path)
         if problem:
             raise FastaError(f"{path}: {problem}")
         return path
-    pairs = sequences.items() if isinstance(sequences, Mapping) else sequences
     path = folder / "sequences.fasta"
     n, seen = 0, set()
     with open(path, "w") as fh:
-        for n, pair in enumerate(pairs, 1):
+        for n, pair in enumerate(pairs_of(sequences), 1):
             try:
                 id_, sequence = pair
             except (TypeError, ValueError):
@@ -93,35 +122,62 @@ def embed(
     repr_layers: Iterable[int] = (-1,),
     include: Iterable[str] = ("mean",),
     store: str | os.PathLike | None = None,
-    **settings,
+    precision: str = "auto",
+    long_sequences: str = "truncate",
+    truncation_seq_length: int | str = "auto",
+    toks_per_batch: int | str = "auto",
+    gpus: str | Iterable[int] = "auto",
+    batching: str = "auto",
+    compile: str | bool = "auto",
+    fast_path: bool = True,
+    nucleotide_check: bool = True,
+    shards: int | str = "auto",
+    output_dtype: str = "float32",
+    contacts_dtype: str = "float16",
+    per_residue_compression: str = "none",
 ) -> Embeddings:
-    """Embed `sequences` with `model` in this process; the result reads like
-    `esmshard.open_embeddings` (`result[id].mean[layer]`, `result.array("mean")`), and its
-    `failed` maps each record that could not be embedded to the reason.
+    """Embed `sequences` with `model` in this process, through the workflow's own shard, embed
+    and merge steps, and return them read like `esmshard.open_embeddings`:
 
-    `sequences`: a mapping of ID to sequence, (ID, sequence) pairs, or a FASTA file's path.
-    `model`: as the workflow's `model` key (a name, `hf:`, a folder or checkpoint, `random:`).
-    `store`: a folder that keeps what is computed, so that a later call (or run) reuses it;
-    None computes everything and keeps nothing. `settings`: any other config key (precision,
-    truncation_seq_length, long_sequences, toks_per_batch, batching, compile, gpus, fast_path,
-    nucleotide_check, output_dtype, ...), as config/config.yaml documents them.
+        emb = esmshard.embed({"P1": "MKTAYIAKQR"}, "esm2_t33_650M_UR50D", repr_layers=[-1, 6])
+        emb["P1"].mean[33], emb.array("mean"), emb.ids(), emb.failed
 
-    Bad input raises ValueError (esmshard.input.fasta.FastaError for files), a model that
-    cannot be had esmshard.models.ModelError, and settings that do not fit ConfigError, each
-    naming what to change.
+    sequences: a FASTA file's path; one sequence as a string (ID "0"); a list of sequences (IDs
+        "0", "1", ... in their order); a mapping of ID to sequence; or (ID, sequence) pairs.
+        A string that names no file and is made only of letters is a sequence.
+    model: a fair-esm ESM-2 name, hf:<owner>/<name>, a model folder or checkpoint file, or
+        random:<name> (seeded random weights of a published shape, offline).
+    repr_layers: layers to return; negative count from the end (-1 the last), 0 the embeddings.
+    include: any of "mean" (per protein), "per_tok" (per residue), "bos", "contacts" (ESM-2).
+    store: a folder that keeps what is computed, so that a later call (or run) reuses it; None
+        computes everything and keeps nothing.
+    precision: "auto" (bf16 on GPUs that have it, else fp32), "fp32", "bf16" or "fp16".
+    long_sequences: beyond truncation_seq_length: "truncate", "chunk", "skip" or "fail".
+    truncation_seq_length: residues kept per sequence, or "auto" (the model family's limit).
+    toks_per_batch: tokens per forward pass, or "auto" (sized to the device's free memory).
+    gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.
+    batching, compile, fast_path, nucleotide_check, shards, output_dtype, contacts_dtype,
+    per_residue_compression: as the workflow's config keys (docs/configuration.md).
+
+    The result's `failed` maps each sequence that could not be embedded to the reason. Bad
+    input raises ValueError (esmshard.input.fasta.FastaError for a file), naming the item by its
+    ID or place; a model that cannot be had esmshard.models.ModelError; settings that do not
+    fit ConfigError, naming each setting.
     """
+    # The keywords are config keys: taken as one mapping, checked as a run's config is.
+    settings = {key: value for key, value in locals().items() if key != "sequences"}
     import torch
 
     with tempfile.TemporaryDirectory(prefix="esmshard-embed-") as tmp:
         tmp = Path(tmp)
-        fasta = fasta_of(sequences, tmp, settings.get("nucleotide_check", True) is not False)
-        options = {"model": str(model), "repr_layers": [int(x) for x in repr_layers]}
-        options |= {"include": list(include), "input": [str(fasta)], "outdir": str(tmp / "out")}
-        spec = parse_spec(options["model"])
-        config = for_family(settings_of({**settings, **options}), spec.family)
+        spec = parse_spec(str(model))
+        options = {**settings, "model": str(model), "store": str(store or "")}
+        options |= {"input": [str(tmp / "sequences.fasta")], "outdir": str(tmp / "out")}
+        config = settings_of(options, spec)
+        fasta = fasta_of(sequences, tmp, config["nucleotide_check"])
         ensure_available(spec)
         run = Layout(config["outdir"])
-        store = Store(str(Path(store).expanduser()) if store else str(tmp / "store"))
+        store = Store(config["store"] or str(tmp / "store"))
         params = embedding_settings(config, spec.family.name, spec.identity(run.checksums))
         plan = write_shards(
             [fasta],
@@ -167,6 +223,5 @@ def embed(
             config["contacts_dtype"],
             [run.metrics(p["shard"]) for p in plan["shards"]],
         )
-        with open(run.failed, newline="") as fh:
-            failed = {row["id"]: row["reason"] for row in csv.DictReader(fh, delimiter="\t")}
+        failed = read_failed(run.failed)
         return Embeddings(io.BytesIO(Path(run.embeddings).read_bytes()), failed)

@@ -10,6 +10,7 @@ A layer is named as stored (0 .. the model's layers) or, as in fair-esm, counted
 with negative numbers (-1 is the model's last layer); None is the highest layer stored.
 """
 
+import csv
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -43,12 +44,18 @@ class Batch(NamedTuple):
     offsets: np.ndarray | None
 
 
+def read_failed(path) -> dict[str, str]:
+    """failed_sequences.tsv: the reason each record could not be embedded, by ID."""
+    with open(path, newline="") as fh:
+        return {row["id"]: row["reason"] for row in csv.DictReader(fh, delimiter="\t")}
+
+
 class Embeddings:
     """An open embeddings.h5 (esmshard.steps.merge writes it); use as a context manager or `close()`.
 
     `source`: the file, the outdir that holds it, or the file's bytes in a file object
     (esmshard.embed's results); `failed`: the records that could not be embedded, by ID, with
-    the reason, where known.
+    the reason (by default, those of failed_sequences.tsv beside the file, as the run wrote it).
     """
 
     def __init__(self, source, failed: dict[str, str] | None = None):
@@ -61,7 +68,7 @@ class Embeddings:
             self.path = path / "embeddings.h5" if path.is_dir() else path
             self.h5 = h5py.File(self.path, "r")
             self.name = str(self.path)
-        self.failed = failed
+        self.failed = failed if failed is not None else self._failed_beside()
         self.layers = {
             kind: sorted(int(layer) for layer in self.h5[kind] if layer.isdigit())
             for kind in KINDS
@@ -71,6 +78,11 @@ class Embeddings:
         num_layers = self.h5.attrs.get("num_layers")  # for negative layer numbers
         self.num_layers = int(num_layers) if num_layers is not None and num_layers >= 0 else None
         self._row_of = None
+
+    def _failed_beside(self) -> dict[str, str]:
+        """The failures that the run wrote beside its embeddings.h5; none known: {}."""
+        listed = self.path.parent / "failed_sequences.tsv" if self.path else None
+        return read_failed(listed) if listed is not None and listed.is_file() else {}
 
     def __enter__(self):
         return self

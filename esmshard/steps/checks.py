@@ -43,16 +43,18 @@ def defaults(schema: dict) -> dict:
     return {k: v["default"] for k, v in schema["properties"].items() if "default" in v}
 
 
-def check_config(config: dict, schema: dict, inputs: bool = True) -> Checked:
+def check_config(
+    config: dict, schema: dict, inputs: bool = True, model: ModelSpec | None = None
+) -> Checked:
     """`config` coerced from what users type, `~` expanded, `truncation_seq_length` made concrete,
-    and every problem found; `inputs` False leaves the input files unread (`snakemake --lint`)."""
+    and every problem found; `inputs` False leaves the input files unread (`snakemake --lint`);
+    `model`, where given, is what `config["model"]` names, already read."""
     config = coerce_config(config, schema)
     found = schema_problems(config, schema)
     problems = list(found.values())
     valid = {key for key in config if key not in found}
     config.update(expand_home({key: config[key] for key in valid}))
-    model = None
-    if "model" in valid:
+    if model is None and "model" in valid:
         try:
             model = parse_spec(config["model"])
         except ModelError as err:

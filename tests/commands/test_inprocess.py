@@ -1,9 +1,12 @@
 """`esmshard.embed`: the workflow's numbers in the calling process, its errors in one line."""
 
+import inspect
+
 import h5py
 import numpy as np
 import pytest
-from conftest import MODEL, PROTEINS, config, read_records, snakemake
+import yaml
+from conftest import MODEL, PROTEINS, REPO, config, read_records, snakemake
 
 import esmshard
 from esmshard.config import ConfigError
@@ -61,17 +64,69 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         ([("P1", "MKV"), ("P1", "MKL")], MODEL, {}, ValueError, "the ID P1 is given twice"),
         ({}, MODEL, {}, ValueError, "no sequences were given"),
         ({"P1": "MKV"}, "esm3_huge", {}, ModelError, "not a model name esmshard knows"),
-        ({"P1": "MKV"}, MODEL, {"precision": "fp8"}, ConfigError, "precision: 'fp8'"),
+        ({"P1": "MKV"}, MODEL, {"precision": "fp8"}, ConfigError, "precision: fp8 is not valid"),
         ("no/such.fasta", MODEL, {}, FastaError, "no/such.fasta: does not exist"),
         ({"P1": "MKV"}, "random:esmc_300m", {"include": ["contacts"]}, ConfigError, "contact"),
+        (None, MODEL, {}, TypeError, "sequences: NoneType is not sequences; give a FASTA"),
+        ({"P1": "MKV"}, MODEL, {"repr_layers": "abc"}, ConfigError, "repr_layers: [abc] is not"),
+        ({"P1": "MKV"}, MODEL, {"repr_layers": [9]}, ConfigError, "layer 9 does not exist"),
+        (["MKV", ""], MODEL, {}, ValueError, "sequence 1 is empty"),
     ],
-    ids=["empty", "dna", "letter", "repeated-id", "none", "model", "setting", "file", "contacts"],
+    ids=[
+        "empty",
+        "dna",
+        "letter",
+        "repeated-id",
+        "none",
+        "model",
+        "setting",
+        "file",
+        "contacts",
+        "None",
+        "layers-text",
+        "layer-99",
+        "list-item",
+    ],  # fmt: skip
 )
 def test_bad_input_is_one_line_naming_it(sequences, model, settings, error, words):
     with pytest.raises(error) as raised:
         esmshard.embed(sequences, model, **settings)
     message = str(raised.value)
     assert words in message and "\n" not in message
+
+
+def test_the_signature_names_every_setting_with_the_workflows_defaults():
+    """help() and autocompletion show each keyword; its default is the config's."""
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    keywords = dict(inspect.signature(esmshard.embed).parameters)
+    assert set(keywords) == set(schema["properties"]) - {"input", "outdir"} | {"sequences"}
+    for name, parameter in keywords.items():
+        if name not in ("sequences", "store"):
+            default = parameter.default
+            default = list(default) if isinstance(default, tuple) else default
+            assert default == schema["properties"][name]["default"], name
+    assert "repr_layers: layers to return" in inspect.getdoc(esmshard.embed)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'outdir'"):
+        esmshard.embed("MKTAYIAKQR", MODEL, outdir="out")
+
+
+def test_a_sequence_or_a_list_of_sequences_is_embedded_with_ids_by_order():
+    one, two = list(RECORDS.values())[:2]
+    got = esmshard.embed([one, two], MODEL)
+    assert got.ids() == ["0", "1"]
+    alone = esmshard.embed(one, MODEL)
+    assert alone.ids() == ["0"]
+    assert np.abs(alone["0"].mean[6] - got["0"].mean[6]).max() <= 1e-5  # batched alone
+
+
+def test_a_runs_file_and_a_calls_result_read_alike(workflow_run, tmp_path):
+    workdir = tmp_path / "run"
+    snakemake(workdir, {}, *config(PROTEINS, workdir / "out", "long_sequences=skip"))
+    on_disk = esmshard.open_embeddings(workdir / "out")
+    in_memory = esmshard.embed(RECORDS, MODEL, long_sequences="skip")
+    assert on_disk.failed == in_memory.failed and len(on_disk.failed) == 3
+    assert on_disk.ids() == in_memory.ids() and on_disk.dim == in_memory.dim
+    assert on_disk.layers == in_memory.layers
 
 
 def test_in_memory_results_say_what_they_cannot_do():
