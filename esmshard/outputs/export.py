@@ -24,6 +24,7 @@ as extract's, which float16 values convert to exactly).
 """
 
 import hashlib
+import json
 import os
 import re
 import sys
@@ -237,6 +238,7 @@ def write_per_protein_h5(emb, target, bar, options: Options):
                 out.create_dataset(name, data=data, compression="gzip", chunks=True)
                 out[name].attrs["original_id"] = id_
             bar.update(len(block.ids))
+        out.attrs.update(emb.made_by)
 
 
 def pt_name(id_: str) -> str:
@@ -264,11 +266,12 @@ def write_pt(emb, target, bar, options: Options):
     import torch
 
     target.mkdir()
+    made_by = emb.made_by
     with open(target / "index.tsv", "w", encoding="utf-8") as index:
         index.write("id\tfile\n")
         for block in blocks(emb, options.kinds, emb.has_contacts):
             for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
-                result = {"label": header}
+                result = {"label": header, "esmshard": made_by}
                 for kind in block.values:
                     result[PT_KEYS[kind]] = {
                         layer: torch.from_numpy(np.array(row, dtype=np.float32))
@@ -315,6 +318,7 @@ class NpyWriter:
 
 def write_npy(emb, target, bar, options: Options):
     target.mkdir()
+    (target / "made_by.json").write_text(json.dumps(emb.made_by, indent=1) + "\n")
     h5 = emb.h5
     files = {}  # (kind, layer) or "contacts" -> NpyWriter, filled in the order of the rows
     for kind, layers in options.kinds.items():
@@ -362,6 +366,7 @@ def write_parquet(emb, target, bar, options: Options):
             pa.array(np.arange(0, len(flat) + 1, values.shape[1], dtype=np.int32)), flat
         )
 
+    metadata = {b"esmshard": json.dumps(emb.made_by).encode()}
     writer = None
     try:
         for block in blocks(emb, options.kinds, False):
@@ -376,11 +381,14 @@ def write_parquet(emb, target, bar, options: Options):
                     columns[f"{kind}_{layer}"] = column
             table = pa.table(columns)
             if writer is None:
-                writer = pq.ParquetWriter(target, table.schema)
+                writer = pq.ParquetWriter(target, table.schema.with_metadata(metadata))
             writer.write_table(table)
             bar.update(len(block.ids))
         if writer is None:  # no protein: the columns alone
-            pq.write_table(pa.table({"id": pa.array([], pa.string())}), target)
+            pq.write_table(
+                pa.table({"id": pa.array([], pa.string())}).replace_schema_metadata(metadata),
+                target,
+            )
     finally:
         if writer is not None:
             writer.close()

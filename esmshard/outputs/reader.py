@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import contacts
 from ..representations import KINDS
+from ..steps.provenance import MADE_BY
 from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
 
 
@@ -83,6 +84,18 @@ class Embeddings:
         """The failures that the run wrote beside its embeddings.h5; none known: {}."""
         listed = self.path.parent / "failed_sequences.tsv" if self.path else None
         return read_failed(listed) if listed is not None and listed.is_file() else {}
+
+    @property
+    def made_by(self) -> dict:
+        """What made these numbers (esmshard.steps.provenance.MADE_BY): the model as given, its
+        family and shape, the weights' source and SHA-256 (or random), the settings key,
+        esmshard's version and the precision; a file of an earlier version has fewer of them."""
+        attrs = self.h5.attrs
+        return {
+            name: attrs[name].item() if hasattr(attrs[name], "item") else attrs[name]
+            for name in MADE_BY
+            if name in attrs
+        }
 
     def __enter__(self):
         return self

@@ -254,12 +254,9 @@ def merge(
             placement = Placement(row_of, contact_offsets)
             _copy_in_input_order(parts, CONTACT_VALUES, target, placement, spill_dir)
             log.info("contact maps written; peak memory so far %.0f MB", peak_memory_mb())
+        card = provenance.made_by(settings, key, ",".join(sorted(precisions)), checksum_cache)
+        out.attrs.update({name: -1 if value is None else value for name, value in card.items()})
         out.attrs.update(
-            model=attrs["model"],
-            model_family=settings["family"],
-            weights=attrs["weights"],
-            num_layers=attrs.get("num_layers", -1),
-            precision=",".join(sorted(precisions)),
             truncation_seq_length=attrs["truncation_seq_length"],
             n_embedded=n_embedded,
             n_failed=len(failures),
@@ -289,6 +286,7 @@ def merge(
         "embedded": n_embedded,
         "failed": len(failures),
         "store": str(Path(store_root).resolve()),
+        "made_by": card,
         "esmshard_version": __version__,
         "precisions": sorted(precisions),
         "devices": sorted({row["device_name"] for row in computed_rows}),

@@ -5,7 +5,11 @@ computed in different precisions)."""
 import json
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
+from ..models import parse_spec
+from ..models.spec import ModelSpec
+from ..store.checksums import file_checksums
 from ..version import __version__
 
 # A part's attributes that say what computed it; parts written before they existed read "unknown".
@@ -72,4 +76,67 @@ def attributes(rows: list[dict]) -> dict:
         "esmshard_version": __version__,
         "computed_with": json.dumps(rows),
         "devices": json.dumps(sorted({row["device_name"] for row in rows})),
+    }
+
+
+# What made a run's numbers, as every output names it (embeddings.h5's attributes, run.json, each
+# export's metadata and the report): one table, in this order.
+MADE_BY = (
+    "model",  # as the config gave it
+    "model_family",
+    "num_layers",
+    "embed_dim",
+    "weights",  # "random" or "pretrained"
+    "weights_source",  # where they came from: a path, a hub, a repository and revision
+    "weights_sha256",  # of the weights file (file=digest for several), or "random"
+    "settings_key",  # the store's key of the embedding settings
+    "esmshard_version",
+    "precision",
+)
+
+
+def weight_files(spec: ModelSpec) -> list[Path]:
+    """The files that hold `spec`'s weights (none for random weights)."""
+    if spec.kind == "random":
+        return []
+    if spec.kind == "hub":
+        from ..models.esm2_files import hub_paths
+
+        return [path for path in hub_paths(spec.name)[:1] if path.is_file()]
+    return list(spec.files) or [spec.path]
+
+
+def weights_source(spec: ModelSpec) -> str:
+    if spec.kind == "random":
+        return "random weights of the published shape, seed 0"
+    if spec.kind == "hub":
+        return f"fair-esm's hub ({spec.name})"
+    if spec.kind == "hf":
+        return f"HuggingFace {spec.repo} revision {spec.revision}"
+    return str(Path(spec.path).resolve())
+
+
+def made_by(settings: dict, key: str, precision: str, checksum_cache) -> dict:
+    """What made the numbers computed with `settings` (the run's embedding settings), keyed as
+    MADE_BY: the weights' SHA-256 computed once per file version (`checksum_cache`)."""
+    spec = parse_spec(settings["model"])
+    files = weight_files(spec)
+    digests = file_checksums(files, checksum_cache) if files else []
+    if spec.kind == "random":
+        sha256 = "random"
+    elif len(files) == 1:
+        sha256 = digests[0]
+    else:
+        sha256 = " ".join(f"{f.name}={d}" for f, d in zip(files, digests)) or "unknown"
+    return {
+        "model": settings["model"],
+        "model_family": settings["family"],
+        "num_layers": spec.num_layers,
+        "embed_dim": spec.embed_dim,
+        "weights": spec.weights,
+        "weights_source": weights_source(spec),
+        "weights_sha256": sha256,
+        "settings_key": key,
+        "esmshard_version": __version__,
+        "precision": precision,
     }

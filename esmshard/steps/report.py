@@ -408,7 +408,13 @@ def computed_with_section(run: dict) -> str:
     rows = run.get("computed_with", [])
     mixed = mixed_precisions(rows)
     warning = f"<p class=warn>{html.escape(mixed[0].upper() + mixed[1:])}.</p>" if mixed else ""
-    return f"<h2>Computed with</h2>{warning}" + _table(rows, [*COMPUTED_WITH, "parts"])
+    made_by = [{"what": name, "value": value} for name, value in run.get("made_by", {}).items()]
+    return (
+        "<h2>Computed with</h2>"
+        + _table(made_by, ["what", "value"])
+        + warning
+        + _table(rows, [*COMPUTED_WITH, "parts"])
+    )
 
 
 def write_report(metric_files, telemetry_files, out_json, out_html, run_json=None) -> dict:
@@ -429,7 +435,7 @@ def write_report(metric_files, telemetry_files, out_json, out_html, run_json=Non
             f"<p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
         )
         return result
-    result = {**scaling(metrics), "esmshard_version": __version__}
+    result = {**scaling(metrics), "made_by": run.get("made_by"), "esmshard_version": __version__}
     write_json(out_json, result)
     write_text(
         out_html, render_html(result, read_telemetry(metrics, telemetry_files), computed_with)

@@ -82,7 +82,7 @@ def test_pt_files_hold_fair_esm_extract_keys(run):
     for row, (id_, name) in enumerate(zip(index["id"], index["file"])):
         result = torch.load(run / "pt" / name, weights_only=True)
         assert set(result) == {"label", "representations", "mean_representations",
-                               "bos_representations"}  # fmt: skip
+                               "bos_representations", "esmshard"}  # fmt: skip
         assert result["label"] == headers[row]
         for layer in (3, 6):
             got = {key: result[key][layer] for key in ("representations", "mean_representations",
