@@ -286,6 +286,10 @@ def merge(
         "embedded": n_embedded,
         "failed": len(failures),
         "store": str(Path(store_root).resolve()),
+        # records beyond truncation_seq_length, by what long_sequences did with them
+        "long_records": plan.get("long_records", 0),
+        "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
+        "long_said": plan.get("long_said", ""),
         "made_by": card,
         "esmshard_version": __version__,
         "precisions": sorted(precisions),

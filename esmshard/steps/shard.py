@@ -33,7 +33,7 @@ from ..files import (
     write_tsv,
 )
 from ..input.balance import assign, embedded_residue_counts, record_costs
-from ..input.fasta import FastaError, looks_nucleotide, read_raw
+from ..input.fasta import FastaError, looks_nucleotide, printable, read_raw
 from ..input.input_problems import InputProblems
 from ..input.records import ScanWriter, source, write_table
 from ..input.sizing import ModelSize, auto_shard_count, estimated_text_bytes
@@ -88,6 +88,38 @@ def read_shard(path) -> Shard:
 
 
 @dataclass
+class LongRecords:
+    """The records longer than truncation_seq_length: how many, and the longest of them."""
+
+    count: int = 0
+    longest: int = 0
+    longest_id: str = ""
+    longest_source: str = ""
+
+    def add(self, id_: str, length: int, where: str) -> None:
+        self.count += 1
+        if length > self.longest:
+            self.longest, self.longest_id, self.longest_source = length, id_, where
+
+    def said(self, limit: int, policy: str) -> str:
+        """What happens to them, for the log and the console ('' where there are none)."""
+        if not self.count:
+            return ""
+        done = {
+            "truncate": f"truncated to their first {limit} residues (long_sequences: chunk "
+            "embeds every residue)",
+            "chunk": f"embedded in overlapping windows of {limit} residues (long_sequences: chunk)",
+            "skip": "skipped, and listed in failed_sequences.tsv (long_sequences: skip)",
+        }[policy]
+        are = "records are" if self.count > 1 else "record is"
+        return (
+            f"{self.count} {are} longer than {limit} residues, the longest "
+            f"{printable(self.longest_id)} ({self.longest:,} residues, {self.longest_source}): "
+            f"{done}"
+        )
+
+
+@dataclass
 class Scan:
     """What the first pass keeps of every record, and what it found wrong."""
 
@@ -95,6 +127,7 @@ class Scan:
     id_hashes: array = field(default_factory=lambda: array("q"))
     nucleotide: dict = field(default_factory=dict)  # path -> [count, first ID, its source]
     problems: InputProblems = field(default_factory=InputProblems)
+    long: LongRecords = field(default_factory=LongRecords)
 
 
 def write_shards(
@@ -200,6 +233,10 @@ def write_shards(
             # embed jobs at once on this machine, as `shards: auto` planned for (else None)
             "slots": slots,
             "cluster": cluster,
+            # records beyond truncation_seq_length, and what long_sequences does with them
+            "long_records": scan.long.count,
+            "long_sequences": long_sequences,
+            "long_said": scan.long.said(truncation_seq_length, long_sequences),
         }
         write_json(building / "plan.json", summary)
         if not read_only:
@@ -213,6 +250,8 @@ def write_shards(
         summary["computed"],
         n_shards,
     )
+    if summary["long_said"]:
+        log.warning("%s", summary["long_said"])
     return {**summary, "shards": plan}
 
 
@@ -233,12 +272,14 @@ def _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequ
                 length = len(record.sequence)
                 scan.lengths.append(length)
                 scan.id_hashes.append(id_hash(record.id))
-                if length > truncation_seq_length and long_sequences == "fail":
+                if length > truncation_seq_length:
                     where = source(path, record.line)
-                    problems.add(
-                        "too_long",
-                        f"{record.id} ({length} residues > {truncation_seq_length}, {where})",
-                    )
+                    scan.long.add(record.id, length, where)
+                    if long_sequences == "fail":
+                        problems.add(
+                            "too_long",
+                            f"{record.id} ({length} residues > {truncation_seq_length}, {where})",
+                        )
                 if looks_nucleotide(record.sequence):
                     found = scan.nucleotide.setdefault(
                         path, [0, record.id, source(path, record.line)]

@@ -1,12 +1,13 @@
 """A new user's first commands, typed as the README teaches them: every mistake is a few lines
 naming the key or file, before any job, with exit status 2 and nothing written."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import GENE_CALLER, NUCLEOTIDE, TINY_MODEL, snakemake
+from conftest import GENE_CALLER, LONG_PROTEIN, MODEL, NUCLEOTIDE, TINY_MODEL, snakemake
 
 ESMSHARD = Path(sys.executable).parent / "esmshard"
 RANDOM = f"random:{TINY_MODEL}"
@@ -105,3 +106,17 @@ def test_help_names_every_family_and_every_way_to_name_a_model(tmp_path):
     model_help = " ".join(esmshard("run", "--help", cwd=tmp_path).stdout.split())
     for way in ("random:NAME", "hf:OWNER/NAME", "folder saved by transformers", ".pt or .pth"):
         assert way in model_help
+
+
+def test_a_truncated_protein_is_said_on_the_console_in_the_log_and_in_run_json(tmp_path):
+    done = snakemake(tmp_path, {}, "--config", f"input={LONG_PROTEIN}", "outdir=out",
+                     f"model={MODEL}")  # fmt: skip
+    said = "1 record is longer than 1022 residues, the longest"
+    lines = [line for line in done.stderr.splitlines() if said in line]
+    assert lines and "(7,096 residues" in lines[0] and "truncated to their first 1022" in lines[0]
+    assert said in (tmp_path / "out" / "logs" / "shard.log").read_text()
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert (run["long_records"], run["long_sequences"]) == (1, "truncate")
+    closing = [line for line in done.stderr.splitlines() if "esmshard: 1 records" in line]
+    assert f"embedded with {MODEL}" in closing[0]
+    assert "esmshard: outputs: out/embeddings.h5, out/failed_sequences.tsv" in done.stderr

@@ -208,8 +208,10 @@ def test_duplicate_ids_across_files_stop_the_run(tmp_path):
 
 def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_path):
     records = read_records(NUCLEOTIDE)
-    genes = tmp_path / "genes.ffn"  # a real nucleotide file, one record given twice
-    genes.write_text("".join(f"{h}\n{s}\n" for h, s in records + records[:1]))
+    proteins = read_records(PROTEINS)  # first: the first records are checked before any job
+    genes = tmp_path / "genes.ffn"  # real nucleotide records after proteins, one given twice
+    genes.write_text("".join(f"{h}\n{s}\n" for h, s in proteins + records + records[:1]))
+    first = 2 * len(proteins) + 1
     result = snakemake(
         tmp_path, {}, "--config", f"input=[{genes}]", f"model=random:{TINY_MODEL}", check=False
     )
@@ -217,7 +219,9 @@ def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_p
     err = result.stderr
     assert "the input has 2 kinds of problem" in err
     assert err.index(f"{genes}: 11 records") < err.index("duplicate IDs (1 ID)")
-    assert f"'{records[0][0][1:].split()[0]}' at {genes}:1 and at {genes}:21" in err
+    assert (
+        f"'{records[0][0][1:].split()[0]}' at {genes}:{first} and at {genes}:{first + 20}" in err
+    )
     assert "shard.log" in err and not (tmp_path / "results" / "shards").exists()
 
 

@@ -183,10 +183,16 @@ def report_run():
         else 0
     )
     logger.info(
-        f"esmshard: {run['records']} records, {run['unique_sequences']} unique sequences: "
+        f"esmshard: {run['records']} records, {run['unique_sequences']} unique sequences, "
+        f"embedded with {run.get('made_by', {}).get('model', config['model'])}: "
         f"{run['computed']} computed ({by_this_command} by this command), "
-        f"{run['from_store']} from the store "
-        f"({run['store']}); {run['failed']} records failed, listed in {RUN.failed}"
+        f"{run['from_store']} from the store ({run['store']}); {run['failed']} records failed, "
+        f"listed in {RUN.failed}"
+    )
+    if run.get("long_said"):
+        logger.info(f"esmshard: {run['long_said']}")
+    logger.info(
+        f"esmshard: outputs: {RUN.embeddings}, {RUN.failed}, {RUN.run_json}, {RUN.scaling_html}"
     )
     mixed = mixed_precisions(run.get("computed_with", []))
     if mixed:
