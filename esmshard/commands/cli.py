@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import store as stores
 from ..files import human_bytes, quiet_hdf5_cleanup, unwritable
 from ..input.fasta import FastaError
+from ..layout import Layout
 from ..outputs import export as exports
 from ..representations import KINDS
 from ..store.storelock import StoreBusyError
@@ -85,6 +86,14 @@ def main(argv=None):
         help="config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]' (input, "
         "outdir, gpus and model too, the same as their options)",
     )
+    run.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show Snakemake's own output (without it, esmshard's lines and a progress display; "
+        "the whole output goes to OUTDIR/logs/esmshard-run.log); so do Snakemake options "
+        "after `--`",
+    )
     status = commands.add_parser(
         "status", help="dashboard of a run: per device slot, progress, ETA"
     )
@@ -95,7 +104,7 @@ def main(argv=None):
         const=5.0,
         type=seconds,
         metavar="SECONDS",
-        help="refresh every SECONDS (default 5) until interrupted",
+        help="refresh every SECONDS (default 5) until the run has finished (or Ctrl-C)",
     )
     store = commands.add_parser(
         "store",
@@ -172,7 +181,7 @@ def main(argv=None):
         # Options in any order: FASTA files typed after --config's KEY=VALUE items are inputs.
         args.inputs += [item for item in args.config if "=" not in item]
         try:
-            launch.run(
+            return launch.run(
                 launch.Launch(
                     inputs=args.inputs,
                     outdir=args.outdir,
@@ -182,6 +191,7 @@ def main(argv=None):
                     cores=args.cores,
                     config=[item for item in args.config if "=" in item],
                     snakemake_args=passed_on,
+                    verbose=args.verbose,
                 )
             )
         except launch.LaunchError as err:
@@ -222,10 +232,21 @@ def main(argv=None):
             return 0 if (state["planned"] or state["started"]) and not state.get("damaged") else 1
         sys.stdout.write("\033[H\033[J" + text + "\n")
         sys.stdout.flush()
+        if merged(args.outdir, state):
+            return 0
         try:
             time.sleep(args.watch)
         except KeyboardInterrupt:
             return 0
+
+
+def merged(outdir: Path, state: dict) -> bool:
+    """Whether the run has finished: every shard of its plan done, and merged since it was planned."""
+    layout = Layout(str(outdir))
+    embeddings, plan = Path(layout.embeddings), Path(layout.plan)
+    return bool(state.get("complete")) and (
+        embeddings.is_file() and embeddings.stat().st_mtime >= plan.stat().st_mtime
+    )
 
 
 def store_of(path: Path) -> Path:

@@ -43,6 +43,7 @@ class Launch(NamedTuple):
     cores: str = "all"
     config: list[str] = []  # KEY=VALUE, as after snakemake's --config
     snakemake_args: list[str] = []  # passed on as they are
+    verbose: bool = False  # Snakemake's own output on the console
 
 
 def workflow_root() -> Path:
@@ -162,8 +163,10 @@ def snakemake_command(launch: Launch) -> list[str]:
     return cmd
 
 
-def run(launch: Launch) -> None:
-    """Print the command, then become it (signals and the exit status are Snakemake's own)."""
+def run(launch: Launch) -> int:
+    """Print the command, then run it: with esmshard's own view of it (esmshard.commands.console),
+    or, with `verbose` or Snakemake options after `--`, as Snakemake shows it (this process
+    becomes Snakemake: its signals and exit status)."""
     cmd = snakemake_command(launch)
     print(f"esmshard run: {DEFAULTS_ENV}=1 " + shlex.join(cmd), file=sys.stderr, flush=True)
     # This environment's snakemake, beside this Python, ahead of any other on PATH.
@@ -172,4 +175,9 @@ def run(launch: Launch) -> None:
     if executable is None:
         raise LaunchError("snakemake is not installed here; pip install esmshard installs it")
     os.environ[DEFAULTS_ENV] = "1"
-    os.execv(executable, [executable, *cmd[1:]])
+    if launch.verbose or launch.snakemake_args:
+        os.execv(executable, [executable, *cmd[1:]])
+    from .console import run_quietly
+
+    outdir = with_config_options(launch).outdir
+    return run_quietly([executable, *cmd[1:]], dict(os.environ), outdir)

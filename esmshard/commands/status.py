@@ -152,6 +152,12 @@ def render(state: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.append(progress_line(state))
+    return "\n".join(lines)
+
+
+def progress_line(state: dict) -> str:
+    """A planned run's progress on one line: shards, residues, rate, elapsed time and ETA."""
     percent = 100 * state["shards_done"] / state["shards_total"] if state["shards_total"] else 100
     eta = (
         "finished"
@@ -162,10 +168,9 @@ def render(state: dict) -> str:
             else "ETA ?"
         )
     )
-    lines.append(
+    return (
         f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
         f"residues {state['residues_done']:,}/{state['residues_total']:,}  "
         f"{rate(state['residues_per_second'])} residues/s  elapsed {_duration(state['elapsed_seconds'])}  {eta}"
         + (f"  {state['failed']} failed" if state["failed"] else "")
     )
-    return "\n".join(lines)

@@ -1,13 +1,17 @@
 """A new user's first commands, typed as the README teaches them: every mistake is a few lines
-naming the key or file, before any job, with exit status 2 and nothing written."""
+naming the key or file, before any job, with exit status 2 and nothing written; a run says what it
+does in a few lines, and every failure ends it with its reason."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import GENE_CALLER, LONG_PROTEIN, MODEL, NUCLEOTIDE, TINY_MODEL, snakemake
+from conftest import GENE_CALLER, LONG_PROTEIN, MODEL, NUCLEOTIDE, PROTEINS, TINY_MODEL, snakemake
 
 ESMSHARD = Path(sys.executable).parent / "esmshard"
 RANDOM = f"random:{TINY_MODEL}"
@@ -119,4 +123,70 @@ def test_a_truncated_protein_is_said_on_the_console_in_the_log_and_in_run_json(t
     assert (run["long_records"], run["long_sequences"]) == (1, "truncate")
     closing = [line for line in done.stderr.splitlines() if "esmshard: 1 records" in line]
     assert f"embedded with {MODEL}" in closing[0]
+    assert closing[0].endswith("; 1 longer than truncation_seq_length, truncated")
     assert "esmshard: outputs: out/embeddings.h5, out/failed_sequences.tsv" in done.stderr
+
+
+def test_a_run_says_what_it_does_in_a_few_lines_and_keeps_snakemakes_output(tmp_path):
+    done = esmshard("run", str(GENE_CALLER), str(LONG_PROTEIN), "-o", "out", "--model", MODEL,
+                    "--gpus", "0", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) <= 10, done.stderr
+    assert "Select jobs to execute" not in done.stderr and "rule embed" not in done.stderr
+    assert any("1 record is longer than 1022 residues" in line for line in lines)
+    assert any(line.startswith("shards 1/1 (100%)") and "finished" in line for line in lines)
+    assert any(line.startswith("esmshard: 27 records, 27 unique sequences") for line in lines)
+    assert lines[-1] == "esmshard run: Snakemake's whole output is in out/logs/esmshard-run.log"
+    kept = (tmp_path / "out" / "logs" / "esmshard-run.log").read_text()
+    assert "Select jobs to execute" in kept and "Finished jobid" in kept
+    # Watching a finished run shows it and ends by itself.
+    watched = subprocess.run([str(ESMSHARD), "status", "out", "--watch", "0.2"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert watched.returncode == 0 and "shards 1/1 (100%)" in watched.stdout
+    verbose = esmshard("run", str(GENE_CALLER), "-o", "out", "--model", MODEL, "--verbose",
+                       cwd=tmp_path)  # fmt: skip
+    assert verbose.returncode == 0 and "Building DAG of jobs" in verbose.stdout + verbose.stderr
+
+
+def test_a_failed_job_ends_the_command_with_its_reason_and_its_log(tmp_path):
+    bad = tmp_path / "bad.fasta"
+    bad.write_text(GENE_CALLER.read_text() + ">bad\nMKV1L\n")
+    done = esmshard("run", "bad.fasta", "-o", "out", "--model", MODEL, cwd=tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 4 and "Traceback" not in done.stderr, done.stderr
+    assert lines[1].startswith("esmshard run: a job failed (its log: out/logs/shard.log): ")
+    assert "bad.fasta:53: character '1' is not an amino-acid letter" in lines[2]
+    assert lines[3].endswith("out/logs/esmshard-run.log")
+
+
+def test_on_a_terminal_the_progress_is_one_line_redrawn(tmp_path):
+    """Under a pseudo-terminal (util-linux's script), as a person sees it."""
+    command = f"{ESMSHARD} run {GENE_CALLER} -o out --model {MODEL}"
+    done = subprocess.run(["script", "-qec", command, "/dev/null"], cwd=tmp_path,
+                          capture_output=True)  # fmt: skip
+    shown = done.stdout.decode()  # as bytes: text mode would take each \r for a new line
+    assert done.returncode == 0, shown[-3000:]
+    assert "\r\033[Kshards 1/1 (100%)" in shown
+    assert "Select jobs to execute" not in shown
+
+
+def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_path):
+    command = [str(ESMSHARD), "run", str(PROTEINS), "-o", "out", "--model", MODEL]
+    run = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)  # fmt: skip
+    progress = tmp_path / "out" / "progress"
+    deadline = time.monotonic() + 120
+    while not (progress.is_dir() and any(progress.iterdir())) and time.monotonic() < deadline:
+        time.sleep(0.1)  # an embed job has started
+    os.killpg(run.pid, signal.SIGINT)  # as a terminal sends Ctrl-C to its foreground group
+    said = run.communicate(timeout=120)[1]
+    assert run.returncode == 130 and "Traceback" not in said, said
+    assert said.splitlines()[-2:] == [
+        "esmshard run: interrupted; the same command goes on where this one stopped",
+        "esmshard run: Snakemake's whole output is in out/logs/esmshard-run.log",
+    ]
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "out" / "embeddings.h5").is_file()

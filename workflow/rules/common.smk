@@ -182,15 +182,20 @@ def report_run():
         if run.get("run_id") == current_run_id(RUN.run_lock)
         else 0
     )
+    long = {"truncate": "truncated", "chunk": "chunked", "skip": "skipped"}
+    beyond = (
+        f"; {run['long_records']} longer than truncation_seq_length, "
+        f"{long.get(run.get('long_sequences'), 'refused')}"
+        if run.get("long_records")
+        else ""
+    )
     logger.info(
         f"esmshard: {run['records']} records, {run['unique_sequences']} unique sequences, "
         f"embedded with {run.get('made_by', {}).get('model', config['model'])}: "
         f"{run['computed']} computed ({by_this_command} by this command), "
         f"{run['from_store']} from the store ({run['store']}); {run['failed']} records failed, "
-        f"listed in {RUN.failed}"
+        f"listed in {RUN.failed}{beyond}"
     )
-    if run.get("long_said"):
-        logger.info(f"esmshard: {run['long_said']}")
     logger.info(
         f"esmshard: outputs: {RUN.embeddings}, {RUN.failed}, {RUN.run_json}, {RUN.scaling_html}"
     )

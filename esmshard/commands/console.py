@@ -1,0 +1,168 @@
+"""What `esmshard run` shows while Snakemake runs the workflow: esmshard's own lines, a progress
+display read from the run's files (what `esmshard status` knows), and a failed job's one-line
+reason with its log; Snakemake's whole output goes to a log file, which the last line names.
+
+On a terminal the progress is one line redrawn in place; elsewhere (a file, a pipe, a cluster
+job's output) a line each time a shard finishes.
+"""
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from ..layout import Layout
+from ..steps.progress import slot_key
+from .status import progress_line, read_state
+
+# esmshard's lines in Snakemake's output: the workflow's ("esmshard: ..."), and a job's
+# warnings and errors as its log formats them ("<date> <time> WARNING esmshard: ...").
+OURS = re.compile(r"^(?:\S+ \S+ (?P<level>[A-Z]+) )?esmshard(?:\.[\w.]+)?: (?P<message>.*)$")
+# A line that a job's log begins an entry with.
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+# Snakemake's line naming a failed job's log.
+FAILED_LOG = re.compile(r"^\s*log: (?P<path>\S+) \(check log file\(s\) for error details\)")
+RUN_LOG = "esmshard-run.log"
+REFRESH_SECONDS = 1.0
+
+
+def slots_line(state: dict) -> str:
+    """The running shards, by pool slot: 'slot 0: 40%  slot 1: 75%'."""
+    return "  ".join(
+        f"{slot_key(r)}: {100 * r['residues_done'] / max(r['n_residues'], 1):.0f}%"
+        for r in sorted(state["running"], key=slot_key)
+    )
+
+
+def job_reason(log_path: str) -> list[str]:
+    """A failed job's reason: the last error of its log, with the lines that go on with it."""
+    try:
+        lines = Path(log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return ["see its log"]
+    starts = [n for n, line in enumerate(lines) if STAMPED.match(line)]
+    matched = {n: OURS.match(lines[n]) for n in starts}
+    errors = [n for n, ours in matched.items() if ours and ours["level"] == "ERROR"]
+    if not errors:
+        return ["see its log"]
+    first = errors[-1]
+    end = next((n for n in starts if n > first), len(lines))
+    return [matched[first]["message"], *lines[first + 1 : end]]
+
+
+class Console:
+    """The user's view of one run, written to `stream`."""
+
+    def __init__(self, outdir: str, stream=sys.stderr):
+        self.outdir, self.stream = outdir, stream
+        self.tty = stream.isatty()
+        self.drawn = ""  # the progress line on the screen, where one is
+        self.shards_done = None
+
+    def say(self, text: str) -> None:
+        if self.drawn:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        if self.drawn:
+            self.stream.write(self.drawn)
+        self.stream.flush()
+
+    def progress(self, final: bool = False) -> None:
+        if not os.path.isfile(Layout(self.outdir).plan):
+            return
+        state = read_state(Path(self.outdir))
+        if not state.get("planned"):
+            return
+        line = "  ".join(filter(None, (progress_line(state), slots_line(state))))
+        if self.tty:
+            self.drawn = "" if final else line
+            self.stream.write("\r\033[K" + line + ("\n" if final else ""))
+            self.stream.flush()
+        elif state["shards_done"] != self.shards_done:
+            self.shards_done = state["shards_done"]
+            self.say(line)
+
+
+def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> int:
+    """Run `cmd` (snakemake) with its output in a log file, showing the user only esmshard's
+    lines and the progress; the exit status is Snakemake's."""
+    console = Console(outdir, stream)
+    log = tempfile.NamedTemporaryFile("w", prefix="esmshard-run-", suffix=".log", delete=False)
+    child = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+    )
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in child.stdout:
+            log.write(line)
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    interrupted = False
+
+    # A scheduler's or kill's SIGTERM is passed on to Snakemake, which stops its jobs; Ctrl-C
+    # reaches both processes from the terminal, and this one waits for Snakemake to stop.
+    def on_interrupt(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    signal.signal(signal.SIGINT, on_interrupt)
+    failed_logs, finished = [], False
+    while not finished:
+        try:
+            deadline = time.monotonic() + REFRESH_SECONDS
+            while time.monotonic() < deadline:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+                if line is None:
+                    finished = True
+                    break
+                failed = FAILED_LOG.match(line)
+                if failed:
+                    failed_logs.append(failed["path"])
+                ours = OURS.match(line)
+                # The workflow's lines and the jobs' warnings; a job's error is said once, below.
+                if ours and ours["level"] in (None, "WARNING"):
+                    console.say(f"esmshard: {ours['message']}")
+        except queue.Empty:
+            pass
+        console.progress()
+    status = child.wait()
+    console.progress(final=True)
+    log.close()
+    for path in dict.fromkeys([] if interrupted else failed_logs):  # stopped by Ctrl-C
+        reason, *more = job_reason(path)
+        console.say(f"esmshard run: a job failed (its log: {path}): {reason}")
+        for line in more:
+            console.say(f"  {line}")
+    kept = keep_log(log.name, outdir)
+    if interrupted:
+        console.say("esmshard run: interrupted; the same command goes on where this one stopped")
+    if kept:
+        console.say(f"esmshard run: Snakemake's whole output is in {kept}")
+    return 128 + signal.SIGINT if interrupted else status
+
+
+def keep_log(temporary: str, outdir: str) -> str | None:
+    """Append the run's Snakemake output to outdir/logs/esmshard-run.log, where the run made its
+    outdir (a run refused before any job writes nothing there); the path, or None."""
+    logs = Path(outdir) / "logs"
+    try:
+        if not logs.is_dir():
+            return None
+        target = logs / RUN_LOG
+        with open(target, "a") as out, open(temporary) as run:
+            out.write(f"===== esmshard run, {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+            out.write(run.read())
+        return str(target)
+    finally:
+        os.unlink(temporary)
