@@ -65,6 +65,11 @@ class Layout:
         return self._path("report", "scaling_report.html")
 
     @property
+    def report_figures(self) -> str:
+        """The report's plots (PNG) and tables (TSV) as files, for Snakemake's own report."""
+        return self._path("report", "figures")
+
+    @property
     def run_lock(self) -> str:
         """Held by the run in progress (esmshard.store.runlock)."""
         return self._path(".esmshard", "run.lock")

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
@@ -86,7 +87,7 @@ def merge(
     per_residue_compression: str = "none",
     contacts_dtype: str = "float16",
     metrics_files=(),
-    run_id: str | None = None,
+    command: dict | None = None,
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
@@ -96,8 +97,9 @@ def merge(
     `settings` (the run's embedding settings), and hold its records' sequences: anything else
     is set aside and refused by name rather than merged into a wrong answer. `run_json` gets the
     run's counts: `computed` by the plan, and `computed_by_this_command`, the sequences of the
-    shards whose metrics (`metrics_files`) carry `run_id`, the id of the command now running
-    (esmshard.store.runlock).
+    shards whose metrics (`metrics_files`) carry the run id of the command now running
+    (`command`, as esmshard.store.runlock.current_run records it: also its command line, folder
+    and start, which run.json names).
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
@@ -276,6 +278,8 @@ def merge(
             for i, (id_, file, line) in zip(failed, _rows(records, ["id", "file", "line"], failed))
         ],
     )
+    command = command or {}
+    run_id = command.get("run_id")
     counts = {
         "records": n,
         "unique_sequences": plan["unique_sequences"],
@@ -287,6 +291,12 @@ def merge(
         "failed": len(failures),
         "store": str(Path(store_root).resolve()),
         # records beyond truncation_seq_length, by what long_sequences did with them
+        "inputs": plan.get("inputs", []),
+        # the command that merged: its command line, folder, start, and the merge's end
+        "command": command.get("command"),
+        "workdir": command.get("workdir"),
+        "started_at": command.get("started_at"),
+        "finished_at": time.time(),
         "long_records": plan.get("long_records", 0),
         "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
         "long_said": plan.get("long_said", ""),

@@ -6,6 +6,8 @@ import heapq
 import html
 import io
 import json
+import re
+import time
 from pathlib import Path
 
 import matplotlib
@@ -13,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..files import write_json, write_text  # noqa: E402
+from ..files import atomic_path, write_json, write_text  # noqa: E402
 from ..version import __version__  # noqa: E402
 from .progress import per_slot, slot_key  # noqa: E402
 from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
@@ -152,14 +154,14 @@ def scaling(metrics: list[dict]) -> dict:
     }
 
 
-def _png(fig) -> str:
+def _png(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
+    return buf.getvalue()
 
 
-def _timeline(result) -> str:
+def _timeline(result) -> bytes:
     slots = result["slots"]
     labelled = len(result["shards"]) <= LABELLED_SHARDS
     fig, ax = plt.subplots(figsize=(9, 0.6 * len(slots) + 1.5))
@@ -171,7 +173,7 @@ def _timeline(result) -> str:
             ax.text(
                 shard["started_offset"] + shard["seconds"] / 2,
                 y,
-                shard["shard"].split("_")[-1],
+                shard["shard"].split("-")[-1],
                 ha="center",
                 va="center",
                 fontsize=7,
@@ -182,19 +184,19 @@ def _timeline(result) -> str:
     return _png(fig)
 
 
-def _throughput(result) -> str:
+def _throughput(result) -> bytes:
     shards = result["shards"]
     fig, ax = plt.subplots(figsize=(9, 3))
     ax.bar(range(len(shards)), [s["residues_per_second"] or 0 for s in shards])
     if len(shards) <= LABELLED_SHARDS:
-        ax.set_xticks(range(len(shards)), [s["shard"].split("_")[-1] for s in shards], fontsize=7)
+        ax.set_xticks(range(len(shards)), [s["shard"].split("-")[-1] for s in shards], fontsize=7)
     ax.set_xlabel("shard (in start order)")
     ax.set_ylabel("residues / s")
     ax.set_title("Throughput per shard")
     return _png(fig)
 
 
-def _speedup(result) -> str:
+def _speedup(result) -> bytes:
     gpus = [m["gpus"] for m in result["modelled"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(gpus, gpus, "k:", label="ideal")
@@ -203,7 +205,7 @@ def _speedup(result) -> str:
         [m["guide_speedup"][0] for m in result["modelled"]],
         [m["guide_speedup"][1] for m in result["modelled"]],
         alpha=0.2,
-        label="guides' promise",
+        label="guides' range (87.5-100% of ideal)",
     )
     ax.plot(
         gpus,
@@ -242,7 +244,7 @@ def read_telemetry(metrics: list[dict], telemetry_files) -> dict[str, list[dict]
     return {k: sorted(v, key=lambda r: r["time"]) for k, v in series.items()}
 
 
-def _device_plots(result, series) -> str:
+def _device_plots(result, series) -> bytes:
     start = min(s["started_at"] for s in result["shards"])
     fig, (util, memory) = plt.subplots(2, 1, figsize=(9, 5), sharex=True)
     for key, rows in sorted(series.items()):
@@ -267,13 +269,70 @@ def _device_plots(result, series) -> str:
     return _png(fig)
 
 
-def _table(rows, columns) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(r[c]))}</td>" for c in columns) + "</tr>"
-        for r in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+# Each table column's heading, with its unit: one place for every table of the report.
+HEADINGS = {
+    "gpus": "GPUs",
+    "modelled_makespan_seconds": "modelled time (s)",
+    "modelled_speedup": "modelled speedup (×)",
+    "modelled_efficiency_percent": "modelled efficiency (% of ideal)",
+    "measured_speedup": "measured on this run (×)",
+    "guide_speedup": "guides' range (×)",
+    "slot": "slot",
+    "device": "device",
+    "name": "GPU",
+    "shards": "shards",
+    "residues_per_second": "residues/s",
+    "busy_seconds": "busy (s)",
+    "idle_tail_seconds": "idle at the end (s)",
+    "mean_utilization_percent": "mean utilization (%)",
+    "mean_memory_used_GiB": "mean memory used (GiB)",
+    "peak_memory_used_GiB": "peak memory used (GiB)",
+    "memory_total_GiB": "memory (GiB)",
+    "shard": "shard",
+    "started_offset": "started at (s)",
+    "seconds": "time (s)",
+    "load_seconds": "loading (s)",
+    "compile_seconds": "compiling (s)",
+    "compile_cache": "compiled code",
+    "n_sequences": "sequences",
+    "n_residues": "residues",
+    "what": "what",
+    "value": "value",
+    "parts": "parts",
+}
+SPEEDUP_COLUMNS = ["gpus", "modelled_makespan_seconds", "modelled_speedup",
+                   "modelled_efficiency_percent", "measured_speedup", "guide_speedup"]  # fmt: skip
+DEVICE_COLUMNS = ["slot", "device", "name", "shards", "residues_per_second", "busy_seconds",
+                  "idle_tail_seconds", "mean_utilization_percent", "mean_memory_used_GiB",
+                  "peak_memory_used_GiB", "memory_total_GiB"]  # fmt: skip
+SHARD_COLUMNS = ["shard", "slot", "device", "started_offset", "seconds", "load_seconds",
+                 "compile_seconds", "compile_cache", "n_sequences", "n_residues",
+                 "residues_per_second"]  # fmt: skip
+STYLE = """body{font-family:sans-serif;max-width:1180px;margin:auto;padding:0 16px;line-height:1.4}
+.wide{overflow-x:auto;max-width:100%;margin:1em 0}table{border-collapse:collapse}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
+th{background:#f3f3f3}td.label{text-align:left;white-space:normal}
+td.text{text-align:left;white-space:normal;word-break:break-all}
+.warn{color:#a00;font-weight:bold}img{display:block;margin:1em 0;max-width:100%;height:auto}"""
+
+
+def _table(rows, columns, text=(), labels=()) -> str:
+    """A table in a box of its own that scrolls sideways where the page is too narrow; the
+    columns in `labels` hold words, and those in `text` long strings that may break anywhere (a
+    command, a path): both wrap and align left."""
+
+    def cell(row, column):
+        kind = " class=text" if column in text else " class=label" if column in labels else ""
+        return f"<td{kind}>{html.escape(_fmt(row[column])).replace(chr(10), '<br>')}</td>"
+
+    head = "".join(f"<th>{html.escape(HEADINGS.get(c, c))}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(cell(r, c) for c in columns) + "</tr>" for r in rows)
+    return f"<div class=wide><table><tr>{head}</tr>{body}</table></div>"
+
+
+def table_rows(rows, columns) -> list[list[str]]:
+    """A table's rows as text, as the report's TSV files hold them."""
+    return [[_fmt(r[c]) for c in columns] for r in rows]
 
 
 def _gib(value):
@@ -288,44 +347,123 @@ def _fmt(value) -> str:
     return "–" if value is None else str(value)
 
 
-def render_html(result: dict, series: dict, computed_with: str = "") -> str:
-    warning = ""
-    if result["weights"] == "random":
-        warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
-    summary = [
-        {"figure": "model", "value": f"{result['model']} ({result['weights']} weights)"},
-        {"figure": "shards", "value": result["n_shards"]},
-        {
-            "figure": "sequences / residues",
-            "value": f"{result['n_sequences']:,} / {result['n_residues']:,}",
-        },
-        {"figure": "failed sequences", "value": result["n_failed"]},
-        {"figure": "wall time of the embed jobs (s)", "value": result["wall_seconds"]},
-        {"figure": "residues/s overall", "value": result["residues_per_second"]},
-        {"figure": "load imbalance (slowest shard / mean)", "value": result["load_imbalance"]},
-        {
-            "figure": "idle tail (s): the first slot out of shards waits for the last shard",
-            "value": result["idle_tail_seconds"],
-        },
-        {
-            "figure": "compiling (s; shards whose compiled code was in the store)",
-            "value": f"{_fmt(result['compile_seconds'])}; {result['compile_cache_hits']} of "
-            f"{result['n_shards']}",
-        },
-        {
-            "figure": "measured speedup on this run's slots",
-            "value": f"{_fmt(result['measured']['speedup'])}× on {result['measured']['gpus']} slot(s)",
-        },
-    ]
-    images = "".join(
-        f'<img src="data:image/png;base64,{png}">'
-        for png in (_timeline(result), _throughput(result), _speedup(result))
+def _when(seconds) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "–"
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "–"
+    minutes, rest = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {rest:02d}s" if hours else f"{minutes}m {rest:02d}s"
+
+
+def measured_sentence(measured: dict) -> str:
+    """The run's own speedup, said in words (a speedup below 1 on one slot is no slowdown)."""
+    k, speedup = measured["gpus"], measured["speedup"]
+    if speedup is None:
+        return "Measured on this run: nothing (its shards took no time)."
+    if k == 1:
+        return (
+            f"Measured on this run: its one slot was busy computing shards {speedup:.0%} of the "
+            "time from the first shard's start to the last shard's end (the rest went to "
+            "starting jobs between shards)."
+        )
+    return (
+        f"Measured on this run: its {k} slots together finished the shards {speedup:.2f}× as "
+        f"fast as one slot running them back to back would, {speedup / k:.0%} of the ideal {k}×."
+    )
+
+
+def cap_sentence(result: dict) -> str:
+    """Where the shard count, or the longest shard, caps the modelled speedup."""
+    durations = [s["seconds"] for s in result["shards"]]
+    longest = max(durations)
+    cap = sum(durations) / longest if longest > 0 else 1.0
+    n, most = result["n_shards"], max(MODELLED_GPUS)
+    if n < most:
+        return (
+            f"This run had {n} shard{'s' if n > 1 else ''}: on more than {n} GPU"
+            f"{'s' if n > 1 else ''} the others would have nothing to do, so the modelled "
+            f"speedup stops at {cap:.2f}× (all the work over the longest shard). More shards "
+            "(`shards: N`; `auto` plans at least one per GPU of the pool) let more GPUs help."
+        )
+    if cap < 0.875 * most:
+        return (
+            f"The longest shard caps the modelled speedup at {cap:.2f}× (all the work over the "
+            "longest shard): more, smaller shards would let more GPUs help."
+        )
+    return ""
+
+
+GUIDES_SENTENCE = (
+    "The guides' range is near-linear scaling, 87.5–100% of the ideal speedup (1.8–2× on 2 GPUs, "
+    "3.5–4× on 4, 7–8× on 8): the yardstick esmshard holds itself to for data-parallel "
+    "inference, where each GPU embeds its own shards and the GPUs exchange nothing "
+    "(`GUIDE_SPEEDUP` in esmshard/steps/report.py). It is a target, not a measurement."
+)
+
+
+def run_rows(result: dict, run: dict) -> list[dict]:
+    """The run itself: when, how long, what command on which inputs, with which model."""
+    started, finished = run.get("started_at"), run.get("finished_at")
+    made_by = run.get("made_by") or {}
+    rows = [
+        ("finished", _when(finished)),
+        (
+            "wall time, from the command's start to the merge",
+            _duration(finished - started) if started and finished else "–",
+        ),
+        ("command", run.get("command") or "–"),
+        ("working folder", run.get("workdir") or "–"),
+        ("inputs", "\n".join(run.get("inputs", [])) or "–"),
+        ("model", f"{made_by.get('model', result['model'])} ({result['weights']} weights)"),
+        ("shards", result["n_shards"]),
+        ("sequences / residues", f"{result['n_sequences']:,} / {result['n_residues']:,}"),
+        ("failed sequences", result["n_failed"]),
+        ("wall time of the embed jobs (s)", result["wall_seconds"]),
+        ("residues/s overall", result["residues_per_second"]),
+        ("load imbalance (slowest shard / mean shard)", result["load_imbalance"]),
+        ("idle tail (s): the first slot out of shards waits for the last one", result["idle_tail_seconds"]),
+        (
+            "compiling (s); shards whose compiled code was in the store",
+            f"{_fmt(result['compile_seconds'])}; {result['compile_cache_hits']} of {result['n_shards']}",
+        ),
+    ]  # fmt: skip
+    return [{"what": what, "value": value} for what, value in rows]
+
+
+def figures(result: dict, series: dict) -> dict[str, bytes]:
+    """The report's plots, PNG bytes by name."""
+    shown = dict(
+        timeline=_timeline(result), throughput=_throughput(result), speedup=_speedup(result)
     )
     if series:
-        device_section = f'<img src="data:image/png;base64,{_device_plots(result, series)}">'
-    else:
-        device_section = "<p>No GPU telemetry: NVML was not available to the jobs.</p>"
-    device_rows = [
+        shown["devices"] = _device_plots(result, series)
+    return shown
+
+
+def speedup_rows(result: dict) -> list[dict]:
+    """The speedup table: on one GPU the measured figure is a busy share, which
+    `measured_sentence` says in words (as a speedup, 0.95× would read as a slowdown)."""
+    return [
+        {
+            **m,
+            "modelled_efficiency_percent": 100 * m["modelled_efficiency"],
+            "measured_speedup": m["measured_speedup"] if m["gpus"] > 1 else None,
+        }
+        for m in result["modelled"]
+    ]
+
+
+def _words(text: str) -> str:
+    """A sentence as HTML, `code` in backticks shown as code."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+def device_rows(result: dict) -> list[dict]:
+    return [
         {
             **d,
             "memory_total_GiB": _gib(d["memory_total_bytes"]),
@@ -334,69 +472,42 @@ def render_html(result: dict, series: dict, computed_with: str = "") -> str:
         }
         for d in result["devices"]
     ]
+
+
+def _image(png: bytes, alt: str) -> str:
+    return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def render_html(result: dict, shown: dict[str, bytes], run: dict, computed_with: str = "") -> str:
+    warning = ""
+    if result["weights"] == "random":
+        warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
+    if "devices" in shown:
+        device_section = _image(shown["devices"], "devices over time")
+    else:
+        device_section = "<p>No GPU telemetry: NVML was not available to the jobs.</p>"
+    cap = cap_sentence(result)
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>{TITLE}</title>
-<style>body{{font-family:sans-serif;max-width:1000px;margin:auto}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}.warn{{color:#a00;font-weight:bold}}img{{display:block;margin:1em 0}}</style>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1"><title>{TITLE}</title>
+<style>{STYLE}</style>
 </head><body><h1>{TITLE}</h1>{warning}
-{_table(summary, ["figure", "value"])}
+<h2>This run</h2>
+{_table(run_rows(result, run), ["what", "value"], text=("value",), labels=("what",))}
 <h2>Speedup and efficiency</h2>
-<p>Modelled: by replaying the measured shard times, in their start order, on that many devices. Measured: this run's own, on its
-{len(result["slots"])} slot(s) (busy time of the jobs over their wall time); none for the
-other device counts, which this run did not have.</p>
-{
-        _table(
-            result["modelled"],
-            [
-                "gpus",
-                "modelled_makespan_seconds",
-                "modelled_speedup",
-                "modelled_efficiency",
-                "measured_speedup",
-                "guide_speedup",
-            ],
-        )
-    }
-{images}
+<p>{_words(measured_sentence(result["measured"]))}</p>
+<p>Modelled: the measured shard times replayed, in their start order, on that many GPUs, each
+shard on the first GPU to free up. {_words(cap)}</p>
+<p>{_words(GUIDES_SENTENCE)}</p>
+{_table(speedup_rows(result), SPEEDUP_COLUMNS)}
+{_image(shown["speedup"], "speedup")}
+{_image(shown["timeline"], "shard jobs per device slot")}
+{_image(shown["throughput"], "throughput per shard")}
 <h2>Devices</h2>
-{
-        _table(
-            device_rows,
-            [
-                "slot",
-                "device",
-                "name",
-                "shards",
-                "residues_per_second",
-                "busy_seconds",
-                "idle_tail_seconds",
-                "mean_utilization_percent",
-                "mean_memory_used_GiB",
-                "peak_memory_used_GiB",
-                "memory_total_GiB",
-            ],
-        )
-    }
+{_table(device_rows(result), DEVICE_COLUMNS)}
 {device_section}
 <h2>Shards</h2>
-{
-        _table(
-            result["shards"],
-            [
-                "shard",
-                "slot",
-                "device",
-                "started_offset",
-                "seconds",
-                "load_seconds",
-                "compile_seconds",
-                "compile_cache",
-                "n_sequences",
-                "n_residues",
-                "residues_per_second",
-            ],
-        )
-    }
+{_table(result["shards"], SHARD_COLUMNS)}
 {computed_with}
 </body></html>
 """
@@ -411,13 +522,33 @@ def computed_with_section(run: dict) -> str:
     made_by = [{"what": name, "value": value} for name, value in run.get("made_by", {}).items()]
     return (
         "<h2>Computed with</h2>"
-        + _table(made_by, ["what", "value"])
+        + _table(made_by, ["what", "value"], text=("value",), labels=("what",))
         + warning
         + _table(rows, [*COMPUTED_WITH, "parts"])
     )
 
 
-def write_report(metric_files, telemetry_files, out_json, out_html, run_json=None) -> dict:
+def write_figures(folder, shown: dict[str, bytes], result: dict) -> None:
+    """The report's plots and tables as files, for Snakemake's report (`snakemake --report`)."""
+    with atomic_path(folder) as tmp:
+        Path(tmp).mkdir()
+        for name, png in shown.items():
+            (Path(tmp) / f"{name}.png").write_bytes(png)
+        tables = {
+            "speedup": (speedup_rows(result), SPEEDUP_COLUMNS),
+            "devices": (device_rows(result), DEVICE_COLUMNS),
+            "shards": (result["shards"], SHARD_COLUMNS),
+        }
+        for name, (rows, columns) in tables.items():
+            with open(Path(tmp) / f"{name}.tsv", "w", newline="") as fh:
+                writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+                writer.writerow([HEADINGS[c] for c in columns])
+                writer.writerows(table_rows(rows, columns))
+
+
+def write_report(
+    metric_files, telemetry_files, out_json, out_html, run_json=None, out_figures=None
+) -> dict:
     run = json.loads(Path(run_json).read_text()) if run_json else {}
     computed_with = computed_with_section(run) if run else ""
     metrics = load_metrics(metric_files)
@@ -434,10 +565,14 @@ def write_report(metric_files, telemetry_files, out_json, out_html, run_json=Non
             f"<!doctype html><html><body><h1>{TITLE}</h1>"
             f"<p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
         )
+        if out_figures:
+            with atomic_path(out_figures) as tmp:
+                Path(tmp).mkdir()
         return result
     result = {**scaling(metrics), "made_by": run.get("made_by"), "esmshard_version": __version__}
     write_json(out_json, result)
-    write_text(
-        out_html, render_html(result, read_telemetry(metrics, telemetry_files), computed_with)
-    )
+    shown = figures(result, read_telemetry(metrics, telemetry_files))
+    if out_figures:
+        write_figures(out_figures, shown, result)
+    write_text(out_html, render_html(result, shown, run, computed_with))
     return result

@@ -234,6 +234,7 @@ def write_shards(
             "slots": slots,
             "cluster": cluster,
             # records beyond truncation_seq_length, and what long_sequences does with them
+            "inputs": [str(Path(path).resolve()) for path in inputs],
             "long_records": scan.long.count,
             "long_sequences": long_sequences,
             "long_said": scan.long.said(truncation_seq_length, long_sequences),

@@ -95,13 +95,20 @@ def this_process() -> dict:
     }
 
 
+def current_run(lock_path) -> dict:
+    """The run that holds (or last held) the outdir's lock, as `this_process` and `hold` record
+    it ({} where unknown): merge records its command and start."""
+    try:
+        holder = json.loads(Path(lock_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
 def current_run_id(lock_path) -> str | None:
     """The id of the run that holds (or last held) the outdir's lock: embed jobs record it, so
     that merge can tell what this command computed from what an earlier one did."""
-    try:
-        return json.loads(Path(lock_path).read_text()).get("run_id")
-    except (OSError, ValueError):
-        return None
+    return current_run(lock_path).get("run_id")
 
 
 def process_alive(pid: int) -> bool:

@@ -1,6 +1,11 @@
+import html
 import json
+import re
+import shutil
+import subprocess
 
 import pytest
+from conftest import MODEL, PROTEINS, REPO, config, snakemake, snakemake_command
 
 from esmshard.steps.report import replay, write_report
 
@@ -58,17 +63,41 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
     measured = {m["gpus"]: m["measured_speedup"] for m in result["modelled"]}
     assert measured == {1: None, 2: pytest.approx(25 / 15), 4: None, 8: None}
     assert [s["compile_cache"] for s in result["shards"]] == ["off", "off", "hit"]
-    html = (tmp_path / "report.html").read_text()
+    page = (tmp_path / "report.html").read_text()
     assert (
-        "No GPU telemetry" in html
-        and "Random-weight model" in html
-        and html.count("data:image/png") == 3
-        and "compile_seconds" in html
-        and "shards whose compiled code was in the store" in html
-        and "idle_tail_seconds" in html
-        and "modelled_speedup" in html
-        and "measured_speedup" in html
+        "No GPU telemetry" in page
+        and "Random-weight model" in page
+        and page.count("data:image/png") == 3
+        and "<th>compiling (s)</th>" in page
+        and "shards whose compiled code was in the store" in page
+        and "<th>idle at the end (s)</th>" in page
+        and "<th>modelled speedup (×)</th>" in page
+        and "<th>measured on this run (×)</th>" in page
     )
+    assert "_seconds" not in page.replace("GUIDE_SPEEDUP", "")  # no snake_case heading
+    # In words: the run's own speedup, the shard count's cap, the guides' range and its source.
+    assert "Measured on this run: its 2 slots together finished the shards 1.67× as fast" in page
+    assert "This run had 3 shards: on more than 3 GPUs the others would have nothing to do" in page
+    assert "stops at 2.50× (all the work over the longest shard)" in page
+    assert "87.5–100% of the ideal speedup" in page and "esmshard/steps/report.py" in page
+
+
+def test_one_slot_is_said_as_a_busy_share_not_a_speedup(tmp_path):
+    runs = [metrics("a-0000", 0, 100.0, 4.0), metrics("a-0001", 0, 105.0, 4.0)]
+    files = []
+    for m in runs:
+        (tmp_path / f"{m['shard']}.json").write_text(json.dumps(m))
+        (tmp_path / f"{m['shard']}.tsv").write_text("time\tutilization_percent\n")
+        files.append(tmp_path / f"{m['shard']}.json")
+    write_report(files, [tmp_path / f"{m['shard']}.tsv" for m in runs], tmp_path / "s.json",
+                 tmp_path / "r.html", out_figures=tmp_path / "figures")  # fmt: skip
+    page = (tmp_path / "r.html").read_text()
+    assert "its one slot was busy computing shards 89% of the time" in page
+    assert "0.89" not in page  # no "0.89×", which would read as a slowdown
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
+        "devices.tsv", "shards.tsv", "speedup.png", "speedup.tsv", "throughput.png",
+        "timeline.png",
+    ]  # fmt: skip
 
 
 def test_a_run_that_computed_nothing_says_so(tmp_path):
@@ -76,3 +105,54 @@ def test_a_run_that_computed_nothing_says_so(tmp_path):
     assert result["n_shards"] == 0
     assert json.loads((tmp_path / "scaling.json").read_text()) == result
     assert "computed nothing" in (tmp_path / "report.html").read_text()
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A run of four shards through the `snakemake` command line, as users type it."""
+    workdir = tmp_path_factory.mktemp("report")
+    snakemake(workdir, {}, *config(PROTEINS, "out", "shards=4", "include=[mean,per_tok]"))
+    return workdir
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (CI installs it)")
+def test_the_report_fits_a_1280_pixel_window_in_a_real_browser(finished_run, tmp_path):
+    """Rendered by headless Chromium: no sideways scrolling of the page (wide tables scroll in
+    their own boxes), and a screenshot a person can look at."""
+    report = finished_run / "out" / "report" / "scaling_report.html"
+    page = report.read_text()
+    for said in ("This run", "wall time, from the command's start to the merge", "command",
+                 str(PROTEINS), "This run had 4 shards", "guides' range", "Measured on this run"):  # fmt: skip
+        assert said in html.unescape(page), said
+    # The page's own width, measured by the browser: a copy that writes it into its title.
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.replace("</body>", WIDTH_PROBE + "</body>"))
+    browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"]
+    dom = subprocess.run([*browser, "--dump-dom", probe.as_uri()], capture_output=True,
+                         text=True, timeout=120).stdout  # fmt: skip
+    scroll, client = map(int, re.search(r"<title>width (\d+) (\d+)</title>", dom).groups())
+    assert 1200 <= client <= 1280 and scroll <= client, (scroll, client)
+    shot = tmp_path / "report.png"
+    subprocess.run([*browser, f"--screenshot={shot}", report.as_uri()], capture_output=True,
+                   timeout=120, check=True)  # fmt: skip
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+WIDTH_PROBE = (
+    "<script>document.title = 'width ' + document.documentElement.scrollWidth + ' ' + "
+    "document.documentElement.clientWidth</script>"
+)
+
+
+def test_snakemakes_own_report_holds_the_scaling_report(finished_run):
+    """`snakemake --report`, as catalog workflows offer it: the page, its plots and tables."""
+    cmd, env = snakemake_command(finished_run, {}, "--config", f"input={PROTEINS}", "outdir=out",
+                                 f"model={MODEL}", "shards=4", "include=[mean,per_tok]",
+                                 "--report", "snakemake-report.html")  # fmt: skip
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    page = (finished_run / "snakemake-report.html").read_text()
+    assert "scaling_report.html" in page and "speedup.png" in page and "shards.tsv" in page

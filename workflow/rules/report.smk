@@ -5,7 +5,19 @@ rule report:
         run=RUN.run_json,
     output:
         json=RUN.scaling_json,
-        html=RUN.scaling_html,
+        html=report(
+            RUN.scaling_html,
+            caption="../report/scaling_report.rst",
+            category="Scaling",
+            labels={"page": "scaling report"},
+        ),
+        figures=report(
+            directory(RUN.report_figures),
+            patterns=["{name}.png", "{name}.tsv"],
+            caption="../report/figures.rst",
+            category="Scaling",
+            labels={"figure": "{name}"},
+        ),
     log:
         RUN.log("report"),
     conda:

@@ -1,7 +1,7 @@
 from esmshard.layout import Layout
 from esmshard.steps.job import run_step
 from esmshard.steps.merge import merge
-from esmshard.store.runlock import current_run_id
+from esmshard.store.runlock import current_run
 
 settings = dict(snakemake.params.items())
 output = {
@@ -21,6 +21,6 @@ run_step(
     settings=settings,
     checksum_cache=run.checksums,
     metrics_files=list(snakemake.input.metrics),
-    run_id=current_run_id(run.run_lock),
+    command=current_run(run.run_lock),
     **output,
 )

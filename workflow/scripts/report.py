@@ -9,4 +9,5 @@ run_step(
     out_json=snakemake.output.json,
     out_html=snakemake.output.html,
     run_json=snakemake.input.run,
+    out_figures=snakemake.output.figures,
 )
