@@ -278,17 +278,20 @@ def show_store(parser, args) -> int:
     except OSError as err:  # e.g. a part another user owns: no traceback for a path
         parser.exit(1, f"esmshard store: {err}\n")
     rows = stores.summary(store)
+    foreign = store.foreign()
     if not rows:
         print(f"{store.root}: no embeddings stored")
-        return 1
-    print(f"{store.root}:")
+    else:
+        print(f"{store.root}:")
     for row in rows:
         settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in row["settings"].items())
         print(
             f"  {row['key']}: {row['sequences']} sequences in {row['parts']} parts, "
             f"{human_bytes(row['bytes'])}\n    {settings}"
         )
-    return 0
+    for name in foreign:
+        print(f"  {name}: not esmshard's, left alone")
+    return 0 if rows else 1
 
 
 def verify_store(store, read_only: str | None) -> int:

@@ -10,9 +10,11 @@ read like `esmshard.open_embeddings` and held in memory. Settings take the workf
 keys and defaults (config/config.yaml), validated by the same schema.
 """
 
+import contextlib
 import io
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, embedding_settings
+from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, normalise, not_a_file, printable
 from ..input.sizing import ModelSize
 from ..layout import Layout
@@ -30,6 +33,7 @@ from ..steps.embed import run_shard
 from ..steps.merge import merge
 from ..steps.shard import write_shards
 from ..store import Store, settings_key
+from ..store.storelock import shared
 from .launch import workflow_root
 
 Sequences = Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[str] | str | os.PathLike
@@ -179,49 +183,53 @@ def embed(
         run = Layout(config["outdir"])
         store = Store(config["store"] or str(tmp / "store"))
         params = embedding_settings(config, spec.family.name, spec.identity(run.checksums))
-        plan = write_shards(
-            [fasta],
-            run.shard_dir,
-            config["shards"],
-            config["truncation_seq_length"],
-            ModelSize(spec.params, spec.embed_dim),
-            store.root,
-            params,
-            run.checksums,
-            config["long_sequences"],
-            config["nucleotide_check"],
-        )
         key = settings_key(params)
-        for shard in (p["shard"] for p in plan["shards"]):
-            run_shard(
-                run.shard_tsv(shard),
-                store.part(key, shard),
-                store.manifest(key, shard),
-                run.metrics(shard),
-                shard=shard,
-                settings=params,
-                toks_per_batch=config["toks_per_batch"],
-                gpus=config["gpus"],
-                batching=config["batching"],
-                compile=config["compile"],
-                threads=torch.get_num_threads(),  # the caller's, left as they are
-                progress_json=run.progress(shard),
-                telemetry_tsv=run.telemetry(shard),
-                outdir=run.outdir,
+        # The store's key held as a run holds it: maintenance beside the call is refused.
+        kept = bool(config["store"]) and not unwritable(store.root)
+        held = shared(store.root, key, f"esmshard.embed in {' '.join(sys.argv)}")
+        with held if kept else contextlib.nullcontext():
+            plan = write_shards(
+                [fasta],
+                run.shard_dir,
+                config["shards"],
+                config["truncation_seq_length"],
+                ModelSize(spec.params, spec.embed_dim),
+                store.root,
+                params,
+                run.checksums,
+                config["long_sequences"],
+                config["nucleotide_check"],
             )
-        merge(
-            run.records,
-            run.plan_json,
-            store.root,
-            run.embeddings,
-            run.failed,
-            run.run_json,
-            params,
-            run.checksums,
-            config["output_dtype"],
-            config["per_residue_compression"],
-            config["contacts_dtype"],
-            [run.metrics(p["shard"]) for p in plan["shards"]],
-        )
+            for shard in (p["shard"] for p in plan["shards"]):
+                run_shard(
+                    run.shard_tsv(shard),
+                    store.part(key, shard),
+                    store.manifest(key, shard),
+                    run.metrics(shard),
+                    shard=shard,
+                    settings=params,
+                    toks_per_batch=config["toks_per_batch"],
+                    gpus=config["gpus"],
+                    batching=config["batching"],
+                    compile=config["compile"],
+                    threads=torch.get_num_threads(),  # the caller's, left as they are
+                    progress_json=run.progress(shard),
+                    telemetry_tsv=run.telemetry(shard),
+                    outdir=run.outdir,
+                )
+            merge(
+                run.records,
+                run.plan_json,
+                store.root,
+                run.embeddings,
+                run.failed,
+                run.run_json,
+                params,
+                run.checksums,
+                config["output_dtype"],
+                config["per_residue_compression"],
+                config["contacts_dtype"],
+                [run.metrics(p["shard"]) for p in plan["shards"]],
+            )
         failed = read_failed(run.failed)
         return Embeddings(io.BytesIO(Path(run.embeddings).read_bytes()), failed)

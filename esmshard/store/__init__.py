@@ -77,9 +77,10 @@ def settings_key(settings: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-# A settings folder's name is its key, 16 lowercase hex digits: no other folder of the store's
-# root (a user's `.vscode/` or `analysis/`, with a settings.json or not) is ever read as one,
-# listed, cleaned up or removed.
+# A settings folder's name is its key, 16 lowercase hex digits, and its settings.json holds the
+# settings whose hash that key is (`settings_key`): esmshard's mark on it. No other folder of the
+# store's root (a user's `.vscode/` or `analysis/`, or `cafebabedeadbeef/` holding a
+# settings.json of its own) is ever read as one, listed, cleaned up or removed.
 SETTINGS_KEY = re.compile(r"^[0-9a-f]{16}$")
 # esmshard marks the root of every store it writes in, with the format of its layout. A store of
 # an earlier esmshard (settings folders, no marker) is recognised by them and marked by its next run.
@@ -122,14 +123,25 @@ class Store:
         return os.path.join(self.root, COMPILED)
 
     def settings_keys(self) -> list[str]:
-        """The settings held, by key."""
+        """The settings held, by key: the folders that bear esmshard's mark."""
         if not os.path.isdir(self.root):
             return []
-        return sorted(
-            k
-            for k in os.listdir(self.root)
-            if SETTINGS_KEY.match(k) and os.path.isfile(self.settings(k))
-        )
+        return sorted(k for k in os.listdir(self.root) if self.is_settings_folder(k))
+
+    def is_settings_folder(self, name: str) -> bool:
+        """Whether `name` is one of esmshard's settings folders: named by a key, and holding
+        the settings that hash to it (stores of every earlier version wrote them so)."""
+        if not SETTINGS_KEY.match(name):
+            return False
+        settings = read_json_object(Path(self.settings(name)))
+        return settings is not None and settings_key(settings) == name
+
+    def foreign(self) -> list[str]:
+        """What the store's root holds that esmshard did not write: a user's, left alone."""
+        if not os.path.isdir(self.root):
+            return []
+        own = {MARKER, COMPILED, storelock.LOCKS, *self.settings_keys()}
+        return sorted(name for name in os.listdir(self.root) if name not in own)
 
     def is_store(self) -> bool:
         """Whether esmshard wrote here: its marker, or settings folders of an earlier version."""

@@ -33,16 +33,33 @@ def _folder(store_root) -> Path:
 
 def hold_shared(store_root, key: str) -> None:
     """Hold the store key shared for the life of this process (a run), saying who holds it."""
+    _held.extend(_take_shared(store_root, key, this_process()))
+
+
+@contextmanager
+def shared(store_root, key: str, command: str):
+    """Hold the store key shared for the block (an `esmshard.embed` call: `command` says which),
+    as a run holds it for its life."""
+    record, lock = _take_shared(store_root, key, {**this_process(), "command": command})
+    try:
+        yield
+    finally:
+        lock.close()
+        Path(record.name).unlink(missing_ok=True)
+        record.close()
+
+
+def _take_shared(store_root, key: str, who: dict):
     folder = _folder(store_root)
     folder.mkdir(parents=True, exist_ok=True)
     holders(store_root, key)  # removes the records of runs that have ended
     record = open(folder / f"{key}.{socket.gethostname()}.{os.getpid()}.json", "w")
     fcntl.flock(record, fcntl.LOCK_EX)
-    record.write(json.dumps(this_process()))
+    record.write(json.dumps(who))
     record.flush()
     lock = open(folder / f"{key}.lock", "a")
     fcntl.flock(lock, fcntl.LOCK_SH)  # waits while maintenance of the key (seconds) finishes
-    _held.extend([record, lock])
+    return record, lock
 
 
 def holders(store_root, key: str) -> list[dict]:

@@ -1,6 +1,10 @@
 """`esmshard.embed`: the workflow's numbers in the calling process, its errors in one line."""
 
 import inspect
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -135,3 +139,38 @@ def test_in_memory_results_say_what_they_cannot_do():
         got["P2"]
     with pytest.raises(ValueError, match="held in memory"):
         got.dataset()
+
+
+SLOWER = "random:esm2_t12_35M_UR50D"  # long enough a call to act beside
+
+
+def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(tmp_path):
+    """`esmshard store --remove` and `--prune --apply` while an esmshard.embed call uses the
+    store: each refused in one line naming the call; the call's numbers are right."""
+    store = tmp_path / "store"
+    snakemake(tmp_path, {}, *config(PROTEINS, tmp_path / "kept", "shards=1"))  # an outdir to keep
+    some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:12])
+    fasta = tmp_path / "some.fasta"
+    fasta.write_text("".join(f">{id_}\n{sequence}\n" for id_, sequence in some.items()))
+    script = (
+        "import esmshard, numpy, sys\n"
+        f"emb = esmshard.embed({str(fasta)!r}, {SLOWER!r}, store={str(store)!r}, shards=4)\n"
+        "numpy.save(sys.argv[1], emb.array('mean'))\n"
+    )
+    call = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "mean.npy")],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(store.glob("*/*.h5")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the call holds its key and has written a part of four
+    (key,) = {p.name.split(".")[0] for p in store.glob(".locks/*.json")}
+    esmshard_cli = [str(Path(sys.executable).parent / "esmshard"), "store", str(store)]
+    for args, doing in ((["--remove", key], "remove"),
+                        (["--prune", "--keep", str(tmp_path / "kept"), "--apply"], "prune")):  # fmt: skip
+        done = subprocess.run([*esmshard_cli, *args], capture_output=True, text=True)
+        assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert done.stderr.startswith(f"esmshard store: cannot {doing} settings {key} of {store}")
+        assert "esmshard.embed in" in done.stderr
+    assert call.wait(timeout=300) == 0, call.stderr.read()
+    alone = esmshard.embed(some, SLOWER)
+    assert np.abs(np.load(tmp_path / "mean.npy") - alone.array("mean")).max() <= 1e-5
+    assert not list(store.glob(".locks/*.json"))  # released with the call

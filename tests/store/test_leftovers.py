@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from esmshard.store import Store
+from esmshard.store import Store, settings_key
 from esmshard.store.leftovers import remove_leftovers
 from esmshard.store.runlock import STALE_AFTER_SECONDS
 
@@ -32,9 +32,10 @@ def age(path: Path, seconds: float) -> Path:
 def test_dead_writers_leftovers_go_and_live_ones_stay(tmp_path):
     outdir = tmp_path / "results"
     store = Store(str(outdir / "store"))
-    key = Path(store.folder("0123456789abcdef"))
+    settings = {"model": "random:esm2_t6_8M_UR50D"}  # a settings folder bears its key's hash
+    key = Path(store.folder(settings_key(settings)))
     key.mkdir(parents=True)
-    (key / "settings.json").write_text("{}")
+    (key / "settings.json").write_text(json.dumps(settings))
     dead, live = dead_pid(), os.getpid()
     spill = outdir / f".merge-spill-x1y2.esmshard-{HOST}-{dead}.tmp"  # a folder, with its contents
     spill.mkdir(parents=True)

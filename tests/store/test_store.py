@@ -86,6 +86,11 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
     assert counts.pop("computed_with") and counts.pop("esmshard_version")
     assert counts.pop("precisions") == ["fp32"] and counts.pop("devices") == ["cpu"]
     assert len(counts.pop("run_id")) == 16
+    assert counts.pop("made_by")["model"] == MODEL
+    assert counts.pop("command").startswith(f"{Path(sys.executable).parent}/snakemake ")
+    assert counts.pop("workdir") and counts.pop("inputs") == [str((work / "b.fasta").resolve())]
+    assert counts.pop("finished_at") > counts.pop("started_at")
+    assert (counts.pop("long_records"), counts.pop("long_said")) == (0, "")
     assert counts == {
         "records": len(B),
         "unique_sequences": unique(B),
@@ -95,6 +100,7 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
         "embedded": len(B),
         "failed": 0,
         "store": str((outdir / "store").resolve()),
+        "long_sequences": "truncate",
     }
     shards = planned(outdir)
     assert not set(shards) & set(a_shards)  # A's shards are never rewritten
@@ -424,21 +430,20 @@ def test_a_damaged_store_names_itself_and_heals_like_a_damaged_part(tmp_path):
     (key,) = store.settings_keys()
     first, second, third = store.parts(key)
     Path(store.manifest(key, first)).write_text("[]")
-    Path(store.settings(key)).write_text("{not json")
     Path(store.part(key, second)).unlink()
     Path(store.part(key, second)).mkdir()
     esmshard = [str(Path(sys.executable).parent / "esmshard"), "store", str(outdir)]
     listing = subprocess.run(esmshard, capture_output=True, text=True)
-    assert (
-        listing.returncode == 0
-        and '"settings.json"="damaged"' in listing.stdout.replace(": ", "=")
-        or "settings.json=" in listing.stdout
-    ), listing.stdout + listing.stderr
+    assert listing.returncode == 0 and f"  {key}: " in listing.stdout, listing.stderr
     verify = subprocess.run([*esmshard, "--verify"], capture_output=True, text=True)
     assert verify.returncode == 1 and "Traceback" not in verify.stderr
     text = verify.stdout + verify.stderr
     assert "its manifest holds list JSON, not a manifest" in text and "it is not a file" in text
     assert store.parts(key) == [third]
+    # A settings.json damaged is no longer esmshard's mark: the folder is listed as left alone.
+    Path(store.settings(key)).write_text("{not json")
+    listing = subprocess.run(esmshard, capture_output=True, text=True)
+    assert f"  {key}: not esmshard's, left alone" in listing.stdout, listing.stdout
     # The next run that needs their sequences computes them again, and writes the settings anew.
     again = tmp_path / "again"
     result = run(tmp_path, a, again, "shards=3", f"store={store.root}")

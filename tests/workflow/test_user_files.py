@@ -24,6 +24,7 @@ from conftest import (
     snakemake_command,
 )
 
+import esmshard
 from esmshard.store import Store
 
 ESMSHARD = Path(sys.executable).parent / "esmshard"
@@ -40,6 +41,9 @@ HOSTILE = [
     "analysis/settings.json",
     "analysis/summary.json",
     "README.txt",
+    # A folder named like a settings key (a hash, a commit id) with a settings.json of its own.
+    "cafebabedeadbeef/settings.json",
+    "cafebabedeadbeef/notes.json",
 ]
 
 
@@ -53,6 +57,9 @@ def random_names(rng: random.Random, n: int) -> list[str]:
         names.append(f"{folder}/{name}".lstrip("/"))
         if i % 3 == 1:
             names.append(f"{folder}/settings.json".lstrip("/"))
+        if i % 4 == 0:  # at the top: a folder named like a settings key, a settings.json in it
+            hexname = f"{rng.getrandbits(64):016x}"
+            names += [f"{hexname}/settings.json", f"{hexname}/{stem}.json"]
     return names
 
 
@@ -114,9 +121,16 @@ def test_users_files_survive_runs_resume_store_maintenance_and_exports(tmp_path,
     export = cli("export", "out", "--format", "pt", "--out", "pt", cwd=tmp_path)
     assert export.returncode == 0, export.stderr
     assert changed(planted) == []
+    # esmshard.embed with the same store; the listing names the user's folders as theirs.
+    five = {h[1:].split()[0]: s for h, s in A[:5]}
+    reused = esmshard.embed(five, MODEL, store=store_root, shards=1)
+    assert len(reused) == 5
+    listing = cli("store", str(store_root), cwd=tmp_path).stdout
+    assert "  cafebabedeadbeef: not esmshard's, left alone" in listing
+    assert changed(planted) == []
 
     # Removing anything that is not one of the store's settings keys is refused in one line.
-    for name in (".vscode", "analysis", "README.txt", "../out"):
+    for name in (".vscode", "analysis", "README.txt", "../out", "cafebabedeadbeef"):
         done = cli("store", str(store_root), "--remove", name, cwd=tmp_path)
         assert done.returncode == 1 and "Traceback" not in done.stderr
         assert done.stderr.startswith("esmshard store: ") and len(done.stderr.splitlines()) == 1
