@@ -80,6 +80,19 @@ def env_of(venv: Path, pool: Path, **extra) -> dict:
     }
 
 
+def test_make_wheel_writes_the_wheel_the_readme_installs(tmp_path):
+    """The README's install table: `make wheel` in a clone writes dist/<the file it names>."""
+    clone = clone_of_workflow(tmp_path / "clone")
+    (clone / ".venv").symlink_to(REPO / ".venv")  # up to date: make installs nothing
+    done = subprocess.run(["make", "wheel"], cwd=clone, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    wheel = f"esmshard-{VERSION}-py3-none-any.whl"
+    assert (clone / "dist" / wheel).is_file() and f"dist/{wheel}" in done.stdout
+    assert f"`make wheel` in a clone writes `dist/{wheel}`" in (REPO / "README.md").read_text()
+    with zipfile.ZipFile(clone / "dist" / wheel) as built:
+        assert "esmshard/workflow_files/workflow/rules/common.smk" in built.namelist()
+
+
 def test_the_sdist_and_the_wheel_hold_the_workflow(dist):
     workflow = {f for f in tracked_files() if f.startswith(WORKFLOW_FILES)}
     assert "workflow/rules/common.smk" in workflow and "profiles/lsf/config.yaml" in workflow

@@ -278,6 +278,7 @@ def test_typed_mistakes_are_refused_in_one_line_before_any_model_is_loaded(
                      check=False)  # fmt: skip
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert message in done.stderr
+    assert "make run" not in done.stderr  # the command the user ran is what the message speaks of
     assert not (tmp_path / "out" / "logs" / "embed").exists()
     assert (tmp_path / "a.fasta").read_bytes() == before
 
