@@ -10,17 +10,18 @@ from pathlib import Path
 
 from ..files import read_tsv
 from ..layout import Layout
-from ..steps.progress import current_files, finished_metrics, per_slot, rate, slot_key
+from ..steps.progress import (
+    current_files,
+    duration,
+    finished_metrics,
+    per_slot,
+    rate,
+    slot_key,
+)
 from ..store import read_json_object
 from ..store.runlock import STALE_AFTER_SECONDS, process_alive
 
 GIB = 1 << 30
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def _memory(used, total) -> str:
@@ -35,7 +36,7 @@ def stale_reason(progress: dict, now: float) -> str | None:
         if not process_alive(progress["pid"]):
             return f"process {progress['pid']} is gone"
     quiet = now - progress.get("updated_at", progress["started_at"])
-    return f"no update for {_duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
+    return f"no update for {duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
 
 
 def plan_problem(layout: Layout, plan: list[dict]) -> str | None:
@@ -163,7 +164,7 @@ def progress_line(state: dict) -> str:
         "finished"
         if state["complete"]
         else (
-            f"ETA {_duration(state['eta_seconds'])}"
+            f"ETA {duration(state['eta_seconds'])}"
             if state["eta_seconds"] is not None
             else "ETA ?"
         )
@@ -171,6 +172,6 @@ def progress_line(state: dict) -> str:
     return (
         f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
         f"residues {state['residues_done']:,}/{state['residues_total']:,}  "
-        f"{rate(state['residues_per_second'])} residues/s  elapsed {_duration(state['elapsed_seconds'])}  {eta}"
+        f"{rate(state['residues_per_second'])} residues/s  elapsed {duration(state['elapsed_seconds'])}  {eta}"
         + (f"  {state['failed']} failed" if state["failed"] else "")
     )

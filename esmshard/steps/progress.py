@@ -19,6 +19,13 @@ def rate(per_second) -> str:
     return f"{per_second / 1000:.1f}k" if per_second >= 1000 else f"{per_second:.0f}"
 
 
+def duration(seconds: float) -> str:
+    """3725 -> '1h02m', 95 -> '1m35s'."""
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
 def read_json_files(paths) -> list[dict]:
     out = []
     for path in sorted(paths):

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..files import atomic_path, write_json, write_text  # noqa: E402
 from ..version import __version__  # noqa: E402
-from .progress import per_slot, slot_key  # noqa: E402
+from .progress import duration, per_slot, slot_key  # noqa: E402
 from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
@@ -351,14 +351,6 @@ def _when(seconds) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "–"
 
 
-def _duration(seconds) -> str:
-    if seconds is None:
-        return "–"
-    minutes, rest = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m {rest:02d}s" if hours else f"{minutes}m {rest:02d}s"
-
-
 def measured_sentence(measured: dict) -> str:
     """The run's own speedup, said in words (a speedup below 1 on one slot is no slowdown)."""
     k, speedup = measured["gpus"], measured["speedup"]
@@ -413,7 +405,7 @@ def run_rows(result: dict, run: dict) -> list[dict]:
         ("finished", _when(finished)),
         (
             "wall time, from the command's start to the merge",
-            _duration(finished - started) if started and finished else "–",
+            duration(finished - started) if started and finished else "–",
         ),
         ("command", run.get("command") or "–"),
         ("working folder", run.get("workdir") or "–"),
