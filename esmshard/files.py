@@ -23,6 +23,11 @@ class DiskFullError(OSError):
     """Not enough space for an output; the message names the path and the bytes it needs."""
 
 
+class DamagedFileError(ValueError):
+    """A file esmshard wrote that is no longer what it wrote: cut short, replaced by another
+    program's file or a folder; the message names it and what to do."""
+
+
 def human_bytes(n: float) -> str:
     for unit in ("bytes", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":
@@ -118,22 +123,21 @@ def naming_disk_full(path, needed_bytes: int | None = None):
         raise
 
 
-def quiet_hdf5_cleanup(report) -> None:
-    """Send h5py's reports of the objects it cannot free after a failed write (a full disk:
-    dozens of tracebacks, through both of Python's hooks) to `report`, so that the failure
-    itself is seen, in one line; any other error is shown as before."""
+def quiet_hdf5_cleanup() -> None:
+    """Silence h5py's reports of the objects it cannot free after a failed write (a full disk:
+    dozens of tracebacks, through both of Python's hooks), so that the failure itself is seen,
+    in one line; any other error is shown as before."""
     shown, shown_unraisable = sys.excepthook, sys.unraisablehook
 
     def in_h5py(tb) -> bool:
         return any("h5py" in frame.f_code.co_filename for frame, _ in traceback.walk_tb(tb))
 
     def excepthook(kind, error, tb):
-        report(error) if in_h5py(tb) else shown(kind, error, tb)
+        if not in_h5py(tb):
+            shown(kind, error, tb)
 
     def unraisablehook(unraisable):
-        if in_h5py(unraisable.exc_traceback):
-            report(unraisable.exc_value)
-        else:
+        if not in_h5py(unraisable.exc_traceback):
             shown_unraisable(unraisable)
 
     sys.excepthook, sys.unraisablehook = excepthook, unraisablehook

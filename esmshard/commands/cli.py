@@ -2,13 +2,14 @@
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
 from .. import store as stores
-from ..files import human_bytes, quiet_hdf5_cleanup, unwritable
+from ..files import DamagedFileError, human_bytes, quiet_hdf5_cleanup, unwritable
 from ..input.fasta import FastaError
 from ..layout import Layout
 from ..outputs import export as exports
@@ -207,12 +208,12 @@ def main(argv=None):
             parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
         return show_store(parser, args)
     if args.command == "export":
-        quiet_hdf5_cleanup(lambda error: None)  # a failed write is reported below, in one line
+        quiet_hdf5_cleanup()  # a failed write is reported below, in one line
         try:
             exports.export(
                 args.outdir, args.format, args.out, kind=args.kind, layer=args.layer, key=args.key
             )
-        except (exports.ExportError, KeyError, FastaError) as err:
+        except (exports.ExportError, DamagedFileError, KeyError, FastaError) as err:
             parser.exit(1, f"esmshard export: {err.args[0]}\n")
         except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line
             # Straight out: after a failed write, HDF5's clean-up at exit can crash the process.
@@ -251,10 +252,10 @@ def merged(outdir: Path, state: dict) -> bool:
 
 def store_of(path: Path) -> Path:
     """The store that `path` names: the store itself, or the one a run in outdir `path` used."""
-    try:
-        return Path(json.loads((path / "run.json").read_text())["store"])
-    except (OSError, ValueError, KeyError):
-        return path / "store" if (path / "store").is_dir() else path
+    named = (stores.read_json_object(path / "run.json") or {}).get("store")
+    if isinstance(named, str):
+        return Path(named)
+    return path / "store" if (path / "store").is_dir() else path
 
 
 def show_store(parser, args) -> int:
@@ -290,11 +291,18 @@ def show_store(parser, args) -> int:
             f"{human_bytes(row['bytes'])}\n    {settings}"
         )
     for name in foreign:
-        print(f"  {name}: not esmshard's, left alone")
+        why = (
+            " (its settings.json is not one esmshard wrote, or is damaged)"
+            if stores.SETTINGS_KEY.match(name) and os.path.exists(store.settings(name))
+            else ""
+        )
+        print(f"  {name}: not esmshard's, left alone{why}")
     return 0 if rows else 1
 
 
 def verify_store(store, read_only: str | None) -> int:
+    # Each damaged part gets one line below; the store's own warning for it would be a second.
+    logging.getLogger(stores.__name__).setLevel(logging.ERROR)
     verified = stores.verify(store)
     done = f"left in place ({read_only})" if read_only else "set aside"
     for part, reason in verified.damaged:

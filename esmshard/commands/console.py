@@ -6,6 +6,7 @@ On a terminal the progress is one line redrawn in place; elsewhere (a file, a pi
 job's output) a line each time a shard finishes.
 """
 
+import collections
 import os
 import queue
 import re
@@ -28,7 +29,10 @@ OURS = re.compile(r"^(?:\S+ \S+ (?P<level>[A-Z]+) )?esmshard(?:\.[\w.]+)?: (?P<m
 STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 # Snakemake's line naming a failed job's log.
 FAILED_LOG = re.compile(r"^\s*log: (?P<path>\S+) \(check log file\(s\) for error details\)")
+# What Snakemake says of its profile and config before anything else.
+SNAKEMAKE_PREAMBLE = re.compile(r"^(Using workflow specific profile|Config file .* is extended)")
 RUN_LOG = "esmshard-run.log"
+UNEXPLAINED_LINES = 20
 REFRESH_SECONDS = 1.0
 
 
@@ -117,7 +121,8 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
 
     signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
     signal.signal(signal.SIGINT, on_interrupt)
-    failed_logs, finished = [], False
+    failed_logs, finished, said = [], False, False
+    last = collections.deque(maxlen=UNEXPLAINED_LINES)  # Snakemake's, if it stops unexplained
     while not finished:
         try:
             deadline = time.monotonic() + REFRESH_SECONDS
@@ -126,6 +131,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                 if line is None:
                     finished = True
                     break
+                last.append(line)
                 failed = FAILED_LOG.match(line)
                 if failed:
                     failed_logs.append(failed["path"])
@@ -133,6 +139,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                 # The workflow's lines and the jobs' warnings; a job's error is said once, below.
                 if ours and ours["level"] in (None, "WARNING"):
                     console.say(f"esmshard: {ours['message']}")
+                    said = True
         except queue.Empty:
             pass
         console.progress()
@@ -144,6 +151,11 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
         console.say(f"esmshard run: a job failed (its log: {path}): {reason}")
         for line in more:
             console.say(f"  {line}")
+    if status and not (interrupted or failed_logs or said):  # no line of ours says why
+        console.say("esmshard run: Snakemake stopped:")
+        for line in last:
+            if not SNAKEMAKE_PREAMBLE.match(line):
+                console.say(f"  {line}")
     kept = keep_log(log.name, outdir)
     if interrupted:
         console.say("esmshard run: interrupted; the same command goes on where this one stopped")

@@ -68,7 +68,7 @@ def pairs_of(sequences) -> Iterable[tuple[str, str]]:
     """(ID, sequence) pairs of a mapping, of pairs, or of sequences alone (IDs "0", "1", ...)."""
     if isinstance(sequences, Mapping):
         return sequences.items()
-    if not isinstance(sequences, Iterable):
+    if not isinstance(sequences, Iterable) or isinstance(sequences, (bytes, bytearray)):
         raise TypeError(
             f"sequences: {type(sequences).__name__} is not sequences; give a FASTA path, a "
             "sequence, a list of sequences, a mapping of ID to sequence, or (ID, sequence) pairs"
@@ -81,6 +81,8 @@ def pairs_of(sequences) -> Iterable[tuple[str, str]]:
 
 def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path:
     """A FASTA path as given, or the sequences written as one (each ID checked first)."""
+    if isinstance(sequences, str) and not sequences.strip():
+        raise ValueError("sequences: an empty string; give a sequence, or a FASTA file's path")
     if isinstance(sequences, str) and not os.path.exists(os.path.expanduser(sequences)):
         if SEQUENCE_TEXT.fullmatch(sequences):
             sequences = ["".join(sequences.split())]  # one sequence, pasted
@@ -98,12 +100,13 @@ def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path
                 id_, sequence = pair
             except (TypeError, ValueError):
                 raise ValueError(
-                    f"item {n} of the sequences is not an (ID, sequence) pair: {pair!r:.60}"
+                    f"sequences: item {n} is neither a sequence nor an (ID, sequence) pair: "
+                    f"{pair!r:.60}"
                 ) from None
             if not isinstance(id_, str) or not id_ or any(c.isspace() for c in id_):
-                raise ValueError(f"sequence {n}: its ID {id_!r:.60} is not one word of text")
+                raise ValueError(f"sequences: item {n}'s ID {id_!r:.60} is not one word of text")
             if id_ in seen:
-                raise ValueError(f"sequence {n}: the ID {printable(id_)} is given twice")
+                raise ValueError(f"sequences: item {n}'s ID {printable(id_)} is given twice")
             seen.add(id_)
             if not isinstance(sequence, str) or not sequence.strip():
                 raise ValueError(f"sequence {printable(id_)} is empty (or not text)")
@@ -115,7 +118,7 @@ def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path
                 )
             fh.write(f">{id_}\n{sequence}\n")
     if n == 0:
-        raise ValueError("no sequences were given")
+        raise ValueError("sequences: none were given")
     return path
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 from ..files import read_tsv
 from ..layout import Layout
 from ..steps.progress import (
+    PROGRESS_FIELDS,
     current_files,
     duration,
-    finished_metrics,
+    finished,
     per_slot,
     rate,
     slot_key,
@@ -35,7 +36,8 @@ def stale_reason(progress: dict, now: float) -> str | None:
     if progress.get("host") == socket.gethostname() and "pid" in progress:
         if not process_alive(progress["pid"]):
             return f"process {progress['pid']} is gone"
-    quiet = now - progress.get("updated_at", progress["started_at"])
+    updated = progress.get("updated_at")
+    quiet = now - (updated if isinstance(updated, (int, float)) else progress["started_at"])
     return f"no update for {duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
 
 
@@ -44,6 +46,8 @@ def plan_problem(layout: Layout, plan: list[dict]) -> str | None:
     summary = read_json_object(Path(layout.plan_json))
     if summary is None:
         return "the plan is damaged: shards/plan.json is missing or no JSON object"
+    if not all(isinstance(summary.get(name), str) for name in ("store", "key")):
+        return "the plan is damaged: shards/plan.json names no store and settings key"
     try:
         for row in plan:
             int(row["n_residues"])
@@ -63,26 +67,29 @@ def plan_problem(layout: Layout, plan: list[dict]) -> str | None:
 def read_state(outdir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     layout = Layout(str(outdir))
-    if not Path(layout.plan).is_file():
+    if not Path(layout.plan).exists():
         marks = (layout.log("shard"), Path(layout.run_lock).parent)  # .esmshard/: run or dry run
         started = any(Path(p).exists() for p in marks)
         return {"outdir": str(outdir), "planned": False, "started": started}
-    plan = read_tsv(layout.plan)
-    damaged = plan_problem(layout, plan)
+    try:
+        plan = read_tsv(layout.plan)
+        damaged = plan_problem(layout, plan)
+    except (UnicodeDecodeError, IsADirectoryError):
+        damaged = "the plan is damaged: shards/plan.tsv is not a text file"
     if damaged:
         return {"outdir": str(outdir), "planned": False, "started": True, "damaged": damaged}
-    done = finished_metrics(layout, plan)
-    finished = {m["shard"] for m in done}
+    shards_finished, done = finished(layout, plan)
     running, stale = [], []
-    for r in current_files(layout, layout.progress, plan):
-        if r["shard"] in finished:
+    for r in current_files(layout, layout.progress, plan, PROGRESS_FIELDS + ("residues_done",)):
+        if r["shard"] in shards_finished:
             continue
         r["stale"] = stale_reason(r, now)
         (stale if r["stale"] else running).append(r)
     total_residues = sum(int(p["n_residues"]) for p in plan)
-    done_residues = sum(m["n_residues"] for m in done) + sum(r["residues_done"] for r in running)
+    done_residues = sum(int(p["n_residues"]) for p in plan if p["shard"] in shards_finished)
+    done_residues += sum(r["residues_done"] for r in running)
     starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
-    complete = len(done) == len(plan)
+    complete = len(shards_finished) == len(plan)
     end = max(m["finished_at"] for m in done) if complete and done else now
     elapsed = end - min(starts) if starts else 0.0
     speed = done_residues / elapsed if elapsed > 0 else None
@@ -95,7 +102,8 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "planned": True,
         "complete": complete,
         "shards_total": len(plan),
-        "shards_done": len(done),
+        "shards_done": len(shards_finished),
+        "unreadable_metrics": len(shards_finished) - len(done),
         "residues_total": total_residues,
         "residues_done": done_residues,
         "residues_per_second": speed,
@@ -154,6 +162,12 @@ def render(state: dict) -> str:
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(progress_line(state))
+    if state["unreadable_metrics"]:
+        n = state["unreadable_metrics"]
+        lines.append(
+            f"metrics/*.json of {n} finished shard{'s' * (n > 1)} missing or unreadable (cut "
+            "short, replaced): left out of the rates; the embeddings are whole"
+        )
     return "\n".join(lines)
 
 

@@ -8,11 +8,15 @@ store's, esmshard.store), `length` (residues read), `n_residues` (residues embed
 polars and pyarrow read it (`pandas.read_parquet("shards/records.parquet")`).
 """
 
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from ..files import DamagedFileError
 
 ROWS_PER_GROUP = 1 << 18
 SCHEMA = pa.schema(
@@ -115,12 +119,29 @@ def write_table(scanned, sink, names, part_of, embedded) -> None:
             start = rows.stop
 
 
+@contextmanager
+def _record_table(path):
+    """Reading the record table: a damaged one (cut short, a folder, another file) in one line."""
+    redo = "remove it and run the workflow again (what the store holds is reused)"
+    if Path(path).is_dir():
+        raise DamagedFileError(f"{path} is a folder, not the record table; {redo}")
+    try:
+        yield
+    except pa.ArrowInvalid:
+        raise DamagedFileError(
+            f"{path} is cut short or not a Parquet file: not the record table esmshard's shard "
+            f"step writes; {redo}"
+        ) from None
+
+
 def read_columns(path, columns) -> pa.Table:
-    return pq.read_table(path, columns=list(columns))
+    with _record_table(path):
+        return pq.read_table(path, columns=list(columns))
 
 
 def iter_batches(path, columns, rows: int = ROWS_PER_GROUP) -> Iterator[pa.RecordBatch]:
-    return pq.ParquetFile(path).iter_batches(rows, columns=list(columns))
+    with _record_table(path):
+        return pq.ParquetFile(path).iter_batches(rows, columns=list(columns))
 
 
 def shard_codes(table: pa.Table) -> tuple[np.ndarray, list[str]]:

@@ -121,7 +121,10 @@ def checkpoint_contents(path: Path):
             (pickled,) = [n for n in archive.namelist() if n.endswith("/data.pkl")]
             with archive.open(pickled) as fh:
                 return _ShapesUnpickler(fh).load()
-    except zipfile.BadZipFile:  # torch's format before 1.6: load it (torch is imported)
+    except zipfile.BadZipFile:  # torch's format before 1.6 (torch is imported), or no checkpoint
+        not_one = not_a_checkpoint(path)
+        if not_one:
+            raise ModelError(f"'{path}' {not_one}") from None
         import torch
 
         return _tensor_shapes(safe_load(path), torch.Tensor)
@@ -132,6 +135,27 @@ def checkpoint_contents(path: Path):
         ) from err
     except (OSError, ValueError) as err:
         raise ModelError(f"'{path}' cannot be read as a torch checkpoint ({err})") from err
+
+
+# How a torch checkpoint file starts: a zip archive (torch 1.6 and later), or a pickle of
+# protocol 2 (torch's earlier format, fair-esm's first releases).
+_ZIP_START, _PICKLE_START = b"PK\x03\x04", b"\x80\x02"
+
+
+def not_a_checkpoint(path: Path) -> str | None:
+    """Why `path`, which is no whole zip archive, is no torch checkpoint, if its start shows it."""
+    with open(path, "rb") as fh:
+        start = fh.read(4)
+    if not start:
+        return "is empty: download the checkpoint again"
+    if start.startswith(_ZIP_START):
+        return "is cut short (an interrupted download or copy?): download the checkpoint again"
+    if not start.startswith(_PICKLE_START):
+        return (
+            "is not a torch checkpoint (it starts as neither a zip archive nor a pickle): give "
+            "a .pt/.pth file saved by torch, a model folder or a model name"
+        )
+    return None
 
 
 def _tensor_shapes(value, tensor_type):
@@ -152,10 +176,21 @@ def safe_load(path: Path, mmap: bool = False) -> dict:
             return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
         found = [line for line in str(err).splitlines() if "GLOBAL" in line]
+        if not found:  # no foreign object named: the pickle itself is broken
+            raise _damaged(path) from None
         raise ModelError(
             f"refusing to load '{path}': it holds objects other than tensors and a fair-esm "
-            f"config, and unpickling them could run arbitrary code ({' '.join(found) or err})"
+            f"config, and unpickling them could run arbitrary code ({' '.join(found)})"
         ) from err
+    except (RuntimeError, EOFError, KeyError, ValueError):  # torch's ways to find a cut file
+        raise _damaged(path) from None
+
+
+def _damaged(path: Path) -> ModelError:
+    return ModelError(
+        f"'{path}' cannot be read as a torch checkpoint: it is cut short or damaged; download "
+        "the checkpoint again"
+    )
 
 
 def hf_snapshot(repo: str) -> Path:

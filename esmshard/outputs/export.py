@@ -429,7 +429,7 @@ def export(
     problem = unwritable(out.parent)
     if problem:
         raise ExportError(f"{problem}; choose another --out")
-    if not Path(layout.embeddings).is_file():
+    if not Path(layout.embeddings).exists():
         raise ExportError(f"{layout.embeddings} does not exist: give the outdir of a finished run")
     with Embeddings(layout.embeddings) as emb:
         kinds = emb.layers

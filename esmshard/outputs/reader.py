@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 
 from .. import contacts
+from ..files import DamagedFileError
 from ..representations import KINDS
 from ..steps.provenance import MADE_BY
 from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
@@ -47,8 +48,40 @@ class Batch(NamedTuple):
 
 def read_failed(path) -> dict[str, str]:
     """failed_sequences.tsv: the reason each record could not be embedded, by ID."""
-    with open(path, newline="") as fh:
-        return {row["id"]: row["reason"] for row in csv.DictReader(fh, delimiter="\t")}
+    try:
+        with open(path, newline="") as fh:
+            return {row["id"]: row["reason"] for row in csv.DictReader(fh, delimiter="\t")}
+    except (UnicodeDecodeError, KeyError, csv.Error) as err:
+        raise DamagedFileError(
+            f"{path} is not the failed_sequences.tsv esmshard writes (id and reason columns: "
+            f"{type(err).__name__}); remove it and run the workflow again to rewrite it"
+        ) from None
+
+
+# HDF5's words for a file that is not an HDF5 file whole, in the user's.
+_H5_PROBLEMS = {"truncated file": "cut short", "file signature not found": "not an HDF5 file"}
+
+
+def open_h5(path: Path) -> h5py.File:
+    """An embeddings.h5 esmshard wrote, open for reading; anything else: DamagedFileError."""
+    redo = "remove it and run the workflow again to write it"
+    if path.is_dir():
+        raise DamagedFileError(f"{path} is a folder, not the embeddings file; {redo}")
+    try:
+        h5 = h5py.File(path, "r")
+    except OSError as err:
+        if not path.exists() or isinstance(err, PermissionError):
+            raise
+        text = str(err)
+        said = next((what for words, what in _H5_PROBLEMS.items() if words in text), text)
+        raise DamagedFileError(f"{path} is not a whole embeddings file ({said}); {redo}") from None
+    if "ids" not in h5:
+        h5.close()
+        raise DamagedFileError(
+            f"{path} is an HDF5 file without the ids every embeddings.h5 holds: not a run's "
+            f"output; {redo}"
+        )
+    return h5
 
 
 class Embeddings:
@@ -66,8 +99,8 @@ class Embeddings:
             self.name = "these embeddings"
         else:
             path = Path(source)
-            self.path = path / "embeddings.h5" if path.is_dir() else path
-            self.h5 = h5py.File(self.path, "r")
+            self.path = path / "embeddings.h5" if path.is_dir() and path.suffix != ".h5" else path
+            self.h5 = open_h5(self.path)
             self.name = str(self.path)
         self.failed = failed if failed is not None else self._failed_beside()
         self.layers = {

@@ -24,6 +24,7 @@ from ..layout import Layout
 from ..models import ModelError, parse_spec
 from ..models.spec import ModelSpec
 from ..store import Store, written_by_layout, written_by_run
+from ..store.storelock import locks_problem
 
 # Records of each input read when the workflow is read: a nucleotide file shows in its first ones
 # (the shard step still checks every record).
@@ -85,6 +86,9 @@ def place_problems(run: Layout, store: Store) -> list[str]:
     problem = unwritable(run.outdir)
     if problem:
         return [f"outdir '{run.outdir}': {problem}; choose a folder you can write for `outdir`"]
+    locks = locks_problem(store.root)
+    if locks:
+        return [f"store: {locks}"]
     inside = written_by_layout(store.root, run)
     if inside:
         return [

@@ -1,5 +1,6 @@
 """How each workflow step runs: its log file, and how it ends (esmshard.steps.job.run_step)."""
 
+import importlib
 import logging
 import os
 import signal
@@ -14,8 +15,10 @@ from ..layout import every_attempt
 def run_step(log_path, step, **kwargs):
     """Run one workflow step with its log file, which records how the step ended, whatever it was.
 
-    Known problems (bad input, a model that cannot be had, a full disk) end the step with their
-    message alone; anything else with its traceback; a signal with its name.
+    `step`: the function, or "module:function", imported here, so that Ctrl-C while torch and
+    the rest load ends the job in one line as it does later. Known problems (bad input, a model
+    that cannot be had, a full disk) end the step with their message alone; anything else with
+    its traceback; a signal with its name.
     """
     from ..files import DiskFullError, quiet_hdf5_cleanup
     from ..input.fasta import FastaError
@@ -36,7 +39,8 @@ def run_step(log_path, step, **kwargs):
     )
     logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
     log = logging.getLogger("esmshard")
-    log.info("%s: started on %s, process %d", step.__name__, socket.gethostname(), os.getpid())
+    name = step.rpartition(":")[2] if isinstance(step, str) else step.__name__
+    log.info("%s: started on %s, process %d", name, socket.gethostname(), os.getpid())
     started = time.monotonic()
 
     # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
@@ -44,32 +48,33 @@ def run_step(log_path, step, **kwargs):
     def stop(signum, frame):
         log.error(
             "%s: stopped by %s (a time limit, scancel or kill); its incomplete outputs are removed",
-            step.__name__,
+            name,
             signal.Signals(signum).name,
         )
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
 
-    # h5py's noise after a failed write goes to the job log only: the run's output shows the
-    # error itself. The step's own errors are handled below.
-    quiet_hdf5_cleanup(lambda error: log.info("while cleaning up: %r", error))
+    # One failure, one line: h5py's noise after a failed write is dropped; the step's own
+    # errors are logged below.
+    quiet_hdf5_cleanup()
     try:
+        if isinstance(step, str):
+            module, _, function = step.partition(":")
+            step = getattr(importlib.import_module(module), function)
         result = step(**kwargs)
     except (FastaError, ModelError, MergeError, DiskFullError, ValueError) as err:
         log.error("%s", err)
         _exit(1)
     except KeyboardInterrupt:
-        log.error(
-            "%s: stopped by SIGINT (Ctrl-C); its incomplete outputs are removed", step.__name__
-        )
+        log.error("%s: stopped by SIGINT (Ctrl-C); its incomplete outputs are removed", name)
         _exit(128 + signal.SIGINT)
     except Exception:
-        log.exception("%s: unexpected error (please report it with this log)", step.__name__)
+        log.exception("%s: unexpected error (please report it with this log)", name)
         _exit(1)
     log.info(
         "%s: done in %.1f s, peak memory %.0f MB",
-        step.__name__,
+        name,
         time.monotonic() - started,
         peak_memory_mb(),
     )

@@ -36,6 +36,7 @@ from ..store import (
     set_aside,
     settings_key,
 )
+from ..store.runlock import current_run
 from ..store.shardfile import (
     CONTACT_OFFSETS,
     CONTACT_VALUES,
@@ -87,7 +88,7 @@ def merge(
     per_residue_compression: str = "none",
     contacts_dtype: str = "float16",
     metrics_files=(),
-    command: dict | None = None,
+    run_lock: str | None = None,
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
@@ -97,9 +98,9 @@ def merge(
     `settings` (the run's embedding settings), and hold its records' sequences: anything else
     is set aside and refused by name rather than merged into a wrong answer. `run_json` gets the
     run's counts: `computed` by the plan, and `computed_by_this_command`, the sequences of the
-    shards whose metrics (`metrics_files`) carry the run id of the command now running
-    (`command`, as esmshard.store.runlock.current_run records it: also its command line, folder
-    and start, which run.json names).
+    shards whose metrics (`metrics_files`) carry the run id of the command now running (the
+    holder of `run_lock`, as esmshard.store.runlock.current_run records it: also its command
+    line, folder and start, which run.json names).
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
@@ -278,7 +279,7 @@ def merge(
             for i, (id_, file, line) in zip(failed, _rows(records, ["id", "file", "line"], failed))
         ],
     )
-    command = command or {}
+    command = current_run(run_lock) if run_lock else {}
     run_id = command.get("run_id")
     counts = {
         "records": n,

@@ -6,6 +6,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..files import read_tsv, write_json
 from ..layout import Layout
@@ -26,13 +27,41 @@ def duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def read_json_files(paths) -> list[dict]:
+# The fields `esmshard status` and the report read from the files each embed job writes: a file
+# without them (cut short, replaced, another program's) counts as unreadable.
+PROGRESS_FIELDS = (
+    "shard",
+    "gpu_slot",
+    "device",
+    "device_name",
+    "host",
+    "started_at",
+    "n_residues",
+)
+METRICS_FIELDS = PROGRESS_FIELDS + ("finished_at", "compute_seconds")
+_NUMBERS = {"started_at", "finished_at", "n_residues", "residues_done", "compute_seconds", "seconds",
+            "n_sequences"}  # fmt: skip
+
+
+def whole(record, fields) -> bool:
+    """Whether a job's file read as JSON holds `fields`, the numbers as numbers."""
+    return isinstance(record, dict) and all(
+        record.get(name) is not None
+        and (name not in _NUMBERS or isinstance(record[name], (int, float)))
+        for name in fields
+    )
+
+
+def read_json_files(paths, fields) -> list[dict]:
+    """The files of `paths` that read whole (`whole`); the others are left out."""
     out = []
     for path in sorted(paths):
         try:
-            out.append(json.loads(path.read_text()))
+            found = json.loads(path.read_text())
         except (OSError, ValueError):  # replaced or removed while we read: skip it this time
             continue
+        if whole(found, fields):
+            out.append(found)
     return out
 
 
@@ -104,25 +133,35 @@ class Progress:
             self.path.unlink(missing_ok=True)
 
 
-def current_files(layout: Layout, path_of, plan: list[dict]) -> list[dict]:
+def current_files(layout: Layout, path_of, plan: list[dict], fields) -> list[dict]:
     """The plan's shards' files of one kind written since the plan; older ones are from an earlier
     sharding of this outdir (e.g. with another `shards`) and count for nothing."""
     plan_mtime = Path(layout.plan).stat().st_mtime
     paths = (Path(path_of(row["shard"])) for row in plan)
-    return read_json_files(p for p in paths if p.is_file() and p.stat().st_mtime >= plan_mtime)
+    fresh = (p for p in paths if p.is_file() and p.stat().st_mtime >= plan_mtime)
+    return read_json_files(fresh, fields)
 
 
-def finished_metrics(layout: Layout, plan: list[dict]) -> list[dict]:
-    """The metrics of the plan's finished shards. A shard is finished once its part is in the
-    store: the embed job renames the part into place after its metrics, so a job killed between
-    the two has metrics, yet its shard is computed again."""
+class Finished(NamedTuple):
+    """The plan's finished shards: those whose part is in the store (the embed job renames the
+    part into place after its metrics, so a job killed between the two has metrics, yet its
+    shard is computed again), and the metrics of those that read whole."""
+
+    shards: set[str]
+    metrics: list[dict]
+
+
+def finished(layout: Layout, plan: list[dict]) -> Finished:
     where = json.loads(Path(layout.plan_json).read_text())
     store = Store(where["store"])
-    done = current_files(layout, layout.metrics, plan)
-    return [m for m in done if os.path.exists(store.part(where["key"], m["shard"]))]
+    shards = {
+        row["shard"] for row in plan if os.path.exists(store.part(where["key"], row["shard"]))
+    }
+    done = current_files(layout, layout.metrics, plan, METRICS_FIELDS)
+    return Finished(shards, [m for m in done if m["shard"] in shards])
 
 
 def shards_done(layout: Layout) -> tuple[int, int]:
     """(finished shards, shards) of the current plan."""
     plan = read_tsv(layout.plan)
-    return len(finished_metrics(layout, plan)), len(plan)
+    return len(finished(layout, plan).shards), len(plan)

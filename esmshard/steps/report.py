@@ -15,9 +15,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..files import atomic_path, write_json, write_text  # noqa: E402
+from ..files import DamagedFileError, atomic_path, write_json, write_text  # noqa: E402
 from ..version import __version__  # noqa: E402
-from .progress import duration, per_slot, slot_key  # noqa: E402
+from .progress import METRICS_FIELDS, duration, per_slot, slot_key, whole  # noqa: E402
 from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
@@ -29,10 +29,21 @@ GUIDE_SPEEDUP = {2: (1.8, 2.0), 4: (3.5, 4.0), 8: (7.0, 8.0)}
 
 
 def load_metrics(paths) -> list[dict]:
-    return sorted(
-        (json.loads(Path(p).read_text()) for p in paths),
-        key=lambda m: (m["started_at"], m["shard"]),
-    )
+    return sorted(map(read_metrics, paths), key=lambda m: (m["started_at"], m["shard"]))
+
+
+def read_metrics(path) -> dict:
+    """A shard's metrics, which the report needs whole (a damaged one: DamagedFileError)."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        found = None
+    if not whole(found, METRICS_FIELDS + ("seconds", "n_sequences", "model", "weights")):
+        raise DamagedFileError(
+            f"{path} is not the metrics file its embed job wrote (cut short, or replaced): "
+            "remove it and run the same command again (its shard is embedded again)"
+        )
+    return found
 
 
 def replay(durations: list[float], n_devices: int) -> float:

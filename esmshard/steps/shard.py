@@ -130,6 +130,15 @@ class Scan:
     long: LongRecords = field(default_factory=LongRecords)
 
 
+def shard_step(settings: dict, model_size, **params):
+    """The workflow's shard job: the model's weights first (a model that cannot be had stops the
+    run before any shard work), then `write_shards`."""
+    from ..models import ensure_available, parse_spec
+
+    ensure_available(parse_spec(settings["model"]))
+    return write_shards(settings=settings, model_size=ModelSize(*model_size), **params)
+
+
 def write_shards(
     inputs,
     shard_dir,

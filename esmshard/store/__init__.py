@@ -309,6 +309,11 @@ def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
     return moved
 
 
+def _count(value) -> int:
+    """A count read from a manifest; a damaged one (missing, null, text) counts 0."""
+    return value if isinstance(value, int) and value >= 0 else 0
+
+
 def summary(store: Store) -> list[dict]:
     """Per settings key: the settings, the parts, the sequences and the bytes held."""
     rows = []
@@ -320,8 +325,8 @@ def summary(store: Store) -> list[dict]:
         parts = store.parts(key)
         for name in parts:
             manifest = read_json_object(Path(store.manifest(key, name))) or {}
-            n_sequences += int(manifest.get("n_sequences", 0))
-            n_bytes += int(manifest.get("bytes", 0))
+            n_sequences += _count(manifest.get("n_sequences"))
+            n_bytes += _count(manifest.get("bytes"))
         rows.append(
             {
                 "key": key,
@@ -377,8 +382,13 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
     used = set()  # (key, part)
     for outdir in keep_outdirs:
         layout = Layout(str(outdir))
+        key = (read_json_object(Path(layout.plan_json)) or {}).get("key")
+        if not isinstance(key, str):
+            raise ValueError(
+                f"{outdir} is not the outdir of a planned run (no readable {layout.plan_json}); "
+                "name outdirs whose shard step has run"
+            )
         try:
-            key = json.loads(Path(layout.plan_json).read_text())["key"]
             codes, names = shard_codes(read_columns(layout.records, ["shard"]))
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(
@@ -393,7 +403,15 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
             if (key, name) not in used:
                 found += [store.part(key, name), store.manifest(key, name)]
         found += [str(p) for p in folder.glob(f"*{SET_ASIDE}")]
-    return [Unused(p, os.path.getsize(p)) for p in found if os.path.exists(p)]
+    return [Unused(p, tree_bytes(p)) for p in found if os.path.lexists(p)]
+
+
+def tree_bytes(path) -> int:
+    """The bytes of a file, or of every file under a folder (a part set aside may be one)."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size
+    return sum(f.lstat().st_size for f in path.rglob("*") if f.is_symlink() or f.is_file())
 
 
 def prune(store: Store, files: list[Unused]) -> None:
@@ -401,5 +419,10 @@ def prune(store: Store, files: list[Unused]) -> None:
     for key in sorted({Path(f.path).parent.name for f in files}):
         with storelock.exclusive(store.root, key, "prune"):
             for f in files:
-                if Path(f.path).parent.name == key:
-                    Path(f.path).unlink(missing_ok=True)
+                path = Path(f.path)
+                if path.parent.name != key:
+                    continue
+                if path.is_dir() and not path.is_symlink():  # a folder set aside as a part
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)

@@ -24,11 +24,35 @@ class StoreBusyError(RuntimeError):
     """A run holds the store key that maintenance would change."""
 
 
+class LocksPlaceError(ValueError):
+    """Something not a folder lies where the store keeps its lock files."""
+
+
 LOCKS = ".locks"  # the store's folder of lock files
 
 
 def _folder(store_root) -> Path:
     return Path(store_root) / LOCKS
+
+
+def locks_problem(store_root) -> str | None:
+    """Why the store's lock files cannot be kept in their folder, if they cannot."""
+    folder = _folder(store_root)
+    if os.path.lexists(folder) and not folder.is_dir():
+        return (
+            f"{folder} is a file, where esmshard keeps the store's lock files: move it away "
+            "(esmshard made no such file)"
+        )
+    return None
+
+
+def _made_folder(store_root) -> Path:
+    problem = locks_problem(store_root)
+    if problem:
+        raise LocksPlaceError(problem)
+    folder = _folder(store_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def hold_shared(store_root, key: str) -> None:
@@ -50,8 +74,7 @@ def shared(store_root, key: str, command: str):
 
 
 def _take_shared(store_root, key: str, who: dict):
-    folder = _folder(store_root)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _made_folder(store_root)
     holders(store_root, key)  # removes the records of runs that have ended
     record = open(folder / f"{key}.{socket.gethostname()}.{os.getpid()}.json", "w")
     fcntl.flock(record, fcntl.LOCK_EX)
@@ -86,8 +109,7 @@ def holders(store_root, key: str) -> list[dict]:
 @contextmanager
 def exclusive(store_root, key: str, doing: str):
     """Hold `key` exclusively for the block, or raise StoreBusyError naming the runs using it."""
-    folder = _folder(store_root)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _made_folder(store_root)
     with open(folder / f"{key}.lock", "a") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

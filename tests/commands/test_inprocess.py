@@ -65,8 +65,8 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         ({"P1": ""}, MODEL, {}, ValueError, "sequence P1 is empty"),
         ({"P1": "ACGTTGCAACGTTGCAACGTAC"}, MODEL, {}, ValueError, "looks like nucleotides"),
         ({"P1": "MKV1"}, MODEL, {}, FastaError, "character '1' is not an amino-acid letter"),
-        ([("P1", "MKV"), ("P1", "MKL")], MODEL, {}, ValueError, "the ID P1 is given twice"),
-        ({}, MODEL, {}, ValueError, "no sequences were given"),
+        ([("P1", "MKV"), ("P1", "MKL")], MODEL, {}, ValueError, "ID P1 is given twice"),
+        ({}, MODEL, {}, ValueError, "sequences: none were given"),
         ({"P1": "MKV"}, "esm3_huge", {}, ModelError, "not a model name esmshard knows"),
         ({"P1": "MKV"}, MODEL, {"precision": "fp8"}, ConfigError, "precision: fp8 is not valid"),
         ("no/such.fasta", MODEL, {}, FastaError, "no/such.fasta: does not exist"),
@@ -75,6 +75,9 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         ({"P1": "MKV"}, MODEL, {"repr_layers": "abc"}, ConfigError, "repr_layers: [abc] is not"),
         ({"P1": "MKV"}, MODEL, {"repr_layers": [9]}, ConfigError, "layer 9 does not exist"),
         (["MKV", ""], MODEL, {}, ValueError, "sequence 1 is empty"),
+        ("", MODEL, {}, ValueError, "sequences: an empty string"),
+        (b"MKV", MODEL, {}, TypeError, "sequences: bytes is not sequences"),
+        ([1, 2], MODEL, {}, ValueError, "sequences: item 1 is neither a sequence nor an (ID,"),
     ],
     ids=[
         "empty",
@@ -90,6 +93,9 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         "layers-text",
         "layer-99",
         "list-item",
+        "empty-text",
+        "bytes",
+        "numbers",
     ],  # fmt: skip
 )
 def test_bad_input_is_one_line_naming_it(sequences, model, settings, error, words):

@@ -172,14 +172,24 @@ def test_on_a_terminal_the_progress_is_one_line_redrawn(tmp_path):
     assert "Select jobs to execute" not in shown
 
 
-def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_path):
+def importing(outdir: Path) -> bool:
+    """An embed job has logged its start and is importing torch and the model's code."""
+    return any("run_shard: started" in log.read_text() for log in outdir.glob("logs/embed/*.log"))
+
+
+def embedding(outdir: Path) -> bool:
+    """An embed job has written its first progress: it is embedding."""
+    return any((outdir / "progress").glob("*.json"))
+
+
+@pytest.mark.parametrize("moment", [importing, embedding])
+def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_path, moment):
     command = [str(ESMSHARD), "run", str(PROTEINS), "-o", "out", "--model", MODEL]
     run = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)  # fmt: skip
-    progress = tmp_path / "out" / "progress"
     deadline = time.monotonic() + 120
-    while not (progress.is_dir() and any(progress.iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.1)  # an embed job has started
+    while not moment(tmp_path / "out") and time.monotonic() < deadline:
+        time.sleep(0.01)
     os.killpg(run.pid, signal.SIGINT)  # as a terminal sends Ctrl-C to its foreground group
     said = run.communicate(timeout=120)[1]
     assert run.returncode == 130 and "Traceback" not in said, said
@@ -187,6 +197,15 @@ def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_p
         "esmshard run: interrupted; the same command goes on where this one stopped",
         "esmshard run: Snakemake's whole output is in out/logs/esmshard-run.log",
     ]
+    # What plain `snakemake` would have shown: the job's one line, no traceback.
+    snakemake_output = (tmp_path / "out" / "logs" / "esmshard-run.log").read_text()
+    assert "stopped by SIGINT (Ctrl-C)" in snakemake_output
+    assert "Traceback" not in snakemake_output and "KeyboardInterrupt" not in snakemake_output
+    if moment is importing:  # the job stopped before it had loaded anything
+        (log,) = (tmp_path / "out" / "logs" / "embed").glob("*.log")
+        said = [line.split(" esmshard: ")[-1] for line in log.read_text().splitlines()]
+        assert said == [said[0], "run_shard: stopped by SIGINT (Ctrl-C); its incomplete outputs "
+                        "are removed"] and said[0].startswith("run_shard: started")  # fmt: skip
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp_path / "out" / "embeddings.h5").is_file()

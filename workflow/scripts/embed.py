@@ -1,9 +1,8 @@
-from esmshard.steps.embed import run_shard
 from esmshard.steps.job import run_step
 
 run_step(
     snakemake.log[0],
-    run_shard,
+    "esmshard.steps.embed:run_shard",
     shard_tsv=snakemake.input.shard,
     outdir=snakemake.config["outdir"],
     out_h5=snakemake.output.embeddings,

@@ -1,7 +1,5 @@
 from esmshard.layout import Layout
 from esmshard.steps.job import run_step
-from esmshard.steps.merge import merge
-from esmshard.store.runlock import current_run
 
 settings = dict(snakemake.params.items())
 output = {
@@ -11,7 +9,7 @@ store_root = settings.pop("store")
 run = Layout(snakemake.config["outdir"])
 run_step(
     snakemake.log[0],
-    merge,
+    "esmshard.steps.merge:merge",
     records=snakemake.input.records,
     plan_json=snakemake.input.plan,
     store_root=store_root,
@@ -21,6 +19,6 @@ run_step(
     settings=settings,
     checksum_cache=run.checksums,
     metrics_files=list(snakemake.input.metrics),
-    command=current_run(run.run_lock),
+    run_lock=run.run_lock,
     **output,
 )

@@ -1,9 +1,8 @@
 from esmshard.steps.job import run_step
-from esmshard.steps.report import write_report
 
 run_step(
     snakemake.log[0],
-    write_report,
+    "esmshard.steps.report:write_report",
     metric_files=list(snakemake.input.metrics),
     telemetry_files=list(snakemake.input.telemetry),
     out_json=snakemake.output.json,
