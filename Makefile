@@ -54,10 +54,12 @@ run: $(BIN)/snakemake $(EXAMPLE)
 # TEST_WORKERS pytest processes share the test files, each file whole on one worker: its
 # module-scoped runs are made once, and tests that must not overlap (the SLURM cluster's, one
 # machine-wide set of daemons) run one after another. The run ends with its 25 slowest tests
-# and its total time.
+# and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU threads sleep rather than spin while
+# they wait, so that the workers' and their jobs' threads do not take the cores from each other
+# (15% off the parity tests' time on 2 cores, docs/benchmarks.md).
 TEST_WORKERS ?= 2
 test: $(VENV)/.test-tools
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
+	OMP_WAIT_POLICY=PASSIVE PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 lint: $(VENV)/.lint-tools
 	$(BIN)/snakefmt --check Snakefile workflow
