@@ -141,6 +141,7 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bo
         (base + ["-n"], "dry_run"),
     ):
         steps[name] = timed(command, folder)
+    steps["first_lookup"] = first_lookup(outdir / "embeddings.h5")
     shard_seconds = steps["shard"]["job_seconds_max"]
     result = {
         "records": n_records,
@@ -153,6 +154,29 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bo
     if not keep:
         shutil.rmtree(folder)
     return result
+
+
+# One protein by ID in a fresh process: the last record's, so that nothing is found early.
+LOOKUP = """
+import json, sys, time
+import esmshard
+def rss():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
+with esmshard.open_embeddings(sys.argv[1]) as emb:
+    last = emb.ids(len(emb) - 1)[0]
+    before, started = rss(), time.perf_counter()
+    emb[last]
+    seconds = time.perf_counter() - started
+    print(json.dumps({"seconds": round(seconds, 4), "added_mb": round((rss() - before) / 1024, 1),
+                      "id_index": "id_index" in emb.h5}))
+"""
+
+
+def first_lookup(embeddings: Path) -> dict:
+    """The first `emb[ID]` of a newly opened embeddings.h5: seconds and memory it added."""
+    done = subprocess.run([sys.executable, "-c", LOOKUP, str(embeddings)], capture_output=True,
+                          text=True, check=True)  # fmt: skip
+    return json.loads(done.stdout)
 
 
 def many_shards(n_records: int, n_shards: int, workdir: Path, config: list[str]) -> dict:

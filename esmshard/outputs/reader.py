@@ -22,6 +22,7 @@ from ..files import DamagedFileError
 from ..representations import KINDS
 from ..steps.provenance import MADE_BY
 from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
+from .id_index import find_row, has_id_index
 
 
 class Protein(NamedTuple):
@@ -151,15 +152,17 @@ class Embeddings:
         return self.h5["ids"].asstr()[start:stop].tolist()
 
     def row(self, id_: str) -> int:
-        """The row of protein `id_` (the first lookup reads every ID, ~100 bytes each)."""
-        if self._row_of is None:
-            self._row_of = {name: row for row, name in enumerate(self.ids())}
-        try:
-            return self._row_of[id_]
-        except KeyError:
-            raise KeyError(
-                f"{id_!r} is not in {self.name} (failed, or not in the input)"
-            ) from None
+        """The row of protein `id_`: a few reads of the file's ID index (esmshard.outputs.id_index);
+        in a file written before it, the first lookup reads every ID (~100 bytes each)."""
+        if has_id_index(self.h5):
+            found = find_row(self.h5, id_) if isinstance(id_, str) else None
+        else:
+            if self._row_of is None:
+                self._row_of = {name: row for row, name in enumerate(self.ids())}
+            found = self._row_of.get(id_)
+        if found is None:
+            raise KeyError(f"{id_!r} is not in {self.name} (failed, or not in the input)")
+        return found
 
     def _row(self, protein: int | str) -> int:
         """A row given as a row, or as an ID."""

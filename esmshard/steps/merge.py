@@ -25,6 +25,7 @@ from .. import contacts
 from ..compute.telemetry import peak_memory_mb
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from ..input.records import iter_batches, read_columns, shard_codes, source
+from ..outputs.id_index import id_hashes, write_id_index
 from ..representations import KINDS
 from ..store import (
     KEY_DTYPE,
@@ -223,8 +224,9 @@ def merge(
         h5py.File(tmp, "w") as out,
         temporary_folder(out_dir, "merge-spill") as spill_dir,
     ):
-        _write_text_columns(out, records, embedded, n_embedded)
-        log.info("ids and headers written; peak memory so far %.0f MB", peak_memory_mb())
+        write_id_index(out, _write_text_columns(out, records, embedded, n_embedded))
+        log.info("ids, headers and their index written; peak memory so far %.0f MB",
+                 peak_memory_mb())  # fmt: skip
         out.create_dataset("lengths", data=lengths[embedded])
         del lengths
         if per_residue:
@@ -356,9 +358,10 @@ def _rows(records, columns, indices) -> list[tuple]:
     return found
 
 
-def _write_text_columns(out, records, embedded, n_embedded) -> None:
+def _write_text_columns(out, records, embedded, n_embedded) -> np.ndarray:
     """`ids`, `headers`, `truncated` and `sequence_sha256` of the embedded records, streamed from
-    the record table."""
+    the record table; returns the IDs' hashes (esmshard.outputs.id_index), in row order."""
+    hashes = np.empty(n_embedded, dtype=np.uint64)
     ids = out.create_dataset("ids", (n_embedded,), dtype=STR_DTYPE)
     headers = out.create_dataset("headers", (n_embedded,), dtype=STR_DTYPE)
     truncated = out.create_dataset("truncated", (n_embedded,), dtype=bool)
@@ -375,6 +378,7 @@ def _write_text_columns(out, records, embedded, n_embedded) -> None:
         described = taken.column("description").to_pylist()
         rows = slice(row, row + keep.size)
         ids[rows] = np.array(batch_ids, dtype=object)
+        hashes[rows] = id_hashes(batch_ids)
         headers[rows] = np.array(
             [f"{i} {d}" if d else i for i, d in zip(batch_ids, described)], dtype=object
         )
@@ -383,6 +387,7 @@ def _write_text_columns(out, records, embedded, n_embedded) -> None:
             taken.column("sequence_sha256").to_numpy(zero_copy_only=False), dtype=SHA256_DTYPE
         )
         row = rows.stop
+    return hashes
 
 
 def _dim(path, layers) -> int:

@@ -7,6 +7,7 @@ import torch
 from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 
 import esmshard
+from esmshard.outputs.id_index import id_hash, id_hashes, write_id_index
 
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
 
@@ -97,3 +98,35 @@ def test_compressed_datasets_are_read_rather_than_mapped(tmp_path):
         means = emb.array("mean", 6)
         assert not isinstance(means, np.memmap)
         np.testing.assert_array_equal(means, np.eye(2, 4))
+
+
+def test_ids_are_found_through_the_index_without_reading_every_id(tmp_path, monkeypatch):
+    path = tmp_path / "embeddings.h5"
+    ids = ["P0A7Z4", "sp|P12345|X_ECOLI", "Ünïcode-ID", "a", "b", "c" * 300]
+    with h5py.File(path, "w") as h5:
+        h5.create_dataset("ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+        write_id_index(h5, id_hashes(ids))
+    # the vectorised hashes are the one-ID ones
+    assert [int(h) for h in id_hashes(ids)] == [id_hash(i) for i in ids]
+    with esmshard.open_embeddings(path) as emb:
+        monkeypatch.setattr(type(emb), "ids", lambda *a: pytest.fail("every ID was read"))
+        assert [emb.row(i) for i in ids] == list(range(len(ids)))
+        assert "P0A7Z" not in emb and "Z" not in emb and 5 not in emb
+        with pytest.raises(KeyError, match="'P0A7Z' is not in"):
+            emb.row("P0A7Z")
+
+
+def test_equal_hashes_are_settled_by_the_ids_and_a_file_without_an_index_still_reads(tmp_path):
+    path = tmp_path / "embeddings.h5"
+    ids = ["first", "second", "third"]
+    with h5py.File(path, "w") as h5:
+        h5.create_dataset("ids", data=np.array(ids, dtype=object), dtype=h5py.string_dtype())
+        # "second" and "third" given one hash, as two IDs of a colliding pair would have
+        same = np.uint64(id_hash("third"))
+        write_id_index(h5, np.array([id_hash("first"), same, same], dtype=np.uint64))
+    with esmshard.open_embeddings(path) as emb:
+        assert emb.row("third") == 2 and "second" not in emb  # its own hash is not listed
+    with h5py.File(path, "a") as h5:
+        del h5["id_index"]
+    with esmshard.open_embeddings(path) as emb:
+        assert [emb.row(i) for i in ids] == [0, 1, 2] and "fourth" not in emb

@@ -140,7 +140,8 @@ def test_every_kind_lands_in_input_order(run):
                 h5["per_tok/6"][offsets[row] : offsets[row + 1]], want.per_tok
             )
         assert h5["sequence_sha256"][:].astype(str).tolist() == [key(i) for i in embedded]
-        assert set(h5) == {"ids", "headers", "lengths", "truncated", "sequence_sha256", *KINDS}
+        assert set(h5) == {"ids", "headers", "lengths", "truncated", "sequence_sha256", "id_index",
+                           *KINDS}  # fmt: skip
     assert read_tsv(folder / "failed.tsv") == [
         {"id": "P1", "source": "in.fa:1", "reason": "out of memory even alone"}
     ]

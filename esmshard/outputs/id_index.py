@@ -1,0 +1,67 @@
+"""The index of an embeddings.h5's IDs, so that one protein is found by ID in a few reads of the
+file whatever its size, instead of reading every ID into memory (~100 bytes each).
+
+Datasets `id_index/hash` (the IDs' 64-bit FNV-1a hashes of their UTF-8 bytes, sorted) and
+`id_index/row` (the row of each). A lookup is a binary search of the hashes on disk; equal hashes
+(about n²/2⁶⁵ pairs among n IDs: one in 3,700 files of 100M proteins) are settled by reading the
+IDs they point to. Files written before the index read as before.
+"""
+
+import h5py
+import numpy as np
+
+HASHES, ROWS = "id_index/hash", "id_index/row"
+_OFFSET, _PRIME, _MASK = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
+
+
+def id_hash(id_: str) -> int:
+    """FNV-1a, 64 bits, of the ID's UTF-8 bytes."""
+    found = _OFFSET
+    for byte in id_.encode():
+        found = ((found ^ byte) * _PRIME) & _MASK
+    return found
+
+
+def id_hashes(ids: list[str]) -> np.ndarray:
+    """`id_hash` of each ID, as uint64, a byte column at a time for the whole list."""
+    encoded = [i.encode() for i in ids]
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    width = int(lengths.max()) if len(encoded) else 0
+    codes = np.array(encoded, dtype=f"S{max(width, 1)}").view(np.uint8).reshape(len(encoded), -1)
+    found = np.full(len(encoded), _OFFSET, dtype=np.uint64)
+    prime = np.uint64(_PRIME)
+    with np.errstate(over="ignore"):  # the product wraps at 64 bits, as FNV's does
+        for column in range(width):
+            live = lengths > column
+            found[live] = (found[live] ^ codes[live, column]) * prime
+    return found
+
+
+def write_id_index(out: h5py.File, hashes: np.ndarray) -> None:
+    """The index of the IDs whose hashes (row order) are `hashes`."""
+    order = np.argsort(hashes, kind="stable")
+    out.create_dataset(HASHES, data=hashes[order])
+    out.create_dataset(ROWS, data=order.astype(np.uint32 if len(order) < 1 << 32 else np.uint64))
+
+
+def has_id_index(h5: h5py.File) -> bool:
+    return HASHES in h5 and ROWS in h5
+
+
+def find_row(h5: h5py.File, id_: str) -> int | None:
+    """The row of `id_` through the index (a file that has one), or None if it is not there."""
+    hashes, target = h5[HASHES], np.uint64(id_hash(id_))
+    low, high = 0, len(hashes)
+    while low < high:  # the first hash not below the target, reading one value per step
+        middle = (low + high) // 2
+        if hashes[middle] < target:
+            low = middle + 1
+        else:
+            high = middle
+    ids = h5["ids"].asstr()
+    while low < len(hashes) and hashes[low] == target:
+        row = int(h5[ROWS][low])
+        if ids[row] == id_:
+            return row
+        low += 1
+    return None
