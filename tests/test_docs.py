@@ -33,7 +33,7 @@ RUN_BY = {
     "pip install esmshard-": "test_install.py::test_the_wheel_runs_from_an_empty_folder_as_snake",
     "pip install esmshard snakedeploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "pip install -e": "../.ci/run",  # make installs the clone so
-    "pip install --no-index --find-links": "commands/test_wheelhouse.py::test_the_wheelhouse_installs",
+    "pip install --no-index --find-links": "test_install.py::test_the_wheelhouse_installs_offline",
     "snakedeploy deploy-workflow": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "cd deployed": "test_install.py::test_a_deployed_workflow_runs_with_the",
 }

@@ -1,4 +1,5 @@
-"""esmshard installed as its users install it: the built sdist and wheel in a fresh virtualenv,
+"""esmshard installed as its users install it: the built sdist and wheel; `make wheelhouse` and
+a fresh virtualenv with torch that installs from it with no network (a GPU node's install);
 `esmshard run` from an empty folder outside the repository, and the workflow catalog's
 deployment (`snakedeploy deploy-workflow`) of a tagged clone, run with the installed package."""
 
@@ -6,6 +7,7 @@ import gzip
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -57,14 +59,40 @@ def dist(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory, dist) -> Path:
-    """A fresh virtualenv with torch as `make` takes it and the wheel with its dependencies."""
-    path = tmp_path_factory.mktemp("venv")
+def wheelhouse(tmp_path_factory) -> Path:
+    """`make wheelhouse` where there is network: esmshard's wheel and its dependencies'."""
+    folder = tmp_path_factory.mktemp("node") / "wheelhouse"
+    python = "%d.%d" % sys.version_info[:2]
+    run(["make", "-C", str(REPO), "wheelhouse", f"PY={python}", f"WHEELHOUSE={folder}"], REPO,
+        os.environ)  # fmt: skip
+    return folder
+
+
+# No index, no pip configuration (its local find-links included), and a dead proxy: any attempt
+# to reach the network fails.
+OFFLINE = {
+    **os.environ,
+    "PIP_CONFIG_FILE": os.devnull,
+    "PIP_NO_INDEX": "1",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "HTTP_PROXY": "http://127.0.0.1:9",
+}
+OFFLINE_INSTALL = doc_block("docs/install.md", "**GPU nodes without network.**").strip()
+
+
+@pytest.fixture(scope="module")
+def venv(wheelhouse, dist) -> Path:
+    """A GPU node's fresh virtualenv: torch as `make` takes it, then esmshard and every
+    dependency from the wheelhouse with no network, by the docs' command; then esmshard again
+    from the built wheel, as the README installs it (its dependencies already there)."""
+    path = wheelhouse.parent / "venv"
     base_python = getattr(sys, "_base_executable", sys.executable)
-    run([base_python, "-m", "venv", str(path)], path, os.environ)
-    pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-    run([*pip, torch_spec()], path, os.environ)
-    run([*pip, str(next(dist.glob("*.whl")))], path, os.environ)
+    run([base_python, "-m", "venv", str(path)], path.parent, os.environ)
+    pip = [str(path / "bin" / "python"), "-m", "pip"]
+    run([*pip, "install", "--quiet", torch_spec()], path.parent, os.environ)
+    run([*pip, *shlex.split(OFFLINE_INSTALL)[1:]], wheelhouse.parent, OFFLINE)
+    run([*pip, "uninstall", "--yes", "esmshard"], path.parent, os.environ)
+    run([*pip, "install", "--quiet", str(next(dist.glob("*.whl")))], path.parent, OFFLINE)
     return path
 
 
@@ -104,6 +132,18 @@ def test_the_sdist_and_the_wheel_hold_the_workflow(dist):
             (REPO / "esmshard").rglob("*.py")} <= names  # fmt: skip
     sdist = next(dist.glob("*.tar.gz")).name
     assert sdist == f"esmshard-{VERSION}.tar.gz"
+
+
+def test_the_wheelhouse_installs_offline_next_to_torch(wheelhouse, venv):
+    names = {path.name.split("-")[0].lower() for path in wheelhouse.glob("*.whl")}
+    assert {"esmshard", "snakemake", "fair_esm", "snakemake_executor_plugin_slurm"} <= names
+    assert "torch" not in names and not any(n.startswith("nvidia_cu") for n in names)
+    assert OFFLINE_INSTALL == "pip install --no-index --find-links wheelhouse 'esmshard[cluster]'"
+    modules = "esm, esmshard.steps.embed, esmshard.steps.merge, snakemake_executor_plugin_slurm"
+    run([str(venv / "bin" / "python"), "-c", f"import {modules}"], venv, os.environ)
+    version = run([str(venv / "bin" / "snakemake"), "--version"], venv, os.environ)
+    assert version.stdout.startswith("9.")
+    run([str(venv / "bin" / "esmshard"), "status", "--help"], venv, os.environ)
 
 
 def test_the_wheel_runs_from_an_empty_folder_as_snakemake_does_in_a_clone(tmp_path, venv):

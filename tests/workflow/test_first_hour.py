@@ -185,8 +185,12 @@ def embedding(outdir: Path) -> bool:
 @pytest.mark.parametrize("moment", [importing, embedding])
 def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_path, moment):
     command = [str(ESMSHARD), "run", str(PROTEINS), "-o", "out", "--model", MODEL]
+
+    def as_in_a_terminal():  # Ctrl-C's default action, whatever this test's parent left ignored
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     run = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)  # fmt: skip
+                           start_new_session=True, preexec_fn=as_in_a_terminal)  # fmt: skip
     deadline = time.monotonic() + 120
     while not moment(tmp_path / "out") and time.monotonic() < deadline:
         time.sleep(0.01)
