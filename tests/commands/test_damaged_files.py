@@ -288,3 +288,15 @@ def test_a_folder_set_aside_is_listed_with_its_size_and_pruned(tmp_path, finishe
     status, said = esmshard_says(tmp_path, PRUNE)
     assert status == 0 and no_stack_lines(said) and not aside.exists(), said
     assert esmshard_says(tmp_path, PRUNE)[1].startswith("removed 0 files")
+
+
+@pytest.mark.parametrize("form", FORMS, ids=lambda form: form.__name__)
+def test_a_running_shards_damaged_progress_is_left_out_of_status(tmp_path, finished, form):
+    """A shard still running (its part not in the store yet) whose progress file is damaged:
+    the job rewrites it after every batch, so status shows the shard as not started."""
+    path, outdir = damaged_copy(finished, tmp_path, "progress/*.json", form)
+    for part in (outdir / "store").glob("*/*.h5"):
+        part.unlink()
+    status, said = esmshard_says(tmp_path, STATUS)
+    assert status == 0 and no_stack_lines(said), said
+    assert "shards 0/1 (0%)" in said, said

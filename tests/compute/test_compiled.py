@@ -119,6 +119,13 @@ def test_an_entry_reads_back_only_as_written_and_for_its_own_key(tmp_path):
     assert "bytes where" in entry.read(mine)[1]
     entry.path.write_bytes(b"\x00garbage")
     assert "unreadable" in entry.read(mine)[1]
+    entry.path.write_bytes(b"")  # empty
+    assert "unreadable" in entry.read(mine)[1]
+    entry.path.write_text("[]\n")  # JSON of another shape
+    assert "another torch" in entry.read(mine)[1]
+    entry.path.unlink()
+    entry.path.mkdir()  # a folder in its place
+    assert "unreadable" in entry.read(mine)[1]
 
 
 def test_a_damaged_entry_is_ignored_and_replaced_by_the_jobs_own_compilation(tmp_path, caplog):
