@@ -19,10 +19,10 @@ import numpy as np
 
 from .. import contacts
 from ..files import DamagedFileError
+from ..id_index import find_row, has_id_index
 from ..representations import KINDS
 from ..steps.provenance import MADE_BY
 from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
-from .id_index import find_row, has_id_index
 
 
 class Protein(NamedTuple):
@@ -152,7 +152,7 @@ class Embeddings:
         return self.h5["ids"].asstr()[start:stop].tolist()
 
     def row(self, id_: str) -> int:
-        """The row of protein `id_`: a few reads of the file's ID index (esmshard.outputs.id_index);
+        """The row of protein `id_`: a few reads of the file's ID index (esmshard.id_index);
         in a file written before it, the first lookup reads every ID (~100 bytes each)."""
         if has_id_index(self.h5):
             found = find_row(self.h5, id_) if isinstance(id_, str) else None

@@ -24,8 +24,8 @@ import numpy as np
 from .. import contacts
 from ..compute.telemetry import peak_memory_mb
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
+from ..id_index import id_hashes, write_id_index
 from ..input.records import iter_batches, read_columns, shard_codes, source
-from ..outputs.id_index import id_hashes, write_id_index
 from ..representations import KINDS
 from ..store import (
     KEY_DTYPE,
@@ -360,7 +360,7 @@ def _rows(records, columns, indices) -> list[tuple]:
 
 def _write_text_columns(out, records, embedded, n_embedded) -> np.ndarray:
     """`ids`, `headers`, `truncated` and `sequence_sha256` of the embedded records, streamed from
-    the record table; returns the IDs' hashes (esmshard.outputs.id_index), in row order."""
+    the record table; returns the IDs' hashes (esmshard.id_index), in row order."""
     hashes = np.empty(n_embedded, dtype=np.uint64)
     ids = out.create_dataset("ids", (n_embedded,), dtype=STR_DTYPE)
     headers = out.create_dataset("headers", (n_embedded,), dtype=STR_DTYPE)
