@@ -402,7 +402,10 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
         for name in store.parts(key):
             if (key, name) not in used:
                 found += [store.part(key, name), store.manifest(key, name)]
-        found += [str(p) for p in folder.glob(f"*{SET_ASIDE}")]
+        # what set_aside renamed, by its names only: a part's .h5 and its manifest's .json
+        found += [
+            str(p) for suffix in (".h5", ".json") for p in folder.glob(f"*{suffix}{SET_ASIDE}")
+        ]
     return [Unused(p, tree_bytes(p)) for p in found if os.path.lexists(p)]
 
 

@@ -282,11 +282,13 @@ def test_a_folder_set_aside_is_listed_with_its_size_and_pruned(tmp_path, finishe
     assert esmshard_says(tmp_path, VERIFY)[0] == 1
     aside = path.with_name(path.name + ".corrupt")
     assert aside.is_dir()
+    (path.parent / "notes.corrupt").mkdir()  # not a name esmshard sets aside: never pruned
     listed = esmshard_says(tmp_path, PRUNE[:-1])[1]  # without --apply
     (line,) = [line for line in listed.splitlines() if line.endswith(".h5.corrupt")]
     assert line.split()[:2] == ["50.0", "KB"], listed  # its files' bytes, not the folder's entry
     status, said = esmshard_says(tmp_path, PRUNE)
     assert status == 0 and no_stack_lines(said) and not aside.exists(), said
+    assert (path.parent / "notes.corrupt").is_dir()
     assert esmshard_says(tmp_path, PRUNE)[1].startswith("removed 0 files")
 
 
