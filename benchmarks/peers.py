@@ -2,7 +2,7 @@
 
     python benchmarks/peers.py --device cuda --every 1 --toks-per-batch 65536
     python benchmarks/peers.py --esm2 esm2_t6_8M_UR50D --esmc esmc_300m --esmc-sequences 4 \
-        --big --every 100 --toks-per-batch 4096 --threads 2
+        --esmc-layers 2 --big --every 100 --toks-per-batch 4096 --threads 2
 
 ESM-2 (`--esm2`, random weights of the real shape): fair-esm's model in fp32 and with its weights
 in bf16 (as `model.bfloat16()` gives it); transformers' `EsmModel` in bf16 with SDPA attention
@@ -148,7 +148,7 @@ def esm2_sides(name, sequences, args, device):
 
 
 def esmc_sides(name, sequences, args, device, folder):
-    hf, net, alphabet = esmc_models(name, folder, device)
+    hf, net, alphabet = esmc_models(name, folder, device, args.esmc_layers)
     hf.to(torch.bfloat16)
     layers = net.num_layers
     precision = PRECISIONS[args.precision]
@@ -195,6 +195,7 @@ def measure(name, arch, sides, layer, sequences, args, device) -> None:
         seconds = statistics.median(times[side, precision])
         row = {
             "model": name,
+            "layers": layers,
             "side": side,
             "precision": precision,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -241,6 +242,7 @@ def main():
     parser.add_argument("--esm2", nargs="*", default=["esm2_t33_650M_UR50D"])
     parser.add_argument("--esmc", nargs="*", default=["esmc_300m", "esmc_600m"])
     parser.add_argument("--esmc-sequences", type=int, help="ESM C: the first N records only")
+    parser.add_argument("--esmc-layers", type=int, help="ESM C: the first N layers only")
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                         help=f"{BIG}'s shape too (default: on a GPU)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -261,7 +263,9 @@ def main():
             chosen = records[: args.esmc_sequences]
             sequences = [r.sequence[: ESMC.max_residues] for r in chosen]
             sides, layer = esmc_sides(name, sequences, args, device, Path(tmp) / name)
-            measure(name, ESMC.archs[name], sides, layer, sequences, args, device)
+            arch = ESMC.archs[name]
+            arch = arch._replace(layers=args.esmc_layers or arch.layers)
+            measure(name, arch, sides, layer, sequences, args, device)
         if args.big if args.big is not None else device.type == "cuda":
             big([r.sequence[: ESM2.max_residues] for r in records], args, device)
 

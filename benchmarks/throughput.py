@@ -122,12 +122,14 @@ def peer(net, alphabet, fasta, toks_per_batch, device) -> float:
     return time.perf_counter() - start
 
 
-def esmc_models(name: str, folder: Path, device):
-    """transformers' EsmcModel of the published shape `name` (random weights, as transformers
-    initialises them) and esmshard's ESMC with the same weights, read from the saved folder."""
+def esmc_models(name: str, folder: Path, device, layers: int | None = None):
+    """transformers' EsmcModel of the published shape `name`, its first `layers` layers (all by
+    default; random weights, as transformers initialises them) and esmshard's ESMC with the same
+    weights, read from the saved folder."""
     import transformers
 
-    layers, dim, heads = ESMC.archs[name]
+    arch = ESMC.archs[name]
+    layers, dim, heads = arch._replace(layers=layers or arch.layers)
     hf = transformers.EsmcModel(
         transformers.EsmcConfig(
             hidden_size=dim,
