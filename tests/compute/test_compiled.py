@@ -160,10 +160,10 @@ def embed_metrics(outdir) -> dict:
 
 def test_runs_sharing_a_store_compile_once_and_give_the_eager_numbers(tmp_path):
     """Two runs on two inputs share one store: the second's embed job loads what the first
-    compiled. A third finds the entry damaged, compiles again and keeps a good entry."""
+    compiled (a damaged entry, compiled again, is test_a_damaged_entry_is_ignored_...)."""
     inputs = [
         write_subset(f"ecoli_compile_{k}.fasta", lambda i, h, s, k=k: i % 150 == 7 * k + 1)
-        for k in range(3)
+        for k in range(2)
     ]
     store = tmp_path / "store"
     # the eager path's numbers for both inputs, in one run
@@ -173,7 +173,7 @@ def test_runs_sharing_a_store_compile_once_and_give_the_eager_numbers(tmp_path):
     assert embed_metrics(eager)["compile_cache"] == "off"
     want = means(eager)
     runs = []
-    for k, path in enumerate(inputs[:2]):
+    for k, path in enumerate(inputs):
         outdir = tmp_path / f"compiled_{k}"
         snakemake(tmp_path, {}, *config(path, outdir, f"store={store}", "compile=on", "shards=1"))
         runs.append(embed_metrics(outdir))
@@ -186,16 +186,6 @@ def test_runs_sharing_a_store_compile_once_and_give_the_eager_numbers(tmp_path):
     (entry,) = (store / ".compiled").glob("*.entry")
     report = json.loads((tmp_path / "compiled_1" / "report" / "scaling.json").read_text())
     assert report["compile_cache_hits"] == 1
-
-    data = bytearray(entry.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    entry.write_bytes(bytes(data))
-    outdir = tmp_path / "compiled_2"
-    snakemake(tmp_path, {}, *config(inputs[2], outdir, f"store={store}", "compile=on"))
-    assert embed_metrics(outdir)["compile_cache"] == "miss"
-    (log,) = (outdir / "logs" / "embed").glob("*.log")
-    assert "ignored: its bytes changed since they were written" in log.read_text()
-    assert entry.read_bytes() != bytes(data)  # written anew, whole
     with open(entry, "rb") as fh:
         header = json.loads(fh.readline())
     assert header["key"]["device"] == compiled.device_kind(CPU)
