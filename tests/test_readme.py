@@ -110,3 +110,9 @@ def test_reading_and_exporting_as_the_docs_show(tmp_path):
                               text=True)  # fmt: skip
         assert done.returncode == 0 and "291/291 proteins (100%)" in done.stderr, done.stderr
         assert (tmp_path / shlex.split(command)[-1]).exists()
+    code = doc_block("docs/outputs.md", "The Parquet dataset is read in place", "```python\n")
+    read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
+                          text=True)  # fmt: skip
+    assert read.returncode == 0, read.stderr[-3000:]
+    assert "291 rows; columns: ['id', 'sequence_sha256', 'length', 'mean_6']" in read.stdout
+    assert "RHSB_ECOLI    1022" in read.stdout and "mean length 317.78" in read.stdout

@@ -150,7 +150,10 @@ def main(argv=None):
     export.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
     export.add_argument("--format", required=True, choices=sorted(exports.FORMATS))
     export.add_argument(
-        "--out", required=True, type=Path, help="the file (or folder for pt, npy) to write"
+        "--out",
+        required=True,
+        type=Path,
+        help="the file (or folder for pt, npy, parquet) to write",
     )
     export.add_argument(
         "--kind",

@@ -16,8 +16,9 @@ FORMATS is the one table of them:
   residue, rows of protein i at `per_tok_offsets.npy`[i:i+2]), `contacts.npy` with
   `contacts_offsets.npy` (esmshard.contacts' triangles), and `ids.tsv` (id, sequence_sha256):
   `numpy.load(path, mmap_mode="r")` reads any of them without loading it.
-- `parquet`: one row per protein: `id`, `sequence_sha256`, and a list<float> column
-  `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue).
+- `parquet`: a Parquet dataset, a folder of `part-NNNNN.parquet` files: one row per protein,
+  `id`, `sequence_sha256`, `length` (residues embedded), and a list<float> column `<kind>_<layer>` per kind and
+  layer (per-residue kinds: list<list<float>>, a row per residue).
 
 Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds float32 tensors,
 as extract's, which float16 values convert to exactly).
@@ -52,6 +53,9 @@ PROTEINS_PER_BLOCK = 8192
 STRING_BYTES = 1024
 SAFE = re.compile(rb"[A-Za-z0-9._-]")
 MAX_NAME_BYTES = 200  # file names: most filesystems allow 255 bytes
+# The Parquet dataset's files: each of about this many bytes of values, so that readers share
+# the files out between their threads and no file grows without bound.
+PARQUET_FILE_BYTES = 1 << 30
 
 
 class ExportError(ValueError):
@@ -356,9 +360,22 @@ def _copy_whole(data, path) -> None:
     out.close()
 
 
-def write_parquet(emb, target, bar, options: Options):
+def parquet_schema(emb: Embeddings, kinds: dict[str, list[int]]):
+    """The Parquet dataset's columns: `id`, `sequence_sha256`, `length`, and `<kind>_<layer>`
+    (list<float>, per residue list<list<float>>), with the run's card as schema metadata."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    fields = [("id", pa.string()), ("sequence_sha256", pa.string()), ("length", pa.int32())]
+    for kind, layers in kinds.items():
+        value = pa.from_numpy_dtype(emb.h5[dataset(kind, layers[0])].dtype)
+        column = pa.list_(pa.list_(value)) if KINDS[kind].per_residue else pa.list_(value)
+        fields += [(f"{kind}_{layer}", column) for layer in layers]
+    return pa.schema(fields, metadata={b"esmshard": json.dumps(emb.made_by).encode()})
+
+
+def parquet_table(block: Block, schema):
+    """A block's proteins as one Parquet row group."""
+    import pyarrow as pa
 
     def vectors(values: np.ndarray):
         flat = pa.array(values.reshape(-1))
@@ -366,29 +383,39 @@ def write_parquet(emb, target, bar, options: Options):
             pa.array(np.arange(0, len(flat) + 1, values.shape[1], dtype=np.int32)), flat
         )
 
-    metadata = {b"esmshard": json.dumps(emb.made_by).encode()}
-    writer = None
+    columns = [pa.array(block.ids), pa.array(block.sha256), pa.array(block.lengths, pa.int32())]
+    for kind, layers in block.values.items():
+        for values in layers.values():
+            column = vectors(values)
+            if KINDS[kind].per_residue:
+                offsets = pa.array(block.residue_offsets.astype(np.int32))
+                column = pa.ListArray.from_arrays(offsets, column)
+            columns.append(column)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def write_parquet(emb, target, bar, options: Options):
+    """A folder of Parquet files, `part-00000.parquet` on, each of about PARQUET_FILE_BYTES in
+    row groups of one block (at most PROTEINS_PER_BLOCK proteins, about BLOCK_BYTES): the
+    dataset that pyarrow, DuckDB, Polars, pandas and Spark read in place."""
+    import pyarrow.parquet as pq
+
+    target.mkdir()
+    schema = parquet_schema(emb, options.kinds)
+    writer, written, files = None, 0, 0
     try:
         for block in blocks(emb, options.kinds, False):
-            columns = {"id": pa.array(block.ids), "sequence_sha256": pa.array(block.sha256)}
-            for kind, layers in block.values.items():
-                for layer, values in layers.items():
-                    column = vectors(values)
-                    if KINDS[kind].per_residue:
-                        column = pa.ListArray.from_arrays(
-                            pa.array(block.residue_offsets.astype(np.int32)), column
-                        )
-                    columns[f"{kind}_{layer}"] = column
-            table = pa.table(columns)
-            if writer is None:
-                writer = pq.ParquetWriter(target, table.schema.with_metadata(metadata))
+            table = parquet_table(block, schema)
+            if writer is None or written >= PARQUET_FILE_BYTES:
+                if writer is not None:
+                    writer.close()
+                writer = pq.ParquetWriter(target / f"part-{files:05d}.parquet", schema)
+                written, files = 0, files + 1
             writer.write_table(table)
+            written += table.nbytes
             bar.update(len(block.ids))
         if writer is None:  # no protein: the columns alone
-            pq.write_table(
-                pa.table({"id": pa.array([], pa.string())}).replace_schema_metadata(metadata),
-                target,
-            )
+            pq.write_table(schema.empty_table(), target / "part-00000.parquet")
     finally:
         if writer is not None:
             writer.close()
@@ -406,7 +433,7 @@ FORMATS = {
         Format("per-protein-h5", write_per_protein_h5, False),
         Format("pt", write_pt, True),
         Format("npy", write_npy, True),
-        Format("parquet", write_parquet, False),
+        Format("parquet", write_parquet, True),
     )
 }
 

@@ -2,6 +2,7 @@
 embeddings.h5, on runs made through the `snakemake` command line."""
 
 import hashlib
+import io
 import shutil
 import subprocess
 import sys
@@ -10,10 +11,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 import torch
 from conftest import MODEL, PROTEINS, fill, read_records, small_disk, snakemake
 
+from esmshard.outputs import export as exports
 from esmshard.outputs.export import pt_name
 
 ESMSHARD = str(Path(sys.executable).parent / "esmshard")
@@ -108,22 +111,60 @@ def test_npy_arrays_memory_map_and_match(run):
         np.testing.assert_array_equal(loaded, expected)
 
 
-def test_parquet_has_a_row_per_protein(run):
+# DuckDB has no 16-bit float: it reads float16 columns as FLOAT, each value exactly.
+FLOAT32_ONLY = {"duckdb"}
+
+
+def parquet_readers(folder: Path) -> dict[str, pd.DataFrame]:
+    """The Parquet dataset in `folder` as each library that reads it in place reads it."""
+    import duckdb
+    import polars as pl
+    import pyarrow.dataset as ds
+
+    files = str(folder / "*.parquet")
+    return {
+        "pandas": pd.read_parquet(folder),
+        "pyarrow.dataset": ds.dataset(folder, format="parquet").to_table().to_pandas(),
+        "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{files}')").df(),
+        "polars": pl.scan_parquet(files).collect().to_pandas(),
+    }
+
+
+def assert_parquet_equals_embeddings(folder: Path, workdir: Path):
+    arrays, ids, _, offsets = stored(workdir)
+    with h5py.File(workdir / "out" / "embeddings.h5") as h5:
+        sha256 = [d.decode() for d in h5["sequence_sha256"]]
+        lengths = h5["lengths"][:].tolist()
+    for reader, table in parquet_readers(folder).items():
+        assert table["id"].tolist() == ids, reader
+        assert table["sequence_sha256"].tolist() == sha256, reader
+        assert table["length"].tolist() == lengths, reader
+        for name, expected in arrays.items():
+            column = table[name.replace("/", "_")]
+            if name.startswith("per_tok"):
+                got = np.concatenate([np.stack(rows) for rows in column])
+                assert [len(rows) for rows in column] == np.diff(offsets).tolist(), reader
+            else:
+                got = np.stack(column)
+            np.testing.assert_array_equal(got, expected, err_msg=reader)
+            assert got.dtype == expected.dtype or reader in FLOAT32_ONLY, (reader, got.dtype)
+
+
+def test_parquet_is_a_dataset_with_a_row_per_protein(run):
     export(run, "--format", "parquet", "--out", "table.parquet")
-    arrays, ids, _, offsets = stored(run)
-    table = pd.read_parquet(run / "table.parquet")
-    assert table["id"].tolist() == ids
-    with h5py.File(run / "out" / "embeddings.h5") as h5:
-        assert table["sequence_sha256"].tolist() == [d.decode() for d in h5["sequence_sha256"]]
-    for name, expected in arrays.items():
-        column = table[name.replace("/", "_")]
-        if name.startswith("per_tok"):
-            got = np.concatenate([np.stack(rows) for rows in column])
-            assert [len(rows) for rows in column] == np.diff(offsets).tolist()
-        else:
-            got = np.stack(column)
-        assert got.dtype == expected.dtype
-        np.testing.assert_array_equal(got, expected)
+    assert [p.name for p in (run / "table.parquet").iterdir()] == ["part-00000.parquet"]
+    assert_parquet_equals_embeddings(run / "table.parquet", run)
+
+
+def test_a_large_parquet_export_is_many_files_of_row_groups_read_in_place(run, monkeypatch):
+    # What a large run gives, at 40 proteins: row groups of 7 proteins, a file for each.
+    monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)
+    monkeypatch.setattr(exports, "PARQUET_FILE_BYTES", 1)
+    exports.export(run / "out", "parquet", run / "parts.parquet", stream=io.StringIO())
+    files = sorted((run / "parts.parquet").iterdir())
+    assert [f.name for f in files] == [f"part-{i:05d}.parquet" for i in range(6)]
+    assert [pq.ParquetFile(f).metadata.num_rows for f in files] == [7] * 5 + [5]
+    assert_parquet_equals_embeddings(run / "parts.parquet", run)
 
 
 def test_export_refuses_to_overwrite_and_names_a_missing_run(run, tmp_path):

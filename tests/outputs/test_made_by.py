@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import h5py
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 import torch
 from conftest import MODEL, PROTEINS, config, snakemake
 
@@ -28,7 +28,7 @@ def test_every_output_names_the_model_and_its_weights_sha256(tmp_path):
     with h5py.File(tmp_path / "p.h5") as h5:
         per_protein = dict(h5.attrs)
     run = json.loads((out / "run.json").read_text())["made_by"]
-    parquet = json.loads(pq.read_schema(tmp_path / "e.parquet").metadata[b"esmshard"])
+    parquet = json.loads(ds.dataset(tmp_path / "e.parquet").schema.metadata[b"esmshard"])
     npy = json.loads((tmp_path / "npy" / "made_by.json").read_text())
     pt_file = next((tmp_path / "pt").glob("*.pt"))
     pt = torch.load(pt_file, weights_only=False)["esmshard"]
