@@ -452,7 +452,8 @@ def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
     """Blocks of the rows of a part's dataset that the run uses, each with their output rows.
 
     A block spans at most BLOCK_BYTES of the part and is read at once; rows it holds for no
-    record are read with it and dropped, rows that several records share are repeated.
+    record are read with it and dropped, rows that several records share are repeated, at most
+    a block's worth of records at a time (a few sequences may stand for millions of records).
     """
     if not part.rows.size:
         return
@@ -470,20 +471,22 @@ def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
         records_per_block = max(1, BLOCK_BYTES // (row_items * 4 * rows_per_record))
         block_of = part.rows // records_per_block
         edges = np.flatnonzero(np.diff(block_of)) + 1
-        for chosen in np.split(np.arange(part.rows.size), edges):
-            rows, records = part.rows[chosen], part.records[chosen]
-            first, last = int(starts[rows[0]]), int(starts[rows[-1] + 1])
-            block = data[first:last]
-            n = counts[rows]
-            within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-            source = np.repeat(starts[rows] - first, n) + within
-            output_row = placement.row_of[records].astype(np.int64)
-            if placement.offsets is not None:
-                output_row = placement.offsets[output_row]
-            taken = block[source]
-            if dtype != np.float32:
-                taken = _narrowed(taken, dtype, part.path, name)
-            yield np.repeat(output_row, n) + within, taken
+        for in_block in np.split(np.arange(part.rows.size), edges):
+            first = int(starts[part.rows[in_block[0]]])
+            block = data[first : int(starts[part.rows[in_block[-1]] + 1])]
+            for at in range(0, in_block.size, records_per_block):
+                chosen = in_block[at : at + records_per_block]
+                rows, records = part.rows[chosen], part.records[chosen]
+                n = counts[rows]
+                within = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+                source = np.repeat(starts[rows] - first, n) + within
+                output_row = placement.row_of[records].astype(np.int64)
+                if placement.offsets is not None:
+                    output_row = placement.offsets[output_row]
+                taken = block[source]
+                if dtype != np.float32:
+                    taken = _narrowed(taken, dtype, part.path, name)
+                yield np.repeat(output_row, n) + within, taken
 
 
 def _narrowed(block: np.ndarray, dtype, path, name) -> np.ndarray:

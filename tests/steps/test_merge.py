@@ -15,6 +15,7 @@ from conftest import write_part
 from esmshard.files import read_tsv
 from esmshard.input.records import SCHEMA
 from esmshard.representations import KINDS, Representation
+from esmshard.steps import merge as merge_step
 from esmshard.steps.merge import CHUNK_BYTES, MergeError, merge
 from esmshard.store import Store, settings_key
 from esmshard.store.shardfile import Failure
@@ -198,6 +199,31 @@ def test_records_with_one_sequence_get_bitwise_equal_rows(run):
                 h5["per_tok/6"][offsets[row[i]] : offsets[row[i] + 1]] for i in (copy, original)
             ]
             assert tokens[0].tobytes() == tokens[1].tobytes()
+
+
+def test_records_sharing_few_sequences_are_expanded_a_block_at_a_time(run, monkeypatch):
+    """Many records over a few sequences (peptides, repertoires, tiled input): the merge
+    repeats a shared row a block's worth of records at a time, never all of them at once."""
+    folder, _ = run
+    n = 5 * 200
+    write_records(folder, [SHARD_OF[k % 5] for k in range(n)], [f"R{k}" for k in range(n)],
+                  [LENGTHS[k % 5] for k in range(n)], [key(k % 5) for k in range(n)])  # fmt: skip
+    largest = {}
+    blocks_with_rows = merge_step._blocks_with_rows
+
+    def measured(part, name, placement, dtype):
+        for rows, block in blocks_with_rows(part, name, placement, dtype):
+            largest[name] = max(largest.get(name, 0), len(block))
+            yield rows, block
+
+    monkeypatch.setattr(merge_step, "_blocks_with_rows", measured)
+    monkeypatch.setattr(merge_step, "BLOCK_BYTES", 3000)  # 187 rows of 4 float32
+    assert merge_run(folder)["embedded"] == 800  # P1's 200 records failed
+    assert 0 < largest["mean/6"] <= 187 and largest["bos/6"] <= 187
+    with h5py.File(folder / "embeddings.h5") as h5:
+        sequence = [int(id_[1:]) % 5 for id_ in h5["ids"].asstr()[:]]
+        assert np.array_equal(h5["mean/6"][:], np.stack([rep(i)[6].mean for i in sequence]))
+        assert np.array_equal(h5["bos/6"][:], np.stack([rep(i)[6].bos for i in sequence]))
 
 
 def test_a_store_part_changed_since_the_plan_is_named(run):
