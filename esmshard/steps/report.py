@@ -6,6 +6,7 @@ import heapq
 import html
 import io
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -24,6 +25,9 @@ MODELLED_GPUS = (1, 2, 4, 8)
 TITLE = f"esmshard {__version__} scaling report"
 NOTHING_COMPUTED = "This run computed nothing: the store held every sequence."
 LABELLED_SHARDS = 64  # plots name each shard up to this many
+# The Shards table lists the slowest this many (every shard is in scaling.json and shards.tsv),
+# so that a run of thousands of shards stays a page a browser shows at once.
+LISTED_SHARDS = 100
 # Speedups that multi-GPU guides promise for data-parallel inference.
 GUIDE_SPEEDUP = {2: (1.8, 2.0), 4: (3.5, 4.0), 8: (7.0, 8.0)}
 
@@ -481,7 +485,24 @@ def _image(png: bytes, alt: str) -> str:
     return f'<img alt="{alt}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def render_html(result: dict, shown: dict[str, bytes], run: dict, computed_with: str = "") -> str:
+def shards_section(result: dict, tables: str | None) -> str:
+    """The Shards table: every shard, or the LISTED_SHARDS slowest, saying where the rest are."""
+    shards = result["shards"]
+    if len(shards) <= LISTED_SHARDS:
+        return _table(shards, SHARD_COLUMNS)
+    slowest = sorted(shards, key=lambda s: s["seconds"], reverse=True)[:LISTED_SHARDS]
+    every = "scaling.json" + (f" and <a href='{html.escape(tables)}'>{html.escape(tables)}</a>"
+                              if tables else "")  # fmt: skip
+    return (
+        f"<p>The {LISTED_SHARDS} slowest of {len(shards):,} shards, slowest first; every shard "
+        f"is in {every}.</p>" + _table(slowest, SHARD_COLUMNS)
+    )
+
+
+def render_html(
+    result: dict, shown: dict[str, bytes], run: dict, computed_with: str = "", tables=None
+) -> str:
+    """The report's page; `tables`: the path of the Shards table's TSV file, from the page."""
     warning = ""
     if result["weights"] == "random":
         warning = "<p class=warn>Random-weight model: these embeddings are for testing and benchmarking only.</p>"
@@ -510,7 +531,7 @@ shard on the first GPU to free up. {_words(cap)}</p>
 {_table(device_rows(result), DEVICE_COLUMNS)}
 {device_section}
 <h2>Shards</h2>
-{_table(result["shards"], SHARD_COLUMNS)}
+{shards_section(result, tables)}
 {computed_with}
 </body></html>
 """
@@ -577,5 +598,10 @@ def write_report(
     shown = figures(result, read_telemetry(metrics, telemetry_files))
     if out_figures:
         write_figures(out_figures, shown, result)
-    write_text(out_html, render_html(result, shown, run, computed_with))
+    tables = (
+        os.path.relpath(Path(out_figures) / "shards.tsv", Path(out_html).parent)
+        if out_figures
+        else None
+    )
+    write_text(out_html, render_html(result, shown, run, computed_with, tables))
     return result

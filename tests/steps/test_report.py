@@ -100,6 +100,34 @@ def test_one_slot_is_said_as_a_busy_share_not_a_speedup(tmp_path):
     ]  # fmt: skip
 
 
+def test_thousands_of_shards_list_the_slowest_and_say_where_the_rest_are(tmp_path):
+    runs = [
+        metrics(f"s{k:04d}", k % 8, 100.0 + k, 10.0 + (k * 7919) % 1000 / 100) for k in range(2000)
+    ]
+    metric_files, telemetry_files = [], []
+    for m in runs:
+        (tmp_path / f"{m['shard']}.json").write_text(json.dumps(m))
+        (tmp_path / f"{m['shard']}.tsv").write_text("time\tutilization_percent\n")
+        metric_files.append(tmp_path / f"{m['shard']}.json")
+        telemetry_files.append(tmp_path / f"{m['shard']}.tsv")
+    report = tmp_path / "report"
+    report.mkdir()
+    write_report(metric_files, telemetry_files, report / "scaling.json", report / "scaling_report.html",
+                 out_figures=report / "figures")  # fmt: skip
+    page = (report / "scaling_report.html").read_text()
+    shards = page[page.index("<h2>Shards</h2>") :]
+    assert (
+        "The 100 slowest of 2,000 shards, slowest first; every shard is in scaling.json and"
+        in shards
+    )
+    assert "<a href='figures/shards.tsv'>figures/shards.tsv</a>" in shards
+    slowest = sorted(runs, key=lambda m: m["seconds"], reverse=True)
+    listed = re.findall(r"<td>(s\d{4})</td>", shards)
+    assert listed == [m["shard"] for m in slowest[:100]]
+    assert len((report / "figures" / "shards.tsv").read_text().splitlines()) == 2001
+    assert len(page) < 400_000  # a page, whatever the number of shards
+
+
 def test_a_run_that_computed_nothing_says_so(tmp_path):
     result = write_report([], [], tmp_path / "scaling.json", tmp_path / "report.html")
     assert result["n_shards"] == 0
