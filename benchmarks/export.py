@@ -6,7 +6,10 @@ Each size is a run of the real proteome tiled to N records under new IDs (benchm
 input), embedded through the `snakemake` command with scale.py's micro ESM-2 (1 layer, D = 32,
 random weights; the store computes each distinct sequence once) and `include: mean`. Each format
 is then exported by its own `esmshard export` command under `/usr/bin/time -v` (wall time, peak
-resident memory). Memory that stays flat from the smaller size to the larger is the claim.
+resident memory). Memory that stays flat from the smaller size to the larger is the claim. The
+Parquet dataset is read back whole by pyarrow's dataset API and by DuckDB (and Polars, where it
+is installed): their row counts, and whether their tables equal each other and the IDs and
+values of embeddings.h5.
 """
 
 import argparse
@@ -49,16 +52,58 @@ def run(n_records: int, workdir: Path, checkpoint: Path, formats) -> dict:
         "embeddings_h5_bytes": du(folder / "results" / "embeddings.h5"),
     }
     for fmt in formats:
-        out = folder / f"export.{fmt}"
-        measured = timed(
-            ["esmshard", "export", "results", *EXPORTS[fmt], "--out", out.name], folder
-        )
-        measured["output_bytes"] = du(out)
-        result[fmt] = measured
-        print(n_records, fmt, json.dumps(measured), flush=True)
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
+        result[fmt] = measure_export(folder, "results", fmt)
+        print(n_records, fmt, json.dumps(result[fmt]), flush=True)
     shutil.rmtree(folder)
     return result
+
+
+def measure_export(folder: Path, outdir: str, fmt: str) -> dict:
+    """`esmshard export outdir` as `fmt`, run in `folder`: its time, peak memory and output
+    bytes (and the Parquet dataset's read-back); the output is removed after."""
+    out = folder / f"export.{fmt}"
+    measured = timed(["esmshard", "export", outdir, *EXPORTS[fmt], "--out", out.name], folder)
+    measured["output_bytes"] = du(out)
+    if fmt == "parquet":
+        measured["read_back"] = parquet_read_back(out, folder / outdir / "embeddings.h5")
+    shutil.rmtree(out) if out.is_dir() else out.unlink()
+    return measured
+
+
+def parquet_read_back(folder: Path, embeddings: Path) -> dict:
+    """The dataset as pyarrow, DuckDB and Polars read it in place, against embeddings.h5."""
+    import duckdb
+    import h5py
+    import numpy as np
+    import pyarrow.dataset as ds
+
+    files = str(folder / "*.parquet")
+    tables = {
+        "pyarrow": ds.dataset(folder, format="parquet").to_table(),
+        "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{files}')").arrow(),
+    }
+    try:
+        import polars as pl
+
+        tables["polars"] = pl.scan_parquet(files).collect().to_arrow()
+    except ImportError:
+        pass
+    reference = tables["pyarrow"]
+    with h5py.File(embeddings, "r") as h5:
+        (layer,) = h5["mean"].keys()
+        column = reference.column(f"mean_{layer}").combine_chunks()
+        values = column.flatten().to_numpy().reshape(len(column), -1)
+        ids = h5["ids"].asstr()[:].tolist()
+        same_as_h5 = reference.column("id").to_pylist() == ids
+        same_as_h5 = same_as_h5 and np.array_equal(values, h5["mean"][layer][:])
+    return {
+        "files": len(list(folder.glob("*.parquet"))),
+        "rows": {name: table.num_rows for name, table in tables.items()},
+        "tables_equal": all(
+            table.cast(reference.schema).equals(reference) for table in tables.values()
+        ),
+        "equal_to_embeddings_h5": same_as_h5,
+    }
 
 
 def main(argv=None) -> int:

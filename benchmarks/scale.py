@@ -1,6 +1,6 @@
 """The data path at scale: the real proteome tiled to N records, through the `snakemake` command.
 
-    python benchmarks/scale.py --records 1000000 10000000 --json docs/scale.json
+    python benchmarks/scale.py --records 1000000 3000000 10000000 --json scale.json
 
 The E. coli proteome in ../shared/data is repeated under new IDs (`t<copy>_<ID>`, headers and
 sequences unchanged) into a temporary folder. The model is a micro ESM-2 (1 layer, D = 32, random
@@ -8,6 +8,8 @@ weights) in fair-esm's on-disk format, written by esmshard's checkpoint writer, 
 steps around the model are what is measured. Each step is its own `snakemake --until <step>`
 command under `/usr/bin/time -v` (wall time; peak memory of its processes, Snakemake's own
 included; blocks written), and each job's log gives its own time and peak memory (`run_step`).
+Then, on the finished run: `esmshard status`, `snakemake -n`, the first lookup by ID, and each
+of `--exports` (`esmshard export`, as benchmarks/export.py measures it).
 Shards are `auto`: a local checkpoint's architecture is unknown to esmshard, so the count is
 the one for the 650M model.
 """
@@ -116,7 +118,9 @@ def planned(outdir: Path) -> list[str]:
     return [row["shard"] for row in read_tsv(outdir / "shards" / "plan.tsv")]
 
 
-def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bool) -> dict:
+def run(
+    n_records: int, workdir: Path, config: list[str], threads: int, keep: bool, exports
+) -> dict:
     folder = workdir / f"n{n_records}"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -142,6 +146,11 @@ def run(n_records: int, workdir: Path, config: list[str], threads: int, keep: bo
     ):
         steps[name] = timed(command, folder)
     steps["first_lookup"] = first_lookup(outdir / "embeddings.h5")
+    from export import measure_export  # export.py imports this module
+
+    for fmt in exports:
+        steps[f"export {fmt}"] = measure_export(folder, outdir.name, fmt)
+        print(n_records, f"export {fmt}", json.dumps(steps[f"export {fmt}"]), flush=True)
     shard_seconds = steps["shard"]["job_seconds_max"]
     result = {
         "records": n_records,
@@ -237,7 +246,9 @@ def memory_gib() -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=int, nargs="*", default=[1_000_000, 10_000_000])
+    parser.add_argument(
+        "--records", type=int, nargs="*", default=[1_000_000, 3_000_000, 10_000_000]
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument(
@@ -248,6 +259,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--many-shards", type=int, nargs=2, default=[1_000_000, 5000],
         metavar=("RECORDS", "SHARDS"), help="0 0 to leave it out",
+    )  # fmt: skip
+    parser.add_argument(
+        "--exports", nargs="*", default=["npy", "parquet"],
+        help="the `esmshard export` formats measured on each run (benchmarks/export.py's names)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep each run's folder")
@@ -267,7 +282,7 @@ def main(argv=None) -> int:
         "runs": [],
     }
     for n in args.records:
-        results["runs"].append(run(n, workdir, config, args.threads, args.keep))
+        results["runs"].append(run(n, workdir, config, args.threads, args.keep, args.exports))
         save(results, args.json)
     if all(args.many_shards):
         results["many_shards"] = many_shards(*args.many_shards, workdir, config[:-1])
