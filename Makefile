@@ -9,6 +9,10 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
+# Options of every `pip install` into .venv (CI: --no-compile, as Python compiles what it
+# imports when it first imports it).
+PIP_OPTIONS ?=
+PIP = $(BIN)/python -m pip install --quiet $(PIP_OPTIONS)
 # `make wheelhouse`: wheels for a GPU node without network (PY: its Python; HAVE: its pip freeze).
 PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEELHOUSE ?= wheelhouse
@@ -29,18 +33,18 @@ DEFAULT_MODEL = esm2_t33_650M_UR50D
 
 $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[cluster]"
+	$(PIP) --upgrade pip
+	$(PIP) "$(TORCH)"
+	$(PIP) -e ".[cluster]"
 	touch $@
 
 # The test and lint tools, beside what running needs.
 $(VENV)/.test-tools: $(BIN)/snakemake
-	$(BIN)/python -m pip install --quiet -e ".[test,cluster]"
+	$(PIP) -e ".[test,cluster]"
 	touch $@
 
 $(VENV)/.lint-tools: $(BIN)/snakemake
-	$(BIN)/python -m pip install --quiet -e ".[lint,cluster]"
+	$(PIP) -e ".[lint,cluster]"
 	touch $@
 
 $(EXAMPLE): | $(BIN)/snakemake
@@ -56,8 +60,10 @@ run: $(BIN)/snakemake $(EXAMPLE)
 # machine-wide set of daemons) run one after another. The run ends with its 25 slowest tests
 # and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU threads sleep rather than spin while
 # they wait, so that the workers' and their jobs' threads do not take the cores from each other
-# (15% off the parity tests' time on 2 cores, docs/benchmarks.md).
-TEST_WORKERS ?= 2
+# (15% off the parity tests' time on 2 cores, docs/benchmarks.md). Three workers on 2 cores:
+# the suite waits on its subprocesses often enough that a third takes 7% off (1,107 s against
+# 1,187 s), each test taking longer.
+TEST_WORKERS ?= 3
 test: $(VENV)/.test-tools
 	OMP_WAIT_POLICY=PASSIVE PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 

@@ -41,6 +41,15 @@ SUBSETS = Path(tempfile.mkdtemp(prefix="esmshard-test-data-"))
 atexit.register(shutil.rmtree, SUBSETS, ignore_errors=True)
 
 
+# The test files with single tests of a minute or more, handed out to the workers first (xdist
+# hands the files out in collection order): none of them starts last beside idle workers.
+LONGEST_FIRST = ("commands/test_gpu_check.py", "test_install.py", "workflow/test_slurm.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: not str(item.path).endswith(LONGEST_FIRST))
+
+
 def read_records(path: Path) -> list[tuple[str, str]]:
     """(header line, sequence) of each record of a plain FASTA file, as written."""
     records = []
