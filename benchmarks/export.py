@@ -80,7 +80,7 @@ def parquet_read_back(folder: Path, embeddings: Path) -> dict:
     files = str(folder / "*.parquet")
     tables = {
         "pyarrow": ds.dataset(folder, format="parquet").to_table(),
-        "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{files}')").arrow(),
+        "duckdb": duckdb.sql(f"SELECT * FROM read_parquet('{files}')").fetch_arrow_table(),
     }
     try:
         import polars as pl

@@ -61,7 +61,8 @@ COMPRESSIONS = {"none": None, "gzip": "gzip", "lzf": "lzf"}
 WINDOW_BYTES = 256 << 20
 BLOCK_BYTES = 64 << 20
 CHUNK_BYTES = 1 << 20
-STRINGS_AT_ONCE = 1 << 18
+STRINGS_AT_ONCE = 1 << 16
+RECORDS_AT_ONCE = 1 << 20
 
 
 class MergeError(RuntimeError):
@@ -154,24 +155,30 @@ def merge(
                 store, key, name, f"unreadable or incomplete ({err})", from_store, records
             )
         attrs, layers = part.attrs, part.layers
-        rows = rows_of(part.keys, keys[members])
-        failed_at = rows_of(part.failed_keys, keys[members])
-        lost = np.flatnonzero((rows < 0) & (failed_at < 0))
-        if lost.size:
-            index = int(members[lost[0]])
-            id_, file, line = _rows(records, ["id", "file", "line"], [index])[0]
+        first_lost, n_lost = None, 0  # records the part should hold and does not
+        # RECORDS_AT_ONCE at a time: a part's records may be millions (repeated sequences)
+        for at in range(0, members.size, RECORDS_AT_ONCE):
+            chunk = members[at : at + RECORDS_AT_ONCE]
+            rows = rows_of(part.keys, keys[chunk])
+            failed_at = rows_of(part.failed_keys, keys[chunk])
+            lost = chunk[(rows < 0) & (failed_at < 0)]
+            if lost.size and first_lost is None:
+                first_lost = int(lost[0])
+            n_lost += lost.size
+            done = rows >= 0
+            status[chunk[done]] = 1
+            part_row[chunk[done]] = rows[done]
+            lengths[chunk[done]] = part.lengths[rows[done]]
+            for k in np.flatnonzero(~done & (failed_at >= 0)):
+                status[chunk[k]] = 2
+                failures[int(chunk[k])] = part.failed_reasons[failed_at[k]]
+        if n_lost:
+            id_, file, line = _rows(records, ["id", "file", "line"], [first_lost])[0]
             reason = (
                 f"it holds no result for record '{id_}' ({source(file, line)}) nor for "
-                f"{lost.size - 1} more of the records it should"
+                f"{n_lost - 1} more of the records it should"
             )
             _set_aside_and_stop(store, key, name, reason, from_store, records)
-        done = rows >= 0
-        status[members[done]] = 1
-        part_row[members[done]] = rows[done]
-        lengths[members[done]] = part.lengths[rows[done]]
-        for k in np.flatnonzero(~done):
-            status[members[k]] = 2
-            failures[int(members[k])] = part.failed_reasons[failed_at[k]]
         precisions.add(str(attrs["precision"]))
         computed_with[provenance.computed_with(attrs)] += 1
     computed_rows = provenance.summary(computed_with)
@@ -206,7 +213,8 @@ def merge(
         members = by_part[bounds[code] : bounds[code + 1]]
         members = members[status[members] == 1]
         order = np.argsort(part_row[members], kind="stable")
-        parts.append(PartRows(path, part_row[members][order], members[order]))
+        rows, members = part_row[members][order], members[order]
+        parts.append(PartRows(path, rows.astype(row_of.dtype), members.astype(row_of.dtype)))
     del by_part, part_row
 
     dim = _dim(used[0], layers) if layers else 0
@@ -441,8 +449,14 @@ def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -
         buffer = np.empty((min(rows_per_window, total - first), *row_shape), target.dtype)
         rows_file, data_file = spills.paths[2 * w], spills.paths[2 * w + 1]
         if os.path.exists(rows_file):
-            rows = np.fromfile(rows_file, np.uint32)
-            buffer[rows] = np.fromfile(data_file, target.dtype).reshape(-1, *row_shape)
+            # a block of the spill files at a time: the window's buffer is the one large array
+            row_bytes = row_items * target.dtype.itemsize
+            spilled_rows = max(1, BLOCK_BYTES // row_bytes)
+            with open(rows_file, "rb") as rows_in, open(data_file, "rb") as data_in:
+                while rows := rows_in.read(4 * spilled_rows):
+                    at = np.frombuffer(rows, np.uint32)
+                    data = data_in.read(at.size * row_bytes)
+                    buffer[at] = np.frombuffer(data, target.dtype).reshape(-1, *row_shape)
             os.unlink(rows_file)
             os.unlink(data_file)
         target[first : first + buffer.shape[0]] = buffer
