@@ -78,15 +78,21 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
     assert watch.returncode == 0 and "finished" in out and "shards 2/2 (100%)" in out
 
 
+def run_python_block(page: str, after: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The first Python block after `after` in `page`, run as a script in `cwd`; it succeeds."""
+    code = doc_block(page, after, "```python\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=ENV, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def test_embedding_from_python_as_the_readme_shows(tmp_path):
     example = tmp_path / "resources" / "ecoli_k12_example.fasta"
     subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", str(example)], env=ENV,
                    check=True)  # fmt: skip
-    code = doc_block("README.md", "**From Python**", "```python\n")
     for _ in range(2):  # the second time from the store
-        done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV,
-                              capture_output=True, text=True)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
+        done = run_python_block("README.md", "**From Python**", tmp_path)
         assert done.stdout.strip() == "291 (291, 320) (320,)"
     assert len(list((tmp_path / "store").rglob("*.h5"))) == 1
 
@@ -96,10 +102,7 @@ def test_reading_and_exporting_as_the_docs_show(tmp_path):
     subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", str(example)], env=ENV,
                    check=True)  # fmt: skip
     snakemake(tmp_path, {}, "--config", f"input={example}", f"model=random:{TINY_MODEL}")
-    code = doc_block("docs/outputs.md", "## Reading and exporting", "```python\n")
-    read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
-                          text=True)  # fmt: skip
-    assert read.returncode == 0, read.stderr[-3000:]
+    read = run_python_block("docs/outputs.md", "## Reading and exporting", tmp_path)
     assert "291 proteins; kinds and layers: {'mean': [6]}" in read.stdout
     assert "256 sp|" in read.stdout and "torch.Size([64, 320])" in read.stdout
 
@@ -110,9 +113,6 @@ def test_reading_and_exporting_as_the_docs_show(tmp_path):
                               text=True)  # fmt: skip
         assert done.returncode == 0 and "291/291 proteins (100%)" in done.stderr, done.stderr
         assert (tmp_path / shlex.split(command)[-1]).exists()
-    code = doc_block("docs/outputs.md", "The Parquet dataset is read in place", "```python\n")
-    read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=ENV, capture_output=True,
-                          text=True)  # fmt: skip
-    assert read.returncode == 0, read.stderr[-3000:]
+    read = run_python_block("docs/outputs.md", "The Parquet dataset is read in place", tmp_path)
     assert "291 rows; columns: ['id', 'sequence_sha256', 'length', 'mean_6']" in read.stdout
     assert "RHSB_ECOLI    1022" in read.stdout and "mean length 317.78" in read.stdout
