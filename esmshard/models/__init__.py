@@ -170,6 +170,11 @@ def parse_spec(model: str) -> ModelSpec:
     )
 
 
+def file_problems(spec: ModelSpec) -> list[str]:
+    """Why the model's files cannot be loaded as they lie, found without reading them."""
+    return esm2_files.file_problems(spec) if spec.family is ESM2 else []
+
+
 def ensure_available(spec: ModelSpec) -> None:
     """Fetch what the model needs before the embed jobs start (fair-esm's hub weights)."""
     if spec.family is ESM2:

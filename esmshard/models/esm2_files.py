@@ -49,12 +49,26 @@ def regression_path(model_path: Path) -> Path:
     return model_path.with_name(model_path.stem + "-contact-regression.pt")
 
 
+def file_problems(spec: ModelSpec) -> list[str]:
+    """Why a local checkpoint cannot be loaded as its files lie: fair-esm's are two files."""
+    if spec.kind != "local":
+        return []
+    if not spec.path.is_file():
+        return [f"model checkpoint '{spec.path}' does not exist"]
+    regression = regression_path(spec.path)
+    if not regression.is_file():
+        return [
+            f"model checkpoint '{spec.path}': its contact-regression weights '{regression}' are "
+            "not beside it; fair-esm's checkpoints come as these two files: put both in one folder"
+        ]
+    return []
+
+
 def ensure_available(spec: ModelSpec) -> None:
     """Make sure the weights can be loaded, downloading hub models into the cache once."""
     if spec.kind == "local":
-        for path in (spec.path, regression_path(spec.path)):
-            if not path.is_file():
-                raise ModelError(f"model checkpoint '{path}' does not exist")
+        for problem in file_problems(spec):
+            raise ModelError(problem)
         return
     if spec.kind != "hub":
         return

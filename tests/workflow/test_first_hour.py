@@ -4,6 +4,7 @@ does in a few lines, and every failure ends it with its reason."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +66,15 @@ def test_a_nucleotide_file_is_one_line_before_any_job(tmp_path):
     done = esmshard("run", str(NUCLEOTIDE), "-o", "out", "--model", RANDOM, cwd=tmp_path)
     refused(done, tmp_path, f"input FASTA '{NUCLEOTIDE}' holds nucleotide sequences")
     assert "nucleotide_check: false" in done.stderr
+
+
+def test_a_checkpoint_copied_without_its_contact_regression_file_is_one_line(tmp_path):
+    alone = tmp_path / "esm2_t6_micro.pt"  # fair-esm's format is two files; one was copied
+    shutil.copy(MODEL, alone)
+    done = esmshard("run", str(GENE_CALLER), "-o", "out", "--model", str(alone), cwd=tmp_path)
+    regression = tmp_path / "esm2_t6_micro-contact-regression.pt"
+    refused(done, tmp_path, f"model checkpoint '{alone}': its contact-regression weights "
+                            f"'{regression}' are not beside it")  # fmt: skip
 
 
 def test_an_input_where_the_run_writes_has_no_stack_lines(tmp_path):
