@@ -9,10 +9,7 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
-# Options of every `pip install` into .venv (CI: --no-compile, as Python compiles what it
-# imports when it first imports it).
-PIP_OPTIONS ?=
-PIP = $(BIN)/python -m pip install --quiet $(PIP_OPTIONS)
+PIP = $(BIN)/python -m pip install --quiet
 # `make wheelhouse`: wheels for a GPU node without network (PY: its Python; HAVE: its pip freeze).
 PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEELHOUSE ?= wheelhouse

@@ -89,9 +89,7 @@ def venv(wheelhouse, dist) -> Path:
     base_python = getattr(sys, "_base_executable", sys.executable)
     run([base_python, "-m", "venv", str(path)], path.parent, os.environ)
     pip = [str(path / "bin" / "python"), "-m", "pip"]
-    # --no-compile: Python compiles what it imports of torch when it imports it (pip's compiling
-    # of all of it takes 8 of its 19 s)
-    run([*pip, "install", "--quiet", "--no-compile", torch_spec()], path.parent, os.environ)
+    run([*pip, "install", "--quiet", torch_spec()], path.parent, os.environ)
     run([*pip, *shlex.split(OFFLINE_INSTALL)[1:]], wheelhouse.parent, OFFLINE)
     run([*pip, "uninstall", "--yes", "esmshard"], path.parent, os.environ)
     run([*pip, "install", "--quiet", str(next(dist.glob("*.whl")))], path.parent, OFFLINE)
