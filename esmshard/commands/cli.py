@@ -145,7 +145,7 @@ def main(argv=None):
         help="a run's embeddings in the layout another tool reads",
         description="Write a finished run's embeddings.h5 as per-protein-h5 (biotrainer, "
         "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv) or parquet "
-        "(pandas, polars, Spark, HuggingFace datasets); streamed, with a progress bar.",
+        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark); streamed, with a progress bar.",
     )
     export.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
     export.add_argument("--format", required=True, choices=sorted(exports.FORMATS))
@@ -153,7 +153,9 @@ def main(argv=None):
         "--out",
         required=True,
         type=Path,
-        help="the file (or folder for pt, npy, parquet) to write",
+        help="the file (or folder for "
+        + ", ".join(name for name, f in exports.FORMATS.items() if f.folder)
+        + ") to write",
     )
     export.add_argument(
         "--kind",

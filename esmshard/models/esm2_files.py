@@ -67,8 +67,9 @@ def file_problems(spec: ModelSpec) -> list[str]:
 def ensure_available(spec: ModelSpec) -> None:
     """Make sure the weights can be loaded, downloading hub models into the cache once."""
     if spec.kind == "local":
-        for problem in file_problems(spec):
-            raise ModelError(problem)
+        problems = file_problems(spec)
+        if problems:
+            raise ModelError(problems[0])
         return
     if spec.kind != "hub":
         return

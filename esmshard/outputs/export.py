@@ -17,8 +17,8 @@ FORMATS is the one table of them:
   `contacts_offsets.npy` (esmshard.contacts' triangles), and `ids.tsv` (id, sequence_sha256):
   `numpy.load(path, mmap_mode="r")` reads any of them without loading it.
 - `parquet`: a Parquet dataset, a folder of `part-NNNNN.parquet` files: one row per protein,
-  `id`, `sequence_sha256`, `length` (residues embedded), and a list<float> column `<kind>_<layer>` per kind and
-  layer (per-residue kinds: list<list<float>>, a row per residue).
+  `id`, `sequence_sha256`, `length` (residues embedded), and a list<float> column
+  `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue).
 
 Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds float32 tensors,
 as extract's, which float16 values convert to exactly).
