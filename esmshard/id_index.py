@@ -25,6 +25,8 @@ def id_hash(id_: str) -> int:
 def id_hashes(ids: list[str]) -> np.ndarray:
     """`id_hash` of each ID, as uint64, a byte column at a time for the whole list."""
     encoded = [i.encode() for i in ids]
+    if not encoded:
+        return np.zeros(0, dtype=np.uint64)
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     width = int(lengths.max()) if len(encoded) else 0
     codes = np.array(encoded, dtype=f"S{max(width, 1)}").view(np.uint8).reshape(len(encoded), -1)

@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from esmshard.input.datasets import DatasetError, fetch_test_data
+from esmshard.input.sizing import ModelSize
+from esmshard.steps.shard import write_shards
 from esmshard.store import Store, add_settings, settings_key, write_manifest
 from esmshard.store.shardfile import ShardWriter
 
@@ -290,6 +292,27 @@ def fill(disk: Path, leave_bytes: int) -> None:
         except OSError as err:
             if err.errno != errno.ENOSPC:
                 raise
+
+
+# The embedding settings of the shard step's tests (no model is run).
+SHARD_SETTINGS = {"model": "random:esm2_t6_8M_UR50D", "repr_layers": [-1]}
+
+
+def plan_shards(inputs, shard_dir, n_shards, limit=1022, store=None, **options):
+    """write_shards with a store (by default its own) and a checksum cache beside `shard_dir`."""
+    store = store or shard_dir.with_name(f"{shard_dir.name}-store")
+    cache = shard_dir.with_name(f"{shard_dir.name}-checksums.json")
+    return write_shards(
+        inputs,
+        shard_dir,
+        n_shards,
+        limit,
+        ModelSize(12 * 6 * 320**2, 320),
+        store,
+        SHARD_SETTINGS,
+        cache,
+        **options,
+    )
 
 
 def write_part(store_root, settings, name, keys, ids, reps, failed=(), include=("mean",)) -> Path:

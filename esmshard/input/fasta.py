@@ -11,6 +11,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
+import numpy as np
+
 # ESM-2's residue tokens (fair-esm's proteinseq_toks without the gap symbols).
 ALPHABET = frozenset("LAGVSERTIDPKQNFYMHWCXBUZO")
 
@@ -181,19 +183,84 @@ def read_fasta(path) -> Iterator[Record]:
         )
 
 
-def read_raw(path, on_bad_record=None) -> Iterator[RawRecord]:
-    """The records of one FASTA file, streaming, read in large blocks (tens of MB/s per core).
+class FilePart(NamedTuple):
+    """A byte range of a plain FASTA file that starts at a header line (`header_offsets`)."""
+
+    start: int
+    end: int
+    lines_before: int  # the newlines before `start`, so that each record's line is the file's
+
+
+def read_raw(path, on_bad_record=None, part: FilePart | None = None) -> Iterator[RawRecord]:
+    """The records of one FASTA file (or of `part` of a plain one), streaming, read in large
+    blocks (tens of MB/s per core).
 
     A record that cannot be read raises FastaError; with `on_bad_record`, that error is passed
     to it instead and the record skipped, so that one pass finds every bad record.
     """
     path = str(path)
     try:
-        yield from _records(path, on_bad_record)
+        yield from _records(path, on_bad_record, part)
     except DECOMPRESSION_ERRORS as err:
         raise FastaError(
             f"{path}: cannot be read to its end ({err}); is the file truncated or corrupt?"
         ) from err
+
+
+def header_offsets(path, n: int) -> list[int]:
+    """Where the parts of a plain FASTA file start when it is cut into about `n` of equal size,
+    each at a header line: 0, then the first header at or after each k/n of its bytes."""
+    size = os.path.getsize(path)
+    offsets = [0]
+    with open(path, "rb") as fh:
+        for k in range(1, n):
+            fh.seek(max(k * size // n - 1, offsets[-1]))
+            at, tail = fh.tell(), b""
+            while data := fh.read(1 << 20):
+                found = (tail + data).find(b"\n>")
+                if found >= 0:
+                    offsets.append(at - len(tail) + found + 1)
+                    break
+                at, tail = at + len(data), data[-1:]
+            else:
+                break  # no header after this point
+    return sorted(set(offsets))
+
+
+def count_newlines(path, start: int, end: int) -> int:
+    """The line ends between two byte offsets of a file (numpy's count frees the GIL, so that
+    threads count the parts of a file at once)."""
+    buffer = np.empty(_BLOCK_BYTES, dtype=np.uint8)
+    found = 0
+    with open(path, "rb", buffering=0) as fh:
+        fh.seek(start)
+        while start < end:
+            n = fh.readinto(memoryview(buffer)[: min(_BLOCK_BYTES, end - start)])
+            if not n:
+                break
+            found += int(np.count_nonzero(buffer[:n] == ord("\n")))
+            start += n
+    return found
+
+
+class _ByteRange:
+    """A binary file read from one offset to another, as `_blocks` reads a file."""
+
+    def __init__(self, path, part: FilePart):
+        self.fh = open(path, "rb")
+        self.fh.seek(part.start)
+        self.left = part.end - part.start
+
+    def read(self, n: int) -> bytes:
+        data = self.fh.read(min(n, self.left))
+        self.left -= len(data)
+        return data
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.fh.close()
 
 
 def _blocks(fh) -> Iterator[bytes]:
@@ -227,10 +294,11 @@ def _blocks(fh) -> Iterator[bytes]:
             pending = buffer
 
 
-def _records(path: str, on_bad_record=None) -> Iterator[RawRecord]:
-    newlines = 0  # before the current block, the one standing for line 0 excluded
+def _records(path: str, on_bad_record=None, part: FilePart | None = None) -> Iterator[RawRecord]:
+    # before the current block, the one standing for line 0 excluded
+    newlines = part.lines_before if part else 0
     seen_header = False
-    with open_binary(path) as fh:
+    with open_binary(path) if part is None else _ByteRange(path, part) as fh:
         for block in _blocks(fh):
             parts = block.split(b"\n>")
             if parts[0].strip():  # only the first block can start with text before a header

@@ -68,6 +68,23 @@ class InputProblems:
         if len(found.places) < SHOWN_AT_MOST:
             found.places.append(place)
 
+    def extend(self, other: "InputProblems") -> None:
+        """`other`'s problems after these."""
+        for kind, found in other.found.items():
+            for place in found.places:
+                self.add(kind, place, 0)
+            self.found[kind].count += found.count
+
+    def to_dict(self) -> dict:
+        return {kind: [found.count, found.places] for kind, found in self.found.items()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "InputProblems":
+        problems = cls()
+        for kind, (count, places) in data.items():
+            problems.found[kind] = Found(count, places)
+        return problems
+
     def __bool__(self) -> bool:
         return any(found.count for found in self.found.values())
 

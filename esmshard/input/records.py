@@ -93,12 +93,14 @@ class ScanWriter:
 
 
 def write_table(scanned, sink, names, part_of, embedded) -> None:
-    """The record table: the first pass's rows with each record's index, part and residues
-    (`embedded(rows)`: the residues embedded of those rows, and which are truncated)."""
+    """The record table: the first pass's rows (the `scanned` files, in input order) with each
+    record's index, part and residues (`embedded(rows)`: the residues embedded of those rows, and
+    which are truncated)."""
     shard_names = pa.array(names, pa.string())
+    batches = (b for path in scanned for b in pq.ParquetFile(path).iter_batches(ROWS_PER_GROUP))
     with pq.ParquetWriter(sink, SCHEMA, compression="zstd") as writer:
         start = 0
-        for batch in pq.ParquetFile(scanned).iter_batches(ROWS_PER_GROUP):
+        for batch in batches:
             rows = slice(start, start + batch.num_rows)
             n_residues, truncated = embedded(rows)
             columns = {

@@ -1,22 +1,21 @@
 """The shard step: read every input once, check it, find what the store already holds, and
 split the rest into size-balanced shards.
 
-Streaming: the first pass keeps 12 bytes per record in memory (the length and a 64-bit hash of
-the ID), spools the sequences and the record table's rows to unnamed temporary files, and
-spreads each record's sequence key (esmshard.store) over bucket files; the buckets are then
+Streaming: the first pass (esmshard.input.scan, in several processes) keeps 12 bytes per record
+in memory (the length and a 64-bit hash of the ID), spools the sequences and the record table's
+rows to temporary files, and each record's sequence key (esmshard.store) is spread over bucket
+files; the buckets are then
 matched one at a time against each other and against the store's keys. The second pass deals
 the first record of each sequence that the store lacks out to the shard files. A shard file is
 TSV, a header line `sequence_sha256  id  sequence`, then one sequence per line in input order.
 """
 
-import hashlib
 import logging
 import os
 import secrets
-import tempfile
 from array import array
-from dataclasses import dataclass, field
-from itertools import islice
+from contextlib import ExitStack
+from itertools import chain, islice
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,10 +31,11 @@ from ..files import (
     write_json,
     write_tsv,
 )
+from ..id_index import id_hashes
 from ..input.balance import assign, embedded_residue_counts, record_costs
-from ..input.fasta import FastaError, looks_nucleotide, printable, read_raw
 from ..input.input_problems import InputProblems
-from ..input.records import ScanWriter, source, write_table
+from ..input.records import source, write_table
+from ..input.scan import HASHES, KEYS, LENGTHS, SEQUENCES, TABLE, Found, Settings, scan
 from ..input.sizing import ModelSize, auto_shard_count, estimated_text_bytes
 from ..store import (
     KEY_BYTES,
@@ -62,11 +62,6 @@ RUN_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int64)])  # value: the re
 STORED_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int32)])  # value: the part's number
 
 
-def id_hash(id_: str) -> int:
-    """64 bits of an ID; Python's own string hash, so equal only within one process."""
-    return hash(id_)
-
-
 class Shard(NamedTuple):
     """One shard file's sequences: each with its key and the first record's ID."""
 
@@ -85,49 +80,6 @@ def read_shard(path) -> Shard:
             ids.append(id_)
             sequences.append(sequence)
     return Shard(keys, ids, sequences)
-
-
-@dataclass
-class LongRecords:
-    """The records longer than truncation_seq_length: how many, and the longest of them."""
-
-    count: int = 0
-    longest: int = 0
-    longest_id: str = ""
-    longest_source: str = ""
-
-    def add(self, id_: str, length: int, where: str) -> None:
-        self.count += 1
-        if length > self.longest:
-            self.longest, self.longest_id, self.longest_source = length, id_, where
-
-    def said(self, limit: int, policy: str) -> str:
-        """What happens to them, for the log and the console ('' where there are none)."""
-        if not self.count:
-            return ""
-        done = {
-            "truncate": f"truncated to their first {limit} residues (long_sequences: chunk "
-            "embeds every residue)",
-            "chunk": f"embedded in overlapping windows of {limit} residues (long_sequences: chunk)",
-            "skip": "skipped, and listed in failed_sequences.tsv (long_sequences: skip)",
-        }[policy]
-        are = "records are" if self.count > 1 else "record is"
-        return (
-            f"{self.count} {are} longer than {limit} residues, the longest "
-            f"{printable(self.longest_id)} ({self.longest:,} residues, {self.longest_source}): "
-            f"{done}"
-        )
-
-
-@dataclass
-class Scan:
-    """What the first pass keeps of every record, and what it found wrong."""
-
-    lengths: array = field(default_factory=lambda: array("i"))
-    id_hashes: array = field(default_factory=lambda: array("q"))
-    nucleotide: dict = field(default_factory=dict)  # path -> [count, first ID, its source]
-    problems: InputProblems = field(default_factory=InputProblems)
-    long: LongRecords = field(default_factory=LongRecords)
 
 
 def shard_step(settings: dict, model_size, **params):
@@ -152,6 +104,7 @@ def write_shards(
     nucleotide_check: bool = True,
     slots: int | None = None,
     cluster: bool | None = None,
+    workers: int = 1,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
@@ -167,28 +120,33 @@ def write_shards(
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
     store, key = Store(str(store_root)), settings_key(settings)
     read_only = unwritable(store.root)  # a store for reuse alone, if it holds every sequence
-    # The spooled sequences, then the shard files.
+    # The pieces' spooled sequences and rows, then the shard files.
     needed = 2 * estimated_text_bytes(inputs)
     with (
         atomic_path(shard_dir, needed) as building,
-        tempfile.TemporaryFile(dir=shard_dir.parent) as sequences,
-        tempfile.TemporaryFile(dir=shard_dir.parent) as scanned,
         temporary_folder(shard_dir.parent, "keys") as work,
     ):
         building.mkdir()
         run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)
-        scan = _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences)
+        settings_of_scan = Settings([str(path) for path in inputs], truncation_seq_length,
+                                    long_sequences)  # fmt: skip
+        scan = _scan(inputs, Path(work) / "pieces", run_keys, settings_of_scan, workers)
         log.info(
-            "%d records read; peak memory so far %.0f MB", len(scan.lengths), peak_memory_mb()
+            "%d records read by %d worker%s; peak memory so far %.0f MB",
+            len(scan.lengths),
+            workers,
+            "s" if workers > 1 else "",
+            peak_memory_mb(),
         )
-        _find_duplicates(scan.id_hashes, scanned, scan.problems)
+        problems = scan.found.problems
+        _find_duplicates(scan.id_hashes, [p / TABLE for p in scan.pieces], problems)
         del scan.id_hashes[:]
         if nucleotide_check:
-            for path, (count, first_id, where) in scan.nucleotide.items():
-                scan.problems.add(
+            for path, (count, first_id, where) in scan.found.nucleotide.items():
+                problems.add(
                     "nucleotide", f"{path}: {count} records, e.g. '{first_id}' ({where})", count
                 )
-        scan.problems.raise_if_any()
+        problems.raise_if_any()
 
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
 
@@ -226,9 +184,19 @@ def write_shards(
         plan = _plan(names, shard_of, new_residues, costs)
         del costs, new_residues
         part_of = _part_of(match, shard_of, len(parts))
-        _deal_out(sequences, new, shard_of, [building / f"{name}.tsv" for name in names])
-        scanned.seek(0)
-        write_table(scanned, building / "records.parquet", parts + names, part_of, embedded)
+        _deal_out(
+            [p / SEQUENCES for p in scan.pieces],
+            new,
+            shard_of,
+            [building / f"{name}.tsv" for name in names],
+        )
+        write_table(
+            [p / TABLE for p in scan.pieces],
+            building / "records.parquet",
+            parts + names,
+            part_of,
+            embedded,
+        )
         rows = [[p[c] for c in PLAN_COLUMNS] for p in plan]
         write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
         summary = {
@@ -244,9 +212,9 @@ def write_shards(
             "cluster": cluster,
             # records beyond truncation_seq_length, and what long_sequences does with them
             "inputs": [str(Path(path).resolve()) for path in inputs],
-            "long_records": scan.long.count,
+            "long_records": scan.found.long.count,
             "long_sequences": long_sequences,
-            "long_said": scan.long.said(truncation_seq_length, long_sequences),
+            "long_said": scan.found.long.said(truncation_seq_length, long_sequences),
         }
         write_json(building / "plan.json", summary)
         if not read_only:
@@ -265,60 +233,35 @@ def write_shards(
     return {**summary, "shards": plan}
 
 
-def _scan(inputs, sequences, scanned, run_keys, truncation_seq_length, long_sequences) -> Scan:
-    """The first pass: every record read, checked and spooled; its length, ID hash and key kept.
-    A problem is noted in `Scan.problems` and the pass goes on (a file that cannot be read on,
-    with the next file)."""
-    scan = Scan()
-    problems = scan.problems
-    table = ScanWriter(scanned, [str(path) for path in inputs])
-    spool = sequences.write
-    keys = bytearray()
-    index = 0
-    for number, path in enumerate(inputs):
-        path = str(path)
-        try:
-            for record in read_raw(path, lambda err: problems.add("bad_record", str(err))):
-                length = len(record.sequence)
-                scan.lengths.append(length)
-                scan.id_hashes.append(id_hash(record.id))
-                if length > truncation_seq_length:
-                    where = source(path, record.line)
-                    scan.long.add(record.id, length, where)
-                    if long_sequences == "fail":
-                        problems.add(
-                            "too_long",
-                            f"{record.id} ({length} residues > {truncation_seq_length}, {where})",
-                        )
-                if looks_nucleotide(record.sequence):
-                    found = scan.nucleotide.setdefault(
-                        path, [0, record.id, source(path, record.line)]
-                    )
-                    found[0] += 1
-                digest = hashlib.sha256(record.sequence)
-                keys += digest.digest()[:KEY_BYTES]
-                sha256 = digest.hexdigest()
-                spool(b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence))
-                description = record.header[len(record.id) :].lstrip()
-                table.add(
-                    record.id, sha256, length, record.n_replaced, number, record.line, description
-                )
-                index += 1
-                if len(keys) >= KEYS_AT_ONCE * KEY_BYTES:
-                    _add_run_keys(run_keys, keys, index)
-        except FastaError as err:
-            problems.add("unreadable", str(err))
-    _add_run_keys(run_keys, keys, index)
+class Scan(NamedTuple):
+    """What the first pass keeps of every record, what it found, and the pieces' folders (their
+    spooled sequences and record table rows, in input order)."""
+
+    lengths: array
+    id_hashes: array
+    found: Found
+    pieces: list[Path]
+
+
+def _scan(inputs, folder, run_keys, settings: Settings, workers: int) -> Scan:
+    """The first pass (esmshard.input.scan), its pieces gathered in input order: each record's
+    key to `run_keys` with its index, its length and ID hash kept."""
+    found, lengths, hashes, pieces = Found(), array("i"), array("q"), []
+    for piece in scan(inputs, folder, settings, workers):
+        start = found.n_records
+        with open(piece.folder / KEYS, "rb") as fh:
+            while (keys := np.fromfile(fh, KEY_DTYPE, KEYS_AT_ONCE)).size:
+                run_keys.add(keys, np.arange(start, start + keys.size, dtype=np.int64))
+                start += keys.size
+        for values, name in ((lengths, LENGTHS), (hashes, HASHES)):
+            with open(piece.folder / name, "rb") as fh:
+                values.fromfile(fh, piece.found.n_records)
+        for name in (KEYS, LENGTHS, HASHES):
+            os.unlink(piece.folder / name)
+        found.extend(piece.found)
+        pieces.append(piece.folder)
     run_keys.flush()
-    table.close()
-    return scan
-
-
-def _add_run_keys(run_keys, keys: bytearray, end: int) -> None:
-    """The keys of the records before `end` not yet added, each with its record's index."""
-    found = np.frombuffer(bytes(keys), dtype=KEY_DTYPE)
-    run_keys.add(found, np.arange(end - found.size, end, dtype=np.int64))
-    del keys[:]
+    return Scan(lengths, hashes, found, pieces)
 
 
 class KeyBuckets:
@@ -440,26 +383,25 @@ def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:
     return part_of
 
 
-def _find_duplicates(id_hashes: array, scanned, problems: InputProblems) -> None:
-    """IDs must be unique: equal hashes are looked up in the spooled table, by name."""
-    hashes = np.frombuffer(id_hashes, dtype=np.int64)
+def _find_duplicates(hashes: array, tables, problems: InputProblems) -> None:
+    """IDs must be unique: equal hashes are looked up in the pieces' record tables, by name."""
+    hashes = np.frombuffer(hashes, dtype=np.int64)
     hashes.sort()  # in place: the hashes are not needed in input order again
-    suspects = set(hashes[1:][hashes[1:] == hashes[:-1]].tolist())
+    suspects = np.unique(hashes[1:][hashes[1:] == hashes[:-1]])
     del hashes
-    if not suspects:
+    if not suspects.size:
         return
-    scanned.seek(0)
     first_seen = {}
-    for batch in pq.ParquetFile(scanned).iter_batches(columns=["id", "file", "line"]):
-        for id_, file, line in zip(*(batch.column(c).to_pylist() for c in ("id", "file", "line"))):
-            if id_hash(id_) not in suspects:
-                continue
-            if id_ in first_seen:
-                problems.add(
-                    "duplicate_id", f"'{id_}' at {first_seen[id_]} and at {source(file, line)}"
-                )
-            else:
-                first_seen[id_] = source(file, line)
+    for table in tables:
+        for batch in pq.ParquetFile(table).iter_batches(columns=["id", "file", "line"]):
+            ids = batch.column("id").to_pylist()
+            for k in np.flatnonzero(np.isin(id_hashes(ids).view(np.int64), suspects)).tolist():
+                id_ = ids[k]
+                where = source(batch.column("file")[k].as_py(), batch.column("line")[k].as_py())
+                if id_ in first_seen:
+                    problems.add("duplicate_id", f"'{id_}' at {first_seen[id_]} and at {where}")
+                else:
+                    first_seen[id_] = where
 
 
 def _plan(names, shard_of, n_residues, costs) -> list[dict]:
@@ -478,17 +420,18 @@ def _plan(names, shard_of, n_residues, costs) -> list[dict]:
 
 
 def _deal_out(sequences, new_records, shard_of, paths, records_at_once: int = 1 << 20) -> None:
-    """The second pass: each planned record's spooled line to its shard's file, in input order."""
+    """The second pass: each planned record's spooled line (in the `sequences` files, in input
+    order) to its shard's file, in input order."""
     for path in paths:
         Path(path).write_bytes(("\t".join(SHARD_COLUMNS) + "\n").encode())
     buckets = Buckets(paths)
     add = buckets.add
-    sequences.seek(0)
-    lines = iter(sequences)
-    position = 0  # the spooled line `lines` is at
-    for start in range(0, new_records.size, records_at_once):
-        chosen = new_records[start : start + records_at_once].tolist()
-        for index, shard in zip(chosen, shard_of[start : start + records_at_once].tolist()):
-            add(shard, next(islice(lines, index - position, None)))
-            position = index + 1
+    with ExitStack() as files:
+        lines = chain.from_iterable(files.enter_context(open(path, "rb")) for path in sequences)
+        position = 0  # the spooled line `lines` is at
+        for start in range(0, new_records.size, records_at_once):
+            chosen = new_records[start : start + records_at_once].tolist()
+            for index, shard in zip(chosen, shard_of[start : start + records_at_once].tolist()):
+                add(shard, next(islice(lines, index - position, None)))
+                position = index + 1
     buckets.flush()

@@ -4,15 +4,23 @@ from hashlib import sha256
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import NUCLEOTIDE, PROTEINS, fill, read_records, small_disk, write_part
+from conftest import (
+    NUCLEOTIDE,
+    PROTEINS,
+    SHARD_SETTINGS,
+    fill,
+    plan_shards,
+    read_records,
+    small_disk,
+    write_part,
+)
 
 from esmshard.files import DiskFullError
 from esmshard.input.fasta import FastaError
-from esmshard.input.sizing import ModelSize
 from esmshard.representations import Representation
-from esmshard.steps.shard import read_shard, write_shards
+from esmshard.steps.shard import read_shard
 
-SETTINGS = {"model": "random:esm2_t6_8M_UR50D", "repr_layers": [-1]}
+SETTINGS = SHARD_SETTINGS
 
 
 def embed_without_a_model(store, shard_tsv):
@@ -23,23 +31,6 @@ def embed_without_a_model(store, shard_tsv):
         for s in shard.sequences
     ]
     return write_part(store, SETTINGS, shard_tsv.stem, shard.keys, shard.ids, reps)
-
-
-def plan_shards(inputs, shard_dir, n_shards, limit=1022, store=None, **options):
-    """write_shards with a store (by default its own) and a checksum cache beside `shard_dir`."""
-    store = store or shard_dir.with_name(f"{shard_dir.name}-store")
-    cache = shard_dir.with_name(f"{shard_dir.name}-checksums.json")
-    return write_shards(
-        inputs,
-        shard_dir,
-        n_shards,
-        limit,
-        ModelSize(12 * 6 * 320**2, 320),
-        store,
-        SETTINGS,
-        cache,
-        **options,
-    )
 
 
 def test_write_shards_partitions_every_record(tmp_path):
@@ -208,7 +199,11 @@ def test_a_disk_without_room_for_the_shards_is_refused_before_reading(tmp_path):
 
 
 def test_ids_whose_hashes_collide_are_not_duplicates(tmp_path, monkeypatch):
-    monkeypatch.setattr("esmshard.steps.shard.id_hash", lambda id_: 7)  # every ID collides
+    def collide(ids):  # every ID's hash is 7
+        return np.full(len(ids), 7, dtype=np.uint64)
+
+    monkeypatch.setattr("esmshard.steps.shard.id_hashes", collide)
+    monkeypatch.setattr("esmshard.input.scan.id_hashes", collide)
     plan = plan_shards([PROTEINS], tmp_path / "shards", 2)
     assert sum(p["n_sequences"] for p in plan["shards"]) == len(read_records(PROTEINS))
     header, seq = read_records(PROTEINS)[5]

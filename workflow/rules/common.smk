@@ -129,6 +129,17 @@ def parallel_jobs():
 CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
 
 
+def shard_threads():
+    """The shard step's reading processes (esmshard.input.scan): every core Snakemake has on one
+    machine (`--cores`), 8 on a cluster node; `--set-threads shard=N` sets another number."""
+    if workflow.local_exec and not workflow.remote_exec:
+        try:
+            return workflow.cores
+        except WorkflowError:  # no --cores: Snakemake asks for it before any job
+            return 1
+    return 8
+
+
 def planned_shards(wildcards=None):
     """This run's shards: known once the shard step (a checkpoint) has read the input and the store."""
     checkpoints.shard.get()

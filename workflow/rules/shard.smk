@@ -8,6 +8,8 @@ checkpoint shard:
         RUN.log("shard"),
     conda:
         "../../envs/esmshard.yaml"
+    # the processes that read the inputs at once
+    threads: shard_threads()
     resources:
         runtime=io_runtime,
         # streaming: at most ~32 bytes per record (esmshard.steps.shard)

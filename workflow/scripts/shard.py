@@ -10,5 +10,6 @@ run_step(
     shard_dir=snakemake.output[0],
     store_root=params.pop("store"),
     checksum_cache=Layout(snakemake.config["outdir"]).checksums,
+    workers=snakemake.threads,
     **params,
 )
