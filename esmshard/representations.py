@@ -54,3 +54,18 @@ def absolute_layers(repr_layers, num_layers: int) -> list[int]:
             )
         layers.append((layer + num_layers + 1) % (num_layers + 1))
     return sorted(set(layers))
+
+
+def narrowed(values: np.ndarray, dtype, where: str) -> np.ndarray:
+    """`values` as `dtype` (output_dtype, contacts_dtype), refusing values that it cannot hold
+    rather than giving infinities; `where` names them in the error."""
+    dtype = np.dtype(dtype)
+    if values.dtype == dtype:
+        return values
+    largest = float(np.abs(values).max()) if values.size else 0.0
+    if largest > float(np.finfo(dtype).max):
+        raise ValueError(
+            f"{where} holds values up to {largest:g}, more than {dtype.name} holds "
+            f"({np.finfo(dtype).max:g}); set output_dtype: float32"
+        )
+    return values.astype(dtype)

@@ -16,11 +16,13 @@ from collections import Counter
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 import yaml
 
 from esmshard.input.datasets import DatasetError, fetch_test_data
 from esmshard.input.sizing import ModelSize
+from esmshard.outputs.reader import Embeddings
 from esmshard.steps.shard import write_shards
 from esmshard.store import Store, add_settings, settings_key, write_manifest
 from esmshard.store.shardfile import ShardWriter
@@ -313,6 +315,32 @@ def plan_shards(inputs, shard_dir, n_shards, limit=1022, store=None, **options):
         cache,
         **options,
     )
+
+
+def every_value(path) -> dict:
+    """Every value the reader gives of an embeddings.h5: each layer whole, in batches, and
+    protein by protein (the last with its ID)."""
+    found = {}
+    with Embeddings(path) as emb:
+        found["ids"] = emb.ids()
+        for kind, layers in emb.layers.items():
+            for layer in layers:
+                found[kind, layer] = emb.array(kind, layer)
+                batches = [b.values for b in emb.batches(kind, layer, size=7)]
+                found[kind, layer, "batches"] = np.concatenate(batches)
+                found[kind, layer, "last"] = emb.values(found["ids"][-1], kind, layer)
+                found[kind, layer, "each"] = [emb.values(i, kind, -1) for i in range(len(emb))]
+    return found
+
+
+def assert_same_values(copied: dict, in_place: dict) -> None:
+    assert copied.keys() == in_place.keys()
+    for name, value in copied.items():
+        if name == "ids":
+            assert value == in_place[name]
+            continue
+        for a, b in zip(*(v if isinstance(v, list) else [v] for v in (value, in_place[name]))):
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
 
 
 def write_part(store_root, settings, name, keys, ids, reps, failed=(), include=("mean",)) -> Path:

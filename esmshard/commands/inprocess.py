@@ -140,6 +140,7 @@ def embed(
     nucleotide_check: bool = True,
     shards: int | str = "auto",
     output_dtype: str = "float32",
+    output_values: str = "auto",
     contacts_dtype: str = "float16",
     per_residue_compression: str = "none",
 ) -> Embeddings:
@@ -165,6 +166,8 @@ def embed(
     gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.
     batching, compile, fast_path, nucleotide_check, shards, output_dtype, contacts_dtype,
     per_residue_compression: as the workflow's config keys (docs/configuration.md).
+    output_values: the result holds its values in memory, whatever the size ("auto", "copy");
+        "in_place" is for runs, whose embeddings.h5 can point into their store.
 
     The result's `failed` maps each sequence that could not be embedded to the reason. Bad
     input raises ValueError (esmshard.input.fasta.FastaError for a file), naming the item by its
@@ -173,6 +176,11 @@ def embed(
     """
     # The keywords are config keys: taken as one mapping, checked as a run's config is.
     settings = {key: value for key, value in locals().items() if key != "sequences"}
+    if output_values == "in_place":
+        raise ConfigError(
+            "output_values: in_place leaves a run's values in its store, for runs (esmshard "
+            "run, snakemake); esmshard.embed returns them in memory: leave it out"
+        )
     import torch
 
     with tempfile.TemporaryDirectory(prefix="esmshard-embed-") as tmp:
@@ -233,6 +241,7 @@ def embed(
                 config["per_residue_compression"],
                 config["contacts_dtype"],
                 [run.metrics(p["shard"]) for p in plan["shards"]],
+                output_values="copy",  # the result is read into memory, store or not
             )
         failed = read_failed(run.failed)
         return Embeddings(io.BytesIO(Path(run.embeddings).read_bytes()), failed)

@@ -19,6 +19,8 @@ FORMATS is the one table of them:
 - `parquet`: a Parquet dataset, a folder of `part-NNNNN.parquet` files: one row per protein,
   `id`, `sequence_sha256`, `length` (residues embedded), and a list<float> column
   `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue).
+- `h5`: embeddings.h5 itself with every value in the file (`output_values: copy`): the portable
+  copy of a run whose values are in place in its store (esmshard.in_place).
 
 Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds float32 tensors,
 as extract's, which float16 values convert to exactly).
@@ -36,7 +38,7 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from .. import contacts
+from .. import contacts, in_place
 from ..files import atomic_path, unwritable
 from ..input.fasta import printable, read_raw
 from ..input.records import iter_batches, source
@@ -87,7 +89,8 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
     """The file's proteins in blocks of about BLOCK_BYTES of the `wanted` datasets."""
     h5, n = emb.h5, len(emb)
     itemsize = {
-        kind: h5[dataset(kind, layers[0])].dtype.itemsize for kind, layers in wanted.items()
+        kind: emb.stored(dataset(kind, layers[0])).dtype.itemsize
+        for kind, layers in wanted.items()
     }
     per_protein = sum(
         emb.dim * itemsize[kind] * len(layers)
@@ -101,7 +104,7 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
     )
     residue_offsets = h5[PER_TOK_OFFSETS] if per_residue else None
     contact_offsets = h5[CONTACT_OFFSETS] if with_contacts else None
-    contact_size = h5[CONTACT_VALUES].dtype.itemsize if with_contacts else 0
+    contact_size = emb.stored(CONTACT_VALUES).dtype.itemsize if with_contacts else 0
     start = 0
     while start < n:
         # The cost of the next proteins, from their offsets.
@@ -123,7 +126,7 @@ def _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets) -> B
         bounds = residue_offsets[start : stop + 1]
     for kind, layers in wanted.items():
         rows = slice(bounds[0], bounds[-1]) if KINDS[kind].per_residue else slice(start, stop)
-        values[kind] = {layer: h5[dataset(kind, layer)][rows] for layer in layers}
+        values[kind] = {layer: emb.stored(dataset(kind, layer))[rows] for layer in layers}
     if contact_offsets is not None:
         contact_bounds = contact_offsets[start : stop + 1]
     return Block(
@@ -136,7 +139,7 @@ def _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets) -> B
         residue_offsets=None if bounds is None else bounds - bounds[0],
         contacts=None
         if contact_bounds is None
-        else h5[CONTACT_VALUES][contact_bounds[0] : contact_bounds[-1]],
+        else emb.stored(CONTACT_VALUES)[contact_bounds[0] : contact_bounds[-1]],
         contact_offsets=None if contact_bounds is None else contact_bounds - contact_bounds[0],
     )
 
@@ -327,14 +330,14 @@ def write_npy(emb, target, bar, options: Options):
     files = {}  # (kind, layer) or "contacts" -> NpyWriter, filled in the order of the rows
     for kind, layers in options.kinds.items():
         for layer in layers:
-            data = h5[dataset(kind, layer)]
+            data = emb.stored(dataset(kind, layer))
             files[(kind, layer)] = NpyWriter(
                 target / f"{kind}_{layer}.npy", data.dtype, data.shape
             )
     if any(KINDS[kind].per_residue for kind in options.kinds):
         _copy_whole(h5[PER_TOK_OFFSETS], target / "per_tok_offsets.npy")
     if emb.has_contacts:
-        values = h5[CONTACT_VALUES]
+        values = emb.stored(CONTACT_VALUES)
         files[contacts.NAME] = NpyWriter(target / "contacts.npy", values.dtype, values.shape)
         _copy_whole(h5[CONTACT_OFFSETS], target / "contacts_offsets.npy")
     with open(target / "ids.tsv", "w", encoding="utf-8") as ids:
@@ -367,7 +370,7 @@ def parquet_schema(emb: Embeddings, kinds: dict[str, list[int]]):
 
     fields = [("id", pa.string()), ("sequence_sha256", pa.string()), ("length", pa.int32())]
     for kind, layers in kinds.items():
-        value = pa.from_numpy_dtype(emb.h5[dataset(kind, layers[0])].dtype)
+        value = pa.from_numpy_dtype(emb.stored(dataset(kind, layers[0])).dtype)
         column = pa.list_(pa.list_(value)) if KINDS[kind].per_residue else pa.list_(value)
         fields += [(f"{kind}_{layer}", column) for layer in layers]
     return pa.schema(fields, metadata={b"esmshard": json.dumps(emb.made_by).encode()})
@@ -421,6 +424,42 @@ def write_parquet(emb, target, bar, options: Options):
             writer.close()
 
 
+# What a copy of embeddings.h5 takes over as it is: everything but the values.
+H5_AS_IS = ("ids", "headers", "lengths", "truncated", "sequence_sha256", "id_index",
+            PER_TOK_OFFSETS, CONTACT_OFFSETS)  # fmt: skip
+
+
+def write_h5(emb, target, bar, options: Options):
+    """embeddings.h5 with its values in the file, as `output_values: copy` writes it, from a
+    copy or from one whose values are in place in the store: a file that needs no store."""
+    with h5py.File(target, "w") as out:
+        for name in H5_AS_IS:
+            if name in emb.h5:
+                out.require_group(str(Path(name).parent))
+                emb.h5.copy(emb.h5[name], out, name=name)
+        names = [
+            dataset(kind, layer) for kind, layers in options.kinds.items() for layer in layers
+        ]
+        names += [CONTACT_VALUES] if emb.has_contacts else []
+        written = {}
+        for name in names:
+            values = emb.stored(name)
+            out.create_dataset(name, values.shape, values.dtype)
+            written[name] = 0
+        for block in blocks(emb, options.kinds, emb.has_contacts):
+            parts = [
+                (dataset(k, layer), v) for k, ls in block.values.items() for layer, v in ls.items()
+            ]
+            if block.contacts is not None:
+                parts.append((CONTACT_VALUES, block.contacts))
+            for name, values in parts:
+                out[name][written[name] : written[name] + len(values)] = values
+                written[name] += len(values)
+            bar.update(len(block.ids))
+        out.attrs.update({k: v for k, v in emb.h5.attrs.items() if k != in_place.DATASETS})
+        out.attrs.update(output_values="copy", per_residue_compression="none")
+
+
 class Format(NamedTuple):
     name: str
     write: object  # (emb: Embeddings, target: Path, bar: ProgressBar, options: Options) -> None
@@ -434,6 +473,7 @@ FORMATS = {
         Format("pt", write_pt, True),
         Format("npy", write_npy, True),
         Format("parquet", write_parquet, True),
+        Format("h5", write_h5, False),
     )
 }
 

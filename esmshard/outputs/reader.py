@@ -20,6 +20,7 @@ import numpy as np
 from .. import contacts
 from ..files import DamagedFileError
 from ..id_index import find_row, has_id_index
+from ..in_place import Parts, PlacedValues, is_in_place
 from ..representations import KINDS
 from ..steps.provenance import MADE_BY
 from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
@@ -104,11 +105,26 @@ class Embeddings:
             self.h5 = open_h5(self.path)
             self.name = str(self.path)
         self.failed = failed if failed is not None else self._failed_beside()
-        self.layers = {
-            kind: sorted(int(layer) for layer in self.h5[kind] if layer.isdigit())
-            for kind in KINDS
-            if kind in self.h5
-        }
+        # in place (esmshard.in_place): the values are read from the store's parts
+        self.parts = None
+        if is_in_place(self.h5):
+            try:
+                self.parts = Parts(self.h5, self.path)
+            except Exception:
+                self.h5.close()
+                raise
+        if self.parts:
+            self.layers = {}
+            for name in self.parts.datasets:
+                kind, _, layer = name.partition("/")
+                if kind in KINDS:
+                    self.layers.setdefault(kind, []).append(int(layer))
+        else:
+            self.layers = {
+                kind: sorted(int(layer) for layer in self.h5[kind] if layer.isdigit())
+                for kind in KINDS
+                if kind in self.h5
+            }
         self.has_contacts = contacts.NAME in self.h5
         num_layers = self.h5.attrs.get("num_layers")  # for negative layer numbers
         self.num_layers = int(num_layers) if num_layers is not None and num_layers >= 0 else None
@@ -138,7 +154,16 @@ class Embeddings:
         self.close()
 
     def close(self) -> None:
+        if self.parts:
+            self.parts.close()
         self.h5.close()
+
+    def stored(self, name: str):
+        """The dataset `name` as the file holds it, or, in place, read from the store's parts
+        (esmshard.in_place.PlacedValues: indexed by a row or a slice, the same numbers)."""
+        if self.parts and name in self.parts.datasets:
+            return PlacedValues(self.parts, name)
+        return self.h5[name]
 
     def __len__(self) -> int:
         return len(self.h5["ids"])
@@ -146,7 +171,7 @@ class Embeddings:
     @property
     def dim(self) -> int:
         kind, layers = next(iter(self.layers.items()))
-        return self.h5[dataset(kind, layers[0])].shape[1]
+        return self.stored(dataset(kind, layers[0])).shape[1]
 
     def ids(self, start: int = 0, stop: int | None = None) -> list[str]:
         return self.h5["ids"].asstr()[start:stop].tolist()
@@ -194,7 +219,9 @@ class Embeddings:
         """One layer of one kind, every protein (per-residue kinds: every residue, see
         `offsets`): memory-mapped when the dataset is stored whole and uncompressed in a file, as
         esmshard writes it unless per_residue_compression is set; read into memory otherwise."""
-        data = self.h5[dataset(kind, self.layer(kind, layer))]
+        data = self.stored(dataset(kind, self.layer(kind, layer)))
+        if isinstance(data, PlacedValues):
+            return data[:]
         offset = data.id.get_offset()
         if offset is None or data.compression or data.chunks or self.path is None:
             return data[:]
@@ -208,13 +235,13 @@ class Embeddings:
         """One protein's per-residue rows (length × D), by row or ID."""
         row = self._row(protein)
         start, stop = self.h5[PER_TOK_OFFSETS][row : row + 2]
-        return self.h5[dataset("per_tok", self.layer("per_tok", layer))][start:stop]
+        return self.stored(dataset("per_tok", self.layer("per_tok", layer)))[start:stop]
 
     def values(self, protein: int | str, kind: str, layer: int | None = None) -> np.ndarray:
         """One protein's values of one kind at one layer: its vector, or its per-residue rows."""
         if KINDS[kind].per_residue:
             return self.per_residue(protein, layer)
-        return self.h5[dataset(kind, self.layer(kind, layer))][self._row(protein)]
+        return self.stored(dataset(kind, self.layer(kind, layer)))[self._row(protein)]
 
     def contact_map(self, protein: int | str) -> np.ndarray:
         """One protein's contact map (length × length), by row or ID."""
@@ -222,7 +249,7 @@ class Embeddings:
             raise KeyError(f"{self.name} holds no contact maps (include: contacts)")
         row = self._row(protein)
         start, stop = self.h5[CONTACT_OFFSETS][row : row + 2]
-        values = self.h5[CONTACT_VALUES][start:stop]
+        values = self.stored(CONTACT_VALUES)[start:stop]
         return contacts.full_matrix(values, int(self.h5["lengths"][row]))
 
     def __getitem__(self, protein: int | str) -> Protein:
@@ -248,7 +275,7 @@ class Embeddings:
         self, kind: str = "mean", layer: int | None = None, size: int = 4096
     ) -> Iterator[Batch]:
         """`size` proteins at a time in input order: memory bounded by the batch, not the file."""
-        data = self.h5[dataset(kind, self.layer(kind, layer))]
+        data = self.stored(dataset(kind, self.layer(kind, layer)))
         offsets = self.h5[PER_TOK_OFFSETS] if KINDS[kind].per_residue else None
         for start in range(0, len(self), size):
             stop = min(start + size, len(self))

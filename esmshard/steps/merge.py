@@ -25,8 +25,9 @@ from .. import contacts
 from ..compute.telemetry import peak_memory_mb
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from ..id_index import id_hashes, write_id_index
+from ..in_place import per_residue, write_placement
 from ..input.records import iter_batches, read_columns, shard_codes, source
-from ..representations import KINDS
+from ..representations import KINDS, narrowed
 from ..store import (
     KEY_DTYPE,
     Store,
@@ -63,6 +64,8 @@ BLOCK_BYTES = 64 << 20
 CHUNK_BYTES = 1 << 20
 STRINGS_AT_ONCE = 1 << 16
 RECORDS_AT_ONCE = 1 << 20
+# output_values: auto leaves the values in place when a copy would be larger than this.
+AUTO_IN_PLACE_BYTES = 100 << 30
 
 
 class MergeError(RuntimeError):
@@ -91,6 +94,7 @@ def merge(
     contacts_dtype: str = "float16",
     metrics_files=(),
     run_lock: str | None = None,
+    output_values: str = "copy",
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
@@ -103,6 +107,10 @@ def merge(
     shards whose metrics (`metrics_files`) carry the run id of the command now running (the
     holder of `run_lock`, as esmshard.store.runlock.current_run records it: also its command
     line, folder and start, which run.json names).
+
+    `output_values`: `copy` writes the representations into `out_h5`; `in_place` writes where
+    each protein's are in the parts instead (esmshard.in_place); `auto`, in place when they
+    would pass AUTO_IN_PLACE_BYTES.
     """
     dtype = OUTPUT_DTYPES[output_dtype]
     plan = json.loads(Path(plan_json).read_text())
@@ -201,13 +209,27 @@ def merge(
     n_embedded = int(embedded.sum())
     row_of = np.cumsum(embedded, dtype=np.int32 if n < 2**31 else np.int64)
     row_of -= 1  # in place: no second array per record
-    per_residue = any(KINDS[kind].per_residue for kind in layers)
+    with_per_residue = any(KINDS[kind].per_residue for kind in layers)
     offsets = None
-    if per_residue:
+    if with_per_residue:
         offsets = np.zeros(n_embedded + 1, dtype=np.int64)
         np.cumsum(lengths[embedded], out=offsets[1:])
     with_contacts = contacts.NAME in settings["include"]
     contact_offsets = contacts.offsets(lengths[embedded]) if with_contacts else None
+    dim = _dim(used[0], layers) if layers else 0
+    shapes = {}  # each dataset of the values: its shape and dtype
+    for kind, kind_layers in layers.items():
+        total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
+        shapes.update(
+            {dataset(kind, layer): ((total, dim), np.dtype(dtype)) for layer in kind_layers}
+        )
+    if with_contacts:
+        contact_dtype = np.dtype(contacts.DTYPES[contacts_dtype])
+        shapes[CONTACT_VALUES] = ((int(contact_offsets[-1]),), contact_dtype)
+    size = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes.values())
+    in_place = output_values == "in_place" or (
+        output_values == "auto" and size > AUTO_IN_PLACE_BYTES
+    )
     parts = []  # each part's embedded records, by their row in it
     for code, path in enumerate(paths):
         members = by_part[bounds[code] : bounds[code + 1]]
@@ -217,18 +239,11 @@ def merge(
         parts.append(PartRows(path, rows.astype(row_of.dtype), members.astype(row_of.dtype)))
     del by_part, part_row
 
-    dim = _dim(used[0], layers) if layers else 0
-    itemsize = np.dtype(dtype).itemsize
-    total_rows = sum(
-        (offsets[-1] if KINDS[kind].per_residue else n_embedded) * len(kind_layers)
-        for kind, kind_layers in layers.items()
-    )
-    size = int(total_rows * dim * itemsize) + (1 << 20)
-    if with_contacts:
-        size += int(contact_offsets[-1]) * np.dtype(contacts.DTYPES[contacts_dtype]).itemsize
     out_dir = Path(out_h5).parent
+    # a copy needs room for the file and its spill files; in place, for the IDs and the rest
+    needed = n * 256 + (1 << 20) if in_place else 2 * size + (1 << 20)
     with (
-        atomic_path(out_h5, needed_bytes=2 * size) as tmp,  # the file and its spill files
+        atomic_path(out_h5, needed_bytes=needed) as tmp,
         h5py.File(tmp, "w") as out,
         temporary_folder(out_dir, "merge-spill") as spill_dir,
     ):
@@ -237,36 +252,33 @@ def merge(
                  peak_memory_mb())  # fmt: skip
         out.create_dataset("lengths", data=lengths[embedded])
         del lengths
-        if per_residue:
+        if with_per_residue:
             out.create_dataset(PER_TOK_OFFSETS, data=offsets)
-        for kind, kind_layers in layers.items():
-            total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
-            compression = (
-                COMPRESSIONS[per_residue_compression] if KINDS[kind].per_residue else None
-            )
-            for layer in kind_layers:
-                name = dataset(kind, layer)
-                target = out.create_dataset(
-                    name,
-                    (total, dim),
-                    dtype=dtype,
-                    # Stored whole unless compressed, so that readers can memory-map it.
-                    chunks=(max(1, min(total, CHUNK_BYTES // (dim * itemsize))), dim)
-                    if total and compression
-                    else None,
-                    compression=compression,
-                )
-                placement = Placement(row_of, offsets if KINDS[kind].per_residue else None)
-                _copy_in_input_order(parts, name, target, placement, spill_dir)
-                log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
         if with_contacts:
             out.create_dataset(CONTACT_OFFSETS, data=contact_offsets)
+        if in_place:
+            _write_placement(out, parts, row_of, n_embedded, shapes)
+            log.info("in place: where each protein's values are in the parts, written")
+        for name, (shape, out_dtype) in ({} if in_place else shapes).items():
+            compression = COMPRESSIONS[per_residue_compression] if per_residue(name) else None
+            row_items = int(np.prod(shape[1:]))
             target = out.create_dataset(
-                CONTACT_VALUES, (int(contact_offsets[-1]),), contacts.DTYPES[contacts_dtype]
-            )
-            placement = Placement(row_of, contact_offsets)
-            _copy_in_input_order(parts, CONTACT_VALUES, target, placement, spill_dir)
-            log.info("contact maps written; peak memory so far %.0f MB", peak_memory_mb())
+                name,
+                shape,
+                dtype=out_dtype,
+                # Stored whole unless compressed, so that readers can memory-map it.
+                chunks=(max(1, min(shape[0], CHUNK_BYTES // (row_items * out_dtype.itemsize))),
+                        *shape[1:])
+                if shape[0] and compression
+                else None,
+                compression=compression,
+            )  # fmt: skip
+            if name == CONTACT_VALUES:
+                placement = Placement(row_of, contact_offsets)
+            else:
+                placement = Placement(row_of, offsets if per_residue(name) else None)
+            _copy_in_input_order(parts, name, target, placement, spill_dir)
+            log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
         card = provenance.made_by(settings, key, ",".join(sorted(precisions)), checksum_cache)
         out.attrs.update({name: -1 if value is None else value for name, value in card.items()})
         out.attrs.update(
@@ -275,6 +287,7 @@ def merge(
             n_failed=len(failures),
             settings=json.dumps(settings),
             output_dtype=output_dtype,
+            output_values="in_place" if in_place else "copy",
             per_residue_compression=per_residue_compression,
             contacts_dtype=contacts_dtype if with_contacts else "",
             **provenance.attributes(computed_rows),
@@ -300,6 +313,8 @@ def merge(
         "from_store": plan["from_store"],
         "embedded": n_embedded,
         "failed": len(failures),
+        # where embeddings.h5's values are: in the file, or in the store's parts
+        "output_values": "in_place" if in_place else "copy",
         "store": str(Path(store_root).resolve()),
         # records beyond truncation_seq_length, by what long_sequences did with them
         "inputs": plan.get("inputs", []),
@@ -396,6 +411,17 @@ def _write_text_columns(out, records, embedded, n_embedded) -> np.ndarray:
         )
         row = rows.stop
     return hashes
+
+
+def _write_placement(out, parts, row_of, n_embedded, shapes) -> None:
+    """Where each embedded record's values are: its part (of those that hold any) and row."""
+    parts = [part for part in parts if part.rows.size]
+    part_of = np.empty(n_embedded, dtype=np.int32)
+    part_rows = np.empty(n_embedded, dtype=row_of.dtype)
+    for code, part in enumerate(parts):
+        at = row_of[part.records]
+        part_of[at], part_rows[at] = code, part.rows
+    write_placement(out, [part.path for part in parts], part_of, part_rows, shapes)
 
 
 def _dim(path, layers) -> int:
@@ -498,17 +524,7 @@ def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
                 if placement.offsets is not None:
                     output_row = placement.offsets[output_row]
                 taken = block[source]
-                if dtype != np.float32:
-                    taken = _narrowed(taken, dtype, part.path, name)
-                yield np.repeat(output_row, n) + within, taken
-
-
-def _narrowed(block: np.ndarray, dtype, path, name) -> np.ndarray:
-    """`block` as `dtype`, refusing values that it cannot hold rather than writing infinities."""
-    largest = float(np.abs(block).max()) if block.size else 0.0
-    if largest > float(np.finfo(dtype).max):
-        raise MergeError(
-            f"{name} in shard file {path} holds values up to {largest:g}, more than "
-            f"{np.dtype(dtype).name} holds ({np.finfo(dtype).max:g}); set output_dtype: float32"
-        )
-    return block.astype(dtype)
+                yield (
+                    np.repeat(output_row, n) + within,
+                    narrowed(taken, dtype, f"{name} in shard file {part.path}"),
+                )

@@ -378,12 +378,17 @@ class Unused(NamedTuple):
 
 def unused(store: Store, keep_outdirs) -> list[Unused]:
     """The files that no outdir of `keep_outdirs` uses: parts (and their manifests) that none of
-    their current record tables names, and parts set aside."""
+    their current record tables names nor their embeddings.h5 reads in place, and parts set
+    aside."""
     used = set()  # (key, part)
     for outdir in keep_outdirs:
         layout = Layout(str(outdir))
+        in_place = _read_in_place(layout)
         key = (read_json_object(Path(layout.plan_json)) or {}).get("key")
         if not isinstance(key, str):
+            if in_place:  # the plan removed, the output still reading the store
+                used |= in_place
+                continue
             raise ValueError(
                 f"{outdir} is not the outdir of a planned run (no readable {layout.plan_json}); "
                 "name outdirs whose shard step has run"
@@ -396,6 +401,7 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
                 "shard step has run"
             ) from err
         used.update((key, names[code]) for code in np.unique(codes))
+        used |= in_place
     found = []
     for key in store.settings_keys():
         folder = Path(store.folder(key))
@@ -407,6 +413,21 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
             str(p) for suffix in (".h5", ".json") for p in folder.glob(f"*{suffix}{SET_ASIDE}")
         ]
     return [Unused(p, tree_bytes(p)) for p in found if os.path.lexists(p)]
+
+
+def _read_in_place(layout: Layout) -> set:
+    """The parts, as (key, name), that the outdir's embeddings.h5 reads in place
+    (esmshard.in_place); none for a copy, or a file that cannot be read."""
+    from ..in_place import PARTS, is_in_place
+
+    path = Path(layout.embeddings)
+    try:
+        with h5py.File(path, "r") as h5:
+            names = h5[PARTS].asstr()[:].tolist() if is_in_place(h5) else []
+    except (OSError, KeyError):
+        return set()
+    folder = path.resolve().parent
+    return {((folder / name).parent.name, Path(name).stem) for name in names}
 
 
 def tree_bytes(path) -> int:

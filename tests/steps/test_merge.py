@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_part
+from conftest import assert_same_values, every_value, write_part
 
 from esmshard.files import read_tsv
 from esmshard.input.records import SCHEMA
@@ -354,7 +354,7 @@ def test_values_beyond_float16_are_refused_not_written_as_infinity(realistic):
     with h5py.File(paths[1], "a") as h5:
         h5["per_tok/6"][3] = 70000.0
     with pytest.raises(
-        MergeError,
+        ValueError,
         match=f"per_tok/6 in shard file {paths[1]} holds values up to 70000.*output_dtype: float32",
     ):
         merge_run(folder, output_dtype="float16")
@@ -387,3 +387,61 @@ def test_a_part_whose_sequences_are_other_ones_is_named(run):
     ):
         merge_run(folder)
     assert not (folder / "embeddings.h5").exists()
+
+
+@pytest.mark.parametrize("output_dtype", ["float32", "float16"])
+def test_values_in_place_read_as_the_copy_holds_them(realistic, output_dtype):
+    folder, paths, _ = realistic
+    merge_run(folder, output_dtype=output_dtype)
+    copied = folder / "copy.h5"
+    (folder / "embeddings.h5").rename(copied)
+    merge_run(folder, output_dtype=output_dtype, output_values="in_place")
+    in_place = folder / "embeddings.h5"
+    with h5py.File(in_place) as h5:
+        assert h5.attrs["output_values"] == "in_place" and "per_tok/6" not in h5
+        # the store is inside the outdir's folder here: its parts are named relative to it
+        assert h5["in_place/parts"].asstr()[:].tolist() == [
+            str(p.relative_to(folder)) for p in paths
+        ]
+    assert_same_values(every_value(copied), every_value(in_place))
+    assert in_place.stat().st_size < 0.1 * sum(p.stat().st_size for p in paths)
+
+
+def test_in_place_failed_records_and_bos_read_as_the_copy_holds_them(run):
+    folder, _ = run
+    merge_run(folder)
+    (folder / "embeddings.h5").rename(folder / "copy.h5")
+    merge_run(folder, output_values="in_place")
+    assert_same_values(every_value(folder / "copy.h5"), every_value(folder / "embeddings.h5"))
+    assert read_tsv(folder / "failed.tsv")[0]["reason"] == "out of memory even alone"
+
+
+def test_values_in_place_whose_part_is_gone_or_changed_are_refused_naming_it(realistic):
+    from esmshard.files import DamagedFileError
+    from esmshard.outputs.reader import Embeddings
+
+    folder, paths, _ = realistic
+    merge_run(folder, output_values="in_place")
+    kept = paths[1].read_bytes()
+    with open(paths[1], "ab") as fh:
+        fh.write(b"more")
+    with pytest.raises(DamagedFileError, match=f"{paths[1]} has changed"):
+        Embeddings(folder / "embeddings.h5")
+    paths[1].unlink()
+    with pytest.raises(DamagedFileError, match=f"{paths[1]} is gone.*`esmshard export` makes"):
+        Embeddings(folder / "embeddings.h5")
+    paths[1].write_bytes(kept)
+    with Embeddings(folder / "embeddings.h5") as emb:
+        assert len(emb) == 400
+
+
+def test_auto_leaves_values_in_place_above_its_size(realistic, monkeypatch):
+    folder, _, _ = realistic
+    monkeypatch.setattr(merge_step, "AUTO_IN_PLACE_BYTES", 1 << 30)
+    merge_run(folder, output_values="auto")
+    with h5py.File(folder / "embeddings.h5") as h5:
+        assert h5.attrs["output_values"] == "copy"
+    monkeypatch.setattr(merge_step, "AUTO_IN_PLACE_BYTES", 1 << 20)
+    merge_run(folder, output_values="auto")
+    with h5py.File(folder / "embeddings.h5") as h5:
+        assert h5.attrs["output_values"] == "in_place"

@@ -17,6 +17,7 @@ rule merge:
         **EMBEDDING_PARAMS,
         store=STORE.root,
         output_dtype=config["output_dtype"],
+        output_values=config["output_values"],
         per_residue_compression=config["per_residue_compression"],
         contacts_dtype=config["contacts_dtype"],
     script:

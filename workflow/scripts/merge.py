@@ -3,7 +3,8 @@ from esmshard.steps.job import run_step
 
 settings = dict(snakemake.params.items())
 output = {
-    key: settings.pop(key) for key in ("output_dtype", "per_residue_compression", "contacts_dtype")
+    key: settings.pop(key)
+    for key in ("output_dtype", "output_values", "per_residue_compression", "contacts_dtype")
 }
 store_root = settings.pop("store")
 run = Layout(snakemake.config["outdir"])

@@ -1,0 +1,193 @@
+"""Outputs read in place: an embeddings.h5 whose values stay in the store's parts.
+
+With `output_values: in_place` (or `auto` for a large run), the merge writes everything of
+embeddings.h5 but the representations and contact maps: the IDs, headers, lengths, the ID index,
+`per_tok/offsets` and `contacts/offsets` as a copy holds them, and where each protein's values
+are: `in_place/part` (its part, a number into `in_place/parts`, the parts' paths, relative to the
+file's folder where the store is inside it) and `in_place/row` (its row there). The reader
+(esmshard.outputs.reader) reads through them: `PlacedValues` stands for each dataset a copy
+would hold, indexed the same way, so that every read gives the numbers of a copy, in its dtype.
+The parts must stay where they are, as they were: each part's size is kept too, and a file
+whose parts are gone or changed is refused by name rather than read wrong.
+"""
+
+import json
+import os
+from collections import OrderedDict
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from . import contacts
+from .files import DamagedFileError
+from .representations import KINDS, narrowed
+from .store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS
+
+LAYOUT = "output_values"  # the file attribute: "copy" or "in_place"
+PARTS, PART_BYTES, PART, ROW = (
+    "in_place/parts",
+    "in_place/part_bytes",
+    "in_place/part",
+    "in_place/row",
+)
+DATASETS = "in_place_datasets"  # the attribute: {name: [shape, dtype]} of each dataset stood for
+OPEN_PARTS = 64  # part files kept open at once
+GAP_ROWS = 64  # rows of a part read and dropped rather than a second read started
+
+
+def is_in_place(h5: h5py.File) -> bool:
+    return h5.attrs.get(LAYOUT) == "in_place"
+
+
+def write_placement(out: h5py.File, part_paths, part_of, row_of, datasets: dict) -> None:
+    """Where each protein's values are: `part_of` (index into `part_paths`) and `row_of` (its
+    row there), in input order; `datasets`: {name: (shape, dtype)} of each dataset that a copy
+    would hold."""
+    folder = Path(out.filename).resolve().parent
+    shown = []
+    for path in part_paths:
+        path = Path(path).resolve()
+        shown.append(str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path))
+    out.create_dataset(PARTS, data=np.array(shown, dtype=object), dtype=h5py.string_dtype())
+    out.create_dataset(PART_BYTES, data=np.array([os.path.getsize(p) for p in part_paths]))
+    out.create_dataset(
+        PART, data=part_of.astype(np.int32 if len(part_paths) < 2**31 else np.int64)
+    )
+    out.create_dataset(
+        ROW, data=row_of.astype(np.uint32 if row_of.max(initial=0) < 2**32 else np.int64)
+    )
+    out.attrs[LAYOUT] = "in_place"
+    out.attrs[DATASETS] = json.dumps(
+        {name: [list(shape), np.dtype(dtype).name] for name, (shape, dtype) in datasets.items()}
+    )
+
+
+class Parts:
+    """The store parts an in-place embeddings.h5 reads, each opened when first read."""
+
+    def __init__(self, h5: h5py.File, path: Path | None):
+        folder = Path(path).resolve().parent if path else Path.cwd()
+        self.h5 = h5
+        self.paths = [folder / p for p in h5[PARTS].asstr()[:]]
+        self.name = str(path) if path else "these embeddings"
+        sizes = h5[PART_BYTES][:]
+        for part, size in zip(self.paths, sizes):
+            found = part.stat().st_size if part.is_file() else None
+            if found != size:
+                what = "is gone" if found is None else f"has changed ({found} bytes, not {size})"
+                raise DamagedFileError(
+                    f"{self.name} reads its values in place from {len(self.paths)} store parts, "
+                    f"and {part} {what} (removed, pruned without --keep of this outdir, or the "
+                    "store moved). Remove the outdir's shards/ folder and run the same command "
+                    "again: the sequences the store lacks are computed and embeddings.h5 is "
+                    "written anew; `esmshard export` makes a copy that needs no store"
+                )
+        self.datasets = json.loads(h5.attrs[DATASETS])
+        self.files = OrderedDict()
+        self.starts = {}  # (part, name) -> where each row's values start in that dataset
+
+    def file(self, code: int) -> h5py.File:
+        if code in self.files:
+            self.files.move_to_end(code)
+            return self.files[code]
+        if len(self.files) == OPEN_PARTS:
+            self.files.popitem(last=False)[1].close()
+        self.files[code] = h5py.File(self.paths[code], "r")
+        return self.files[code]
+
+    def row_starts(self, code: int, name: str) -> np.ndarray:
+        """Where each row of part `code` starts in its dataset `name` (one row of values per
+        protein, per residue, or per contact value), and the end."""
+        per = "contacts" if name == CONTACT_VALUES else "rows" if per_residue(name) else None
+        if (code, per) not in self.starts:
+            lengths = self.file(code)["length"][:].astype(np.int64)
+            counts = contacts.triangle_size(lengths) if per == "contacts" else lengths
+            self.starts[code, per] = np.concatenate([[0], np.cumsum(counts)])
+        return self.starts[code, per]
+
+    def close(self) -> None:
+        for h5 in self.files.values():
+            h5.close()
+        self.files.clear()
+
+
+def per_residue(name: str) -> bool:
+    return name != CONTACT_VALUES and KINDS[name.split("/")[0]].per_residue
+
+
+class PlacedValues:
+    """A dataset of an in-place embeddings.h5 (`mean/33`, `per_tok/6`, `contacts/values`), read
+    from the store's parts as a copy would hold it: rows in input order, in the copy's dtype.
+    Indexed by a row or a slice of rows."""
+
+    def __init__(self, parts: Parts, name: str):
+        shape, dtype = parts.datasets[name]
+        self.parts, self.name = parts, name
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.ndim = len(self.shape)
+        offsets = CONTACT_OFFSETS if name == CONTACT_VALUES else PER_TOK_OFFSETS
+        self.offsets = parts.h5[offsets] if name == CONTACT_VALUES or per_residue(name) else None
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, key):
+        if isinstance(key, (int, np.integer)):
+            row = int(key) + (len(self) if key < 0 else 0)
+            if not 0 <= row < len(self):
+                raise IndexError(f"row {key} of {self.name}: it has {len(self)}")
+            return self._read(row, row + 1)[0]
+        if isinstance(key, slice) and key.step in (None, 1):
+            start, stop, _ = key.indices(len(self))
+            return self._read(start, max(start, stop))
+        raise TypeError(f"{self.name} of an in-place embeddings.h5 is read by a row or a slice")
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        """Rows `start` .. `stop` as a copy holds them."""
+        out = np.empty((stop - start, *self.shape[1:]), dtype=np.float32)
+        if stop == start:
+            return out.astype(self.dtype)
+        h5 = self.parts.h5
+        if self.offsets is None:  # a row per protein
+            first, last = start, stop
+            within = np.zeros(stop - start, dtype=np.int64)
+            proteins = np.arange(stop - start)
+        else:  # rows per residue or contact value: the proteins they belong to
+            first = _search(self.offsets, start, "right") - 1
+            last = _search(self.offsets, stop, "left")
+            bounds = self.offsets[first : last + 1]
+            unit = np.arange(start, stop)
+            proteins = np.searchsorted(bounds, unit, "right") - 1
+            within = unit - bounds[proteins]
+        codes, rows = h5[PART][first:last], h5[ROW][first:last].astype(np.int64)
+        for code in np.unique(codes).tolist():
+            chosen = np.flatnonzero(codes[proteins] == code)
+            source = rows[proteins[chosen]]
+            if self.offsets is not None:
+                source = self.parts.row_starts(code, self.name)[source] + within[chosen]
+            out[chosen] = _read_rows(self.parts.file(code)[self.name], source)
+        return narrowed(out, self.dtype, f"{self.name} of {self.parts.name}")
+
+
+def _search(ascending: h5py.Dataset, value: int, side: str) -> int:
+    """np.searchsorted on a dataset, reading a few of its values rather than all of them."""
+    low, high = 0, len(ascending)
+    while high - low > 4096:
+        middle = (low + high) // 2
+        below = ascending[middle] < value if side == "left" else ascending[middle] <= value
+        low, high = (middle + 1, high) if below else (low, middle)
+    return low + int(np.searchsorted(ascending[low:high], value, side))
+
+
+def _read_rows(data: h5py.Dataset, rows: np.ndarray) -> np.ndarray:
+    """`data[rows]` for any rows (unsorted, repeated): each run of rows read once, with the
+    few rows between close ones (GAP_ROWS) read and dropped."""
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order]
+    out = np.empty((rows.size, *data.shape[1:]), dtype=data.dtype)
+    breaks = np.flatnonzero(np.diff(ordered) > GAP_ROWS) + 1
+    for group in np.split(np.arange(rows.size), breaks):
+        low, high = int(ordered[group[0]]), int(ordered[group[-1]]) + 1
+        out[order[group]] = data[low:high][ordered[group] - low]
+    return out

@@ -1,0 +1,78 @@
+"""Outputs read in place (esmshard.in_place), through the `snakemake` command line as users type
+it: the numbers of a copy from a fraction of its bytes, kept by `esmshard store --prune`,
+copied whole by `esmshard export --format h5`."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+from conftest import MODEL, PROTEINS, assert_same_values, every_value, run_json, snakemake
+
+from esmshard.outputs.reader import Embeddings
+
+ESMSHARD = str(Path(sys.executable).parent / "esmshard")
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """One run copied, then the same settings in place in another outdir, on the first's store."""
+    workdir = tmp_path_factory.mktemp("in-place")
+    (workdir / "proteins.fasta").write_text(PROTEINS.read_text())
+    typed = ["--config", "input=proteins.fasta", f"model={MODEL}", "repr_layers=[-1,3]",
+             "include=[mean,per_tok,contacts]"]  # fmt: skip
+    snakemake(workdir, {}, *typed, "outdir=copied")
+    snakemake(workdir, {}, *typed, "outdir=placed", "store=copied/store", "output_values=in_place")
+    return workdir
+
+
+def bytes_under(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def parts_of(embeddings: Path) -> list[Path]:
+    with h5py.File(embeddings) as h5:
+        return [embeddings.parent / p for p in h5["in_place/parts"].asstr()[:]]
+
+
+def test_in_place_gives_the_copys_numbers_from_a_tenth_of_its_bytes(workdir):
+    copied, placed = workdir / "copied", workdir / "placed"
+    assert run_json(copied)["output_values"] == "copy"
+    assert run_json(placed)["output_values"] == "in_place"
+    assert run_json(placed)["computed_by_this_command"] == 0  # the store had every sequence
+    assert_same_values(
+        every_value(copied / "embeddings.h5"), every_value(placed / "embeddings.h5")
+    )
+    with Embeddings(copied) as a, Embeddings(placed) as b:
+        for row in (0, len(a) - 1):
+            assert (a.contact_map(row) == b.contact_map(row)).all()
+    parts = parts_of(placed / "embeddings.h5")
+    # the store is the other outdir's: an absolute path
+    assert parts and all(p.is_absolute() and p.is_file() for p in parts)
+    assert bytes_under(placed) <= 0.1 * sum(p.stat().st_size for p in parts)
+
+
+def test_export_h5_is_the_copy_and_needs_no_store(workdir):
+    result = subprocess.run([ESMSHARD, "export", "placed", "--format", "h5", "--out", "copy.h5"],
+                            cwd=workdir, capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    with h5py.File(workdir / "copy.h5") as h5:
+        assert h5.attrs["output_values"] == "copy" and "in_place" not in h5
+    assert_same_values(every_value(workdir / "copied" / "embeddings.h5"),
+                       every_value(workdir / "copy.h5"))  # fmt: skip
+
+
+def test_prune_keeps_what_the_output_reads_its_plan_removed_or_not(workdir):
+    placed = workdir / "placed"
+    parts = parts_of(placed / "embeddings.h5")
+    prune = [ESMSHARD, "store", "copied/store", "--prune", "--keep", "placed", "--apply"]
+    for plan_removed in (False, True):
+        if plan_removed:
+            shutil.rmtree(placed / "shards")
+        result = subprocess.run(prune, cwd=workdir, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert all(p.is_file() for p in parts)
+        with Embeddings(placed) as emb:
+            assert len(emb) == 40
