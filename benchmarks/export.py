@@ -73,9 +73,10 @@ def measure_export(folder: Path, outdir: str, fmt: str) -> dict:
 def parquet_read_back(folder: Path, embeddings: Path) -> dict:
     """The dataset as pyarrow, DuckDB and Polars read it in place, against embeddings.h5."""
     import duckdb
-    import h5py
     import numpy as np
     import pyarrow.dataset as ds
+
+    import esmshard
 
     files = str(folder / "*.parquet")
     tables = {
@@ -89,13 +90,12 @@ def parquet_read_back(folder: Path, embeddings: Path) -> dict:
     except ImportError:
         pass
     reference = tables["pyarrow"]
-    with h5py.File(embeddings, "r") as h5:
-        (layer,) = h5["mean"].keys()
+    with esmshard.open_embeddings(embeddings) as emb:  # a copy or in place
+        (layer,) = emb.layers["mean"]
         column = reference.column(f"mean_{layer}").combine_chunks()
         values = column.flatten().to_numpy().reshape(len(column), -1)
-        ids = h5["ids"].asstr()[:].tolist()
-        same_as_h5 = reference.column("id").to_pylist() == ids
-        same_as_h5 = same_as_h5 and np.array_equal(values, h5["mean"][layer][:])
+        same_as_h5 = reference.column("id").to_pylist() == emb.ids()
+        same_as_h5 = same_as_h5 and np.array_equal(values, emb.array("mean", layer))
     return {
         "files": len(list(folder.glob("*.parquet"))),
         "rows": {name: table.num_rows for name, table in tables.items()},

@@ -9,7 +9,9 @@ steps around the model are what is measured. Each step is its own `snakemake --u
 command under `/usr/bin/time -v` (wall time; peak memory of its processes, Snakemake's own
 included; blocks written), and each job's log gives its own time and peak memory (`run_step`).
 Then, on the finished run: `esmshard status`, `snakemake -n`, the first lookup by ID, and each
-of `--exports` (`esmshard export`, as benchmarks/export.py measures it).
+of `--exports` (`esmshard export`, as benchmarks/export.py measures it); the merge again with
+`output_values=in_place`, its first lookup and its Parquet export; and, on the largest run, the
+shard step alone with each of `--shard-workers` (`--set-threads shard=N`).
 Shards are `auto`: a local checkpoint's architecture is unknown to esmshard, so the count is
 the one for the 650M model.
 """
@@ -105,6 +107,12 @@ def jobs(logs: Path, step: str) -> dict:
     }
 
 
+def last_job(log: Path) -> dict:
+    """The time and peak memory of the step's latest job, as its log (appended to) reports it."""
+    seconds, peak = [m.groups()[1:] for m in DONE.finditer(log.read_text())][-1]
+    return {"job_seconds": float(seconds), "job_peak_memory_bytes": int(peak) << 20}
+
+
 def du(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -119,7 +127,13 @@ def planned(outdir: Path) -> list[str]:
 
 
 def run(
-    n_records: int, workdir: Path, config: list[str], threads: int, keep: bool, exports
+    n_records: int,
+    workdir: Path,
+    config: list[str],
+    threads: int,
+    keep: bool,
+    exports,
+    shard_workers=(),
 ) -> dict:
     folder = workdir / f"n{n_records}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -151,6 +165,22 @@ def run(
     for fmt in exports:
         steps[f"export {fmt}"] = measure_export(folder, outdir.name, fmt)
         print(n_records, f"export {fmt}", json.dumps(steps[f"export {fmt}"]), flush=True)
+    # The same outputs with their values in place: the merge again, a lookup and an export.
+    placed = timed(base[:1] + ["--until", "merge"] + base[1:] + ["output_values=in_place"], folder)
+    placed["output_bytes"] = du(outdir / "embeddings.h5")
+    placed.update(last_job(outdir / "logs" / "merge.log"))
+    steps["merge in place"] = placed
+    steps["first_lookup in place"] = first_lookup(outdir / "embeddings.h5")
+    steps["export parquet in place"] = measure_export(folder, outdir.name, "parquet")
+    for name in ("merge in place", "first_lookup in place", "export parquet in place"):
+        print(n_records, name, json.dumps(steps[name]), flush=True)
+    # The shard step alone again with each number of workers, one after another.
+    for workers in shard_workers:
+        forced = ["--until", "shard", "--forcerun", "shard", "--set-threads", f"shard={workers}"]
+        measured = timed(base[:1] + forced + base[1:], folder)
+        measured.update(last_job(outdir / "logs" / "shard.log"))
+        steps[f"shard, {workers} workers"] = measured
+        print(n_records, f"shard, {workers} workers", json.dumps(measured), flush=True)
     shard_seconds = steps["shard"]["job_seconds_max"]
     result = {
         "records": n_records,
@@ -264,6 +294,10 @@ def main(argv=None) -> int:
         "--exports", nargs="*", default=["npy", "parquet"],
         help="the `esmshard export` formats measured on each run (benchmarks/export.py's names)",
     )  # fmt: skip
+    parser.add_argument(
+        "--shard-workers", type=int, nargs="*", default=[1, 2],
+        help="on the largest run, the shard step again with each of these numbers of workers",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep each run's folder")
     args = parser.parse_args(argv)
@@ -282,7 +316,10 @@ def main(argv=None) -> int:
         "runs": [],
     }
     for n in args.records:
-        results["runs"].append(run(n, workdir, config, args.threads, args.keep, args.exports))
+        workers = args.shard_workers if n == max(args.records) else ()
+        results["runs"].append(
+            run(n, workdir, config, args.threads, args.keep, args.exports, workers)
+        )
         save(results, args.json)
     if all(args.many_shards):
         results["many_shards"] = many_shards(*args.many_shards, workdir, config[:-1])

@@ -210,6 +210,11 @@ class Buckets:
         self.size = 0
         self.limit_bytes = limit_bytes
 
+    def add_file(self, path) -> None:
+        """One more file, numbered after the others."""
+        self.paths.append(path)
+        self.buffers.append([])
+
     def add(self, bucket: int, data: bytes) -> None:
         self.buffers[bucket].append(data)
         self.size += len(data)

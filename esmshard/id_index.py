@@ -7,8 +7,14 @@ Datasets `id_index/hash` (the IDs' 64-bit FNV-1a hashes of their UTF-8 bytes, so
 IDs they point to. Files written before the index read as before.
 """
 
+import os
+import tempfile
+from pathlib import Path
+
 import h5py
 import numpy as np
+
+from .files import Buckets
 
 HASHES, ROWS = "id_index/hash", "id_index/row"
 _OFFSET, _PRIME, _MASK = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1
@@ -39,11 +45,49 @@ def id_hashes(ids: list[str]) -> np.ndarray:
     return found
 
 
+class IdIndexWriter:
+    """The index written with memory bounded by one 256th of it: each (hash, row) goes to a
+    bucket file by the hash's first byte, and the buckets are sorted one at a time, in order."""
+
+    ENTRY = np.dtype([("hash", np.uint64), ("row", np.uint64)])
+
+    def __init__(self, folder):
+        self.buckets = Buckets([Path(folder) / f"id_index.{b}" for b in range(256)])
+        self.n = 0
+
+    def add(self, hashes: np.ndarray) -> None:
+        """The hashes of the next rows' IDs."""
+        entries = np.empty(hashes.size, self.ENTRY)
+        entries["hash"], entries["row"] = hashes, np.arange(self.n, self.n + hashes.size)
+        self.n += hashes.size
+        first = (hashes >> np.uint64(56)).astype(np.intp)
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(257))
+        for b in np.flatnonzero(np.diff(bounds)):
+            self.buckets.add(int(b), entries[order[bounds[b] : bounds[b + 1]]].tobytes())
+
+    def write(self, out: h5py.File) -> None:
+        self.buckets.flush()
+        hashes = out.create_dataset(HASHES, (self.n,), np.uint64)
+        rows = out.create_dataset(ROWS, (self.n,), np.uint32 if self.n < 1 << 32 else np.uint64)
+        at = 0
+        for path in self.buckets.paths:
+            if not os.path.exists(path):
+                continue
+            entries = np.fromfile(path, self.ENTRY)
+            os.unlink(path)
+            entries = entries[np.argsort(entries["hash"], kind="stable")]  # equal: by row
+            hashes[at : at + entries.size] = entries["hash"]
+            rows[at : at + entries.size] = entries["row"]
+            at += entries.size
+
+
 def write_id_index(out: h5py.File, hashes: np.ndarray) -> None:
     """The index of the IDs whose hashes (row order) are `hashes`."""
-    order = np.argsort(hashes, kind="stable")
-    out.create_dataset(HASHES, data=hashes[order])
-    out.create_dataset(ROWS, data=order.astype(np.uint32 if len(order) < 1 << 32 else np.uint64))
+    with tempfile.TemporaryDirectory() as folder:
+        writer = IdIndexWriter(folder)
+        writer.add(hashes)
+        writer.write(out)
 
 
 def has_id_index(h5: h5py.File) -> bool:

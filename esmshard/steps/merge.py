@@ -24,9 +24,9 @@ import numpy as np
 from .. import contacts
 from ..compute.telemetry import peak_memory_mb
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
-from ..id_index import id_hashes, write_id_index
+from ..id_index import IdIndexWriter, id_hashes
 from ..in_place import per_residue, write_placement
-from ..input.records import iter_batches, read_columns, shard_codes, source
+from ..input.records import iter_batches, source
 from ..representations import KINDS, narrowed
 from ..store import (
     KEY_DTYPE,
@@ -120,230 +120,223 @@ def merge(
             f"{plan_json} was planned with other embedding settings than this run's; delete "
             f"{Path(plan_json).parent} and run the same command again"
         )
-    codes, names = shard_codes(read_columns(records, ["shard"]))
-    n = codes.size
-    keys = np.empty(n, dtype=KEY_DTYPE)  # each part's rows are found by these
-    start = 0
-    for batch in iter_batches(records, ["sequence_sha256"]):
-        keys[start : start + batch.num_rows] = keys_of(
-            batch.column("sequence_sha256").to_numpy(zero_copy_only=False)
-        )
-        start += batch.num_rows
-    by_part = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[by_part], np.arange(len(names) + 1))
-    del codes
-
-    # First pass over the parts' small datasets: which records succeeded, their rows, lengths.
-    status = np.zeros(n, dtype=np.int8)  # 0 missing, 1 embedded, 2 failed
-    lengths = np.zeros(n, dtype=np.int32)
-    part_row = np.zeros(n, dtype=np.int64)
-    failures, precisions, attrs, layers = {}, set(), None, {}
-    computed_with = Counter()
-    paths = [store.part(key, name) for name in names]
-    used = []
-    for code, (name, path) in enumerate(zip(names, paths)):
-        members = by_part[bounds[code] : bounds[code + 1]]
-        if not members.size:
-            continue  # a store part that the shard step found and did not use
-        used.append(path)
-        from_store = not name.startswith(plan["plan"])
-        # A store part may have changed since the shard step checked it; this run's own are new.
-        reason = (
-            check_part(store, key, name, checksum_cache)
-            if from_store
-            else part_problem(store, key, name)
-        )
-        if reason:
-            _set_aside_and_stop(store, key, name, reason, from_store, records)
-        try:
-            with h5py.File(path, "r") as h5:
-                part = read_index(h5)
-        except (OSError, KeyError) as err:
-            _set_aside_and_stop(
-                store, key, name, f"unreadable or incomplete ({err})", from_store, records
-            )
-        attrs, layers = part.attrs, part.layers
-        first_lost, n_lost = None, 0  # records the part should hold and does not
-        # RECORDS_AT_ONCE at a time: a part's records may be millions (repeated sequences)
-        for at in range(0, members.size, RECORDS_AT_ONCE):
-            chunk = members[at : at + RECORDS_AT_ONCE]
-            rows = rows_of(part.keys, keys[chunk])
-            failed_at = rows_of(part.failed_keys, keys[chunk])
-            lost = chunk[(rows < 0) & (failed_at < 0)]
-            if lost.size and first_lost is None:
-                first_lost = int(lost[0])
-            n_lost += lost.size
-            done = rows >= 0
-            status[chunk[done]] = 1
-            part_row[chunk[done]] = rows[done]
-            lengths[chunk[done]] = part.lengths[rows[done]]
-            for k in np.flatnonzero(~done & (failed_at >= 0)):
-                status[chunk[k]] = 2
-                failures[int(chunk[k])] = part.failed_reasons[failed_at[k]]
-        if n_lost:
-            id_, file, line = _rows(records, ["id", "file", "line"], [first_lost])[0]
-            reason = (
-                f"it holds no result for record '{id_}' ({source(file, line)}) nor for "
-                f"{n_lost - 1} more of the records it should"
-            )
-            _set_aside_and_stop(store, key, name, reason, from_store, records)
-        precisions.add(str(attrs["precision"]))
-        computed_with[provenance.computed_with(attrs)] += 1
-    computed_rows = provenance.summary(computed_with)
-    del keys
-    log.info(
-        "%d parts checked (%d records); peak memory so far %.0f MB",
-        len(names),
-        n,
-        peak_memory_mb(),
-    )
-    missing = np.flatnonzero(status == 0)
-    if missing.size:
-        first = _rows(records, ["id", "file", "line"], missing[:1])[0]
-        raise MergeError(
-            f"{missing.size} input records are in no shard file, e.g. '{first[0]}' "
-            f"({source(first[1], first[2])})"
-        )
-
-    embedded = status == 1
-    n_embedded = int(embedded.sum())
-    row_of = np.cumsum(embedded, dtype=np.int32 if n < 2**31 else np.int64)
-    row_of -= 1  # in place: no second array per record
-    with_per_residue = any(KINDS[kind].per_residue for kind in layers)
-    offsets = None
-    if with_per_residue:
-        offsets = np.zeros(n_embedded + 1, dtype=np.int64)
-        np.cumsum(lengths[embedded], out=offsets[1:])
-    with_contacts = contacts.NAME in settings["include"]
-    contact_offsets = contacts.offsets(lengths[embedded]) if with_contacts else None
-    dim = _dim(used[0], layers) if layers else 0
-    shapes = {}  # each dataset of the values: its shape and dtype
-    for kind, kind_layers in layers.items():
-        total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
-        shapes.update(
-            {dataset(kind, layer): ((total, dim), np.dtype(dtype)) for layer in kind_layers}
-        )
-    if with_contacts:
-        contact_dtype = np.dtype(contacts.DTYPES[contacts_dtype])
-        shapes[CONTACT_VALUES] = ((int(contact_offsets[-1]),), contact_dtype)
-    size = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes.values())
-    in_place = output_values == "in_place" or (
-        output_values == "auto" and size > AUTO_IN_PLACE_BYTES
-    )
-    parts = []  # each part's embedded records, by their row in it
-    for code, path in enumerate(paths):
-        members = by_part[bounds[code] : bounds[code + 1]]
-        members = members[status[members] == 1]
-        order = np.argsort(part_row[members], kind="stable")
-        rows, members = part_row[members][order], members[order]
-        parts.append(PartRows(path, rows.astype(row_of.dtype), members.astype(row_of.dtype)))
-    del by_part, part_row
-
     out_dir = Path(out_h5).parent
-    # a copy needs room for the file and its spill files; in place, for the IDs and the rest
-    needed = n * 256 + (1 << 20) if in_place else 2 * size + (1 << 20)
-    with (
-        atomic_path(out_h5, needed_bytes=needed) as tmp,
-        h5py.File(tmp, "w") as out,
-        temporary_folder(out_dir, "merge-spill") as spill_dir,
-    ):
-        write_id_index(out, _write_text_columns(out, records, embedded, n_embedded))
-        log.info("ids, headers and their index written; peak memory so far %.0f MB",
-                 peak_memory_mb())  # fmt: skip
-        out.create_dataset("lengths", data=lengths[embedded])
-        del lengths
+    with temporary_folder(out_dir, "merge-spill") as spill_dir:
+        members = PartMembers(spill_dir, records)
+        n = members.n
+        # First pass over the parts' small datasets: which records succeeded, their rows, lengths.
+        status = np.zeros(n, dtype=np.int8)  # 0 missing, 1 embedded, 2 failed
+        lengths = np.zeros(n, dtype=np.int32)
+        part_row = np.zeros(n, dtype=np.uint32)  # the record's row in its part
+        failures, precisions, attrs, layers = {}, set(), None, {}
+        computed_with = Counter()
+        paths = [store.part(key, name) for name in members.names]
+        used = []
+        for code, (name, path) in enumerate(zip(members.names, paths)):
+            if not members.has(code):
+                continue  # a store part that the shard step found and did not use
+            used.append(path)
+            from_store = not name.startswith(plan["plan"])
+            # A store part may have changed since the shard step checked it; this run's own are new.
+            reason = (
+                check_part(store, key, name, checksum_cache)
+                if from_store
+                else part_problem(store, key, name)
+            )
+            if reason:
+                _set_aside_and_stop(store, key, name, reason, from_store, records)
+            try:
+                with h5py.File(path, "r") as h5:
+                    part = read_index(h5)
+            except (OSError, KeyError) as err:
+                _set_aside_and_stop(
+                    store, key, name, f"unreadable or incomplete ({err})", from_store, records
+                )
+            attrs, layers = part.attrs, part.layers
+            first_lost, n_lost = None, 0  # records the part should hold and does not
+            # a chunk at a time: a part's records may be millions (repeated sequences)
+            for entries in members.chunks(code):
+                chunk, keys = entries["index"], entries["key"]
+                rows = rows_of(part.keys, keys)
+                failed_at = rows_of(part.failed_keys, keys)
+                lost = chunk[(rows < 0) & (failed_at < 0)]
+                if lost.size and first_lost is None:
+                    first_lost = int(lost[0])
+                n_lost += lost.size
+                done = rows >= 0
+                status[chunk[done]] = 1
+                part_row[chunk[done]] = rows[done]
+                lengths[chunk[done]] = part.lengths[rows[done]]
+                for k in np.flatnonzero(~done & (failed_at >= 0)):
+                    status[chunk[k]] = 2
+                    failures[int(chunk[k])] = part.failed_reasons[failed_at[k]]
+            if n_lost:
+                id_, file, line = _rows(records, ["id", "file", "line"], [first_lost])[0]
+                reason = (
+                    f"it holds no result for record '{id_}' ({source(file, line)}) nor for "
+                    f"{n_lost - 1} more of the records it should"
+                )
+                _set_aside_and_stop(store, key, name, reason, from_store, records)
+            precisions.add(str(attrs["precision"]))
+            computed_with[provenance.computed_with(attrs)] += 1
+        computed_rows = provenance.summary(computed_with)
+        log.info(
+            "%d parts checked (%d records); peak memory so far %.0f MB",
+            len(used),
+            n,
+            peak_memory_mb(),
+        )
+        missing = np.flatnonzero(status == 0)
+        if missing.size:
+            first = _rows(records, ["id", "file", "line"], missing[:1])[0]
+            raise MergeError(
+                f"{missing.size} input records are in no shard file, e.g. '{first[0]}' "
+                f"({source(first[1], first[2])})"
+            )
+
+        embedded = status == 1
+        n_embedded = int(embedded.sum())
+        row_of = np.cumsum(embedded, dtype=np.int32 if n < 2**31 else np.int64)
+        row_of -= 1  # in place: no second array per record
+        with_per_residue = any(KINDS[kind].per_residue for kind in layers)
+        offsets = None
         if with_per_residue:
-            out.create_dataset(PER_TOK_OFFSETS, data=offsets)
+            offsets = np.zeros(n_embedded + 1, dtype=np.int64)
+            np.cumsum(lengths[embedded], out=offsets[1:])
+        with_contacts = contacts.NAME in settings["include"]
+        contact_offsets = contacts.offsets(lengths[embedded]) if with_contacts else None
+        dim = _dim(used[0], layers) if layers else 0
+        shapes = {}  # each dataset of the values: its shape and dtype
+        for kind, kind_layers in layers.items():
+            total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
+            shapes.update(
+                {dataset(kind, layer): ((total, dim), np.dtype(dtype)) for layer in kind_layers}
+            )
         if with_contacts:
-            out.create_dataset(CONTACT_OFFSETS, data=contact_offsets)
-        if in_place:
-            _write_placement(out, parts, row_of, n_embedded, shapes)
-            log.info("in place: where each protein's values are in the parts, written")
-        for name, (shape, out_dtype) in ({} if in_place else shapes).items():
-            compression = COMPRESSIONS[per_residue_compression] if per_residue(name) else None
-            row_items = int(np.prod(shape[1:]))
-            target = out.create_dataset(
-                name,
-                shape,
-                dtype=out_dtype,
-                # Stored whole unless compressed, so that readers can memory-map it.
-                chunks=(max(1, min(shape[0], CHUNK_BYTES // (row_items * out_dtype.itemsize))),
-                        *shape[1:])
-                if shape[0] and compression
-                else None,
-                compression=compression,
-            )  # fmt: skip
-            if name == CONTACT_VALUES:
-                placement = Placement(row_of, contact_offsets)
-            else:
-                placement = Placement(row_of, offsets if per_residue(name) else None)
-            _copy_in_input_order(parts, name, target, placement, spill_dir)
-            log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
-        card = provenance.made_by(settings, key, ",".join(sorted(precisions)), checksum_cache)
-        out.attrs.update({name: -1 if value is None else value for name, value in card.items()})
-        out.attrs.update(
-            truncation_seq_length=attrs["truncation_seq_length"],
-            n_embedded=n_embedded,
-            n_failed=len(failures),
-            settings=json.dumps(settings),
-            output_dtype=output_dtype,
-            output_values="in_place" if in_place else "copy",
-            per_residue_compression=per_residue_compression,
-            contacts_dtype=contacts_dtype if with_contacts else "",
-            **provenance.attributes(computed_rows),
+            contact_dtype = np.dtype(contacts.DTYPES[contacts_dtype])
+            shapes[CONTACT_VALUES] = ((int(contact_offsets[-1]),), contact_dtype)
+        size = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes.values())
+        in_place = output_values == "in_place" or (
+            output_values == "auto" and size > AUTO_IN_PLACE_BYTES
         )
 
-    failed = sorted(failures)
-    write_tsv(
-        failed_tsv,
-        FAILED_COLUMNS,
-        [
-            [id_, source(file, line), failures[i]]
-            for i, (id_, file, line) in zip(failed, _rows(records, ["id", "file", "line"], failed))
-        ],
-    )
-    command = current_run(run_lock) if run_lock else {}
-    run_id = command.get("run_id")
-    counts = {
-        "records": n,
-        "unique_sequences": plan["unique_sequences"],
-        "computed": plan["computed"],
-        "computed_by_this_command": _computed_by(metrics_files, run_id),
-        "run_id": run_id,
-        "from_store": plan["from_store"],
-        "embedded": n_embedded,
-        "failed": len(failures),
-        # where embeddings.h5's values are: in the file, or in the store's parts
-        "output_values": "in_place" if in_place else "copy",
-        "store": str(Path(store_root).resolve()),
-        # records beyond truncation_seq_length, by what long_sequences did with them
-        "inputs": plan.get("inputs", []),
-        # the command that merged: its command line, folder, start, and the merge's end
-        "command": command.get("command"),
-        "workdir": command.get("workdir"),
-        "started_at": command.get("started_at"),
-        "finished_at": time.time(),
-        "long_records": plan.get("long_records", 0),
-        "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
-        "long_said": plan.get("long_said", ""),
-        "made_by": card,
-        "esmshard_version": __version__,
-        "precisions": sorted(precisions),
-        "devices": sorted({row["device_name"] for row in computed_rows}),
-        "computed_with": computed_rows,
-    }
-    write_json(run_json, counts)
-    log.info(
-        "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
-        "%d records failed",
-        n,
-        counts["unique_sequences"],
-        counts["computed"],
-        counts["computed_by_this_command"],
-        counts["from_store"],
-        len(failures),
-    )
-    return counts
+        def parts():
+            """Each part's embedded records by their row in it, a chunk of records at a time."""
+            for code, path in enumerate(paths):
+                for entries in members.chunks(code):
+                    chunk = entries["index"][status[entries["index"]] == 1]
+                    order = np.argsort(part_row[chunk], kind="stable")
+                    yield PartRows(path, part_row[chunk][order], chunk[order])
+
+        # a copy needs room for the file and its spill files; in place, for the IDs and the rest
+        needed = n * 256 + (1 << 20) if in_place else 2 * size + (1 << 20)
+        with (
+            atomic_path(out_h5, needed_bytes=needed) as tmp,
+            h5py.File(tmp, "w") as out,
+        ):
+            index = IdIndexWriter(spill_dir)
+            _write_text_columns(out, records, embedded, n_embedded, index.add)
+            index.write(out)
+            log.info("ids, headers and their index written; peak memory so far %.0f MB",
+                     peak_memory_mb())  # fmt: skip
+            out.create_dataset("lengths", data=lengths[embedded])
+            del lengths
+            if with_per_residue:
+                out.create_dataset(PER_TOK_OFFSETS, data=offsets)
+            if with_contacts:
+                out.create_dataset(CONTACT_OFFSETS, data=contact_offsets)
+            if in_place:
+                _write_placement(out, parts(), row_of, n_embedded, shapes)
+                log.info("in place: where each protein's values are in the parts, written")
+            for name, (shape, out_dtype) in ({} if in_place else shapes).items():
+                compression = COMPRESSIONS[per_residue_compression] if per_residue(name) else None
+                row_items = int(np.prod(shape[1:]))
+                target = out.create_dataset(
+                    name,
+                    shape,
+                    dtype=out_dtype,
+                    # Stored whole unless compressed, so that readers can memory-map it.
+                    chunks=(max(1, min(shape[0], CHUNK_BYTES // (row_items * out_dtype.itemsize))),
+                            *shape[1:])
+                    if shape[0] and compression
+                    else None,
+                    compression=compression,
+                )  # fmt: skip
+                if name == CONTACT_VALUES:
+                    placement = Placement(row_of, contact_offsets)
+                else:
+                    placement = Placement(row_of, offsets if per_residue(name) else None)
+                _copy_in_input_order(parts(), name, target, placement, spill_dir)
+                log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
+            card = provenance.made_by(settings, key, ",".join(sorted(precisions)), checksum_cache)
+            out.attrs.update(
+                {name: -1 if value is None else value for name, value in card.items()}
+            )
+            out.attrs.update(
+                truncation_seq_length=attrs["truncation_seq_length"],
+                n_embedded=n_embedded,
+                n_failed=len(failures),
+                settings=json.dumps(settings),
+                output_dtype=output_dtype,
+                output_values="in_place" if in_place else "copy",
+                per_residue_compression=per_residue_compression,
+                contacts_dtype=contacts_dtype if with_contacts else "",
+                **provenance.attributes(computed_rows),
+            )
+
+        failed = sorted(failures)
+        write_tsv(
+            failed_tsv,
+            FAILED_COLUMNS,
+            [
+                [id_, source(file, line), failures[i]]
+                for i, (id_, file, line) in zip(
+                    failed, _rows(records, ["id", "file", "line"], failed)
+                )
+            ],
+        )
+        command = current_run(run_lock) if run_lock else {}
+        run_id = command.get("run_id")
+        counts = {
+            "records": n,
+            "unique_sequences": plan["unique_sequences"],
+            "computed": plan["computed"],
+            "computed_by_this_command": _computed_by(metrics_files, run_id),
+            "run_id": run_id,
+            "from_store": plan["from_store"],
+            "embedded": n_embedded,
+            "failed": len(failures),
+            # where embeddings.h5's values are: in the file, or in the store's parts
+            "output_values": "in_place" if in_place else "copy",
+            "store": str(Path(store_root).resolve()),
+            # records beyond truncation_seq_length, by what long_sequences did with them
+            "inputs": plan.get("inputs", []),
+            # the command that merged: its command line, folder, start, and the merge's end
+            "command": command.get("command"),
+            "workdir": command.get("workdir"),
+            "started_at": command.get("started_at"),
+            "finished_at": time.time(),
+            "long_records": plan.get("long_records", 0),
+            "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
+            "long_said": plan.get("long_said", ""),
+            "made_by": card,
+            "esmshard_version": __version__,
+            "precisions": sorted(precisions),
+            "devices": sorted({row["device_name"] for row in computed_rows}),
+            "computed_with": computed_rows,
+        }
+        write_json(run_json, counts)
+        log.info(
+            "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
+            "%d records failed",
+            n,
+            counts["unique_sequences"],
+            counts["computed"],
+            counts["computed_by_this_command"],
+            counts["from_store"],
+            len(failures),
+        )
+        return counts
 
 
 def _computed_by(metrics_files, run_id) -> int:
@@ -381,10 +374,9 @@ def _rows(records, columns, indices) -> list[tuple]:
     return found
 
 
-def _write_text_columns(out, records, embedded, n_embedded) -> np.ndarray:
+def _write_text_columns(out, records, embedded, n_embedded, add_hashes) -> None:
     """`ids`, `headers`, `truncated` and `sequence_sha256` of the embedded records, streamed from
-    the record table; returns the IDs' hashes (esmshard.id_index), in row order."""
-    hashes = np.empty(n_embedded, dtype=np.uint64)
+    the record table; the IDs' hashes (esmshard.id_index) to `add_hashes`, in row order."""
     ids = out.create_dataset("ids", (n_embedded,), dtype=STR_DTYPE)
     headers = out.create_dataset("headers", (n_embedded,), dtype=STR_DTYPE)
     truncated = out.create_dataset("truncated", (n_embedded,), dtype=bool)
@@ -401,7 +393,7 @@ def _write_text_columns(out, records, embedded, n_embedded) -> np.ndarray:
         described = taken.column("description").to_pylist()
         rows = slice(row, row + keep.size)
         ids[rows] = np.array(batch_ids, dtype=object)
-        hashes[rows] = id_hashes(batch_ids)
+        add_hashes(id_hashes(batch_ids))
         headers[rows] = np.array(
             [f"{i} {d}" if d else i for i, d in zip(batch_ids, described)], dtype=object
         )
@@ -410,24 +402,78 @@ def _write_text_columns(out, records, embedded, n_embedded) -> np.ndarray:
             taken.column("sequence_sha256").to_numpy(zero_copy_only=False), dtype=SHA256_DTYPE
         )
         row = rows.stop
-    return hashes
 
 
 def _write_placement(out, parts, row_of, n_embedded, shapes) -> None:
-    """Where each embedded record's values are: its part (of those that hold any) and row."""
-    parts = [part for part in parts if part.rows.size]
+    """Where each embedded record's values are: its part (of those that hold any) and row;
+    `parts`: PartRows, each part's in a run."""
     part_of = np.empty(n_embedded, dtype=np.int32)
-    part_rows = np.empty(n_embedded, dtype=row_of.dtype)
-    for code, part in enumerate(parts):
+    part_rows = np.empty(n_embedded, dtype=np.uint32)
+    paths = []
+    for part in parts:
+        if not part.rows.size:
+            continue
+        if not paths or paths[-1] != part.path:
+            paths.append(part.path)
         at = row_of[part.records]
-        part_of[at], part_rows[at] = code, part.rows
-    write_placement(out, [part.path for part in parts], part_of, part_rows, shapes)
+        part_of[at], part_rows[at] = len(paths) - 1, part.rows
+    write_placement(out, paths, part_of, part_rows, shapes)
 
 
 def _dim(path, layers) -> int:
     kind, kind_layers = next(iter(layers.items()))
     with h5py.File(path, "r") as h5:
         return h5[dataset(kind, kind_layers[0])].shape[1]
+
+
+class PartMembers:
+    """The records of each part, read from the record table once: each record's index and
+    sequence key in a file per part, read back a chunk at a time, so that no key is held in
+    memory per record."""
+
+    ENTRY = np.dtype([("index", np.int64), ("key", KEY_DTYPE)])
+
+    def __init__(self, folder, records):
+        self.folder = Path(folder)
+        self.names, self.code_of = [], {}
+        self.buckets = Buckets([])
+        start = 0
+        for batch in iter_batches(records, ["shard", "sequence_sha256"]):
+            shard = batch.column("shard")
+            codes = np.array([self._code(name) for name in shard.dictionary.to_pylist()] or [0])
+            codes = codes[shard.indices.to_numpy(zero_copy_only=False)]
+            entries = np.empty(batch.num_rows, self.ENTRY)
+            entries["index"] = np.arange(start, start + batch.num_rows)
+            entries["key"] = keys_of(
+                batch.column("sequence_sha256").to_numpy(zero_copy_only=False)
+            )
+            order = np.argsort(codes, kind="stable")
+            bounds = np.searchsorted(codes[order], np.arange(len(self.names) + 1))
+            for code in np.flatnonzero(np.diff(bounds)):
+                self.buckets.add(
+                    int(code), entries[order[bounds[code] : bounds[code + 1]]].tobytes()
+                )
+            start += batch.num_rows
+        self.buckets.flush()
+        self.n = start
+
+    def _code(self, name: str) -> int:
+        if name not in self.code_of:
+            self.code_of[name] = len(self.names)
+            self.names.append(name)
+            self.buckets.add_file(self.folder / f"members.{len(self.names)}")
+        return self.code_of[name]
+
+    def has(self, code: int) -> bool:
+        return os.path.exists(self.buckets.paths[code])
+
+    def chunks(self, code: int):
+        """The part's records, RECORDS_AT_ONCE at a time, in input order."""
+        if not self.has(code):
+            return
+        with open(self.buckets.paths[code], "rb") as fh:
+            while (entries := np.fromfile(fh, self.ENTRY, RECORDS_AT_ONCE)).size:
+                yield entries
 
 
 class PartRows(NamedTuple):

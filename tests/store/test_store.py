@@ -101,6 +101,7 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
         "failed": 0,
         "store": str((outdir / "store").resolve()),
         "long_sequences": "truncate",
+        "output_values": "copy",
     }
     shards = planned(outdir)
     assert not set(shards) & set(a_shards)  # A's shards are never rewritten
