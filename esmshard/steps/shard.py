@@ -12,6 +12,7 @@ TSV, a header line `sequence_sha256  id  sequence`, then one sequence per line i
 
 import logging
 import os
+import resource
 import secrets
 from array import array
 from contextlib import ExitStack
@@ -132,11 +133,13 @@ def write_shards(
                                     long_sequences)  # fmt: skip
         scan = _scan(inputs, Path(work) / "pieces", run_keys, settings_of_scan, workers)
         log.info(
-            "%d records read by %d worker%s; peak memory so far %.0f MB",
+            "%d records read by %d worker%s; peak memory so far %.0f MB (the largest worker "
+            "process's: %.0f MB)",
             len(scan.lengths),
             workers,
             "s" if workers > 1 else "",
             peak_memory_mb(),
+            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
         )
         problems = scan.found.problems
         _find_duplicates(scan.id_hashes, [p / TABLE for p in scan.pieces], problems)
