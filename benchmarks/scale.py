@@ -165,6 +165,7 @@ def run(
     for fmt in exports:
         steps[f"export {fmt}"] = measure_export(folder, outdir.name, fmt)
         print(n_records, f"export {fmt}", json.dumps(steps[f"export {fmt}"]), flush=True)
+    n_shards = len(planned(outdir))
     # The same outputs with their values in place: the merge again, a lookup and an export.
     placed = timed(base[:1] + ["--until", "merge"] + base[1:] + ["output_values=in_place"], folder)
     placed["output_bytes"] = du(outdir / "embeddings.h5")
@@ -186,7 +187,7 @@ def run(
         "records": n_records,
         "residues": residues,
         "fasta_bytes": fasta.stat().st_size,
-        "shards": len(planned(outdir)),
+        "shards": n_shards,
         "shard_residues_per_second": round(residues / shard_seconds),
         "steps": steps,
     }

@@ -3,10 +3,13 @@ list of failed records.
 
 The parts are shard files (esmshard.store.shardfile) of this run and of the store; each record's
 part is in the record table, and its row there is found by its sequence's key. Streaming, with
-memory bounded apart from ~40 bytes per record: each part's rows are read in blocks and placed
-by their rows in the output; the output is built a window of rows at a time (WINDOW_BYTES),
-through spill files when it has more than one window, and each window is written at once into
-chunked datasets.
+memory bounded apart from 9 to 30 bytes per record (status, length and row in its part; the
+output row; the per-residue and contact offsets where included): the record table is read once
+into a file of records per part (PartMembers), each part's records are checked and copied a
+chunk at a time, its rows read in blocks and placed by their rows in the output; the output is
+built a window of rows at a time (WINDOW_BYTES), through spill files when it has more than one
+window, and each window is written at once. With `output_values: in_place`, where each
+protein's values are is written instead of a copy (esmshard.in_place).
 """
 
 import json
@@ -59,7 +62,7 @@ FAILED_COLUMNS = ["id", "source", "reason"]
 OUTPUT_DTYPES = {"float32": np.float32, "float16": np.float16}
 # Lossless compression of the per-residue datasets (HDF5 filters any HDF5 reader has).
 COMPRESSIONS = {"none": None, "gzip": "gzip", "lzf": "lzf"}
-WINDOW_BYTES = 256 << 20
+WINDOW_BYTES = 128 << 20
 BLOCK_BYTES = 64 << 20
 CHUNK_BYTES = 1 << 20
 STRINGS_AT_ONCE = 1 << 16

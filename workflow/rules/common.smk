@@ -129,15 +129,21 @@ def parallel_jobs():
 CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
 
 
+# The shard step's reading processes at most, unless --set-threads says more: each holds about
+# 450 MB (esmshard.input.scan).
+SHARD_THREADS = 8
+
+
 def shard_threads():
-    """The shard step's reading processes (esmshard.input.scan): every core Snakemake has on one
-    machine (`--cores`), 8 on a cluster node; `--set-threads shard=N` sets another number."""
+    """The shard step's reading processes (esmshard.input.scan): the cores Snakemake has on one
+    machine (`--cores`), up to SHARD_THREADS; SHARD_THREADS on a cluster node;
+    `--set-threads shard=N` sets another number."""
     if workflow.local_exec and not workflow.remote_exec:
         try:
-            return workflow.cores
+            return min(workflow.cores, SHARD_THREADS)
         except WorkflowError:  # no --cores: Snakemake asks for it before any job
             return 1
-    return 8
+    return SHARD_THREADS
 
 
 def planned_shards(wildcards=None):

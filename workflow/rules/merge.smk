@@ -11,8 +11,8 @@ rule merge:
         "../../envs/esmshard.yaml"
     resources:
         runtime=io_runtime,
-        # windows of 256 MB and ~40 bytes per record (esmshard.steps.merge)
-        mem_mb=records_mem_mb(48),
+        # windows of 128 MB and 9 to 30 bytes per record (esmshard.steps.merge)
+        mem_mb=records_mem_mb(32),
     params:
         **EMBEDDING_PARAMS,
         store=STORE.root,

@@ -12,8 +12,9 @@ checkpoint shard:
     threads: shard_threads()
     resources:
         runtime=io_runtime,
-        # streaming: at most ~32 bytes per record (esmshard.steps.shard)
-        mem_mb=records_mem_mb(32),
+        # streaming: at most ~32 bytes per record (esmshard.steps.shard), and each reading
+        # process's ~450 MB
+        mem_mb=lambda wildcards, threads: records_mem_mb(32)(wildcards) + 450 * threads,
     params:
         # New content under an old mtime re-runs this step too (esmshard.store.checksums).
         input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
