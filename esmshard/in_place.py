@@ -41,8 +41,8 @@ def is_in_place(h5: h5py.File) -> bool:
 
 
 def write_placement(out: h5py.File, part_paths, part_of, row_of, datasets: dict) -> None:
-    """Where each protein's values are: `part_of` (index into `part_paths`) and `row_of` (its
-    row there), in input order; `datasets`: {name: (shape, dtype)} of each dataset that a copy
+    """Where each protein's values are: `part_of` (int32, index into `part_paths`) and `row_of`
+    (uint32, its row there), in input order; `datasets`: {name: (shape, dtype)} of each dataset that a copy
     would hold."""
     folder = Path(out.filename).resolve().parent
     shown = []
@@ -51,12 +51,8 @@ def write_placement(out: h5py.File, part_paths, part_of, row_of, datasets: dict)
         shown.append(str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path))
     out.create_dataset(PARTS, data=np.array(shown, dtype=object), dtype=h5py.string_dtype())
     out.create_dataset(PART_BYTES, data=np.array([os.path.getsize(p) for p in part_paths]))
-    out.create_dataset(
-        PART, data=part_of.astype(np.int32 if len(part_paths) < 2**31 else np.int64)
-    )
-    out.create_dataset(
-        ROW, data=row_of.astype(np.uint32 if row_of.max(initial=0) < 2**32 else np.int64)
-    )
+    out.create_dataset(PART, data=part_of)
+    out.create_dataset(ROW, data=row_of)
     out.attrs[LAYOUT] = "in_place"
     out.attrs[DATASETS] = json.dumps(
         {name: [list(shape), np.dtype(dtype).name] for name, (shape, dtype) in datasets.items()}
