@@ -10,6 +10,9 @@ values) says where each one starts, in shard files their lengths do.
 import numpy as np
 
 NAME = "contacts"  # the `include` value, and the HDF5 group
+CONTACT_VALUES = f"{NAME}/values"
+# embeddings.h5 alone: where each record's triangle starts (N + 1 values).
+CONTACT_OFFSETS = f"{NAME}/offsets"
 # The type of the contact maps in embeddings.h5 (the store keeps float32): float16 halves them.
 DTYPES = {"float16": np.float16, "float32": np.float32}
 

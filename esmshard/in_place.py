@@ -20,9 +20,9 @@ import h5py
 import numpy as np
 
 from . import contacts
+from .contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from .files import DamagedFileError
-from .representations import KINDS, narrowed
-from .store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS
+from .representations import KINDS, PER_TOK_OFFSETS, narrowed
 
 LAYOUT = "output_values"  # the file attribute: "copy" or "in_place"
 PARTS, PART_BYTES, PART, ROW = (

@@ -42,6 +42,8 @@ class Kind:
 
 
 KINDS = {k.name: k for k in (Kind("mean", False), Kind("per_tok", True), Kind("bos", False))}
+# embeddings.h5 alone: where each record's per-residue rows start (N + 1 values).
+PER_TOK_OFFSETS = "per_tok/offsets"
 
 
 def absolute_layers(repr_layers, num_layers: int) -> list[int]:

@@ -4,8 +4,8 @@ The inputs are cut into pieces: each compressed file whole, each large plain fil
 ranges that start at a header (esmshard.input.fasta.FilePart; threads count the lines before
 each first, so that every record keeps its file's line number). A worker process
 (`python -m esmshard.input.scan`) scans each piece into a folder of its own: the spooled
-sequence lines, its rows of the record table, and each record's length, ID hash and sequence
-key, with the problems it found. The pieces are read back in input order, so the result is the
+sequence lines, its rows of the record table, and each record's length, ID hash and SHA-256
+digest, with the problems it found. The pieces are read back in input order, so the result is the
 same whatever the number of workers; the step's own process keeps 12 bytes per record.
 """
 
@@ -26,7 +26,6 @@ from typing import Iterator, NamedTuple
 import numpy as np
 
 from ..id_index import id_hashes
-from ..store import KEY_BYTES
 from .fasta import (
     FastaError,
     FilePart,
@@ -45,10 +44,10 @@ PIECE_BYTES = 64 << 20
 RECORDS_AT_ONCE = 1 << 16
 PR_SET_PDEATHSIG = 1
 # What each piece's folder holds.
-SEQUENCES, TABLE, KEYS, LENGTHS, HASHES, FOUND = (
+SEQUENCES, TABLE, DIGESTS, LENGTHS, HASHES, FOUND = (
     "sequences",
     "records.parquet",
-    "keys",
+    "sha256",
     "lengths",
     "id_hashes",
     "found.json",
@@ -183,19 +182,19 @@ def scan_piece(piece: Piece, settings: Settings, folder) -> Found:
         settings.long_sequences,
     )
     table = ScanWriter(folder / TABLE, settings.files)
-    ids, lengths, keys = [], [], bytearray()
+    ids, lengths, digests = [], [], bytearray()
     with (
         open(folder / SEQUENCES, "wb") as spool,
-        open(folder / KEYS, "wb") as keys_out,
+        open(folder / DIGESTS, "wb") as digests_out,
         open(folder / LENGTHS, "wb") as lengths_out,
         open(folder / HASHES, "wb") as hashes_out,
     ):
 
         def write_out():
-            keys_out.write(keys)
+            digests_out.write(digests)
             lengths_out.write(np.array(lengths, dtype=np.int32).tobytes())
             hashes_out.write(id_hashes(ids).view(np.int64).tobytes())
-            del keys[:], lengths[:], ids[:]
+            del digests[:], lengths[:], ids[:]
 
         path = piece.path
         try:
@@ -218,7 +217,7 @@ def scan_piece(piece: Piece, settings: Settings, folder) -> Found:
                     )
                     seen[0] += 1
                 digest = hashlib.sha256(record.sequence)
-                keys += digest.digest()[:KEY_BYTES]
+                digests += digest.digest()
                 sha256 = digest.hexdigest()
                 spool.write(
                     b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence)

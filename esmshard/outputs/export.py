@@ -39,13 +39,14 @@ import h5py
 import numpy as np
 
 from .. import contacts, in_place
+from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from ..files import atomic_path, unwritable
 from ..input.fasta import printable, read_raw
 from ..input.records import iter_batches, source
 from ..layout import Layout
-from ..representations import KINDS
+from ..representations import KINDS, PER_TOK_OFFSETS
 from ..store.leftovers import remove_dead_temporaries_of
-from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
+from ..store.shardfile import dataset
 from .reader import Embeddings
 
 BLOCK_BYTES = 64 << 20

@@ -18,12 +18,13 @@ import h5py
 import numpy as np
 
 from .. import contacts
+from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from ..files import DamagedFileError
 from ..id_index import find_row, has_id_index
 from ..in_place import Parts, PlacedValues, is_in_place
-from ..representations import KINDS
+from ..representations import KINDS, PER_TOK_OFFSETS
 from ..steps.provenance import MADE_BY
-from ..store.shardfile import CONTACT_OFFSETS, CONTACT_VALUES, PER_TOK_OFFSETS, dataset
+from ..store.shardfile import dataset
 
 
 class Protein(NamedTuple):

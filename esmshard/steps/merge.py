@@ -26,11 +26,12 @@ import numpy as np
 
 from .. import contacts
 from ..compute.telemetry import peak_memory_mb
+from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from ..id_index import IdIndexWriter, id_hashes
 from ..in_place import per_residue, write_placement
 from ..input.records import iter_batches, source
-from ..representations import KINDS, narrowed
+from ..representations import KINDS, PER_TOK_OFFSETS, narrowed
 from ..store import (
     KEY_DTYPE,
     Store,
@@ -42,15 +43,7 @@ from ..store import (
     settings_key,
 )
 from ..store.runlock import current_run
-from ..store.shardfile import (
-    CONTACT_OFFSETS,
-    CONTACT_VALUES,
-    PER_TOK_OFFSETS,
-    SHA256_DTYPE,
-    STR_DTYPE,
-    dataset,
-    read_index,
-)
+from ..store.shardfile import SHA256_DTYPE, STR_DTYPE, dataset, read_index
 from ..version import __version__
 from . import provenance
 

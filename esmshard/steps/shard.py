@@ -36,7 +36,7 @@ from ..id_index import id_hashes
 from ..input.balance import assign, embedded_residue_counts, record_costs
 from ..input.input_problems import InputProblems
 from ..input.records import source, write_table
-from ..input.scan import HASHES, KEYS, LENGTHS, SEQUENCES, TABLE, Found, Settings, scan
+from ..input.scan import DIGESTS, HASHES, LENGTHS, SEQUENCES, TABLE, Found, Settings, scan
 from ..input.sizing import ModelSize, auto_shard_count, estimated_text_bytes
 from ..store import (
     KEY_BYTES,
@@ -58,6 +58,7 @@ PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
 PLAN_ID_BYTES = 6
 N_BUCKETS = 256
 KEYS_AT_ONCE = 1 << 20
+SHA256_BYTES = np.dtype("S32")  # a digest as the first pass writes it
 RECORDS_AT_ONCE = 1 << 22
 RUN_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int64)])  # value: the record's index
 STORED_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int32)])  # value: the part's number
@@ -252,14 +253,16 @@ def _scan(inputs, folder, run_keys, settings: Settings, workers: int) -> Scan:
     found, lengths, hashes, pieces = Found(), array("i"), array("q"), []
     for piece in scan(inputs, folder, settings, workers):
         start = found.n_records
-        with open(piece.folder / KEYS, "rb") as fh:
-            while (keys := np.fromfile(fh, KEY_DTYPE, KEYS_AT_ONCE)).size:
-                run_keys.add(keys, np.arange(start, start + keys.size, dtype=np.int64))
-                start += keys.size
+        with open(piece.folder / DIGESTS, "rb") as fh:
+            while (digests := np.fromfile(fh, SHA256_BYTES, KEYS_AT_ONCE)).size:
+                # a sequence's key: its digest's first KEY_BYTES (esmshard.store)
+                keys = digests.view(np.uint8).reshape(-1, 32)[:, :KEY_BYTES].copy()
+                run_keys.add(keys.view(KEY_DTYPE).ravel(), np.arange(start, start + len(keys)))
+                start += len(keys)
         for values, name in ((lengths, LENGTHS), (hashes, HASHES)):
             with open(piece.folder / name, "rb") as fh:
                 values.fromfile(fh, piece.found.n_records)
-        for name in (KEYS, LENGTHS, HASHES):
+        for name in (DIGESTS, LENGTHS, HASHES):
             os.unlink(piece.folder / name)
         found.extend(piece.found)
         pieces.append(piece.folder)

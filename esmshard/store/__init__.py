@@ -33,6 +33,7 @@ import h5py
 import numpy as np
 
 from ..files import write_json
+from ..in_place import PARTS, is_in_place
 from ..input.records import read_columns, shard_codes
 from ..layout import Layout
 from . import storelock
@@ -418,8 +419,6 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
 def _read_in_place(layout: Layout) -> set:
     """The parts, as (key, name), that the outdir's embeddings.h5 reads in place
     (esmshard.in_place); none for a copy, or a file that cannot be read."""
-    from ..in_place import PARTS, is_in_place
-
     path = Path(layout.embeddings)
     try:
         with h5py.File(path, "r") as h5:

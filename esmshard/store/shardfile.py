@@ -16,15 +16,12 @@ import h5py
 import numpy as np
 
 from .. import contacts
+from ..contacts import CONTACT_VALUES
 from ..representations import KINDS, Representation
 from . import keys_of
 
 STR_DTYPE = h5py.string_dtype("utf-8")
 SHA256_DTYPE = np.dtype("S64")  # hex digests, fixed-length ASCII
-CONTACT_VALUES = f"{contacts.NAME}/values"
-# embeddings.h5 (esmshard.steps.merge) alone: where each record's rows, or triangle, start (N + 1 values).
-PER_TOK_OFFSETS = "per_tok/offsets"
-CONTACT_OFFSETS = f"{contacts.NAME}/offsets"
 
 
 class Failure(NamedTuple):

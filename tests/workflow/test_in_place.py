@@ -62,6 +62,8 @@ def test_export_h5_is_the_copy_and_needs_no_store(workdir):
         assert h5.attrs["output_values"] == "copy" and "in_place" not in h5
     assert_same_values(every_value(workdir / "copied" / "embeddings.h5"),
                        every_value(workdir / "copy.h5"))  # fmt: skip
+    with Embeddings(workdir / "copied") as a, Embeddings(workdir / "copy.h5") as b:
+        assert all((a.contact_map(row) == b.contact_map(row)).all() for row in range(len(a)))
 
 
 def test_prune_keeps_what_the_output_reads_its_plan_removed_or_not(workdir):

@@ -52,6 +52,7 @@ def filled_profile(tmp_path) -> str:
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
     profile["default-resources"]["slurm_partition"] = "esmshard-test"
     del profile["default-resources"]["slurm_account"]
+    profile["set-threads"]["shard"] = 2  # the test node's cores
     profile.update(
         {
             "slurm-no-account": True,
