@@ -181,7 +181,8 @@ def scan_piece(piece: Piece, settings: Settings, folder) -> Found:
         settings.truncation_seq_length,
         settings.long_sequences,
     )
-    table = ScanWriter(folder / TABLE, settings.files)
+    # row groups of RECORDS_AT_ONCE: a worker holds one group's Python strings at a time
+    table = ScanWriter(folder / TABLE, settings.files, RECORDS_AT_ONCE)
     ids, lengths, digests = [], [], bytearray()
     with (
         open(folder / SEQUENCES, "wb") as spool,
