@@ -96,13 +96,13 @@ class ScanWriter:
 def write_table(scanned, sink, names, part_of, embedded) -> None:
     """The record table: the first pass's rows (the `scanned` files, in input order) with each
     record's index, part and residues (`embedded(rows)`: the residues embedded of those rows, and
-    which are truncated), in row groups of ROWS_PER_GROUP however the first pass's pieces fell."""
+    which are truncated)."""
     shard_names = pa.array(names, pa.string())
     batches = (b for path in scanned for b in pq.ParquetFile(path).iter_batches(ROWS_PER_GROUP))
     with pq.ParquetWriter(sink, SCHEMA, compression="zstd") as writer:
         start = 0
-        for table in _regrouped(batches, ROWS_PER_GROUP):
-            rows = slice(start, start + table.num_rows)
+        for batch in batches:
+            rows = slice(start, start + batch.num_rows)
             n_residues, truncated = embedded(rows)
             columns = {
                 "index": pa.array(np.arange(rows.start, rows.stop, dtype=np.int64)),
@@ -110,32 +110,16 @@ def write_table(scanned, sink, names, part_of, embedded) -> None:
                 "n_residues": pa.array(n_residues),
                 "truncated": pa.array(truncated),
             }
-            writer.write_table(
-                pa.Table.from_arrays(
-                    [columns[n] if n in columns else table.column(n) for n in SCHEMA.names],
+            writer.write_batch(
+                pa.record_batch(
+                    [
+                        columns[name] if name in columns else batch.column(name)
+                        for name in SCHEMA.names
+                    ],
                     schema=SCHEMA,
-                ),
-                row_group_size=ROWS_PER_GROUP,
+                )
             )
             start = rows.stop
-
-
-def _regrouped(batches, rows: int) -> Iterator[pa.Table]:
-    """`batches` as tables of `rows` rows each (the last one fewer), whatever their own sizes,
-    without copying them."""
-    pending, n = [], 0
-    for batch in batches:
-        pending.append(batch)
-        n += batch.num_rows
-        if n < rows:
-            continue
-        table = pa.Table.from_batches(pending)
-        for at in range(0, n - n % rows, rows):
-            yield table.slice(at, rows)
-        rest = table.slice(n - n % rows)
-        pending, n = rest.to_batches(), rest.num_rows
-    if n:
-        yield pa.Table.from_batches(pending)
 
 
 @contextmanager
