@@ -42,8 +42,8 @@ def is_in_place(h5: h5py.File) -> bool:
 
 def write_placement(out: h5py.File, part_paths, part_of, row_of, datasets: dict) -> None:
     """Where each protein's values are: `part_of` (int32, index into `part_paths`) and `row_of`
-    (uint32, its row there), in input order; `datasets`: {name: (shape, dtype)} of each dataset that a copy
-    would hold."""
+    (uint32, its row there), in input order; `datasets`: {name: (shape, dtype)} of each dataset
+    that a copy would hold."""
     folder = Path(out.filename).resolve().parent
     shown = []
     for path in part_paths:

@@ -59,9 +59,8 @@ def source(file: str, line: int) -> str:
 class ScanWriter:
     """The first pass's rows, buffered a row group at a time into a Parquet file."""
 
-    def __init__(self, sink, files: list[str], rows_per_group: int = ROWS_PER_GROUP):
+    def __init__(self, sink, files: list[str]):
         self.writer = pq.ParquetWriter(sink, SCANNED, compression="zstd")
-        self.rows_per_group = rows_per_group
         self.files = pa.array(files, pa.string())
         self.columns = {name: [] for name in SCANNED.names}
         self.rows = 0
@@ -73,7 +72,7 @@ class ScanWriter:
         ):
             column.append(value)
         self.rows += 1
-        if len(self.columns["id"]) == self.rows_per_group:
+        if len(self.columns["id"]) == ROWS_PER_GROUP:
             self.flush()
 
     def flush(self):

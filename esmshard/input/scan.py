@@ -181,8 +181,7 @@ def scan_piece(piece: Piece, settings: Settings, folder) -> Found:
         settings.truncation_seq_length,
         settings.long_sequences,
     )
-    # row groups of RECORDS_AT_ONCE: a worker holds one group's Python strings at a time
-    table = ScanWriter(folder / TABLE, settings.files, RECORDS_AT_ONCE)
+    table = ScanWriter(folder / TABLE, settings.files)
     ids, lengths, digests = [], [], bytearray()
     with (
         open(folder / SEQUENCES, "wb") as spool,

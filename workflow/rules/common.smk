@@ -130,7 +130,7 @@ CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
 
 
 # The shard step's reading processes at most, unless --set-threads says more: each holds about
-# 300 MB (esmshard.input.scan).
+# 400 MB (esmshard.input.scan).
 SHARD_THREADS = 8
 
 

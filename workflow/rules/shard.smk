@@ -13,8 +13,8 @@ checkpoint shard:
     resources:
         runtime=io_runtime,
         # streaming: at most ~32 bytes per record (esmshard.steps.shard), and each reading
-        # process's ~300 MB
-        mem_mb=lambda wildcards, threads: records_mem_mb(32)(wildcards) + 300 * threads,
+        # process's ~400 MB
+        mem_mb=lambda wildcards, threads: records_mem_mb(32)(wildcards) + 400 * threads,
     params:
         # New content under an old mtime re-runs this step too (esmshard.store.checksums).
         input_sha256=lambda wildcards: file_checksums(INPUTS, RUN.checksums),
