@@ -18,6 +18,8 @@ import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
+
 
 class DiskFullError(OSError):
     """Not enough space for an output; the message names the path and the bytes it needs."""
@@ -220,6 +222,13 @@ class Buckets:
         self.size += len(data)
         if self.size >= self.limit_bytes:
             self.flush()
+
+    def scatter(self, buckets: np.ndarray, entries: np.ndarray) -> None:
+        """Each of `entries` to the file its number in `buckets` names, in their order."""
+        order = np.argsort(buckets, kind="stable")
+        bounds = np.searchsorted(buckets[order], np.arange(len(self.paths) + 1))
+        for b in np.flatnonzero(np.diff(bounds)):
+            self.add(int(b), entries[order[bounds[b] : bounds[b + 1]]].tobytes())
 
     def flush(self) -> None:
         for path, buffer in zip(self.paths, self.buffers):

@@ -60,11 +60,7 @@ class IdIndexWriter:
         entries = np.empty(hashes.size, self.ENTRY)
         entries["hash"], entries["row"] = hashes, np.arange(self.n, self.n + hashes.size)
         self.n += hashes.size
-        first = (hashes >> np.uint64(56)).astype(np.intp)
-        order = np.argsort(first, kind="stable")
-        bounds = np.searchsorted(first[order], np.arange(257))
-        for b in np.flatnonzero(np.diff(bounds)):
-            self.buckets.add(int(b), entries[order[bounds[b] : bounds[b + 1]]].tobytes())
+        self.buckets.scatter((hashes >> np.uint64(56)).astype(np.intp), entries)
 
     def write(self, out: h5py.File) -> None:
         self.buckets.flush()

@@ -63,9 +63,8 @@ class Parts:
     """The store parts an in-place embeddings.h5 reads, each opened when first read."""
 
     def __init__(self, h5: h5py.File, path: Path | None):
-        folder = Path(path).resolve().parent if path else Path.cwd()
         self.h5 = h5
-        self.paths = [folder / p for p in h5[PARTS].asstr()[:]]
+        self.paths = part_paths(h5, path)
         self.name = str(path) if path else "these embeddings"
         sizes = h5[PART_BYTES][:]
         for part, size in zip(self.paths, sizes):
@@ -81,7 +80,7 @@ class Parts:
                 )
         self.datasets = json.loads(h5.attrs[DATASETS])
         self.files = OrderedDict()
-        self.starts = {}  # (part, name) -> where each row's values start in that dataset
+        self.starts = {}  # (part, contacts or not) -> where each row's values start
 
     def file(self, code: int) -> h5py.File:
         if code in self.files:
@@ -95,12 +94,11 @@ class Parts:
     def row_starts(self, code: int, name: str) -> np.ndarray:
         """Where each row of part `code` starts in its dataset `name` (one row of values per
         protein, per residue, or per contact value), and the end."""
-        per = "contacts" if name == CONTACT_VALUES else "rows" if per_residue(name) else None
-        if (code, per) not in self.starts:
-            lengths = self.file(code)["length"][:].astype(np.int64)
-            counts = contacts.triangle_size(lengths) if per == "contacts" else lengths
-            self.starts[code, per] = np.concatenate([[0], np.cumsum(counts)])
-        return self.starts[code, per]
+        counted = name == CONTACT_VALUES  # per residue or per contact value: the same per part
+        if (code, counted) not in self.starts:
+            counts = row_counts(name, self.file(code)["length"][:])
+            self.starts[code, counted] = np.concatenate([[0], np.cumsum(counts)])
+        return self.starts[code, counted]
 
     def close(self) -> None:
         for h5 in self.files.values():
@@ -110,6 +108,22 @@ class Parts:
 
 def per_residue(name: str) -> bool:
     return name != CONTACT_VALUES and KINDS[name.split("/")[0]].per_residue
+
+
+def row_counts(name: str, lengths: np.ndarray) -> np.ndarray:
+    """The rows of dataset `name` (of a part, or embeddings.h5) that sequences of `lengths`
+    residues hold each: one, one per residue, or their contact map's triangle."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if name == CONTACT_VALUES:
+        return contacts.triangle_size(lengths)
+    return lengths if per_residue(name) else np.ones(lengths.size, dtype=np.int64)
+
+
+def part_paths(h5: h5py.File, path) -> list[Path]:
+    """The parts an in-place embeddings.h5 (`h5`, at `path`; None: the current folder) reads,
+    their relative paths taken from the file's folder."""
+    folder = Path(path).resolve().parent if path else Path.cwd()
+    return [folder / p for p in h5[PARTS].asstr()[:]]
 
 
 class PlacedValues:

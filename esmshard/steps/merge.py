@@ -29,7 +29,7 @@ from ..compute.telemetry import peak_memory_mb
 from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from ..id_index import IdIndexWriter, id_hashes
-from ..in_place import per_residue, write_placement
+from ..in_place import per_residue, row_counts, write_placement
 from ..input.records import iter_batches, source
 from ..representations import KINDS, PER_TOK_OFFSETS, narrowed
 from ..store import (
@@ -280,59 +280,57 @@ def merge(
                 **provenance.attributes(computed_rows),
             )
 
-        failed = sorted(failures)
-        write_tsv(
-            failed_tsv,
-            FAILED_COLUMNS,
-            [
-                [id_, source(file, line), failures[i]]
-                for i, (id_, file, line) in zip(
-                    failed, _rows(records, ["id", "file", "line"], failed)
-                )
-            ],
-        )
-        command = current_run(run_lock) if run_lock else {}
-        run_id = command.get("run_id")
-        counts = {
-            "records": n,
-            "unique_sequences": plan["unique_sequences"],
-            "computed": plan["computed"],
-            "computed_by_this_command": _computed_by(metrics_files, run_id),
-            "run_id": run_id,
-            "from_store": plan["from_store"],
-            "embedded": n_embedded,
-            "failed": len(failures),
-            # where embeddings.h5's values are: in the file, or in the store's parts
-            "output_values": "in_place" if in_place else "copy",
-            "store": str(Path(store_root).resolve()),
-            # records beyond truncation_seq_length, by what long_sequences did with them
-            "inputs": plan.get("inputs", []),
-            # the command that merged: its command line, folder, start, and the merge's end
-            "command": command.get("command"),
-            "workdir": command.get("workdir"),
-            "started_at": command.get("started_at"),
-            "finished_at": time.time(),
-            "long_records": plan.get("long_records", 0),
-            "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
-            "long_said": plan.get("long_said", ""),
-            "made_by": card,
-            "esmshard_version": __version__,
-            "precisions": sorted(precisions),
-            "devices": sorted({row["device_name"] for row in computed_rows}),
-            "computed_with": computed_rows,
-        }
-        write_json(run_json, counts)
-        log.info(
-            "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
-            "%d records failed",
-            n,
-            counts["unique_sequences"],
-            counts["computed"],
-            counts["computed_by_this_command"],
-            counts["from_store"],
-            len(failures),
-        )
-        return counts
+    failed = sorted(failures)
+    write_tsv(
+        failed_tsv,
+        FAILED_COLUMNS,
+        [
+            [id_, source(file, line), failures[i]]
+            for i, (id_, file, line) in zip(failed, _rows(records, ["id", "file", "line"], failed))
+        ],
+    )
+    command = current_run(run_lock) if run_lock else {}
+    run_id = command.get("run_id")
+    counts = {
+        "records": n,
+        "unique_sequences": plan["unique_sequences"],
+        "computed": plan["computed"],
+        "computed_by_this_command": _computed_by(metrics_files, run_id),
+        "run_id": run_id,
+        "from_store": plan["from_store"],
+        "embedded": n_embedded,
+        "failed": len(failures),
+        # where embeddings.h5's values are: in the file, or in the store's parts
+        "output_values": "in_place" if in_place else "copy",
+        "store": str(Path(store_root).resolve()),
+        # records beyond truncation_seq_length, by what long_sequences did with them
+        "inputs": plan.get("inputs", []),
+        # the command that merged: its command line, folder, start, and the merge's end
+        "command": command.get("command"),
+        "workdir": command.get("workdir"),
+        "started_at": command.get("started_at"),
+        "finished_at": time.time(),
+        "long_records": plan.get("long_records", 0),
+        "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
+        "long_said": plan.get("long_said", ""),
+        "made_by": card,
+        "esmshard_version": __version__,
+        "precisions": sorted(precisions),
+        "devices": sorted({row["device_name"] for row in computed_rows}),
+        "computed_with": computed_rows,
+    }
+    write_json(run_json, counts)
+    log.info(
+        "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
+        "%d records failed",
+        n,
+        counts["unique_sequences"],
+        counts["computed"],
+        counts["computed_by_this_command"],
+        counts["from_store"],
+        len(failures),
+    )
+    return counts
 
 
 def _computed_by(metrics_files, run_id) -> int:
@@ -443,12 +441,7 @@ class PartMembers:
             entries["key"] = keys_of(
                 batch.column("sequence_sha256").to_numpy(zero_copy_only=False)
             )
-            order = np.argsort(codes, kind="stable")
-            bounds = np.searchsorted(codes[order], np.arange(len(self.names) + 1))
-            for code in np.flatnonzero(np.diff(bounds)):
-                self.buckets.add(
-                    int(code), entries[order[bounds[code] : bounds[code + 1]]].tobytes()
-                )
+            self.buckets.scatter(codes, entries)
             start += batch.num_rows
         self.buckets.flush()
         self.n = start
@@ -541,12 +534,7 @@ def _blocks_with_rows(part: PartRows, name, placement: Placement, dtype):
         return
     with h5py.File(part.path, "r") as h5:
         data = h5[name]
-        if name == CONTACT_VALUES:
-            counts = contacts.triangle_size(h5["length"][:])
-        elif KINDS[name.split("/")[0]].per_residue:
-            counts = h5["length"][:]
-        else:
-            counts = np.ones(data.shape[0], dtype=np.int64)
+        counts = row_counts(name, h5["length"][:])
         starts = np.concatenate([[0], np.cumsum(counts)])
         rows_per_record = max(1, int(starts[-1] // max(1, counts.size)))
         row_items = int(np.prod(data.shape[1:]))

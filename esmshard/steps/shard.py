@@ -281,11 +281,7 @@ class KeyBuckets:
     def add(self, keys: np.ndarray, values: np.ndarray) -> None:
         entries = np.empty(keys.size, self.entry)
         entries["key"], entries["value"] = keys, values
-        first = keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0]
-        order = np.argsort(first, kind="stable")
-        bounds = np.searchsorted(first[order], np.arange(N_BUCKETS + 1))
-        for b in np.flatnonzero(np.diff(bounds)):
-            self.buckets.add(int(b), entries[order[bounds[b] : bounds[b + 1]]].tobytes())
+        self.buckets.scatter(keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0], entries)
 
     def flush(self) -> None:
         self.buckets.flush()

@@ -33,7 +33,7 @@ import h5py
 import numpy as np
 
 from ..files import write_json
-from ..in_place import PARTS, is_in_place
+from ..in_place import is_in_place, part_paths
 from ..input.records import read_columns, shard_codes
 from ..layout import Layout
 from . import storelock
@@ -419,14 +419,12 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
 def _read_in_place(layout: Layout) -> set:
     """The parts, as (key, name), that the outdir's embeddings.h5 reads in place
     (esmshard.in_place); none for a copy, or a file that cannot be read."""
-    path = Path(layout.embeddings)
     try:
-        with h5py.File(path, "r") as h5:
-            names = h5[PARTS].asstr()[:].tolist() if is_in_place(h5) else []
+        with h5py.File(layout.embeddings, "r") as h5:
+            parts = part_paths(h5, layout.embeddings) if is_in_place(h5) else []
     except (OSError, KeyError):
         return set()
-    folder = path.resolve().parent
-    return {((folder / name).parent.name, Path(name).stem) for name in names}
+    return {(part.parent.name, part.stem) for part in parts}
 
 
 def tree_bytes(path) -> int:
