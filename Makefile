@@ -15,7 +15,7 @@ PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEELHOUSE ?= wheelhouse
 HAVE ?=
 # `make gpu-check`: GPU_PYTHON is a Python with CUDA torch and the wheelhouse installed (default:
-# .venv's); the results go to GPU_CHECK_OUT.
+# .venv's, with the gpu-check extra); the results go to GPU_CHECK_OUT.
 GPU_PYTHON ?= $(BIN)/python
 GPU_CHECK_OUT ?= gpu-check
 BIN = $(VENV)/bin
@@ -35,9 +35,14 @@ $(BIN)/snakemake: pyproject.toml
 	$(PIP) -e ".[cluster]"
 	touch $@
 
-# The test and lint tools, beside what running needs.
+# The test and lint tools, beside what running needs (the test extra holds gpu-check's).
 $(VENV)/.test-tools: $(BIN)/snakemake
 	$(PIP) -e ".[test,cluster]"
+	touch $@ $(VENV)/.gpu-check-tools
+
+# What gpu-check imports beside a run's needs (pytest, transformers).
+$(VENV)/.gpu-check-tools: $(BIN)/snakemake
+	$(PIP) -e ".[gpu-check,cluster]"
 	touch $@
 
 $(VENV)/.lint-tools: $(BIN)/snakemake
@@ -73,7 +78,7 @@ lint: $(VENV)/.lint-tools
 wheelhouse: $(BIN)/snakemake
 	$(BIN)/python -m esmshard.commands.wheelhouse --python $(PY) --out $(WHEELHOUSE) $(if $(HAVE),--have $(HAVE))
 
-gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(BIN)/snakemake)
+gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(VENV)/.gpu-check-tools)
 	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.commands.gpucheck --out $(GPU_CHECK_OUT)
 
 # The wheel that `pip install` takes on any machine (the workflow's files inside it).

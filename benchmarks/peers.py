@@ -17,10 +17,14 @@ residues back to the host; sides alternate, `--repeats` times.
 
 Prints one JSON line per side: tokens/s (BOS and EOS counted, padding not), the share of the
 device's measured matrix-product peak in the side's precision, and the speed-up over the
-family's baseline (fair-esm fp32 for ESM-2, transformers for ESM C).
+family's baseline (fair-esm fp32 for ESM-2, transformers for ESM C). A peer whose package is
+missing (transformers) is one JSON line saying so, and the other sides still run. `--profile FILE`
+writes where the first ESM-2 model's esmshard packed sides spend their time (torch's profiler,
+one run each: the busiest operations and the device's busy share of the wall time).
 """
 
 import argparse
+import importlib.util
 import json
 import statistics
 import tempfile
@@ -96,14 +100,21 @@ def timed(run, device) -> float:
     return time.perf_counter() - started
 
 
-def esm2_sides(name, sequences, args, device):
-    """(side, precision, run) for ESM-2's peers and esmshard, and the compiled layer."""
+def skipped(side: str, package: str) -> bool:
+    """Whether `package` is missing; if so, one JSON line says which side is skipped and why."""
+    if importlib.util.find_spec(package) is not None:
+        return False
+    why = f"{package} is not installed (pip install 'esmshard[gpu-check]')"
+    print(json.dumps({"skipped": side, "why": why}), flush=True)
+    return True
+
+
+def huggingface_esm2(name, device):
+    """transformers' EsmModel of ESM-2's shape `name` (random weights), bf16, SDPA attention."""
     import transformers
 
-    net = random_model(name).eval().to(device)
     layers, dim, heads = ESM2.archs[name]
-    bf16 = random_model(name).eval().to(device, torch.bfloat16)
-    hf = transformers.EsmModel(
+    return transformers.EsmModel(
         transformers.EsmConfig(
             vocab_size=33, hidden_size=dim, num_hidden_layers=layers, num_attention_heads=heads,
             intermediate_size=4 * dim, position_embedding_type="rotary", token_dropout=True,
@@ -112,6 +123,13 @@ def esm2_sides(name, sequences, args, device):
         ),
         add_pooling_layer=False,
     ).eval().to(device, torch.bfloat16)  # fmt: skip
+
+
+def esm2_sides(name, sequences, args, device):
+    """(side, precision, run) for ESM-2's peers and esmshard, and the compiled layer."""
+    net = random_model(name).eval().to(device)
+    layers = net.num_layers
+    bf16 = random_model(name).eval().to(device, torch.bfloat16)
     precision = PRECISIONS[args.precision]
     padded_fast, packed_fast, packed_compiled = (
         Embedder(net, net.alphabet, [layers], device, precision, kinds=["mean"], packed=packed)
@@ -129,7 +147,10 @@ def esm2_sides(name, sequences, args, device):
     sides = [
         ("fair-esm", "fp32", padded_side(fair_esm(net), padded_fast, sequences, padded, device)),
         ("fair-esm", "bf16", padded_side(fair_esm(bf16), padded_fast, sequences, padded, device)),
-        (
+    ]
+    if not skipped("transformers EsmModel (SDPA)", "transformers"):
+        hf = huggingface_esm2(name, device)
+        sides.append((
             "transformers EsmModel (SDPA)",
             "bf16",
             padded_side(
@@ -139,7 +160,8 @@ def esm2_sides(name, sequences, args, device):
                 padded,
                 device,
             ),
-        ),  # fmt: skip
+        ))  # fmt: skip
+    sides += [
         ("esmshard padded", args.precision, esmshard_side(padded_fast, sequences, padded)),
         ("esmshard packed", args.precision, esmshard_side(packed_fast, sequences, packed)),
         ("esmshard packed compiled", args.precision, run_compiled),
@@ -214,6 +236,36 @@ def measure(name, arch, sides, layer, sequences, args, device) -> None:
         print(json.dumps(row), flush=True)
 
 
+def profile(name, sides, device, path: Path) -> None:
+    """One run of each esmshard packed side under torch's profiler: its busiest operations
+    (self time on the device, or on the CPU without one) into `path`, and a JSON line with the
+    wall time and the device's busy time (the sum of its kernels' own times)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
+    tables = []
+    for side, precision, run in sides:
+        if not side.startswith("esmshard packed"):
+            continue
+        with profiler(activities=activities) as prof:
+            seconds = timed(run, device)
+        events = prof.key_averages()
+        # the kernels' time, as the operations that launched them count it (the kernels' own
+        # rows count it again)
+        on_cpu = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+        busy = sum(e.self_device_time_total for e in on_cpu) / 1e6 if cuda else None
+        print(json.dumps({
+            "model": name, "side": side, "precision": precision, "profiled_seconds": seconds,
+            "device_busy_seconds": busy, "device_busy_share": busy / seconds if cuda else None,
+        }), flush=True)  # fmt: skip
+        table = events.table(sort_by=sort, row_limit=25, max_name_column_width=60)
+        tables.append(f"# {name}, {side} ({precision}): {seconds:.3f} s wall\n{table}")
+    path.write_text("\n\n".join(tables))
+
+
 def big(sequences, args, device) -> None:
     """esmshard packed for the largest ESM-2's shape: tokens/s and peak memory."""
     net = random_model(BIG).eval()
@@ -250,6 +302,7 @@ def main():
     parser.add_argument("--toks-per-batch", type=int, default=65536)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--profile", type=Path, help="where the profile of esmshard's sides goes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -258,8 +311,10 @@ def main():
         for name in args.esm2:
             sequences = [r.sequence[: ESM2.max_residues] for r in records]
             sides, layer = esm2_sides(name, sequences, args, device)
+            if args.profile and name == args.esm2[0]:  # compiled already: batches alone
+                profile(name, sides, device, args.profile)
             measure(name, ESM2.archs[name], sides, layer, sequences, args, device)
-        for name in args.esmc:
+        for name in args.esmc if not skipped("ESM C's peers", "transformers") else []:
             chosen = records[: args.esmc_sequences]
             sequences = [r.sequence[: ESMC.max_residues] for r in chosen]
             sides, layer = esmc_sides(name, sequences, args, device, Path(tmp) / name)

@@ -137,6 +137,7 @@ def test_the_sdist_and_the_wheel_hold_the_workflow(dist):
 def test_the_wheelhouse_installs_offline_next_to_torch(wheelhouse, venv):
     names = {path.name.split("-")[0].lower() for path in wheelhouse.glob("*.whl")}
     assert {"esmshard", "snakemake", "fair_esm", "snakemake_executor_plugin_slurm"} <= names
+    assert {"pytest", "transformers"} <= names  # what `make gpu-check` imports
     assert "torch" not in names and not any(n.startswith("nvidia_cu") for n in names)
     assert OFFLINE_INSTALL == "pip install --no-index --find-links wheelhouse 'esmshard[cluster]'"
     modules = "esm, esmshard.steps.embed, esmshard.steps.merge, snakemake_executor_plugin_slurm"

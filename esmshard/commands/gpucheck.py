@@ -1,14 +1,15 @@
 """`esmshard gpu-check` (`make gpu-check`): one command, run in a clone, that proves a GPU machine.
 
-It runs the test suite's GPU tests; whole `snakemake` runs with `gpus: auto` on the real proteome
-and random weights of esm2_t33_650M's shape in fair-esm's on-disk format (and of ESM C 600M's),
-checking that their telemetry, `esmshard status` and the report's device plots hold real
-figures; benchmarks/throughput.py (fair-esm's own loop against the fast path in bf16, with the
-matrix-product peak measured in the same run); and benchmarks/peers.py (every peer a user would
-pick, beside esmshard's padded, packed and compiled paths, on the same batches). Everything goes
-into gpu-check.json and gpu-check.md, with the device, driver, torch and CUDA versions. Without
-network: what it needs is installed (the wheelhouse) and the data lie in ESMSHARD_DATA or
-../shared/data.
+It runs, most telling first: the test suite's GPU tests; a whole `snakemake` run with `gpus:
+auto` on the real proteome and random weights of esm2_t33_650M's shape in fair-esm's on-disk
+format, checking that its telemetry, `esmshard status` and the report's device plots hold real
+figures; benchmarks/peers.py (every peer a user would pick, beside esmshard's padded, packed and
+compiled paths, on the same batches, and the profile of esmshard's packed sides);
+benchmarks/throughput.py (fair-esm's own loop against the fast path in bf16, with the
+matrix-product peak measured in the same run); and a whole run of ESM C 600M's shape.
+Everything goes into gpu-check.json and gpu-check.md, with the device, driver, torch and CUDA
+versions, rewritten after each stage. Without network: what it needs is installed (the
+wheelhouse, with the gpu-check extra) and the data lie in ESMSHARD_DATA or ../shared/data.
 
 On a machine without CUDA the same plumbing runs on a small model and slice, and the files say
 that no GPU was found.
@@ -20,6 +21,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -34,13 +36,17 @@ from .status import read_state, render
 
 REPO = Path(__file__).resolve().parents[2]
 PROTEOME = "ecoli_k12_UP000000625.fasta"
-# What runs on a GPU, and the stand-in that exercises the same plumbing on a CPU.
+# What runs on a GPU, and the stand-in that exercises the same plumbing on a CPU. The whole runs
+# take the whole proteome (the figures the docs quote); the benchmarks every `bench_every`-th
+# protein (about 340k tokens: enough batches of the GPU's budget), so that the check takes
+# minutes on one GPU.
 GPU_PLAN = {
     "model": "esm2_t33_650M_UR50D",
     "esmc_model": "esmc_600m",  # a whole run of ESM C too
     # ProtT5-XL-U50's encoder (all 24 layers, random weights) against transformers' T5EncoderModel
     "t5_model": "prot_t5_xl_uniref50",
     "every": 1,
+    "bench_every": 4,
     "toks_per_batch": 65536,
     "peers": ["--repeats", "2"],
 }
@@ -49,12 +55,26 @@ CPU_PLAN = {
     "esmc_model": None,
     "t5_model": None,
     "every": 100,
+    "bench_every": 100,
     "toks_per_batch": 4096,
     # ESM C's peers on esmc_300m's first 2 layers: the same code, without building and saving
     # all 30 (10 s of the 33 on 2 cores)
     "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
     + ["--esmc-layers", "2", "--no-big", "--repeats", "1", "--threads", "2", "--every", "400"],
 }
+# The packages the check imports beside a run's needs (the gpu-check extra), and what each is for.
+CHECK_PACKAGES = {"pytest": "the GPU tests", "transformers": "the peers (EsmModel, EsmcModel, T5)"}
+
+
+def missing_packages() -> dict[str, str]:
+    """The check's packages this Python lacks: {name: one line of what is skipped and why}."""
+    import importlib.util
+
+    return {
+        name: f"{what} skipped: {name} is not installed (pip install 'esmshard[gpu-check]')"
+        for name, what in CHECK_PACKAGES.items()
+        if importlib.util.find_spec(name) is None
+    }
 
 
 def environment() -> dict:
@@ -86,6 +106,7 @@ def environment() -> dict:
 def run_tests(out: Path) -> dict:
     """The tests marked `gpu` (they skip without CUDA), with their counts from pytest's report."""
     report = out / "gpu-tests.xml"
+    report.unlink(missing_ok=True)  # a report of an earlier check is not this one's
     started = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
@@ -163,6 +184,10 @@ def run_workflow(out: Path, plan: dict, gpus: int, name: str = "run") -> dict:
         whole_shard_tokens_per_s_with_loading=tokens / sum(m["seconds"] for m in metrics),
         # after the model is loaded: forward passes, read-back and writing
         whole_shard_tokens_per_s_loaded=tokens / sum(m["compute_seconds"] for m in metrics),
+        # the same without compiling, which a shard does once per store and kind of device (the
+        # compile cache): what a store's later shards, and shards longer than this one, approach
+        whole_shard_tokens_per_s_compiled=tokens
+        / sum(m["compute_seconds"] - m["compile_seconds"] for m in metrics),
         peak_gpu_memory_bytes=max((m["torch_peak_allocated_bytes"] or 0) for m in metrics),
     )
     samples = []
@@ -195,10 +220,11 @@ def run_workflow(out: Path, plan: dict, gpus: int, name: str = "run") -> dict:
     return result
 
 
-def throughput_args(plan: dict, gpu: bool) -> list[str]:
+def throughput_args(plan: dict, gpu: bool, transformers: bool = True) -> list[str]:
     """benchmarks/throughput.py's: fair-esm's loop against the fast path (and transformers'
-    T5EncoderModel against esmshard's T5, where the plan has one), one repetition each."""
-    t5 = [plan["t5_model"], "--t5-layers", "24"] if plan["t5_model"] else []
+    T5EncoderModel against esmshard's T5, where the plan has one and transformers is there), one
+    repetition each."""
+    t5 = [plan["t5_model"], "--t5-layers", "24"] if plan["t5_model"] and transformers else []
     args = ["--models", plan["model"], *t5, "--repeats", "1"]
     return args + (["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"])
 
@@ -207,7 +233,7 @@ def run_benchmark(out: Path, script: str, args: list[str], plan: dict) -> dict:
     """`python benchmarks/<script>.py` on the plan's proteins and budget (`args` may set other
     ones: they come last); its JSON lines."""
     cmd = [sys.executable, str(REPO / "benchmarks" / f"{script}.py")]
-    cmd += ["--every", str(plan["every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
+    cmd += ["--every", str(plan["bench_every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
     cmd += args
     started = time.time()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -232,7 +258,8 @@ def whole_run_lines(model: str, run: dict) -> list[str]:
         f"{run['whole_shard_tokens_per_s_with_loading']:,.0f} tokens/s with model loading "
         f"({run['load_seconds']:.1f} s), {run['whole_shard_tokens_per_s_loaded']:,.0f} tokens/s "
         "once loaded (read-back and writing included); compiling "
-        f"{run['compile_seconds']:.1f} s (cache: {', '.join(run['compile_cache'])}); "
+        f"{run['compile_seconds']:.1f} s (cache: {', '.join(run['compile_cache'])}), "
+        f"{run['whole_shard_tokens_per_s_compiled']:,.0f} tokens/s once loaded and compiled; "
         "the host's own work per batch (tokens, read-back, checks, writing) "
         f"{run['host_fraction']:.1%} of the batches' time; "
         f"{run['telemetry_samples']} telemetry samples, mean utilization "
@@ -254,17 +281,31 @@ def markdown(result: dict) -> str:
     ]
     if not env["gpu"]:
         lines += ["**No GPU was found**: the plumbing ran on the CPU with a small model.", ""]
+    lines += [f"- {line}" for line in result["skipped"]] + [""] * bool(result["skipped"])
     tests = result["tests"]
-    lines += [
-        "## GPU tests",
-        f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
-        f"({tests['seconds']:.0f} s)" + "".join(f"\n- failed: {n}" for n in tests["failures"]),
-        "",
-    ]
+    if tests is not None:
+        lines += [
+            "## GPU tests",
+            f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
+            f"({tests['seconds']:.0f} s)" + "".join(f"\n- failed: {n}" for n in tests["failures"]),
+            "",
+        ]
     for model, run in result["workflows"].items():
         lines += whole_run_lines(model, run)
-    bench = result["throughput"]
-    lines += ["", "## Forward-pass throughput", f"`{bench['command']}`", ""]
+    if result["peers"] is not None:
+        lines += peers_lines(result["peers"])
+    if result["throughput"] is not None:
+        lines += throughput_lines(result["throughput"])
+    verdict = "pass" if result["ok"] else "FAIL"
+    if not result["finished"]:
+        return "\n".join(lines + ["", unfinished(result)]) + "\n"
+    skipped = f", {len(result['skipped'])} part(s) skipped" if result["skipped"] else ""
+    lines += ["", f"Verdict: **{verdict}** ({result['seconds']:.0f} s{skipped})"]
+    return "\n".join(lines) + "\n"
+
+
+def throughput_lines(bench: dict) -> list[str]:
+    lines = ["", "## Forward-pass throughput", f"`{bench['command']}`", ""]
     table = [r for r in bench["rows"] if "side" in r]
     if table:
         lines += [
@@ -281,8 +322,12 @@ def markdown(result: dict) -> str:
             )
     if bench["error"]:
         lines += ["The benchmark failed:", "```", bench["error"], "```"]
-    peers = result["peers"]
-    lines += ["", "## Peers side by side", f"`{peers['command']}`", ""]
+    return lines
+
+
+def peers_lines(peers: dict) -> list[str]:
+    lines = ["", "## Peers side by side", f"`{peers['command']}`", ""]
+    lines += [f"- skipped: {r['skipped']}: {r['why']}" for r in peers["rows"] if "skipped" in r]
     rows = [r for r in peers["rows"] if "share_of_peak" in r]
     if rows:
         lines += [
@@ -300,10 +345,59 @@ def markdown(result: dict) -> str:
         for r in peers["rows"]
         if "peak_memory_bytes" in r
     ]
+    profiled = [r for r in peers["rows"] if "profiled_seconds" in r]
+    if profiled:
+        lines += ["", "Where the time goes (torch's profiler, one run each; profile.txt):", ""]
+    lines += [
+        f"- {r['model']}, {r['side']} ({r['precision']}): {r['profiled_seconds']:.2f} s"
+        + (
+            f", the device busy {r['device_busy_share']:.0%} of it"
+            if r["device_busy_share"] is not None
+            else ""
+        )
+        for r in profiled
+    ]
     if peers["error"]:
         lines += ["The benchmark failed:", "```", peers["error"], "```"]
-    lines += ["", f"Verdict: **{'pass' if result['ok'] else 'FAIL'}** ({result['seconds']:.0f} s)"]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def unfinished(result: dict) -> str:
+    return (
+        f"Verdict: **unfinished**: stopped after {result['seconds']:.0f} s, the stages above done"
+    )
+
+
+def results_folder(env: dict, date: str) -> Path | None:
+    """On a GPU, where this run's record goes with the figures the docs quote, to be committed:
+    benchmarks/results/<date>-<GPU>, then -2, -3, ... for the same day's later runs."""
+    if not env["gpu"]:
+        return None
+    gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["device"]).strip("-")
+    folder = REPO / "benchmarks" / "results" / f"{date}-{gpu}"
+    run = 1
+    while folder.with_name(f"{folder.name}-{run}" if run > 1 else folder.name).exists():
+        run += 1
+    return folder.with_name(f"{folder.name}-{run}" if run > 1 else folder.name)
+
+
+def record(out: Path, result: dict, results: Path | None) -> None:
+    """gpu-check.json and .md as they stand, and the profile once there is one: written after
+    each stage, so that a check stopped midway (a time limit, a lost machine) leaves the
+    figures of the stages it finished."""
+    write_json(out / "gpu-check.json", result)
+    write_text(out / "gpu-check.md", markdown(result))
+    if results is not None:
+        results.mkdir(parents=True, exist_ok=True)
+        for name in ("gpu-check.json", "gpu-check.md", "profile.txt"):
+            if (out / name).is_file():
+                shutil.copyfile(out / name, results / name)
+
+
+def whole_run(result: dict, out: Path, plan: dict, model: str, stage) -> None:
+    print(f"gpu-check: a whole snakemake run of {model} ...", flush=True)
+    run = run_workflow(out, {**plan, "model": model}, result["environment"]["gpus"], model)
+    stage("workflows", {**result["workflows"], model: run})
 
 
 def check(out: Path) -> dict:
@@ -312,39 +406,53 @@ def check(out: Path) -> dict:
     started = time.time()
     env = environment()
     plan = GPU_PLAN if env["gpu"] else CPU_PLAN
-    print(f"gpu-check: {env['device']}" + ("" if env["gpu"] else ": no GPU found, CPU plumbing"))
-    print("gpu-check: the GPU tests ...", flush=True)
-    tests = run_tests(out)
-    workflows = {}
-    for model in filter(None, (plan["model"], plan["esmc_model"])):
-        print(f"gpu-check: a whole snakemake run of {model} ...", flush=True)
-        workflows[model] = run_workflow(out, {**plan, "model": model}, env["gpus"], model)
-    print("gpu-check: the throughput benchmark ...", flush=True)
-    throughput = run_benchmark(out, "throughput", throughput_args(plan, env["gpu"]), plan)
-    print("gpu-check: every peer beside esmshard ...", flush=True)
-    peers = run_benchmark(out, "peers", plan["peers"], plan)
+    missing = missing_packages()
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "environment": env,
         "plan": plan,
-        "tests": tests,
-        "workflows": workflows,
-        "throughput": throughput,
-        "peers": peers,
-        "ok": tests["ok"]
-        and all(run["ok"] for run in workflows.values())
-        and throughput["ok"]
-        and peers["ok"],
-        "seconds": time.time() - started,
+        "skipped": list(missing.values()),
+        "tests": None,
+        "workflows": {},
+        "throughput": None,
+        "peers": None,
+        "finished": False,
+        "ok": False,
+        "seconds": 0.0,
     }
-    folders = [out]
-    if env["gpu"]:  # the raw record of the figures the docs quote, committed with them
-        gpu = re.sub(r"[^A-Za-z0-9]+", "-", env["device"]).strip("-")
-        folders.append(REPO / "benchmarks" / "results" / f"{result['date']}-{gpu}")
-    for folder in folders:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / "gpu-check.json", result)
-        write_text(folder / "gpu-check.md", markdown(result))
+
+    results = results_folder(env, result["date"])
+    (out / "profile.txt").unlink(missing_ok=True)  # an earlier check's is not this one's
+
+    def stage(key, value):
+        result[key] = value
+        result["seconds"] = time.time() - started
+        record(out, result, results)
+
+    print(f"gpu-check: {env['device']}" + ("" if env["gpu"] else ": no GPU found, CPU plumbing"))
+    for line in missing.values():
+        print(f"gpu-check: {line}")
+    if "pytest" not in missing:
+        print("gpu-check: the GPU tests ...", flush=True)
+        stage("tests", run_tests(out))
+    # Most telling first, so that a check cut short still has the figures that matter most.
+    whole_run(result, out, plan, plan["model"], stage)
+    print("gpu-check: every peer beside esmshard ...", flush=True)
+    args = plan["peers"] + ["--profile", str(out / "profile.txt")]
+    stage("peers", run_benchmark(out, "peers", args, plan))
+    print("gpu-check: the throughput benchmark ...", flush=True)
+    args = throughput_args(plan, env["gpu"], "transformers" not in missing)
+    stage("throughput", run_benchmark(out, "throughput", args, plan))
+    if plan["esmc_model"]:
+        whole_run(result, out, plan, plan["esmc_model"], stage)
+    result["finished"] = True
+    result["ok"] = (
+        (result["tests"] is None or result["tests"]["ok"])
+        and all(run["ok"] for run in result["workflows"].values())
+        and result["throughput"]["ok"]
+        and result["peers"]["ok"]
+    )
+    stage("ok", result["ok"])
     return result
 
 

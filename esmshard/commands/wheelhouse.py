@@ -7,6 +7,8 @@ Run it from a clone, where there is network; on the GPU node, in the environment
 
     pip install --no-index --find-links wheelhouse 'esmshard[cluster]'
 
+('esmshard[cluster,gpu-check]' for `make gpu-check` too: pytest and transformers.)
+
 torch and what torch itself needs are left out (the node's own CUDA build stays); so is every
 package named in `--have` (one name per line, as `pip freeze` or `pip list --format=freeze`
 writes them: what the node already has). Packages published only as source are built into
@@ -32,7 +34,8 @@ PLATFORMS = (
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
 )
-EXTRAS = "cluster"  # the SLURM executor: GPU nodes are mostly cluster nodes
+# The SLURM executor (GPU nodes are mostly cluster nodes), and what `make gpu-check` imports.
+EXTRAS = "cluster,gpu-check"
 
 
 def pip(*args: str) -> None:

@@ -1,22 +1,30 @@
 """`make gpu-check` on a machine without CUDA: the same plumbing, on a small model, says so."""
 
 import json
+import os
 import subprocess
+import sys
 
 from conftest import DATA, REPO, clone_of_workflow
+
+from esmshard.commands import gpucheck
 
 
 def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path):
     # As the docs type it: `make gpu-check`, no arguments, from a fresh clone's root (the
-    # default GPU_CHECK_OUT is the relative path gpu-check). The clone shares this checkout's
-    # virtualenv, which make finds up to date, and has the data beside it as CI's clone has.
+    # default GPU_CHECK_OUT is the relative path gpu-check): make builds the clone's own
+    # virtualenv with what the check imports. The data lie beside the clone, as CI's clone has.
     clone = clone_of_workflow(tmp_path / "clone")
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "data").symlink_to(DATA)
-    (clone / ".venv").symlink_to(REPO / ".venv")
-    done = subprocess.run(["make", "gpu-check"], cwd=clone, capture_output=True, text=True)
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(REPO))]
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join(path)  # a user's shell, no virtualenv active
+    done = subprocess.run(
+        ["make", "gpu-check"], cwd=clone, env=env, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "Nothing to be done" not in done.stdout and "pip install" not in done.stdout
+    assert "Nothing to be done" not in done.stdout and "is not installed" not in done.stdout
     out = clone / "gpu-check"
     result = json.loads((out / "gpu-check.json").read_text())
     assert result["ok"] and result["environment"]["gpu"] is False
@@ -52,3 +60,37 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
     page = (out / "gpu-check.md").read_text()
     assert "**No GPU was found**" in page and "Verdict: **pass**" in page
     assert "## Peers side by side" in page and "transformers EsmcModel (SDPA)" in page
+
+
+def test_a_missing_peer_package_is_one_line_and_the_other_sides_still_run(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    (line,) = gpucheck.missing_packages().values()
+    assert line == (
+        "the peers (EsmModel, EsmcModel, T5) skipped: transformers is not installed "
+        "(pip install 'esmshard[gpu-check]')"
+    )
+    assert "prot_t5_xl_uniref50" not in gpucheck.throughput_args(gpucheck.GPU_PLAN, True, False)
+    # benchmarks/peers.py in a Python without transformers: one line per skipped peer
+    script = (
+        "import runpy, sys; sys.modules['transformers'] = None; "
+        f"sys.path.insert(0, {str(REPO / 'benchmarks')!r}); "
+        f"sys.argv = ['peers.py'] + {PEERS_ARGS!r}; "
+        f"runpy.run_path({str(REPO / 'benchmarks' / 'peers.py')!r}, run_name='__main__')"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    skipped = [(r["skipped"], r["why"]) for r in rows if "skipped" in r]
+    why = "transformers is not installed (pip install 'esmshard[gpu-check]')"
+    assert skipped == [("transformers EsmModel (SDPA)", why), ("ESM C's peers", why)]
+    sides = {r["side"] for r in rows if "tokens_per_s" in r}
+    assert sides == {
+        "fair-esm",
+        "esmshard padded",
+        "esmshard packed",
+        "esmshard packed compiled",
+    }
+
+
+PEERS_ARGS = ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--no-big", "--repeats", "1"]
+PEERS_ARGS += ["--threads", "2", "--every", "400", "--toks-per-batch", "4096"]
