@@ -174,6 +174,8 @@ class FastForward(torch.nn.Module):
 
     packs = False
     compiles = True  # whether `block` is worth compiling (one graph for every batch's shape)
+    # Whether `compile: auto` compiles it on a GPU: where its compiled layer measured faster.
+    auto_compiles = True
     compiled_block = None  # `block` compiled (esmshard.compute.compiled), where it is
 
     def dense_for(self, x):

@@ -94,3 +94,21 @@ def test_a_missing_peer_package_is_one_line_and_the_other_sides_still_run(monkey
 
 PEERS_ARGS = ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--no-big", "--repeats", "1"]
 PEERS_ARGS += ["--threads", "2", "--every", "400", "--toks-per-batch", "4096"]
+
+
+def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_path):
+    # What a time limit leaves: the record as written after the GPU tests, the last stage done.
+    env = {**gpucheck.environment(), "gpu": False}
+    tests = {"passed": 7, "failed": 0, "skipped": 0, "failures": [], "ok": True, "seconds": 25}
+    result = {
+        "date": "2026-11-26", "environment": env, "plan": gpucheck.CPU_PLAN, "skipped": [],
+        "tests": tests, "workflows": {}, "throughput": None, "peers": None,
+        "finished": False, "ok": False, "seconds": 25.0,
+    }  # fmt: skip
+    gpucheck.record(tmp_path, result, tmp_path / "results")
+    page = (tmp_path / "results" / "gpu-check.md").read_text()
+    assert "7 passed, 0 failed, 0 skipped (25 s)" in page
+    assert page.rstrip().endswith(
+        "Verdict: **unfinished**: stopped after 25 s, the stages above done"
+    )
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["finished"] is False
