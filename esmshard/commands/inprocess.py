@@ -136,6 +136,7 @@ def embed(
     gpus: str | Iterable[int] = "auto",
     batching: str = "auto",
     compile: str | bool = "auto",
+    keep_every: int = 60,
     fast_path: bool = True,
     nucleotide_check: bool = True,
     shards: int | str = "auto",
@@ -164,8 +165,9 @@ def embed(
     truncation_seq_length: residues kept per sequence, or "auto" (the model family's limit).
     toks_per_batch: tokens per forward pass, or "auto" (sized to the device's free memory).
     gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.
-    batching, compile, fast_path, nucleotide_check, shards, output_dtype, contacts_dtype,
-    per_residue_compression: as the workflow's config keys (docs/configuration.md).
+    batching, compile, keep_every, fast_path, nucleotide_check, shards, output_dtype,
+    contacts_dtype, per_residue_compression: as the workflow's config keys
+    (docs/configuration.md).
     output_values: the result holds its values in memory, whatever the size ("auto", "copy");
         "in_place" is for runs, whose embeddings.h5 can point into their store.
 
@@ -223,6 +225,7 @@ def embed(
                     gpus=config["gpus"],
                     batching=config["batching"],
                     compile=config["compile"],
+                    keep_every=config["keep_every"],
                     threads=torch.get_num_threads(),  # the caller's, left as they are
                     progress_json=run.progress(shard),
                     telemetry_tsv=run.telemetry(shard),

@@ -27,9 +27,11 @@ from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..representations import KINDS, absolute_layers
 from ..store import Store, add_settings, write_manifest
+from ..store.pieces import Pieces, PieceWriter, assemble
 from ..store.runlock import current_run_id
-from ..store.shardfile import Failure, ShardWriter, output_bytes
+from ..store.shardfile import Failure, output_bytes
 from . import provenance
+from .job import uninterrupted
 from .progress import Progress, rate, shards_done
 from .shard import read_shard
 
@@ -94,6 +96,7 @@ def run_shard(
     gpus,
     batching="auto",
     compile="auto",
+    keep_every=60,
     threads,
     progress_json,
     telemetry_tsv,
@@ -102,7 +105,9 @@ def run_shard(
     """Embed one shard's sequences on a pooled device and write its outputs atomically.
 
     `settings` are the run's embedding settings (esmshard.config.embedding_settings); the shard
-    file keeps them for merge to check. `out_h5` is a store part (esmshard.store): it is renamed
+    file keeps them for merge to check. What the job finishes is kept in the store every
+    `keep_every` seconds (0: only when it is stopped by a signal or an error), as pieces
+    (esmshard.store.pieces) that the next job of this shard resumes from. `out_h5` is a store part (esmshard.store): it is renamed
     into place last, after its manifest and this job's other outputs, so that a part that exists
     is a finished job whatever happens to the run.
     """
@@ -172,7 +177,20 @@ def run_shard(
                 [kind for kind in include if kind in KINDS],
                 packed=batching != "padded",
             )
-            batch_lengths = [len(sequences[k]) for k in batched]
+            # What earlier jobs of this shard kept is not computed again; the rest is batched as
+            # an uninterrupted job batches it (whole batches were kept, the longest first).
+            pieces = Pieces(part_store(out_h5), Path(out_h5).parent.name, shard)
+            kept = pieces.kept()
+            todo = [k for k in batched if keys[k] not in kept.keys]
+            if kept.paths:
+                log.info(
+                    "shard %s: %d sequences kept by an earlier job (%d pieces), %d to compute",
+                    shard,
+                    len(kept.keys),
+                    len(kept.paths),
+                    len(todo) + sum(keys[k] not in kept.keys for k in chunked),
+                )
+            batch_lengths = [len(sequences[k]) for k in todo]
             batches = make_batches(batch_lengths, budget, embedder.packed)
             layer = None
             net_compiles = embedder.fast and embedder.net.compiles
@@ -186,45 +204,85 @@ def run_shard(
                 on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
             loaded = time.time()
 
-            progress.update(0, sampler)
+            progress.update(kept.residues, sampler)  # earlier jobs' work counts as done
             write_seconds = []
             contact_values = (
                 sum(triangle_size(len(sequences[k])) for k in batched) if with_contacts else 0
             )
-            size = output_bytes(
+            # the pieces, then the part made of them
+            size = 2 * output_bytes(
                 len(ids), n_residues, len(layers), include, net.embed_dim, contact_values
             )
-            with progress, naming_disk_full(out_h5, size):
-                with h5py.File(part, "w") as h5, ThreadPoolExecutor(1) as background:
-                    writer = ShardWriter(h5, layers, include, net.embed_dim)
-                    written = []  # one batch's results are written while the next one computes
+            writer = PieceWriter(
+                pieces,
+                kept.paths,
+                layers,
+                include,
+                net.embed_dim,
+                {"settings": json.dumps(settings)},
+            )
+            with progress, naming_disk_full(out_h5, size), ThreadPoolExecutor(1) as background:
+                written = []  # one batch's results are written while the next one computes
 
-                    def write(done, reps):
-                        if written:
-                            write_seconds.append(written.pop().result())
-                        done_ids = [ids[k] for k in done]
-                        written.append(
-                            background.submit(
-                                timed, writer.write, [keys[k] for k in done], done_ids, reps
-                            )
+                def wait_written():
+                    while written:
+                        write_seconds.append(written.pop().result())
+
+                def write(members, done, reps):
+                    wait_written()
+                    written.append(
+                        background.submit(
+                            timed,
+                            writer.add,
+                            [keys[k] for k in done],
+                            [ids[k] for k in done],
+                            members,
+                            reps,
                         )
+                    )
 
-                    jobs = [[batched[b] for b in batch] for batch in batches]
+                def keep():
+                    wait_written()
+                    with uninterrupted():
+                        writer.keep(failed, keys, ids)
+
+                try:
+                    jobs = [[todo[b] for b in batch] for batch in batches]
                     results = embedder.embed_batches(
                         ((m, [sequences[k] for k in m]) for m in jobs), failed
                     )
                     for members, parts in zip(jobs, results):
-                        for done, reps in parts:
-                            write(done, reps)
+                        # a batch is kept whole, so that a later job makes the same batches
+                        done = [k for indices, _ in parts for k in indices]
+                        write(members, done, [r for _, reps in parts for r in reps])
                         progress.update(sum(len(sequences[k]) for k in members), sampler)
+                        if writer.due(keep_every):
+                            keep()
                     for k in chunked:
+                        if keys[k] in kept.keys:
+                            continue
                         rep = embedder.embed_chunked(k, sequences[k], limit, failed)
-                        if rep is not None:
-                            write([k], [rep])
+                        write([k], [k] if rep is not None else [], [rep] if rep else [])
                         progress.update(len(sequences[k]), sampler)
-                    if written:
-                        write_seconds.append(written.pop().result())
-                    writer.write_failed(failed, keys, ids)
+                        if writer.due(keep_every):
+                            keep()
+                    keep()
+                except BaseException:  # a signal, an error: what is finished is kept
+                    try:
+                        keep()
+                        log.info("shard %s: %d pieces kept for the next job", shard,
+                                 len(kept.paths) + len(writer.written))  # fmt: skip
+                    except BaseException as err:  # a full disk: the error above is the one
+                        writer.discard()
+                        log.warning("shard %s: nothing more kept (%s)", shard, err)
+                    raise
+                with h5py.File(part, "w") as h5:
+                    made = assemble(
+                        h5, kept.paths + writer.written, layers, include, net.embed_dim
+                    )
+                    index = {key: k for k, key in enumerate(keys)}
+                    failed += [Failure(index[key], why) for key, _, why in kept.failures]
+                    made.write_failed(failed, keys, ids)
                     h5.attrs.update(
                         shard=shard,
                         n_records=len(ids),
@@ -268,7 +326,13 @@ def run_shard(
             "write_seconds": sum(write_seconds),
             "started_at": started,
             "finished_at": finished,
-            "residues_per_second": n_residues / (finished - loaded) if finished > loaded else None,
+            # what earlier jobs of this shard kept, and this job did not compute again
+            "kept_pieces": len(kept.paths),
+            "kept_sequences": len(kept.keys),
+            "kept_residues": kept.residues,
+            "residues_per_second": (n_residues - kept.residues) / (finished - loaded)
+            if finished > loaded
+            else None,
             "device": str(device),
             "device_name": device_name,
             "gpu_slot": slot.index,
@@ -289,6 +353,7 @@ def run_shard(
         # What the part's settings folder stands for, written anew if it was lost or damaged.
         add_settings(part_store(out_h5), Path(out_h5).parent.name, settings)
         write_manifest(manifest_json, part, len(ids) - len(failed))
+    pieces.remove()  # the part holds them now
     log.info(
         "shard %s done: %d residues in %.1f s, %d failed",
         shard,

@@ -7,6 +7,7 @@ import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 
 from ..compute.telemetry import peak_memory_mb
 from ..layout import every_attempt
@@ -44,17 +45,25 @@ def run_step(log_path, step, **kwargs):
     log.info("%s: started on %s, process %d", name, socket.gethostname(), os.getpid())
     started = time.monotonic()
 
-    # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so temporary files are
-    # removed and the GPU slot's lock is released on the way out.
+    # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so that what is finished is
+    # kept (esmshard.store.pieces), temporary files are removed and the GPU slot's lock is
+    # released on the way out.
     def stop(signum, frame):
+        if _deferred is not None:  # inside `uninterrupted`: it lands once the block is done
+            _deferred.append(signum)
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
         log.error(
-            "%s: stopped by %s (a time limit, scancel or kill); its incomplete outputs are removed",
+            "%s: stopped by %s (a time limit, scancel or kill); what it finished is kept, its "
+            "incomplete outputs are removed",
             name,
             signal.Signals(signum).name,
         )
         sys.exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
 
     # One failure, one line: h5py's noise after a failed write is dropped; the step's own
     # errors are logged below.
@@ -68,7 +77,11 @@ def run_step(log_path, step, **kwargs):
         log.error("%s", err)
         _exit(1)
     except KeyboardInterrupt:
-        log.error("%s: stopped by SIGINT (Ctrl-C); its incomplete outputs are removed", name)
+        log.error(
+            "%s: stopped by SIGINT (Ctrl-C); what it finished is kept, its incomplete outputs "
+            "are removed",
+            name,
+        )
         _exit(128 + signal.SIGINT)
     except Exception:
         log.exception("%s: unexpected error (please report it with this log)", name)
@@ -91,3 +104,24 @@ def _exit(status: int):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
+
+_deferred = None  # inside `uninterrupted`: the signals that arrived meanwhile
+
+
+@contextmanager
+def uninterrupted():
+    """A block that SIGTERM and SIGINT do not cut short (a file put in place with its
+    manifest): a signal that arrives meanwhile lands when the block is done. Outside a job's
+    process (run_step's handlers not installed) signals act as they always do."""
+    global _deferred
+    if _deferred is not None:  # nested: the outer block delivers
+        yield
+        return
+    _deferred = []
+    try:
+        yield
+    finally:
+        arrived, _deferred = _deferred, None
+        if arrived:
+            signal.raise_signal(arrived[0])

@@ -266,7 +266,13 @@ def part_problem(store: Store, key: str, name: str) -> str | None:
 def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
     """None if the part is whole (its manifest's size and sha256) and is what its name says
     (`part_problem`); else what is wrong with it."""
-    part, manifest = store.part(key, name), store.manifest(key, name)
+    problem = check_file(store.part(key, name), store.manifest(key, name), checksum_cache)
+    return problem or part_problem(store, key, name)
+
+
+def check_file(part, manifest, checksum_cache=None) -> str | None:
+    """None if the file `part` is as its manifest says (size and sha256; `checksum_cache`, if
+    given, answers for a file that has not changed since it was hashed); else what is wrong."""
     if not os.path.exists(part):
         return "its file is gone"
     if not os.path.isfile(part):
@@ -280,10 +286,10 @@ def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
     size = os.path.getsize(part)
     if size != expected.get("bytes"):
         return f"{size} bytes where its manifest says {expected.get('bytes')}"
-    (found,) = file_checksums([part], checksum_cache)
+    (found,) = file_checksums([part], checksum_cache) if checksum_cache else [sha256(part)]
     if found != expected.get("sha256"):
         return f"sha256 {found} where its manifest says {expected.get('sha256')}"
-    return part_problem(store, key, name)
+    return None
 
 
 SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed its check
@@ -292,8 +298,13 @@ SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed it
 def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
     """Move a part that failed its check, and its manifest, out of the way, so that no run uses
     them again (`esmshard store --prune` removes them); returns where they went."""
+    return set_aside_file(store.part(key, name), store.manifest(key, name), reason)
+
+
+def set_aside_file(part, manifest, reason: str) -> list[str]:
+    """`set_aside` for a file of a part's layout (a part, a kept piece) and its manifest."""
     moved, kept = [], ""
-    for path in (store.part(key, name), store.manifest(key, name)):
+    for path in (part, manifest):
         try:
             os.replace(path, path + SET_ASIDE)
             moved.append(path + SET_ASIDE)
@@ -303,7 +314,7 @@ def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
             kept = f"left in place ({err.strerror})"
     log.warning(
         "store part %s fails its check (%s): %s, its sequences are recomputed",
-        store.part(key, name),
+        part,
         reason,
         kept or "set aside as " + (" and ".join(moved) or "(already gone)"),
     )

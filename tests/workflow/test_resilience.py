@@ -2,7 +2,9 @@
 
 import csv
 import gzip
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,7 +177,14 @@ def test_long_sequence_policies(tmp_path, policy):
         assert not list((tmp_path / "results").rglob("*.h5"))  # nothing computed or stored
 
 
-def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
+def done_residues(progress) -> int:
+    try:
+        return json.loads(progress.read_text())["residues_done"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def test_sigterm_stops_a_job_promptly_keeping_what_it_finished_and_no_partial_output(tmp_path):
     from esmshard.compute import pool
     from esmshard.input.sizing import ModelSize
     from esmshard.steps.shard import write_shards
@@ -209,7 +218,7 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     job = subprocess.Popen([sys.executable, "-c", script], env=env)
     deadline = time.time() + 60
-    while not list(tmp_path.glob(f".{name}.h5.*.tmp")):  # this writer's own temporary name
+    while not done_residues(tmp_path / "progress.json"):  # a batch is finished
         assert job.poll() is None and time.time() < deadline
         time.sleep(0.05)
     job.send_signal(signal.SIGTERM)
@@ -218,8 +227,15 @@ def test_sigterm_stops_a_job_promptly_without_partial_output(tmp_path):
     assert time.time() - started < 30
     assert not out.exists() and not list(tmp_path.glob(f".{name}.h5.*"))
     assert not (tmp_path / "progress.json").exists() and not (tmp_path / "t.tsv").exists()
-    assert "run_shard: stopped by SIGTERM" in (tmp_path / "job.log").read_text()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["attempts", "job.log", "pool", "shards"]
+    log = (tmp_path / "job.log").read_text()
+    assert "run_shard: stopped by SIGTERM" in log and "what it finished is kept" in log
+    # what it finished, in place for the next job of the shard: whole pieces, nothing half-written
+    pieces = tmp_path / ".pieces" / name
+    kept = sorted(p.name for p in pieces.iterdir())
+    assert kept and all(re.fullmatch(r"\d{5}\.(h5|json)", k) for k in kept), kept
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".pieces", "attempts", "job.log", "pool", "shards"
+    ]  # fmt: skip
     with pool.acquire(
         ["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}
     ) as slot:

@@ -15,6 +15,7 @@ run_step(
     toks_per_batch=snakemake.config["toks_per_batch"],
     batching=snakemake.config["batching"],
     compile=snakemake.config["compile"],
+    keep_every=snakemake.config["keep_every"],
     threads=snakemake.threads,
     settings=dict(snakemake.params.items()),
 )
