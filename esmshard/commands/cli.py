@@ -291,9 +291,15 @@ def show_store(parser, args) -> int:
         print(f"{store.root}:")
     for row in rows:
         settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in row["settings"].items())
+        kept = (
+            f"; {row['piece_sequences']} sequences kept by interrupted jobs in {row['pieces']} "
+            f"pieces, {human_bytes(row['piece_bytes'])}"
+            if row["pieces"]
+            else ""
+        )
         print(
             f"  {row['key']}: {row['sequences']} sequences in {row['parts']} parts, "
-            f"{human_bytes(row['bytes'])}\n    {settings}"
+            f"{human_bytes(row['bytes'])}{kept}\n    {settings}"
         )
     for name in foreign:
         why = (
@@ -312,7 +318,10 @@ def verify_store(store, read_only: str | None) -> int:
     done = f"left in place ({read_only})" if read_only else "set aside"
     for part, reason in verified.damaged:
         print(f"damaged: {part}: {reason}; {done} (the next run recomputes its sequences)")
-    print(f"{store.root}: {verified.n_parts} parts checked, {len(verified.damaged)} damaged")
+    pieces = f" and {verified.n_pieces} kept pieces" if verified.n_pieces else ""
+    print(
+        f"{store.root}: {verified.n_parts} parts{pieces} checked, {len(verified.damaged)} damaged"
+    )
     return 1 if verified.damaged else 0
 
 

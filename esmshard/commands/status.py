@@ -19,7 +19,8 @@ from ..steps.progress import (
     rate,
     slot_key,
 )
-from ..store import read_json_object
+from ..store import Store, read_json_object
+from ..store.pieces import kept_residues
 from ..store.runlock import STALE_AFTER_SECONDS, process_alive
 
 GIB = 1 << 30
@@ -87,7 +88,12 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         (stale if r["stale"] else running).append(r)
     total_residues = sum(int(p["n_residues"]) for p in plan)
     done_residues = sum(int(p["n_residues"]) for p in plan if p["shard"] in shards_finished)
-    done_residues += sum(r["residues_done"] for r in running)
+    done_residues += sum(r["residues_done"] for r in running)  # their kept pieces included
+    # what interrupted jobs kept, for the shards that no job runs now
+    where = read_json_object(Path(layout.plan_json)) or {}
+    live = shards_finished | {r["shard"] for r in running}
+    kept = kept_residues(Store(where["store"]), where["key"], {p["shard"] for p in plan} - live)
+    done_residues += kept
     starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
     complete = len(shards_finished) == len(plan)
     end = max(m["finished_at"] for m in done) if complete and done else now
@@ -106,6 +112,7 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "unreadable_metrics": len(shards_finished) - len(done),
         "residues_total": total_residues,
         "residues_done": done_residues,
+        "residues_kept": kept,
         "residues_per_second": speed,
         "elapsed_seconds": elapsed,
         "eta_seconds": eta,
@@ -186,6 +193,11 @@ def progress_line(state: dict) -> str:
     return (
         f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
         f"residues {state['residues_done']:,}/{state['residues_total']:,}  "
-        f"{rate(state['residues_per_second'])} residues/s  elapsed {duration(state['elapsed_seconds'])}  {eta}"
+        + (
+            f"({state['residues_kept']:,} kept by stopped jobs)  "
+            if state.get("residues_kept")
+            else ""
+        )
+        + f"{rate(state['residues_per_second'])} residues/s  elapsed {duration(state['elapsed_seconds'])}  {eta}"
         + (f"  {state['failed']} failed" if state["failed"] else "")
     )

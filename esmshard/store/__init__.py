@@ -88,6 +88,8 @@ SETTINGS_KEY = re.compile(r"^[0-9a-f]{16}$")
 MARKER = ".esmshard-store.json"
 # Compiled layers kept for later jobs (esmshard.compute.compiled), one file per key.
 COMPILED = ".compiled"
+# What interrupted embed jobs kept, in each settings folder (esmshard.store.pieces).
+PIECES = ".pieces"
 STORE_FORMAT = 1
 
 
@@ -157,6 +159,13 @@ class Store:
                 "give a store a run wrote, or that run's outdir"
             )
         return self
+
+    def pieces(self, key: str) -> dict[str, Path]:
+        """The shards under `key` with kept pieces (esmshard.store.pieces): their folders."""
+        folder = Path(self.folder(key)) / PIECES
+        if not folder.is_dir():
+            return {}
+        return {p.name: p for p in sorted(folder.iterdir()) if p.is_dir()}
 
     def parts(self, key: str) -> list[str]:
         """The parts present under `key` (a part is present once its .h5 is in place)."""
@@ -339,6 +348,11 @@ def summary(store: Store) -> list[dict]:
             manifest = read_json_object(Path(store.manifest(key, name))) or {}
             n_sequences += _count(manifest.get("n_sequences"))
             n_bytes += _count(manifest.get("bytes"))
+        kept = [
+            read_json_object(manifest) or {}
+            for folder in store.pieces(key).values()
+            for manifest in folder.glob("*.json")
+        ]
         rows.append(
             {
                 "key": key,
@@ -346,6 +360,9 @@ def summary(store: Store) -> list[dict]:
                 "parts": len(parts),
                 "sequences": n_sequences,
                 "bytes": n_bytes,
+                "pieces": len(kept),
+                "piece_sequences": sum(_count(m.get("n_sequences")) for m in kept),
+                "piece_bytes": sum(_count(m.get("bytes")) for m in kept),
             }
         )
     return rows
@@ -364,13 +381,16 @@ def remove(store: Store, key: str) -> None:
 
 class Verified(NamedTuple):
     n_parts: int
-    damaged: list[tuple[str, str]]  # (part, what is wrong with it), each now set aside
+    damaged: list[tuple[str, str]]  # (part or piece, what is wrong with it), each now set aside
+    n_pieces: int = 0
 
 
 def verify(store: Store) -> Verified:
-    """Check every part against its manifest (its bytes hashed now, no cache) and against what
-    its name says; set the damaged ones aside, as a run would."""
-    n_parts, damaged = 0, []
+    """Check every part and kept piece against its manifest (its bytes hashed now, no cache)
+    and against what its name says; set the damaged ones aside, as a run would."""
+    from .pieces import Pieces  # which imports this module
+
+    n_parts, n_pieces, damaged = 0, 0, []
     with tempfile.TemporaryDirectory() as scratch:
         no_cache = Path(scratch) / "checksums.json"
         for key in store.settings_keys():
@@ -380,7 +400,15 @@ def verify(store: Store) -> Verified:
                 if reason:
                     set_aside(store, key, name, reason)
                     damaged.append((store.part(key, name), reason))
-    return Verified(n_parts, damaged)
+            for shard in store.pieces(key):
+                pieces = Pieces(store, key, shard)
+                for piece in pieces.present():
+                    n_pieces += 1
+                    reason = pieces.problem(piece)
+                    if reason:
+                        set_aside_file(str(piece), str(piece.with_suffix(".json")), reason)
+                        damaged.append((str(piece), reason))
+    return Verified(n_parts, damaged, n_pieces)
 
 
 class Unused(NamedTuple):
@@ -420,6 +448,13 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
         for name in store.parts(key):
             if (key, name) not in used:
                 found += [store.part(key, name), store.manifest(key, name)]
+        # kept pieces: of a shard no outdir plans, or whose part is in place (they are in it)
+        parts = set(store.parts(key))
+        found += [
+            str(pieces)
+            for shard, pieces in store.pieces(key).items()
+            if (key, shard) not in used or shard in parts
+        ]
         # what set_aside renamed, by its names only: a part's .h5 and its manifest's .json
         found += [
             str(p) for suffix in (".h5", ".json") for p in folder.glob(f"*{suffix}{SET_ASIDE}")

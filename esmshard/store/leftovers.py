@@ -1,5 +1,5 @@
-"""Leftovers of killed writers, removed by the next run: temporary files and folders, and store
-manifests whose part never arrived.
+"""Leftovers of killed writers, removed by the next run: temporary files and folders, store
+manifests whose part never arrived, and kept pieces whose part did.
 
 Every temporary name ends with esmshard's mark, its writer's host and process
 (esmshard.files.writer_suffix), and only such names are removed, only where esmshard writes: the
@@ -97,6 +97,17 @@ def orphan_manifests(store: Store, keys: list[str], live: list[Path]) -> list[Pa
     return orphans
 
 
+def done_pieces(store: Store, keys: list[str]) -> list[Path]:
+    """Kept pieces of shards whose part is in place (a job killed between putting its part in
+    place and removing its pieces): the part holds them."""
+    return [
+        folder
+        for key in keys
+        for shard, folder in store.pieces(key).items()
+        if os.path.exists(store.part(key, shard))
+    ]
+
+
 def remove_leftovers(outdir, store: Store | None) -> list[Path]:
     """Remove what dead writers left in `outdir` and in `store` (None: a store that cannot be
     written, left alone); returns what was removed."""
@@ -115,7 +126,9 @@ def remove_leftovers(outdir, store: Store | None) -> list[Path]:
                 found_dead, found_live = dead_temporaries(folder, now, recursive)
                 dead += found_dead
                 live += found_live
-    removed = dead + (orphan_manifests(store, keys, live) if store else [])
+    removed = dead + (
+        orphan_manifests(store, keys, live) + done_pieces(store, keys) if store else []
+    )
     for path in removed:
         _remove(path)
     return removed

@@ -24,11 +24,10 @@ from pathlib import Path
 import h5py
 
 from ..files import write_json, writer_suffix
-from . import Store, check_file, set_aside_file, settings_key
+from . import PIECES, Store, check_file, set_aside_file, settings_key
 from .checksums import sha256
 from .shardfile import Failure, ShardWriter
 
-PIECES = ".pieces"
 COPY_ROWS = 1 << 16  # rows copied at a time when a part is made of its pieces
 
 
@@ -52,11 +51,24 @@ class Kept:
                     self.keys.add(key.decode())
 
 
+def kept_residues(store: Store, key: str, shards) -> int:
+    """The residues that the kept pieces of `shards` hold, by their manifests."""
+    folders = store.pieces(key)
+    manifests = (m for shard in shards if shard in folders for m in folders[shard].glob("*.json"))
+    total = 0
+    for manifest in manifests:
+        try:
+            total += int(json.loads(manifest.read_text()).get("n_residues", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue  # a damaged manifest: its piece is computed again
+    return total
+
+
 class Pieces:
     """The kept pieces of one shard, computed with the settings `key` stands for."""
 
     def __init__(self, store: Store, key: str, shard: str):
-        self.folder = Path(store.folder(key)) / PIECES / shard
+        self.folder = Path(store.folder(key)) / PIECES / shard  # Store.pieces lists them
         self.key, self.shard = key, shard
 
     def present(self) -> list[Path]:
