@@ -74,6 +74,13 @@ def slot_key(m: dict) -> str:
     return f"{m['host']}:{device}"
 
 
+def computed_residues(m: dict) -> int:
+    """The residues a finished shard's job computed: its own, less what earlier jobs of the
+    shard kept (esmshard.store.pieces), which count as done but not towards its speed."""
+    kept = m.get("kept_residues", 0)
+    return m["n_residues"] - (kept if isinstance(kept, int) else 0)
+
+
 def per_slot(metrics: list[dict]) -> dict[str, dict]:
     """Finished shards grouped by device slot: what each device did, and how fast."""
     slots = {}
@@ -93,7 +100,7 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
             },
         )
         s["shards"] += 1
-        s["residues"] += m["n_residues"]
+        s["residues"] += computed_residues(m)
         s["compute_seconds"] += m["compute_seconds"]
         s["memory_total_bytes"] = m.get("memory_total_bytes") or s["memory_total_bytes"]
         peaks = [

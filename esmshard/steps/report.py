@@ -18,7 +18,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from ..files import DamagedFileError, atomic_path, write_json, write_text  # noqa: E402
 from ..version import __version__  # noqa: E402
-from .progress import METRICS_FIELDS, duration, per_slot, slot_key, whole  # noqa: E402
+from .progress import (  # noqa: E402
+    METRICS_FIELDS,
+    computed_residues,
+    duration,
+    per_slot,
+    slot_key,
+    whole,
+)
 from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
 
 MODELLED_GPUS = (1, 2, 4, 8)
@@ -95,6 +102,7 @@ def scaling(metrics: list[dict]) -> dict:
     durations = [m["seconds"] for m in metrics]
     busy = sum(durations)
     residues = sum(m["n_residues"] for m in metrics)
+    computed = sum(computed_residues(m) for m in metrics)  # by these jobs: their speed
     slots = sorted({slot_key(m) for m in metrics})
     one_device = replay(durations, 1)
     modelled = []
@@ -120,10 +128,12 @@ def scaling(metrics: list[dict]) -> dict:
         "n_shards": len(metrics),
         "n_sequences": sum(m["n_sequences"] for m in metrics),
         "n_residues": residues,
+        # kept by earlier, stopped jobs of the shards (esmshard.store.pieces): done, not timed
+        "n_residues_kept": residues - computed,
         "n_failed": sum(m.get("n_failed", 0) for m in metrics),
         "wall_seconds": wall,
         "busy_seconds": busy,
-        "residues_per_second": residues / wall if wall > 0 else None,
+        "residues_per_second": computed / wall if wall > 0 else None,
         "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
         # compiled layers (`compile`): seconds spent compiling, and the shards whose compiled
         # code came from the store's cache
@@ -158,7 +168,7 @@ def scaling(metrics: list[dict]) -> dict:
             | {
                 "compile_seconds": m.get("compile_seconds", 0.0),
                 "compile_cache": m.get("compile_cache", "off"),
-                "residues_per_second": m["n_residues"] / m["seconds"]
+                "residues_per_second": computed_residues(m) / m["seconds"]
                 if m["seconds"] > 0
                 else None,
                 "started_offset": m["started_at"] - start,
@@ -427,7 +437,9 @@ def run_rows(result: dict, run: dict) -> list[dict]:
         ("inputs", "\n".join(run.get("inputs", [])) or "–"),
         ("model", f"{made_by.get('model', result['model'])} ({result['weights']} weights)"),
         ("shards", result["n_shards"]),
-        ("sequences / residues", f"{result['n_sequences']:,} / {result['n_residues']:,}"),
+        ("sequences / residues", f"{result['n_sequences']:,} / {result['n_residues']:,}"
+         + (f" ({result['n_residues_kept']:,} kept by stopped jobs, computed before)"
+            if result.get("n_residues_kept") else "")),
         ("failed sequences", result["n_failed"]),
         ("wall time of the embed jobs (s)", result["wall_seconds"]),
         ("residues/s overall", result["residues_per_second"]),

@@ -99,7 +99,16 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     assert counts == [(k, len(RECORDS) - k) for k in kept_before]
     assert 0 < kept_before[0] < kept_before[1] < kept_before[2] < len(RECORDS)
     (metrics,) = (outdir / "metrics").glob("*.json")
-    assert json.loads(metrics.read_text())["kept_sequences"] == kept_before[-1]
+    metrics = json.loads(metrics.read_text())
+    assert metrics["kept_sequences"] == kept_before[-1] and metrics["kept_residues"] > 0
+    # the report counts the kept residues as done, and times only what the last job computed
+    layout = Layout(str(outdir))
+    scaling = json.loads(Path(layout.scaling_json).read_text())
+    assert scaling["n_residues_kept"] == metrics["kept_residues"]
+    computed = metrics["n_residues"] - metrics["kept_residues"]
+    assert scaling["shards"][0]["residues_per_second"] == computed / metrics["seconds"]
+    page = Path(layout.scaling_html).read_text()
+    assert f"({metrics['kept_residues']:,} kept by stopped jobs, computed before)" in page
     # the pieces are in the part now; the result is the uninterrupted run's, bit for bit
     assert not list((outdir / "store").glob("*/.pieces"))
     assert_same_values(whole, every_value(outdir / "embeddings.h5"))
