@@ -205,7 +205,7 @@ def run_shard(
             loaded = time.time()
 
             progress.update(kept.residues, sampler)  # earlier jobs' work counts as done
-            write_seconds = []
+            write_seconds, keep_seconds = [], []
             contact_values = (
                 sum(triangle_size(len(sequences[k])) for k in batched) if with_contacts else 0
             )
@@ -244,7 +244,7 @@ def run_shard(
                 def keep():
                     wait_written()
                     with uninterrupted():
-                        writer.keep(failed, keys, ids)
+                        keep_seconds.append(timed(writer.keep, failed, keys, ids))
 
                 try:
                     jobs = [[todo[b] for b in batch] for batch in batches]
@@ -276,6 +276,7 @@ def run_shard(
                         writer.discard()
                         log.warning("shard %s: nothing more kept (%s)", shard, err)
                     raise
+                assembling = time.perf_counter()
                 with h5py.File(part, "w") as h5:
                     made = assemble(
                         h5, kept.paths + writer.written, layers, include, net.embed_dim
@@ -298,6 +299,7 @@ def run_shard(
                         long_sequences=long_sequences,
                         settings=json.dumps(settings),
                     )
+                assemble_seconds = time.perf_counter() - assembling
             finished = time.time()
 
         metrics = {
@@ -324,6 +326,9 @@ def run_shard(
             # (in a thread of its own, beside the next batch)
             "host_seconds": embedder.host_seconds,
             "write_seconds": sum(write_seconds),
+            # keeping pieces (closing, hashing, putting in place), and making the part of them
+            "keep_seconds": sum(keep_seconds),
+            "assemble_seconds": assemble_seconds,
             "started_at": started,
             "finished_at": finished,
             # what earlier jobs of this shard kept, and this job did not compute again
