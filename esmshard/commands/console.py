@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..layout import Layout
 from ..steps.progress import slot_key
+from . import guard
 from .status import progress_line, read_state
 
 # esmshard's lines in Snakemake's output: the workflow's ("esmshard: ..."), and a job's
@@ -98,8 +99,17 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
     lines and the progress; the exit status is Snakemake's."""
     console = Console(outdir, stream)
     log = tempfile.NamedTemporaryFile("w", prefix="esmshard-run-", suffix=".log", delete=False)
+    # Snakemake under esmshard.commands.guard, in a session of its own: a signal to this
+    # command's group (Ctrl-C, a closed terminal, `kill -- -PGID`) reaches it once, through
+    # this process; and the guard ends it with this process, however that ends.
     child = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1
+        [sys.executable, "-m", guard.__name__, *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, guard.PARENT_ENV: str(os.getpid())},
+        bufsize=1,
+        start_new_session=True,
     )
     lines: queue.Queue = queue.Queue()
 
@@ -113,14 +123,16 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
     reader.start()
     interrupted = False
 
-    # A scheduler's or kill's SIGTERM is passed on to Snakemake, which stops its jobs; Ctrl-C
-    # reaches both processes from the terminal, and this one waits for Snakemake to stop.
-    def on_interrupt(signum, frame):
+    # SIGTERM (a scheduler, kill), SIGINT (Ctrl-C) and SIGHUP (a closed terminal) are passed on
+    # to the guard, which stops Snakemake and its jobs (they keep what they finished); this
+    # process waits for them to stop.
+    def on_signal(signum, frame):
         nonlocal interrupted
-        interrupted = True
+        interrupted = interrupted or signum == signal.SIGINT
+        child.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
-    signal.signal(signal.SIGINT, on_interrupt)
+    for signum in guard.FORWARDED:
+        signal.signal(signum, on_signal)
     failed_logs, finished, said = [], False, False
     last = collections.deque(maxlen=UNEXPLAINED_LINES)  # Snakemake's, if it stops unexplained
     while not finished:

@@ -55,15 +55,15 @@ def run_step(log_path, step, **kwargs):
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         log.error(
-            "%s: stopped by %s (a time limit, scancel or kill); what it finished is kept, its "
-            "incomplete outputs are removed",
+            "%s: stopped by %s (a time limit, scancel, kill or a closed terminal); what it "
+            "finished is kept, its incomplete outputs are removed",
             name,
             signal.Signals(signum).name,
         )
         sys.exit(128 + signum)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
+        signal.signal(signum, stop)
 
     # One failure, one line: h5py's noise after a failed write is dropped; the step's own
     # errors are logged below.

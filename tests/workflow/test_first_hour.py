@@ -12,7 +12,16 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import GENE_CALLER, LONG_PROTEIN, MODEL, NUCLEOTIDE, PROTEINS, TINY_MODEL, snakemake
+from conftest import (
+    GENE_CALLER,
+    LONG_PROTEIN,
+    MODEL,
+    NUCLEOTIDE,
+    PROTEINS,
+    TINY_MODEL,
+    snakemake,
+    write_subset,
+)
 
 ESMSHARD = Path(sys.executable).parent / "esmshard"
 RANDOM = f"random:{TINY_MODEL}"
@@ -218,8 +227,67 @@ def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_p
     if moment is importing:  # the job stopped before it had loaded anything
         (log,) = (tmp_path / "out" / "logs" / "embed").glob("*.log")
         said = [line.split(" esmshard: ")[-1] for line in log.read_text().splitlines()]
-        assert said == [said[0], "run_shard: stopped by SIGINT (Ctrl-C); its incomplete outputs "
-                        "are removed"] and said[0].startswith("run_shard: started")  # fmt: skip
+        assert said == [said[0], "run_shard: stopped by SIGINT (Ctrl-C); what it finished is "
+                        "kept, its incomplete outputs are removed"]  # fmt: skip
+        assert said[0].startswith("run_shard: started")
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp_path / "out" / "embeddings.h5").is_file()
+
+
+def processes_of(folder: Path) -> list[str]:
+    """The command lines of the processes that name `folder` (a run's, its jobs')."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if str(folder) in cmdline and proc.name.isdigit() and int(proc.name) != os.getpid():
+            found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+# A shard of about a minute on the CPU: a workflow left running would outlive the checks below.
+MINUTE = write_subset("ecoli_every_4th.fasta", lambda i, header, sequence: i % 4 == 0)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["kill-9", "hangup"])
+def test_killing_esmshard_run_itself_ends_its_workflow_and_the_same_command_runs_at_once(
+    tmp_path, sig
+):
+    # esmshard run's own process alone, as a closed terminal or a dropped SSH session ends it
+    out = tmp_path / "out"
+    command = [str(ESMSHARD), "run", str(MINUTE), "-o", str(out), "--model",
+               f"random:{TINY_MODEL}"]  # fmt: skip
+    run = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not done_residues(out):
+        assert run.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(run.pid, sig)
+    run.wait(timeout=60)
+    deadline = time.monotonic() + 15  # far less than the shard's minute
+    while processes_of(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_of(out)
+    # The same command, at once: not refused, it goes on from what the stopped job kept.
+    again = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    logs = out / "logs" / "embed"
+    deadline = time.monotonic() + 120
+    while not any("kept by an earlier job" in log.read_text() for log in logs.glob("*.log")):
+        assert again.poll() is None and time.monotonic() < deadline, again.stderr.read()
+        time.sleep(0.05)
+    os.killpg(again.pid, signal.SIGINT)
+    assert again.wait(timeout=60) == 130
+
+
+def done_residues(outdir: Path) -> int:
+    for path in (outdir / "progress").glob("*.json"):
+        try:
+            return json.loads(path.read_text())["residues_done"]
+        except (OSError, ValueError, KeyError):
+            pass
+    return 0
