@@ -31,6 +31,12 @@ PARTS, PART_BYTES, PART, ROW = (
     "in_place/part",
     "in_place/row",
 )
+# What repairs an in-place output whose parts are gone or changed (the workflow's start finds
+# such an output, removes it and its plan, and computes what the store lacks).
+REPAIR = (
+    "run the same command again: it computes the sequences of the parts gone or changed and "
+    "writes embeddings.h5 anew"
+)
 DATASETS = "in_place_datasets"  # the attribute: {name: [shape, dtype]} of each dataset stood for
 OPEN_PARTS = 64  # part files kept open at once
 GAP_ROWS = 64  # rows of a part read and dropped rather than a second read started
@@ -67,17 +73,21 @@ class Parts:
         self.paths = part_paths(h5, path)
         self.name = str(path) if path else "these embeddings"
         sizes = h5[PART_BYTES][:]
-        for part, size in zip(self.paths, sizes):
+        for code, (part, size) in enumerate(zip(self.paths, sizes)):
             found = part.stat().st_size if part.is_file() else None
             if found != size:
                 what = "is gone" if found is None else f"has changed ({found} bytes, not {size})"
-                raise DamagedFileError(
-                    f"{self.name} reads its values in place from {len(self.paths)} store parts, "
-                    f"and {part} {what} (removed, pruned without --keep of this outdir, or the "
-                    "store moved). Remove the outdir's shards/ folder and run the same command "
-                    "again: the sequences the store lacks are computed and embeddings.h5 is "
-                    "written anew; `esmshard export` makes a copy that needs no store"
-                )
+                where = "removed, pruned without --keep of this outdir, or the store moved"
+                raise DamagedFileError(self.damaged(code, f"{what} ({where})"))
+        # Each part's content against its manifest's SHA-256, hashed only where the part's file
+        # changed since it was last checked (a checksum cache, which the merge fills): bytes
+        # changed where they lie are refused, never read as numbers.
+        from .store import changed_files  # which imports this module
+
+        changed = changed_files(self.paths, checksum_cache(path))
+        if changed:
+            code, what = changed[0]
+            raise DamagedFileError(self.damaged(code, what))
         self.datasets = json.loads(h5.attrs[DATASETS])
         self.files = OrderedDict()
         self.starts = {}  # (part, contacts or not) -> where each row's values start
@@ -88,8 +98,18 @@ class Parts:
             return self.files[code]
         if len(self.files) == OPEN_PARTS:
             self.files.popitem(last=False)[1].close()
-        self.files[code] = h5py.File(self.paths[code], "r")
+        try:
+            self.files[code] = h5py.File(self.paths[code], "r")
+        except OSError as err:
+            raise DamagedFileError(self.damaged(code, f"it cannot be read ({err})")) from None
         return self.files[code]
+
+    def damaged(self, code: int, what: str) -> str:
+        """What to say of part `code`, damaged as `what` says."""
+        return (
+            f"{self.name} reads its values in place from {len(self.paths)} store parts, and "
+            f"{self.paths[code]} {what}: {REPAIR}"
+        )
 
     def row_starts(self, code: int, name: str) -> np.ndarray:
         """Where each row of part `code` starts in its dataset `name` (one row of values per
@@ -104,6 +124,16 @@ class Parts:
         for h5 in self.files.values():
             h5.close()
         self.files.clear()
+
+
+def checksum_cache(embeddings: Path | None) -> Path:
+    """The checksum cache of the outdir that holds `embeddings` (Layout.checksums: the merge
+    filled it with its parts'), or this user's, where that outdir cannot be written."""
+    folder = Path(embeddings).resolve().parent if embeddings else Path.cwd()
+    cache = folder / ".esmshard" / "checksums.json"
+    if os.access(cache.parent if cache.parent.is_dir() else folder, os.W_OK):
+        return cache
+    return Path.home() / ".cache" / "esmshard" / "checksums.json"
 
 
 def per_residue(name: str) -> bool:

@@ -462,6 +462,45 @@ def unused(store: Store, keep_outdirs) -> list[Unused]:
     return [Unused(p, tree_bytes(p)) for p in found if os.path.lexists(p)]
 
 
+def changed_files(parts: list[Path], checksum_cache) -> list[tuple[int, str]]:
+    """(index, what) for each of `parts` (files of a part's layout, their manifests beside
+    them) that is gone or differs from its manifest: its size, or its sha256, hashed only where
+    the file changed since `checksum_cache` saw it (one reading of the cache for them all)."""
+    problems, present, expected = [], [], {}
+    for index, part in enumerate(parts):
+        manifest = read_json_object(part.with_suffix(".json"))
+        if not part.is_file():
+            problems.append((index, "is gone"))
+        elif manifest is None:
+            problems.append((index, "has no readable manifest"))
+        elif part.stat().st_size != manifest.get("bytes"):
+            size = part.stat().st_size
+            problems.append(
+                (index, f"has {size} bytes where its manifest says {manifest.get('bytes')}")
+            )
+        else:
+            present.append(index)
+            expected[index] = manifest.get("sha256")
+    found = file_checksums([parts[i] for i in present], checksum_cache) if present else []
+    for index, digest in zip(present, found):
+        if digest != expected[index]:
+            problems.append(
+                (index, f"has changed: sha256 {digest} where its manifest says {expected[index]}")
+            )
+    return sorted(problems)
+
+
+def in_place_problems(embeddings, checksum_cache) -> list[str]:
+    """What is wrong with the store parts that the in-place embeddings.h5 at `embeddings` reads
+    (`changed_files`); [] for a copy, or where there is no file."""
+    try:
+        with h5py.File(embeddings, "r") as h5:
+            parts = part_paths(h5, embeddings) if is_in_place(h5) else []
+    except (OSError, KeyError):
+        return []
+    return [f"{parts[index]} {what}" for index, what in changed_files(parts, checksum_cache)]
+
+
 def _read_in_place(layout: Layout) -> set:
     """The parts, as (key, name), that the outdir's embeddings.h5 reads in place
     (esmshard.in_place); none for a copy, or a file that cannot be read."""

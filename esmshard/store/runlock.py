@@ -84,6 +84,19 @@ def hold(lock_path, outdir) -> None:
     _held.append(fh)
 
 
+def run_active(lock_path) -> bool:
+    """Whether a run holds the outdir's lock now (without taking it)."""
+    try:
+        with open(lock_path, "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    except BlockingIOError:
+        return True
+    except OSError:  # no lock file (no run yet), or a filesystem without locks
+        return False
+    return False
+
+
 def this_process() -> dict:
     """Who holds a lock, as `describe` names it."""
     return {

@@ -428,11 +428,17 @@ def test_values_in_place_whose_part_is_gone_or_changed_are_refused_naming_it(rea
     with pytest.raises(DamagedFileError, match=f"{paths[1]} has changed"):
         Embeddings(folder / "embeddings.h5")
     paths[1].unlink()
-    with pytest.raises(DamagedFileError, match=f"{paths[1]} is gone.*`esmshard export` makes"):
+    with pytest.raises(DamagedFileError, match=f"{paths[1]} is gone.*run the same command"):
         Embeddings(folder / "embeddings.h5")
     paths[1].write_bytes(kept)
     with Embeddings(folder / "embeddings.h5") as emb:
         assert len(emb) == 400
+    # its bytes changed where they lie, the size kept: refused, never read as numbers
+    with open(paths[1], "r+b") as fh:
+        fh.seek(len(kept) // 2)
+        fh.write(bytes(16))
+    with pytest.raises(DamagedFileError, match=f"{paths[1]} has changed: sha256 "):
+        Embeddings(folder / "embeddings.h5")
 
 
 def test_auto_leaves_values_in_place_above_its_size(realistic, monkeypatch):

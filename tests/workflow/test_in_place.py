@@ -2,6 +2,7 @@
 it: the numbers of a copy from a fraction of its bytes, kept by `esmshard store --prune`,
 copied whole by `esmshard export --format h5`."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import h5py
 import pytest
 from conftest import MODEL, PROTEINS, assert_same_values, every_value, run_json, snakemake
 
+from esmshard.files import DamagedFileError
 from esmshard.outputs.reader import Embeddings
 
 ESMSHARD = str(Path(sys.executable).parent / "esmshard")
@@ -78,3 +80,38 @@ def test_prune_keeps_what_the_output_reads_its_plan_removed_or_not(workdir):
         assert all(p.is_file() for p in parts)
         with Embeddings(placed) as emb:
             assert len(emb) == 40
+
+
+def test_a_part_changed_or_gone_is_refused_by_every_read_and_the_same_command_repairs_it(
+    workdir,
+):
+    # without contact maps: the middle of the part is per-residue values
+    typed = ["--config", "input=proteins.fasta", f"model={MODEL}", "repr_layers=[-1,3]",
+             "include=[mean,per_tok]", "outdir=repaired", "output_values=in_place"]  # fmt: skip
+    snakemake(workdir, {}, *typed)
+    placed = workdir / "repaired" / "embeddings.h5"
+    whole = every_value(placed)
+    (part,) = parts_of(placed)
+    with open(part, "r+b") as fh:  # 16 bytes changed, the size kept
+        fh.seek(part.stat().st_size // 2)
+        fh.write(bytes(16))
+    with pytest.raises(DamagedFileError, match=re.escape(str(part.name))) as refused:
+        every_value(placed)
+    assert "run the same command again" in str(refused.value)
+    exported = subprocess.run([ESMSHARD, "export", "repaired", "--format", "npy", "--out", "npy"],
+                              cwd=workdir, capture_output=True, text=True)  # fmt: skip
+    assert exported.returncode != 0 and part.name in exported.stderr
+    assert "run the same command again" in exported.stderr
+    # What the message says, as written: the same command
+    repaired = snakemake(workdir, {}, *typed)
+    assert "read its values in place from store parts that are gone or changed" in (
+        repaired.stdout + repaired.stderr
+    )
+    assert_same_values(whole, every_value(placed))
+    # a part gone: the same again
+    (part,) = parts_of(placed)
+    part.unlink()
+    with pytest.raises(DamagedFileError, match=re.escape(f"{part.name} is gone")):
+        every_value(placed)
+    snakemake(workdir, {}, *typed)
+    assert_same_values(whole, every_value(placed))

@@ -3,6 +3,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -65,10 +66,10 @@ from esmshard.input.sizing import (
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import mixed_precisions
-from esmshard.store import Store, settings_key
+from esmshard.store import Store, in_place_problems, settings_key
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
-from esmshard.store.runlock import RunActiveError, current_run_id, hold
+from esmshard.store.runlock import RunActiveError, current_run_id, hold, run_active
 from esmshard.store.storelock import hold_shared
 
 # The whole config checked before any job (esmshard.steps.checks): command-line values arrive as
@@ -219,6 +220,29 @@ def report_run():
     mixed = mixed_precisions(run.get("computed_with", []))
     if mixed:
         logger.warning(f"esmshard: {mixed}")
+
+
+def repair_in_place():
+    """An in-place embeddings.h5 whose store parts are gone or changed is removed with its plan,
+    so that this run computes what the store lacks and writes it anew (the repair its readers
+    advise, esmshard.in_place.REPAIR). Not in a dry run, nor in a cluster job, nor where another
+    run is active in the outdir (its own start says so)."""
+    if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
+        return
+    problems = in_place_problems(RUN.embeddings, RUN.checksums)
+    if not problems or run_active(RUN.run_lock):
+        return
+    os.remove(RUN.embeddings)
+    shutil.rmtree(RUN.shard_dir, ignore_errors=True)
+    more = f" and {len(problems) - 1} more" if len(problems) > 1 else ""
+    logger.warning(
+        f"esmshard: {RUN.embeddings} read its values in place from store parts that are gone "
+        f"or changed ({problems[0]}{more}): removed it and its plan; the sequences the store "
+        "lacks are computed again"
+    )
+
+
+repair_in_place()
 
 
 def hold_run_lock():
