@@ -17,6 +17,7 @@ from ..representations import KINDS
 from ..store.storelock import StoreBusyError
 from ..version import __version__
 from . import launch
+from .status import merged as status_merged
 from .status import read_state, render
 
 
@@ -248,11 +249,7 @@ def main(argv=None):
 
 def merged(outdir: Path, state: dict) -> bool:
     """Whether the run has finished: every shard of its plan done, and merged since it was planned."""
-    layout = Layout(str(outdir))
-    embeddings, plan = Path(layout.embeddings), Path(layout.plan)
-    return bool(state.get("complete")) and (
-        embeddings.is_file() and embeddings.stat().st_mtime >= plan.stat().st_mtime
-    )
+    return bool(state.get("complete")) and status_merged(Layout(str(outdir)))
 
 
 def store_of(path: Path) -> Path:

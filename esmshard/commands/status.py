@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 from ..files import read_tsv
+from ..in_place import REPAIR, checksum_cache
 from ..layout import Layout
 from ..steps.progress import (
+    METRICS_FIELDS,
     PROGRESS_FIELDS,
     current_files,
     duration,
@@ -19,7 +21,7 @@ from ..steps.progress import (
     rate,
     slot_key,
 )
-from ..store import Store, read_json_object
+from ..store import Store, in_place_problems, read_json_object
 from ..store.pieces import kept_residues
 from ..store.runlock import STALE_AFTER_SECONDS, process_alive
 
@@ -80,6 +82,11 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     if damaged:
         return {"outdir": str(outdir), "planned": False, "started": True, "damaged": damaged}
     shards_finished, done = finished(layout, plan)
+    broken = []
+    if merged(layout):  # finished, whatever became of its store since (removed, moved)
+        shards_finished = {row["shard"] for row in plan}
+        done = current_files(layout, layout.metrics, plan, METRICS_FIELDS)
+        broken = in_place_problems(layout.embeddings, checksum_cache(Path(layout.embeddings)))
     running, stale = [], []
     for r in current_files(layout, layout.progress, plan, PROGRESS_FIELDS + ("residues_done",)):
         if r["shard"] in shards_finished:
@@ -92,7 +99,8 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     # what interrupted jobs kept, for the shards that no job runs now
     where = read_json_object(Path(layout.plan_json)) or {}
     live = shards_finished | {r["shard"] for r in running}
-    kept = kept_residues(Store(where["store"]), where["key"], {p["shard"] for p in plan} - live)
+    not_running = {p["shard"] for p in plan} - live
+    kept = kept_residues(Store(where["store"]), where["key"], not_running) if not_running else 0
     done_residues += kept
     starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
     complete = len(shards_finished) == len(plan)
@@ -120,7 +128,14 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "slots": per_slot(done),
         "running": stale + running,  # a live job shows over a dead one of its slot
         "pool_slots": (read_json_object(Path(layout.plan_json)) or {}).get("slots"),
+        "broken": broken,  # an in-place output's parts gone or changed
     }
+
+
+def merged(layout: Layout) -> bool:
+    """Whether the run has finished: its embeddings.h5 written since it was planned."""
+    embeddings, plan = Path(layout.embeddings), Path(layout.plan)
+    return embeddings.is_file() and embeddings.stat().st_mtime >= plan.stat().st_mtime
 
 
 def render(state: dict) -> str:
@@ -169,6 +184,12 @@ def render(state: dict) -> str:
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(progress_line(state))
+    if state.get("broken"):
+        more = f" and {len(state['broken']) - 1} more" if len(state["broken"]) > 1 else ""
+        lines.append(
+            f"embeddings.h5 reads its values in place from store parts gone or changed: "
+            f"{state['broken'][0]}{more}; {REPAIR}"
+        )
     if state["unreadable_metrics"]:
         n = state["unreadable_metrics"]
         lines.append(

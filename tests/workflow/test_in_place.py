@@ -113,5 +113,14 @@ def test_a_part_changed_or_gone_is_refused_by_every_read_and_the_same_command_re
     part.unlink()
     with pytest.raises(DamagedFileError, match=re.escape(f"{part.name} is gone")):
         every_value(placed)
+    # what status says of the finished run: finished, and what is broken
+    said = subprocess.run([ESMSHARD, "status", "repaired"], cwd=workdir, capture_output=True,
+                          text=True).stdout.splitlines()  # fmt: skip
+    assert said[-2].startswith("shards 1/1 (100%)") and said[-2].endswith("finished"), said
+    assert said[-1] == (
+        f"embeddings.h5 reads its values in place from store parts gone or changed: {part} is "
+        "gone; run the same command again: it computes the sequences of the parts gone or "
+        "changed and writes embeddings.h5 anew"
+    )
     snakemake(workdir, {}, *typed)
     assert_same_values(whole, every_value(placed))
