@@ -33,6 +33,8 @@ from ..steps.embed import run_shard
 from ..steps.merge import merge
 from ..steps.shard import write_shards
 from ..store import Store, settings_key
+from ..store.leftovers import remove_leftovers
+from ..store.pieces import Pieces
 from ..store.storelock import shared
 from .launch import workflow_root
 
@@ -136,7 +138,6 @@ def embed(
     gpus: str | Iterable[int] = "auto",
     batching: str = "auto",
     compile: str | bool = "auto",
-    keep_every: int = 60,
     fast_path: bool = True,
     nucleotide_check: bool = True,
     shards: int | str = "auto",
@@ -165,9 +166,9 @@ def embed(
     truncation_seq_length: residues kept per sequence, or "auto" (the model family's limit).
     toks_per_batch: tokens per forward pass, or "auto" (sized to the device's free memory).
     gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.
-    batching, compile, keep_every, fast_path, nucleotide_check, shards, output_dtype,
-    contacts_dtype, per_residue_compression: as the workflow's config keys
-    (docs/configuration.md).
+    batching, compile, fast_path, nucleotide_check, shards, output_dtype, contacts_dtype,
+    per_residue_compression: as the workflow's config keys (docs/configuration.md). A call
+    keeps no pieces for a later one (`keep_every` is for runs): each call plans its work anew.
     output_values: the result holds its values in memory, whatever the size ("auto", "copy");
         "in_place" is for runs, whose embeddings.h5 can point into their store.
 
@@ -200,7 +201,9 @@ def embed(
         # The store's key held as a run holds it: maintenance beside the call is refused.
         kept = bool(config["store"]) and not unwritable(store.root)
         held = shared(store.root, key, f"esmshard.embed in {' '.join(sys.argv)}")
-        with held if kept else contextlib.nullcontext():
+        with held if kept else contextlib.nullcontext(), contextlib.ExitStack() as stack:
+            if kept:  # what killed calls and runs left in the store, as a run's start removes
+                remove_leftovers(run.outdir, store)
             plan = write_shards(
                 [fasta],
                 run.shard_dir,
@@ -214,6 +217,9 @@ def embed(
                 config["nucleotide_check"],
             )
             for shard in (p["shard"] for p in plan["shards"]):
+                # No later call could resume this shard's pieces: none is kept in place (a
+                # killed call leaves its open piece, which the next call or run removes).
+                stack.callback(Pieces(store, key, shard).remove)
                 run_shard(
                     run.shard_tsv(shard),
                     store.part(key, shard),
@@ -225,7 +231,7 @@ def embed(
                     gpus=config["gpus"],
                     batching=config["batching"],
                     compile=config["compile"],
-                    keep_every=config["keep_every"],
+                    keep_every=0,
                     threads=torch.get_num_threads(),  # the caller's, left as they are
                     progress_json=run.progress(shard),
                     telemetry_tsv=run.telemetry(shard),

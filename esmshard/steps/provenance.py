@@ -7,6 +7,8 @@ from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import h5py
+
 from ..models import parse_spec
 from ..models.spec import ModelSpec
 from ..store.checksums import file_checksums
@@ -140,3 +142,13 @@ def made_by(settings: dict, key: str, precision: str, checksum_cache) -> dict:
         "esmshard_version": __version__,
         "precision": precision,
     }
+
+
+def made_by_of(embeddings) -> dict | None:
+    """What made an existing embeddings.h5 (its `MADE_BY` attributes), or None where there is
+    no readable file."""
+    try:
+        with h5py.File(embeddings, "r") as h5:
+            return {name: h5.attrs[name] for name in MADE_BY if name in h5.attrs}
+    except (OSError, KeyError):
+        return None

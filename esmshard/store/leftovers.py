@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..files import TEMPORARY_NAME
 from ..layout import Layout
-from . import Store
+from . import PIECES, Store
 from .runlock import STALE_AFTER_SECONDS, process_alive
 from .storelock import LOCKS
 
@@ -97,14 +97,17 @@ def orphan_manifests(store: Store, keys: list[str], live: list[Path]) -> list[Pa
     return orphans
 
 
-def done_pieces(store: Store, keys: list[str]) -> list[Path]:
-    """Kept pieces of shards whose part is in place (a job killed between putting its part in
-    place and removing its pieces): the part holds them."""
+def done_pieces(store: Store, keys: list[str], live: list[Path]) -> list[Path]:
+    """Kept pieces' folders of shards whose part is in place (a job killed between putting its
+    part in place and removing its pieces: the part holds them), and those that hold no piece
+    and no live writer's file (what a killed job or call left of its first piece)."""
+    writing = {path.parent for path in live}
     return [
         folder
         for key in keys
         for shard, folder in store.pieces(key).items()
         if os.path.exists(store.part(key, shard))
+        or (not any(p.stem.isdigit() for p in folder.glob("*.h5")) and folder not in writing)
     ]
 
 
@@ -126,9 +129,14 @@ def remove_leftovers(outdir, store: Store | None) -> list[Path]:
                 found_dead, found_live = dead_temporaries(folder, now, recursive)
                 dead += found_dead
                 live += found_live
-    removed = dead + (
-        orphan_manifests(store, keys, live) + done_pieces(store, keys) if store else []
-    )
+    removed = dead
+    if store:
+        removed += orphan_manifests(store, keys, live) + done_pieces(store, keys, live)
     for path in removed:
         _remove(path)
+    for key in keys:  # `.pieces/` once no shard has any
+        try:
+            Path(store.folder(key), PIECES).rmdir()
+        except OSError:
+            pass
     return removed

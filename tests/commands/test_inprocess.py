@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 import yaml
-from conftest import MODEL, PROTEINS, REPO, config, read_records, snakemake
+from conftest import MODEL, PROTEINS, PROTEOME, REPO, TINY_MODEL, config, read_records, snakemake
 
 import esmshard
 from esmshard.config import ConfigError
@@ -109,7 +109,9 @@ def test_the_signature_names_every_setting_with_the_workflows_defaults():
     """help() and autocompletion show each keyword; its default is the config's."""
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     keywords = dict(inspect.signature(esmshard.embed).parameters)
-    assert set(keywords) == set(schema["properties"]) - {"input", "outdir"} | {"sequences"}
+    # keep_every is for runs: a call plans anew, and keeps no pieces for a later one
+    runs_only = {"input", "outdir", "keep_every"}
+    assert set(keywords) == set(schema["properties"]) - runs_only | {"sequences"}
     for name, parameter in keywords.items():
         if name not in ("sequences", "store"):
             default = parameter.default
@@ -180,3 +182,22 @@ def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(t
     alone = esmshard.embed(some, SLOWER)
     assert np.abs(np.load(tmp_path / "mean.npy") - alone.array("mean")).max() <= 1e-5
     assert not list(store.glob(".locks/*.json"))  # released with the call
+
+
+def test_a_killed_call_leaves_nothing_that_the_next_call_does_not_clean(tmp_path):
+    store = tmp_path / "store"
+    script = (
+        "import esmshard\n"
+        f"esmshard.embed({str(PROTEOME)!r}, 'random:{TINY_MODEL}', store={str(store)!r},\n"
+        "               include=['mean', 'per_tok'], toks_per_batch=2048)\n"
+    )
+    call = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 120
+    while not list(store.glob("*/.pieces/*/.*.tmp")):  # its open piece
+        assert call.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    call.kill()
+    call.wait()
+    esmshard.embed(["MKTAYIAKQRQISFVKSHFSRQ"], f"random:{TINY_MODEL}", store=store)
+    left = [p for p in store.rglob("*") if p.name.endswith(".tmp") or p.name == ".pieces"]
+    assert left == []

@@ -14,11 +14,14 @@ import pytest
 import torch
 import yaml
 from conftest import (
+    MODEL,
     NUCLEOTIDE,
     PROTEINS,
     REPO,
     TINY_MODEL,
     clone_of_workflow,
+    config,
+    fasta,
     jobs_run,
     read_records,
     snakemake,
@@ -448,3 +451,15 @@ def test_a_touched_script_or_a_moved_clone_reruns_no_finished_shard(tmp_path):
     again = run(moved)
     assert "embed" not in again and "shard" not in again, again
     assert run(moved, "repr_layers=[3]")["embed"] == 2
+
+
+def test_a_run_with_other_settings_into_an_outdir_says_in_one_line_what_it_replaces(tmp_path):
+    small = fasta(tmp_path / "small.fasta", read_records(PROTEINS)[:5])
+    first = snakemake(tmp_path, {}, *config(small, "out"))
+    assert "replaces" not in first.stdout + first.stderr
+    second = snakemake(tmp_path, {}, *config(small, "out"), "repr_layers=[-1,3]")
+    said = [line for line in (second.stdout + second.stderr).splitlines() if "replaces" in line]
+    assert len(said) == 1 and said[0].startswith(
+        f"esmshard: out/embeddings.h5 holds {MODEL}'s embeddings of other settings (key "
+    ), said
+    assert said[0].endswith("the earlier numbers stay in the store (`esmshard store` lists them)")

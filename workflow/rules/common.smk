@@ -65,7 +65,7 @@ from esmshard.input.sizing import (
 )
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
-from esmshard.steps.provenance import mixed_precisions
+from esmshard.steps.provenance import made_by_of, mixed_precisions
 from esmshard.store import Store, in_place_problems, settings_key
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
@@ -229,6 +229,8 @@ def repair_in_place():
     run is active in the outdir (its own start says so)."""
     if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
         return
+    if (made_by_of(RUN.embeddings) or {}).get("settings_key") != KEY:
+        return  # no output, or another's: this run replaces it (say_what_is_replaced)
     problems = in_place_problems(RUN.embeddings, RUN.checksums)
     if not problems or run_active(RUN.run_lock):
         return
@@ -243,6 +245,24 @@ def repair_in_place():
 
 
 repair_in_place()
+
+
+def say_what_is_replaced():
+    """One line where the outdir holds results of other settings (another model, other layers):
+    this run writes its own over them; their numbers stay in the store."""
+    if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
+        return
+    earlier = made_by_of(RUN.embeddings)
+    if earlier and earlier.get("settings_key") not in (None, KEY):
+        logger.warning(
+            f"esmshard: {RUN.embeddings} holds {earlier.get('model')}'s embeddings of other "
+            f"settings (key {earlier.get('settings_key')}): this run replaces it with "
+            f"{config['model']}'s (key {KEY}); the earlier numbers stay in the store "
+            "(`esmshard store` lists them)"
+        )
+
+
+say_what_is_replaced()
 
 
 def hold_run_lock():
