@@ -145,6 +145,18 @@ def quiet_hdf5_cleanup() -> None:
     sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
 
+# HDF5 files whose writing failed (a full disk), removed from the disk but never closed:
+# closing such a file can crash HDF5 and end the process before its error is said. A job's
+# process ends with os._exit, which closes nothing (esmshard.steps.job).
+_ABANDONED = []
+
+
+def abandon(h5, path) -> None:
+    """Remove the file `path` that `h5`, whose writing failed, has open, and leave it unclosed."""
+    Path(path).unlink(missing_ok=True)
+    _ABANDONED.append(h5)
+
+
 # Every temporary name esmshard writes ends `.esmshard-<host>-<pid>.tmp`: the clean-up of killed
 # writers' leftovers (esmshard.store.leftovers) removes such names only, so a user's own
 # `.draft.12345.tmp` beside the outputs is never taken for one.

@@ -79,15 +79,6 @@ class Parts:
                 what = "is gone" if found is None else f"has changed ({found} bytes, not {size})"
                 where = "removed, pruned without --keep of this outdir, or the store moved"
                 raise DamagedFileError(self.damaged(code, f"{what} ({where})"))
-        # Each part's content against its manifest's SHA-256, hashed only where the part's file
-        # changed since it was last checked (a checksum cache, which the merge fills): bytes
-        # changed where they lie are refused, never read as numbers.
-        from .store import changed_files  # which imports this module
-
-        changed = changed_files(self.paths, checksum_cache(path))
-        if changed:
-            code, what = changed[0]
-            raise DamagedFileError(self.damaged(code, what))
         self.datasets = json.loads(h5.attrs[DATASETS])
         self.files = OrderedDict()
         self.starts = {}  # (part, contacts or not) -> where each row's values start

@@ -21,9 +21,10 @@ from .. import contacts
 from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from ..files import DamagedFileError
 from ..id_index import find_row, has_id_index
-from ..in_place import Parts, PlacedValues, is_in_place
+from ..in_place import Parts, PlacedValues, checksum_cache, is_in_place
 from ..representations import KINDS, PER_TOK_OFFSETS
 from ..steps.provenance import MADE_BY
+from ..store import changed_files
 from ..store.shardfile import dataset
 
 
@@ -111,6 +112,13 @@ class Embeddings:
         if is_in_place(self.h5):
             try:
                 self.parts = Parts(self.h5, self.path)
+                # Each part's content against its manifest's SHA-256, hashed only where the
+                # part's file changed since it was last checked (a checksum cache, which the
+                # merge fills): bytes changed where they lie are refused, never read as numbers.
+                changed = changed_files(self.parts.paths, checksum_cache(self.path))
+                if changed:
+                    code, what = changed[0]
+                    raise DamagedFileError(self.parts.damaged(code, what))
             except Exception:
                 self.h5.close()
                 raise

@@ -22,7 +22,7 @@ from ..compute.batching import make_batches, padded_fraction, token_budget
 from ..compute.precision import resolve as resolve_precision
 from ..contacts import NAME as CONTACTS
 from ..contacts import triangle_size
-from ..files import atomic_path, naming_disk_full, write_json
+from ..files import abandon, atomic_path, naming_disk_full, write_json
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..representations import KINDS, absolute_layers
@@ -267,17 +267,23 @@ def run_shard(
                         if writer.due(keep_every):
                             keep()
                     keep()
-                except BaseException:  # a signal, an error: what is finished is kept
+                except BaseException as err:  # a signal, an error: what is finished is kept
+                    if isinstance(err, OSError):  # the disk: the open piece cannot be finished
+                        for future in written:  # not closed under a write still going on
+                            future.exception()
+                        writer.discard()
+                        raise
                     try:
                         keep()
                         log.info("shard %s: %d pieces kept for the next job", shard,
                                  len(kept.paths) + len(writer.written))  # fmt: skip
-                    except BaseException as err:  # a full disk: the error above is the one
+                    except BaseException as failed_keep:  # the error above is the one to say
                         writer.discard()
-                        log.warning("shard %s: nothing more kept (%s)", shard, err)
+                        log.warning("shard %s: nothing more kept (%s)", shard, failed_keep)
                     raise
                 assembling = time.perf_counter()
-                with h5py.File(part, "w") as h5:
+                h5 = h5py.File(part, "w")
+                try:
                     made = assemble(
                         h5, kept.paths + writer.written, layers, include, net.embed_dim
                     )
@@ -299,6 +305,10 @@ def run_shard(
                         long_sequences=long_sequences,
                         settings=json.dumps(settings),
                     )
+                    h5.close()  # its last writes: a full disk may show here
+                except BaseException:
+                    abandon(h5, part)
+                    raise
                 assemble_seconds = time.perf_counter() - assembling
             finished = time.time()
 

@@ -385,11 +385,33 @@ class Verified(NamedTuple):
     n_pieces: int = 0
 
 
+def piece_files(folder: Path) -> list[Path]:
+    """The kept pieces in place in a shard's pieces folder (esmshard.store.pieces), in the order
+    they were written."""
+    if not folder.is_dir():
+        return []
+    return sorted((p for p in folder.glob("*.h5") if p.stem.isdigit()), key=lambda p: int(p.stem))
+
+
+def piece_problem(piece: Path, key: str, shard: str) -> str | None:
+    """None if the kept piece is whole (its manifest) and is shard `shard`'s, computed with the
+    settings `key` stands for; else what is wrong with it."""
+    problem = check_file(piece, piece.with_suffix(".json"))
+    if problem:
+        return problem
+    try:
+        with h5py.File(piece, "r") as h5:
+            found, settings = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
+    except (OSError, KeyError, ValueError) as err:
+        return f"unreadable ({err})"
+    if found != shard or settings_key(settings) != key:
+        return f"it holds shard {found} with other settings, not {shard}'s"
+    return None
+
+
 def verify(store: Store) -> Verified:
     """Check every part and kept piece against its manifest (its bytes hashed now, no cache)
     and against what its name says; set the damaged ones aside, as a run would."""
-    from .pieces import Pieces  # which imports this module
-
     n_parts, n_pieces, damaged = 0, 0, []
     with tempfile.TemporaryDirectory() as scratch:
         no_cache = Path(scratch) / "checksums.json"
@@ -400,11 +422,10 @@ def verify(store: Store) -> Verified:
                 if reason:
                     set_aside(store, key, name, reason)
                     damaged.append((store.part(key, name), reason))
-            for shard in store.pieces(key):
-                pieces = Pieces(store, key, shard)
-                for piece in pieces.present():
+            for shard, folder in store.pieces(key).items():
+                for piece in piece_files(folder):
                     n_pieces += 1
-                    reason = pieces.problem(piece)
+                    reason = piece_problem(piece, key, shard)
                     if reason:
                         set_aside_file(str(piece), str(piece.with_suffix(".json")), reason)
                         damaged.append((str(piece), reason))

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import h5py
 
-from ..files import write_json, writer_suffix
-from . import PIECES, Store, check_file, set_aside_file, settings_key
+from ..files import abandon, write_json, writer_suffix
+from . import PIECES, Store, piece_files, piece_problem, set_aside_file
 from .checksums import sha256
 from .shardfile import Failure, ShardWriter
 
@@ -73,31 +73,13 @@ class Pieces:
 
     def present(self) -> list[Path]:
         """The pieces in place, in the order they were written."""
-        if not self.folder.is_dir():
-            return []
-        return sorted(
-            (p for p in self.folder.glob("*.h5") if p.stem.isdigit()), key=lambda p: int(p.stem)
-        )
-
-    def problem(self, piece: Path) -> str | None:
-        """None if `piece` is whole and its shard's; else what is wrong with it."""
-        problem = check_file(piece, piece.with_suffix(".json"))
-        if problem:
-            return problem
-        try:
-            with h5py.File(piece, "r") as h5:
-                shard, settings = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
-        except (OSError, KeyError, ValueError) as err:
-            return f"unreadable ({err})"
-        if shard != self.shard or settings_key(settings) != self.key:
-            return f"it holds shard {shard} with other settings, not {self.shard}'s"
-        return None
+        return piece_files(self.folder)
 
     def kept(self) -> Kept:
         """The pieces that pass their check; the others are set aside."""
         good = []
         for piece in self.present():
-            reason = self.problem(piece)
+            reason = piece_problem(piece, self.key, self.shard)
             if reason:
                 set_aside_file(str(piece), str(piece.with_suffix(".json")), reason)
             else:
@@ -173,10 +155,9 @@ class PieceWriter:
         self.members, self.residues = [], 0
 
     def discard(self) -> None:
-        """Drop the current piece unkept (the job failed in a way that keeps nothing)."""
+        """Drop the current piece unkept (it could not be kept: a full disk)."""
         if self.h5 is not None:
-            self.h5.close()
-            Path(self.tmp).unlink(missing_ok=True)
+            abandon(self.h5, self.tmp)
             self.h5 = self.writer = self.tmp = None
 
 
