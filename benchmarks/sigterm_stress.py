@@ -45,8 +45,8 @@ def processes_naming(folder: Path) -> list[int]:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tries", type=int, default=20)
-    parser.add_argument("--within", type=float, default=12.0, help="seconds after the start")
-    parser.add_argument("--every", type=int, default=8)
+    parser.add_argument("--within", type=float, default=15.0, help="seconds after the start")
+    parser.add_argument("--every", type=int, default=1)
     parser.add_argument("--model", default="random:esm2_t6_8M_UR50D")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
