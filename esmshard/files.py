@@ -145,6 +145,18 @@ def quiet_hdf5_cleanup() -> None:
     sys.excepthook, sys.unraisablehook = excepthook, unraisablehook
 
 
+# What closing an HDF5 file written with no chunk cache (`rdcc_nbytes=0`: its values reach the
+# disk as they are written, where a full disk raises an error) writes at most: its metadata.
+CLOSE_BYTES = 4 << 20
+
+
+def closable(h5, path) -> None:
+    """Refuse (DiskFullError) to flush or close `h5`, open for writing at `path`, where its
+    filesystem lacks the room to: HDF5 can crash its process when a flush finds the disk full."""
+    if free_bytes(path) < CLOSE_BYTES:
+        raise disk_full_error(path, CLOSE_BYTES)
+
+
 # HDF5 files whose writing failed (a full disk), removed from the disk but never closed:
 # closing such a file can crash HDF5 and end the process before its error is said. A job's
 # process ends with os._exit, which closes nothing (esmshard.steps.job).

@@ -22,7 +22,7 @@ from ..compute.batching import make_batches, padded_fraction, token_budget
 from ..compute.precision import resolve as resolve_precision
 from ..contacts import NAME as CONTACTS
 from ..contacts import triangle_size
-from ..files import abandon, atomic_path, naming_disk_full, write_json
+from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..representations import KINDS, absolute_layers
@@ -282,7 +282,7 @@ def run_shard(
                         log.warning("shard %s: nothing more kept (%s)", shard, failed_keep)
                     raise
                 assembling = time.perf_counter()
-                h5 = h5py.File(part, "w")
+                h5 = h5py.File(part, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
                 try:
                     made = assemble(
                         h5, kept.paths + writer.written, layers, include, net.embed_dim
@@ -305,7 +305,8 @@ def run_shard(
                         long_sequences=long_sequences,
                         settings=json.dumps(settings),
                     )
-                    h5.close()  # its last writes: a full disk may show here
+                    closable(h5, part)
+                    h5.close()
                 except BaseException:
                     abandon(h5, part)
                     raise

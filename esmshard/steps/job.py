@@ -1,5 +1,6 @@
 """How each workflow step runs: its log file, and how it ends (esmshard.steps.job.run_step)."""
 
+import faulthandler
 import importlib
 import logging
 import os
@@ -68,6 +69,7 @@ def run_step(log_path, step, **kwargs):
     # One failure, one line: h5py's noise after a failed write is dropped; the step's own
     # errors are logged below.
     quiet_hdf5_cleanup()
+    faulthandler.enable()  # a crash (in a library's C code) names where it happened
     try:
         if isinstance(step, str):
             module, _, function = step.partition(":")

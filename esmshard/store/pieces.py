@@ -23,7 +23,7 @@ from pathlib import Path
 
 import h5py
 
-from ..files import abandon, write_json, writer_suffix
+from ..files import abandon, closable, write_json, writer_suffix
 from . import PIECES, Store, piece_files, piece_problem, set_aside_file
 from .checksums import sha256
 from .shardfile import Failure, ShardWriter
@@ -117,7 +117,7 @@ class PieceWriter:
             self.pieces.folder.mkdir(parents=True, exist_ok=True)
             target = self.pieces.folder / f"{self.number:05d}.h5"
             self.tmp = target.with_name(f".{target.name}{writer_suffix()}")
-            self.h5 = h5py.File(self.tmp, "w")
+            self.h5 = h5py.File(self.tmp, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
             self.writer = ShardWriter(self.h5, self.layers, self.include, self.dim)
         if reps:
             self.writer.write(keys, ids, reps)
@@ -129,13 +129,15 @@ class PieceWriter:
         return every > 0 and self.h5 is not None and time.monotonic() - self.kept_at >= every
 
     def keep(self, failed: list[Failure], keys, ids) -> None:
-        """Put the current piece in place, with the failures of its sequences."""
+        """Put the current piece in place, with the failures of its sequences (on an error, as a
+        full disk, the caller discards it)."""
         self.kept_at = time.monotonic()
         if self.h5 is None:
             return
         members = set(self.members)
         self.writer.write_failed([f for f in failed if f.index in members], keys, ids)
         self.h5.attrs.update(shard=self.pieces.shard, piece=self.number, **self.attrs)
+        closable(self.h5, self.tmp)
         self.h5.close()
         target = self.pieces.folder / f"{self.number:05d}.h5"
         with h5py.File(self.tmp, "r") as h5:
@@ -158,7 +160,9 @@ class PieceWriter:
         """Drop the current piece unkept (it could not be kept: a full disk)."""
         if self.h5 is not None:
             abandon(self.h5, self.tmp)
-            self.h5 = self.writer = self.tmp = None
+        elif self.tmp is not None:  # its file made, not opened: a disk already full
+            Path(self.tmp).unlink(missing_ok=True)
+        self.h5 = self.writer = self.tmp = None
 
 
 def assemble(part, pieces: list[Path], layers, include, dim) -> ShardWriter:
