@@ -22,6 +22,7 @@ import numpy as np
 from . import contacts
 from .contacts import CONTACT_OFFSETS, CONTACT_VALUES
 from .files import DamagedFileError
+from .layout import Layout
 from .representations import KINDS, PER_TOK_OFFSETS, narrowed
 
 LAYOUT = "output_values"  # the file attribute: "copy" or "in_place"
@@ -121,7 +122,7 @@ def checksum_cache(embeddings: Path | None) -> Path:
     """The checksum cache of the outdir that holds `embeddings` (Layout.checksums: the merge
     filled it with its parts'), or this user's, where that outdir cannot be written."""
     folder = Path(embeddings).resolve().parent if embeddings else Path.cwd()
-    cache = folder / ".esmshard" / "checksums.json"
+    cache = Path(Layout(str(folder)).checksums)
     if os.access(cache.parent if cache.parent.is_dir() else folder, os.W_OK):
         return cache
     return Path.home() / ".cache" / "esmshard" / "checksums.json"

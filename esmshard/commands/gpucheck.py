@@ -106,7 +106,6 @@ def environment() -> dict:
 def run_tests(out: Path) -> dict:
     """The tests marked `gpu` (they skip without CUDA), with their counts from pytest's report."""
     report = out / "gpu-tests.xml"
-    report.unlink(missing_ok=True)  # a report of an earlier check is not this one's
     started = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
@@ -117,7 +116,8 @@ def run_tests(out: Path) -> dict:
     )
     (out / "gpu-tests.log").write_text(done.stdout + done.stderr)
     counts = {"passed": 0, "failed": 0, "skipped": 0, "failures": []}
-    if report.is_file():
+    # this check's report, not an earlier check's (a second allowed for the filesystem's clock)
+    if report.is_file() and report.stat().st_mtime >= started - 1:
         for case in ElementTree.parse(report).iter("testcase"):
             name = f"{case.get('classname')}.{case.get('name')}"
             if case.find("skipped") is not None:
@@ -389,7 +389,9 @@ def record(out: Path, result: dict, results: Path | None) -> None:
     write_text(out / "gpu-check.md", markdown(result))
     if results is not None:
         results.mkdir(parents=True, exist_ok=True)
-        for name in ("gpu-check.json", "gpu-check.md", "profile.txt"):
+        # the profile once this check's peers stage wrote it (an earlier check's is not this one's)
+        names = ["gpu-check.json", "gpu-check.md"] + ["profile.txt"] * bool(result["peers"])
+        for name in names:
             if (out / name).is_file():
                 shutil.copyfile(out / name, results / name)
 
@@ -422,7 +424,6 @@ def check(out: Path) -> dict:
     }
 
     results = results_folder(env, result["date"])
-    (out / "profile.txt").unlink(missing_ok=True)  # an earlier check's is not this one's
 
     def stage(key, value):
         result[key] = value

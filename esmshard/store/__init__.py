@@ -330,7 +330,7 @@ def set_aside_file(part, manifest, reason: str) -> list[str]:
     return moved
 
 
-def _count(value) -> int:
+def manifest_count(value) -> int:
     """A count read from a manifest; a damaged one (missing, null, text) counts 0."""
     return value if isinstance(value, int) and value >= 0 else 0
 
@@ -346,8 +346,8 @@ def summary(store: Store) -> list[dict]:
         parts = store.parts(key)
         for name in parts:
             manifest = read_json_object(Path(store.manifest(key, name))) or {}
-            n_sequences += _count(manifest.get("n_sequences"))
-            n_bytes += _count(manifest.get("bytes"))
+            n_sequences += manifest_count(manifest.get("n_sequences"))
+            n_bytes += manifest_count(manifest.get("bytes"))
         kept = [
             read_json_object(manifest) or {}
             for folder in store.pieces(key).values()
@@ -361,8 +361,8 @@ def summary(store: Store) -> list[dict]:
                 "sequences": n_sequences,
                 "bytes": n_bytes,
                 "pieces": len(kept),
-                "piece_sequences": sum(_count(m.get("n_sequences")) for m in kept),
-                "piece_bytes": sum(_count(m.get("bytes")) for m in kept),
+                "piece_sequences": sum(manifest_count(m.get("n_sequences")) for m in kept),
+                "piece_bytes": sum(manifest_count(m.get("bytes")) for m in kept),
             }
         )
     return rows

@@ -15,7 +15,6 @@ left beside a part (a job killed between the two) go at the next run's clean-up 
 `esmshard store --prune`.
 """
 
-import json
 import os
 import shutil
 import time
@@ -24,7 +23,15 @@ from pathlib import Path
 import h5py
 
 from ..files import abandon, closable, write_json, writer_suffix
-from . import PIECES, Store, piece_files, piece_problem, set_aside_file
+from . import (
+    PIECES,
+    Store,
+    manifest_count,
+    piece_files,
+    piece_problem,
+    read_json_object,
+    set_aside_file,
+)
 from .checksums import sha256
 from .shardfile import Failure, ShardWriter
 
@@ -52,16 +59,11 @@ class Kept:
 
 
 def kept_residues(store: Store, key: str, shards) -> int:
-    """The residues that the kept pieces of `shards` hold, by their manifests."""
+    """The residues that the kept pieces of `shards` hold, by their manifests (a damaged one
+    counts 0: its piece is computed again)."""
     folders = store.pieces(key)
     manifests = (m for shard in shards if shard in folders for m in folders[shard].glob("*.json"))
-    total = 0
-    for manifest in manifests:
-        try:
-            total += int(json.loads(manifest.read_text()).get("n_residues", 0))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue  # a damaged manifest: its piece is computed again
-    return total
+    return sum(manifest_count((read_json_object(m) or {}).get("n_residues")) for m in manifests)
 
 
 class Pieces:
@@ -105,9 +107,9 @@ class PieceWriter:
         self.number = max((int(p.stem) for p in after), default=0)
         self.written: list[Path] = []  # this job's pieces in place
         self.kept_at = time.monotonic()
-        self.h5 = self.writer = self.tmp = None
+        self.h5 = self.writer = self.tmp = self.target = None
         self.members: list[int] = []  # the current piece's records (shard positions)
-        self.residues = 0
+        self.sequences = self.residues = 0  # the current piece's embedded ones
 
     def add(self, keys, ids, members, reps) -> None:
         """One batch's results: the sequences `members` (their `keys` and `ids`), `reps` for
@@ -115,12 +117,13 @@ class PieceWriter:
         if self.h5 is None:
             self.number += 1
             self.pieces.folder.mkdir(parents=True, exist_ok=True)
-            target = self.pieces.folder / f"{self.number:05d}.h5"
-            self.tmp = target.with_name(f".{target.name}{writer_suffix()}")
+            self.target = self.pieces.folder / f"{self.number:05d}.h5"
+            self.tmp = self.target.with_name(f".{self.target.name}{writer_suffix()}")
             self.h5 = h5py.File(self.tmp, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
             self.writer = ShardWriter(self.h5, self.layers, self.include, self.dim)
         if reps:
             self.writer.write(keys, ids, reps)
+            self.sequences += len(reps)
             self.residues += sum(next(iter(r.values())).length for r in reps)
         self.members += members
 
@@ -139,22 +142,19 @@ class PieceWriter:
         self.h5.attrs.update(shard=self.pieces.shard, piece=self.number, **self.attrs)
         closable(self.h5, self.tmp)
         self.h5.close()
-        target = self.pieces.folder / f"{self.number:05d}.h5"
-        with h5py.File(self.tmp, "r") as h5:
-            n_sequences = len(h5["sequence_sha256"])
         write_json(
-            target.with_suffix(".json"),
+            self.target.with_suffix(".json"),
             {
                 "sha256": sha256(self.tmp),
                 "bytes": os.path.getsize(self.tmp),
-                "n_sequences": n_sequences,
+                "n_sequences": self.sequences,
                 "n_residues": self.residues,
             },
         )
-        os.replace(self.tmp, target)
-        self.written.append(target)
-        self.h5 = self.writer = self.tmp = None
-        self.members, self.residues = [], 0
+        os.replace(self.tmp, self.target)
+        self.written.append(self.target)
+        self.h5 = self.writer = self.tmp = self.target = None
+        self.members, self.sequences, self.residues = [], 0, 0
 
     def discard(self) -> None:
         """Drop the current piece unkept (it could not be kept: a full disk)."""
@@ -162,7 +162,7 @@ class PieceWriter:
             abandon(self.h5, self.tmp)
         elif self.tmp is not None:  # its file made, not opened: a disk already full
             Path(self.tmp).unlink(missing_ok=True)
-        self.h5 = self.writer = self.tmp = None
+        self.h5 = self.writer = self.tmp = self.target = None
 
 
 def assemble(part, pieces: list[Path], layers, include, dim) -> ShardWriter:

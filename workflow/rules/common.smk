@@ -222,6 +222,11 @@ def report_run():
         logger.warning(f"esmshard: {mixed}")
 
 
+# What made the outdir's embeddings.h5, if it has one (a run before this one): read once, by the
+# two checks below.
+EARLIER = made_by_of(RUN.embeddings)
+
+
 def repair_in_place():
     """An in-place embeddings.h5 whose store parts are gone or changed is removed with its plan,
     so that this run computes what the store lacks and writes it anew (the repair its readers
@@ -229,7 +234,7 @@ def repair_in_place():
     run is active in the outdir (its own start says so)."""
     if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
         return
-    if (made_by_of(RUN.embeddings) or {}).get("settings_key") != KEY:
+    if (EARLIER or {}).get("settings_key") != KEY:
         return  # no output, or another's: this run replaces it (say_what_is_replaced)
     problems = in_place_problems(RUN.embeddings, RUN.checksums)
     if not problems or run_active(RUN.run_lock):
@@ -252,11 +257,10 @@ def say_what_is_replaced():
     this run writes its own over them; their numbers stay in the store."""
     if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
         return
-    earlier = made_by_of(RUN.embeddings)
-    if earlier and earlier.get("settings_key") not in (None, KEY):
+    if EARLIER and EARLIER.get("settings_key") not in (None, KEY):
         logger.warning(
-            f"esmshard: {RUN.embeddings} holds {earlier.get('model')}'s embeddings of other "
-            f"settings (key {earlier.get('settings_key')}): this run replaces it with "
+            f"esmshard: {RUN.embeddings} holds {EARLIER.get('model')}'s embeddings of other "
+            f"settings (key {EARLIER.get('settings_key')}): this run replaces it with "
             f"{config['model']}'s (key {KEY}); the earlier numbers stay in the store "
             "(`esmshard store` lists them)"
         )
