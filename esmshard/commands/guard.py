@@ -20,7 +20,7 @@ import sys
 import time
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-GRACE_SECONDS = 30
+GRACE_SECONDS = 10  # a job keeps what it finished in a second or two
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 PARENT_ENV = "ESMSHARD_GUARD_PARENT"  # the process whose end ends the workflow
 
