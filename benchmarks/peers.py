@@ -82,13 +82,25 @@ def esmshard_side(embedder, sequences, batches):
 
 def compiled_side(embedder, sequences, batches, device, family, precision):
     """`esmshard_side` through the compiled layer, compiled first (every shape of these
-    batches): the run, and the seconds the compilation took."""
+    batches): the run, and the compiled layer (its seconds of compiling, its graphs).
+
+    The layer is attached to the forward pass only while this side runs: a family whose model is
+    its own forward pass (ESM C) shares it with the eager sides, which must stay eager."""
     net = embedder.net
     key = compiled.CacheKey.of(device, family, net, precision, embedder.batching)
     layer = compiled.Compiled(net, key, None)  # no cache: this process compiles it all
     layer.start()
-    run = esmshard_side(embedder, sequences, batches)
-    run()
+    side = esmshard_side(embedder, sequences, batches)
+    side()
+    net.compiled_block = None
+
+    def run():
+        net.compiled_block = layer
+        try:
+            side()
+        finally:
+            net.compiled_block = None
+
     return run, layer
 
 

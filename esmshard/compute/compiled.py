@@ -36,13 +36,12 @@ log = logging.getLogger(__name__)
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def wanted(setting: str | bool, device, net) -> bool:
-    """Whether to compile `net` (a FastForward) on `device` (`setting` as the config has it: YAML
-    files read a bare on and off as true and false). auto: on CUDA devices, for the families
-    whose compiled layer measured faster there (`net.auto_compiles`); on CPUs torch's compiled
-    kernels ran ESM-2 slower than the eager path's oneDNN products (docs/performance.md)."""
+def wanted(setting: str | bool, device) -> bool:
+    """Whether to compile on `device` (`setting` as the config has it: YAML files read a bare on
+    and off as true and false). auto: on CUDA devices only; on CPUs torch's compiled kernels ran
+    ESM-2 slower than the eager path's oneDNN products (docs/performance.md)."""
     if setting == "auto":
-        return device.type == "cuda" and net.auto_compiles
+        return device.type == "cuda"
     return setting in ("on", True)
 
 

@@ -64,9 +64,6 @@ class Block(torch.nn.Module):
 
 class ESMC(FastForward):
     packs = True
-    # On an H200, compiled 0.98-1.01x the eager packed path (300M, 600M; docs/performance.md),
-    # and 15 s of compiling per store: `compile: on` still compiles it.
-    auto_compiles = False
 
     def __init__(self, shape: Shape):
         super().__init__()

@@ -193,8 +193,7 @@ def run_shard(
             batch_lengths = [len(sequences[k]) for k in todo]
             batches = make_batches(batch_lengths, budget, embedder.packed)
             layer = None
-            net_compiles = embedder.fast and embedder.net.compiles
-            if net_compiles and compiled.wanted(compile, device, embedder.net):
+            if compiled.wanted(compile, device) and embedder.fast and embedder.net.compiles:
                 key = compiled.CacheKey.of(
                     device, spec.family.name, embedder.net, resolved.name, embedder.batching
                 )
