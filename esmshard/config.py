@@ -30,7 +30,7 @@ EMBEDDING_KEYS = (
 # Bumped by any change of esmshard that changes the numbers computed with the same settings: it is
 # part of the settings (and so of the store key), which re-runs the embed jobs and keeps the
 # store's older entries apart. Nothing else about esmshard's code re-runs a finished shard.
-NUMERICS_VERSION = 1
+NUMERICS_VERSION = 2  # 2: ESM-2's fc1 GELU in the product's epilogue on CUDA in fp16/bf16
 
 INTEGER = re.compile(r"[+-]?\d+")
 BOOLEANS = {"true": True, "false": False}

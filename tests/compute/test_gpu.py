@@ -12,6 +12,7 @@ from esmshard.compute.batching import make_batches, token_budget
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS, autocast, resolve
 from esmshard.models.esm2 import random_model
+from esmshard.models.layers import torch_dense
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,6 +36,22 @@ def test_autocast_computes_in_the_named_dtype_and_auto_picks_bf16_where_native()
         assert out.dtype == want, precision.name
     native = torch.cuda.get_device_capability(CUDA) >= (8, 0)
     assert resolve("auto", CUDA).name == ("bf16" if native else "fp32")
+
+
+def test_the_gelu_in_the_products_epilogue_is_nearer_fp32_than_gelu_after_a_bf16_product():
+    # esm2_t33_650M's fc1: the epilogue rounds once, after its (tanh-form) GELU; the exact GELU
+    # after the product rounds the product first and the GELU again.
+    linear = torch.nn.Linear(1280, 5120).to(CUDA).requires_grad_(False)
+    x = torch.randn(8192, 1280, device=CUDA)
+    with torch.inference_mode():
+        want = torch.nn.functional.gelu(linear(x))
+        with autocast(PRECISIONS["bf16"], CUDA):
+            epilogue = torch_dense(x, linear, gelu=True)
+            after = torch.nn.functional.gelu(linear(x))
+    assert epilogue.dtype == after.dtype == torch.bfloat16
+    assert not torch.equal(epilogue, after), "no epilogue: the same numbers as GELU after"
+    error, error_after = ((t.float() - want).abs().mean() for t in (epilogue, after))
+    assert error <= error_after
 
 
 def test_nvml_finds_the_cuda_device_by_its_pci_bus_id(tmp_path):

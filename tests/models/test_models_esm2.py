@@ -73,6 +73,19 @@ def test_onednn_dense_layers_are_used_on_cpu():
     assert layers.onednn_available()
 
 
+@pytest.mark.parametrize("shape", [(7, 32), (2, 5, 32)], ids=["packed", "padded"])
+def test_the_gelu_epilogue_product_takes_the_compute_dtype_and_keeps_the_leading_dims(shape):
+    # On a CPU torch applies the exact GELU after the product: the same numbers as fair-esm's
+    # layer in bf16; CUDA's tanh-form epilogue is measured by tests/compute/test_gpu.py.
+    linear = torch.nn.Linear(32, 64).requires_grad_(False)
+    x = torch.randn(*shape)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = layers.epilogue_gelu_dense(x, linear)
+        want = torch.nn.functional.gelu(linear(x))
+    assert got.dtype == torch.bfloat16 and got.shape == (*shape[:-1], 64)
+    assert torch.equal(got, want)
+
+
 def test_q_k_v_are_one_product_whose_weights_fair_esm_shares():
     model = random_model("esm2_t6_8M_UR50D").eval()
     before = [layer.self_attn.v_proj.weight.clone() for layer in model.layers]
