@@ -112,3 +112,15 @@ def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_p
         "Verdict: **unfinished**: stopped after 25 s, the stages above done"
     )
     assert json.loads((tmp_path / "gpu-check.json").read_text())["finished"] is False
+
+
+def test_a_gpu_runs_record_goes_where_git_keeps_it():
+    # The records are committed as they come back: a folder that git ignores would drop them.
+    env = {"gpu": True, "device": "NVIDIA H100 80GB HBM3"}
+    folder = gpucheck.results_folder(env, "2026-01-01")
+    assert folder.parent == REPO / "benchmarks" / "results"
+    assert folder.name.startswith("2026-01-01-NVIDIA-H100-80GB-HBM3")
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", str(folder / "gpu-check.json")], cwd=REPO
+    )
+    assert ignored.returncode == 1, f"git ignores {folder}"
