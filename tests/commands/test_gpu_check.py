@@ -5,9 +5,16 @@ import os
 import subprocess
 import sys
 
-from conftest import DATA, REPO, clone_of_workflow
+import torch
+from conftest import DATA, PROTEINS, REPO, clone_of_workflow, read_records
 
 from esmshard.commands import gpucheck
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
+from esmshard.models.archs import Arch
+from esmshard.models.esmc import ALPHABET, ESMC, ffn_size
+from esmshard.models.esmc_weights import Shape
+from esmshard.models.layers import FastForward
 
 
 def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path):
@@ -124,3 +131,34 @@ def test_a_gpu_runs_record_goes_where_git_keeps_it():
         ["git", "check-ignore", "-q", str(folder / "gpu-check.json")], cwd=REPO
     )
     assert ignored.returncode == 1, f"git ignores {folder}"
+
+
+def test_the_peers_eager_side_stays_eager_where_the_model_is_its_own_forward_pass(monkeypatch):
+    # ESM C's model is its forward pass, so each esmshard side of it shares one net: the compiled
+    # side's layer, left attached, ran under the eager side too and made compiling look worthless.
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import peers
+
+    torch.manual_seed(0)
+    net = ESMC(Shape(Arch(2, 64, 4), ffn_size(64))).eval()
+    cpu, fp32 = torch.device("cpu"), PRECISIONS["fp32"]
+    eager, fast = (
+        Embedder(net, ALPHABET, [2], cpu, fp32, kinds=["mean"], packed=True) for _ in range(2)
+    )
+    sequences = [seq[:200] for _, seq in read_records(PROTEINS)[:4]]
+    batches = [[0, 1], [2, 3]]
+    run_compiled, layer = peers.compiled_side(fast, sequences, batches, cpu, "ESM C", "fp32")
+    compiled_blocks = []
+    run_block = FastForward.run_block
+
+    def spy(self, *args):
+        compiled_blocks.append(self.compiled_block is not None)
+        return run_block(self, *args)
+
+    monkeypatch.setattr(FastForward, "run_block", spy)
+    peers.esmshard_side(eager, sequences, batches)()
+    assert compiled_blocks and not any(compiled_blocks)
+    compiled_blocks.clear()
+    run_compiled()
+    assert compiled_blocks and all(compiled_blocks)
+    layer.finish()
