@@ -23,6 +23,9 @@ MEAN, PER_TOK, BOS = KINDS  # the representation kinds, as the read-back names t
 
 # Test hook: batches of more tokens than this raise an out-of-memory error, as CUDA would.
 INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
+# Test hook: each batch takes this many seconds more, as a large model's would (a scheduler's
+# time limit reached mid-shard, whatever the test machine's speed).
+SLOW_BATCHES_ENV = "ESMSHARD_TEST_SECONDS_PER_BATCH"
 
 
 # What a batch's read-back holds besides the representation kinds and the contact maps.
@@ -79,6 +82,7 @@ class Embedder:
         self.precision = precision
         self.kinds = tuple(kinds)
         self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
+        self.seconds_per_batch = float(os.environ.get(SLOW_BATCHES_ENV, 0))
         # The host's own work on batches (tokens, read-back, checks), in seconds: not the
         # queueing of the forward pass, which waits for the device once its queue is full.
         self.host_seconds = 0.0
@@ -161,6 +165,7 @@ class Embedder:
                 np.arange(width) < lengths[:, None] + self.bos
             )
         self.host_seconds += time.perf_counter() - started
+        time.sleep(self.seconds_per_batch)
         if self.inject_oom_tokens and toks.size > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.size} tokens")
         with torch.inference_mode():

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,11 @@ from conftest import (
     jobs_run,
     kill_9_after_shards,
     planned_parts,
+    read_records,
     snakemake,
 )
+
+from esmshard.compute.embedder import SLOW_BATCHES_ENV
 
 # One cluster at a time on this machine (its daemons take fixed ports and the one munge
 # socket): `make test` gives this file whole to one pytest worker (--dist loadfile).
@@ -47,9 +51,12 @@ def slurm(tmp_path_factory):
         yield env
 
 
-def filled_profile(tmp_path) -> str:
-    """profiles/slurm with its placeholders filled for the test cluster, plus quick polling."""
+def filled_profile(tmp_path, set_resources=None) -> str:
+    """profiles/slurm with its placeholders filled for the test cluster, plus quick polling (and
+    `set_resources`, as a user adds them)."""
     profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    if set_resources:
+        profile["set-resources"] = set_resources
     profile["default-resources"]["slurm_partition"] = "esmshard-test"
     del profile["default-resources"]["slurm_account"]
     profile["set-threads"]["shard"] = 2  # the test node's cores
@@ -67,9 +74,9 @@ def filled_profile(tmp_path) -> str:
     return str(folder)
 
 
-def slurm_command(workdir, profile, env):
+def slurm_command(workdir, profile, env, config=CONFIG):
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.yaml").write_text(yaml.safe_dump(CONFIG))
+    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
     cmd = [
         "snakemake",
         "--profile",
@@ -201,3 +208,40 @@ def test_on_slurm_the_shard_job_is_given_the_profiles_jobs_for_shards_auto(slurm
     assert (
         len((tmp_path / "auto" / "results" / "shards" / "plan.tsv").read_text().splitlines()) == 2
     )
+
+
+def test_a_job_killed_at_its_time_limit_is_resumed_by_the_retry_computing_only_the_rest(
+    slurm, tmp_path
+):
+    # The embed job's time limit cut to a minute, two for the retry (a runtime given as a user
+    # would, by the profile's set-resources); each batch takes 3.5 s more (31 batches, 108 s),
+    # so that SLURM's limit, not the machine's speed, ends the first job: SIGTERM, SIGKILL
+    # KillWait (30 s) later.
+    profile = filled_profile(tmp_path, {"embed": {"runtime": "attempt"}})
+    config = {**CONFIG, "shards": 1, "keep_every": 1, "toks_per_batch": 512}
+    cmd, env = slurm_command(tmp_path / "limit", profile, slurm, config)
+    env[SLOW_BATCHES_ENV] = "3.5"
+    before = {job["JobId"] for job in slurm_cluster.jobs(slurm)}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    embeds = [
+        job
+        for job in slurm_cluster.jobs(slurm)
+        if job["JobId"] not in before and job.get("Comment", "").startswith("rule_embed")
+    ]
+    assert [(job["JobState"], job["TimeLimit"]) for job in embeds] == [
+        ("TIMEOUT", "00:01:00"),
+        ("COMPLETED", "00:02:00"),
+    ]
+    results = tmp_path / "limit" / "results"
+    logs = "".join(p.read_text() for p in (results / "logs").rglob("embed/*.log"))
+    kept, pieces, rest = map(
+        int,
+        re.search(r"(\d+) sequences kept by an earlier job \((\d+) pieces\), (\d+) to compute",
+                  logs).groups(),
+    )  # fmt: skip
+    n_records = len(read_records(PROTEINS))
+    assert kept > 0 and pieces > 0 and rest > 0 and kept + rest == n_records, logs
+    with h5py.File(results / "embeddings.h5") as h5:
+        assert len(h5["ids"]) == n_records
