@@ -10,10 +10,12 @@ the node may see their GPUs under the same numbers.
 """
 
 import fcntl
+import importlib.metadata
 import itertools
 import logging
 import os
 import socket
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -52,6 +54,31 @@ def visible_devices(env=os.environ) -> list[str]:
         # CUDA stops at the first invalid entry, e.g. "-1" for "no GPU".
         return list(itertools.takewhile(lambda d: not d.startswith("-"), entries))
     return [str(i) for i in range(nvml_device_count())]
+
+
+def cpu_only_torch() -> str | None:
+    """Why the installed torch can use no GPU at all, where its build says so without importing
+    it (a CPU-only wheel's version carries `+cpu`; macOS builds have no CUDA); else None."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    if version.partition("+")[2] == "cpu":
+        return f"this torch is a CPU-only build (torch {version})"
+    if sys.platform == "darwin":
+        return f"this torch has no CUDA on macOS (torch {version})"
+    return None
+
+
+def no_usable_gpu(gpus, env=os.environ) -> str | None:
+    """Why the embed jobs of a run asking for `gpus` will compute on the CPU, where that can be
+    told before any job: the GPUs listed but none visible, or a torch that cannot use them. None
+    where they will use GPUs, or where `gpus: auto` finds none (a CPU run, as asked)."""
+    if not visible_devices(env):
+        if gpus == "auto":
+            return None
+        return "no GPU is visible here (no NVIDIA driver or device, or CUDA_VISIBLE_DEVICES hides them)"
+    return cpu_only_torch()
 
 
 def pool_devices(gpus, env=os.environ) -> list[str]:

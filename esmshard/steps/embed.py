@@ -74,7 +74,10 @@ def pick_device(slot: pool.Slot, threads: int):
         device = torch.device("cuda", 0)
         return device, torch.cuda.get_device_name(device)
     if slot.cuda_visible_devices:
-        log.warning(
+        # Where the run's start could tell, it said so once (pool.no_usable_gpu): here, the log.
+        told = pool.nvml_device_count() == 0 or pool.cpu_only_torch()
+        log.log(
+            logging.INFO if told else logging.WARNING,
             "slot %s is GPU %s, but this torch cannot use CUDA (a CPU-only build, or no driver): "
             "computing on the CPU",
             slot.index,

@@ -114,3 +114,22 @@ def test_an_embed_job_waiting_for_the_pool_has_not_imported_torch(tmp_path):
             fcntl.flock(held, fcntl.LOCK_UN)
     assert run.wait(timeout=300) == 0
     assert (tmp_path / "results" / "embeddings.h5").is_file()
+
+
+@pytest.mark.parametrize(
+    "gpus, visible, torch_version, why",
+    [
+        ([0, 1], "", "2.13.0", "no GPU is visible here"),
+        ("auto", "", "2.13.0+cpu", None),  # a CPU run, as asked
+        ("auto", "0,1", "2.13.0+cpu", "this torch is a CPU-only build (torch 2.13.0+cpu)"),
+        ([1], "0,1", "2.13.0+cu130", None),
+        ([1], "0,1", "2.13.0", None),
+    ],
+)
+def test_gpus_that_cannot_be_used_are_told_before_any_job(
+    monkeypatch, gpus, visible, torch_version, why
+):
+    monkeypatch.setattr(pool.importlib.metadata, "version", lambda name: torch_version)
+    monkeypatch.setattr(pool.sys, "platform", "linux")
+    found = pool.no_usable_gpu(gpus, {"CUDA_VISIBLE_DEVICES": visible})
+    assert (found is None) if why is None else found.startswith(why)

@@ -337,6 +337,28 @@ def test_jobs_waiting_for_the_gpu_pool_say_so_in_the_run_output(tmp_path):
     assert "waits for a GPU" not in quiet.stderr
 
 
+def test_gpus_where_none_is_visible_are_one_line_before_any_job_and_status_shows_what_ran(
+    tmp_path,
+):
+    hidden = {"CUDA_VISIBLE_DEVICES": ""}  # none visible, whatever the test machine has
+    result = snakemake(tmp_path, CONFIG, "--config", "gpus=[0,1]", "--resources", "gpu=2",
+                       env=hidden)  # fmt: skip
+    said = [line for line in result.stderr.splitlines() if "GPU" in line]
+    assert said == [
+        "esmshard: gpus [0, 1], but no GPU is visible here (no NVIDIA driver or device, or "
+        "CUDA_VISIBLE_DEVICES hides them): the embed jobs compute on the CPU instead, 2 threads "
+        "each, 2 at a time on 8 cores"  # the tests' --cores 8
+    ], result.stderr
+    # the jobs' own logs still say it, each for its shard
+    logs = [p.read_text() for p in (tmp_path / "results" / "logs" / "embed").glob("*.log")]
+    assert len(logs) == 3 and all("this torch cannot use CUDA" in log for log in logs)
+    status = subprocess.run(["esmshard", "status", str(tmp_path / "results")],
+                            capture_output=True, text=True, env={**os.environ, **hidden})  # fmt: skip
+    rows = [line.split() for line in status.stdout.splitlines()[2:-1]]
+    assert rows and all(row[1] == "cpu" and row[2] == "idle" for row in rows), status.stdout
+    assert sum(int(row[3]) for row in rows) == 3, status.stdout  # no "no shard yet" slot
+
+
 def test_input_replaced_by_other_content_under_an_old_mtime_is_rerun(tmp_path):
     first = write_subset("first_half.fasta", lambda i, h, s: i % 240 == 0)
     second = write_subset("second_half.fasta", lambda i, h, s: i % 240 == 120)

@@ -54,7 +54,7 @@ def stop(*problems):
 
 use_esmshard()
 
-from esmshard.compute.pool import pool_devices
+from esmshard.compute.pool import no_usable_gpu, pool_devices
 from esmshard.config import embedding_settings
 from esmshard.files import read_tsv, unwritable
 from esmshard.input.sizing import (
@@ -267,6 +267,29 @@ def say_what_is_replaced():
 
 
 say_what_is_replaced()
+
+# Each embed job's CPU threads (torch's, where it computes on the CPU).
+EMBED_THREADS = 2
+
+
+def say_no_usable_gpu():
+    """One line, before any job, where the GPUs asked for cannot be used: the embed jobs compute
+    on the CPU, and the cores, not the pool's slots, set how many run at once."""
+    if workflow.dryrun or not workflow.local_exec or "--lint" in sys.argv:
+        return
+    why = no_usable_gpu(config["gpus"])
+    if why is None:
+        return
+    at_once = max(1, min(parallel_jobs(), workflow.cores // EMBED_THREADS))
+    logger.warning(
+        f"esmshard: gpus {config['gpus']}, but {why}: the embed jobs compute on the CPU instead, "
+        f"{EMBED_THREADS} threads each, "
+        + ("one after another" if at_once == 1 else f"{at_once} at a time")
+        + f" on {workflow.cores} cores"
+    )
+
+
+say_no_usable_gpu()
 
 
 def hold_run_lock():

@@ -13,7 +13,7 @@ rule embed:
         RUN.log("embed", "{shard}"),
     conda:
         "../../envs/esmshard.yaml"
-    threads: 2
+    threads: EMBED_THREADS
     resources:
         gpu=1,
         runtime=embed_runtime,
