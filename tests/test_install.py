@@ -223,6 +223,12 @@ def deployed(tmp_path_factory) -> Path:
     return folder
 
 
+def deployed_clone(folder: Path) -> Path:
+    """The clone a deployment's module points at (git+file://<clone>/workflow/Snakefile@tag)."""
+    text = (folder / "workflow" / "Snakefile").read_text()
+    return Path(re.search(r'"git\+file://(.+)/workflow/Snakefile@', text).group(1))
+
+
 def deployed_run(folder: Path, env: dict):
     """The README's command in the deployment, with random weights and the one CPU slot."""
     command = f"{RUN_DEPLOYED} model={MODEL} 'gpus=[0]'"
@@ -241,7 +247,11 @@ def test_a_deployed_workflow_runs_with_the_installed_package(tmp_path, venv, dep
         assert h5.attrs["esmshard_version"] == VERSION
 
 
-def test_a_deployed_workflow_names_the_esmshard_version_it_needs(tmp_path, venv, deployed, dist):
+def test_a_deployed_workflow_names_the_esmshard_version_it_needs_and_where_pip_finds_it(
+    tmp_path, venv, deployed, dist
+):
+    clone = deployed_clone(deployed)
+    advice = f"pip install 'git+file://{clone}@v{VERSION}'"
     other = tmp_path / "other" / "esmshard"
     other.mkdir(parents=True)
     (other / "__init__.py").write_text('__version__ = "0.0.1"\n')
@@ -249,8 +259,9 @@ def test_a_deployed_workflow_names_the_esmshard_version_it_needs(tmp_path, venv,
     done = deployed_run(deployed, {**env, "PYTHONPATH": str(other.parent)})
     assert done.returncode != 0
     assert (
-        f"this workflow needs esmshard {VERSION}, but esmshard 0.0.1 is installed" in done.stderr
-    )
+        f"this workflow needs esmshard {VERSION}, but esmshard 0.0.1 is installed "
+        f"({other}): {advice}"
+    ) in done.stderr, done.stderr[-3000:]
 
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     run([*pip, "uninstall", "--yes", "esmshard"], tmp_path, os.environ)
@@ -259,9 +270,12 @@ def test_a_deployed_workflow_names_the_esmshard_version_it_needs(tmp_path, venv,
         assert done.returncode != 0
         assert (
             f"this workflow needs esmshard {VERSION}, which is not installed in the Python "
-            f"that runs Snakemake ({venv}/bin/python" in done.stderr
-        ), done.stderr[-3000:]
-        assert f"pip install esmshard=={VERSION}" in done.stderr
+            f"that runs Snakemake ({venv}/bin/python"
+        ) in done.stderr, done.stderr[-3000:]
+        assert f"{advice} there" in done.stderr, done.stderr[-3000:]
+        # The advice as typed, in the Python that runs Snakemake: the release from its tag.
+        run(["bash", "-c", f"{advice} --quiet --no-deps"], tmp_path, env)
+        assert deployed_run(deployed, env).returncode == 0
     finally:
-        run([*pip, "install", "--quiet", "--no-deps", str(next(dist.glob("*.whl")))], tmp_path,
-            os.environ)  # fmt: skip
+        run([*pip, "install", "--quiet", "--no-deps", "--force-reinstall",
+             str(next(dist.glob("*.whl")))], tmp_path, os.environ)  # fmt: skip

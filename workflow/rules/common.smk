@@ -33,14 +33,38 @@ def use_esmshard():
     except ImportError:
         stop(
             f"this workflow needs esmshard {needed}, which is not installed in the Python "
-            f"that runs Snakemake ({sys.executable}): pip install esmshard=={needed} there"
+            f"that runs Snakemake ({sys.executable}): {esmshard_install(needed)} there"
         )
     if esmshard.__version__ != needed:
         stop(
             f"this workflow needs esmshard {needed}, but esmshard {esmshard.__version__} is "
-            f"installed ({Path(esmshard.__file__).parent}): pip install esmshard=={needed}, "
-            "or deploy the workflow's release of that version"
+            f"installed ({Path(esmshard.__file__).parent}): {esmshard_install(needed)}"
         )
+
+
+def esmshard_source():
+    """Where pip finds the esmshard of this workflow: its repository at the ref the deployment
+    names (a deployed module: `github(..., tag=...)`, or git+file for a local clone); None for
+    plain files (no index holds esmshard: they say how to build the wheel)."""
+    from snakemake.sourcecache import HostingProviderFile, LocalGitFile
+
+    source = workflow.current_basedir
+    if isinstance(source, LocalGitFile):
+        return f"git+file://{os.path.abspath(source.repo_path)}@{source.ref}"
+    if isinstance(source, HostingProviderFile):
+        return f"git+https://{source.host}/{source.repo}@{source.ref}"
+    return None
+
+
+def esmshard_install(needed):
+    """The command that installs the esmshard this workflow needs, from where it came."""
+    source = esmshard_source()
+    if source is None:
+        return (
+            f"install the esmshard {needed} wheel (`make wheel` in a clone of that release "
+            "builds it: pip install dist/esmshard-*.whl)"
+        )
+    return f"pip install '{source}'"
 
 
 def stop(*problems):
