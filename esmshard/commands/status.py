@@ -21,6 +21,7 @@ from ..steps.progress import (
     rate,
     slot_key,
 )
+from ..steps.shard import plan_problem
 from ..store import Store, in_place_problems, read_json_object
 from ..store.pieces import kept_residues
 from ..store.runlock import STALE_AFTER_SECONDS, process_alive
@@ -44,29 +45,6 @@ def stale_reason(progress: dict, now: float) -> str | None:
     return f"no update for {duration(quiet)}" if quiet > STALE_AFTER_SECONDS else None
 
 
-def plan_problem(layout: Layout, plan: list[dict]) -> str | None:
-    """What is wrong with the run's plan files, if anything: status would count nothing."""
-    summary = read_json_object(Path(layout.plan_json))
-    if summary is None:
-        return "the plan is damaged: shards/plan.json is missing or no JSON object"
-    if not all(isinstance(summary.get(name), str) for name in ("store", "key")):
-        return "the plan is damaged: shards/plan.json names no store and settings key"
-    try:
-        for row in plan:
-            int(row["n_residues"])
-            if not row["shard"]:
-                raise ValueError("a row names no shard")
-    except (ValueError, KeyError, TypeError) as err:
-        what = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        return f"the plan is damaged: shards/plan.tsv ({what})"
-    computed = summary.get("computed", 0)
-    if computed and not plan:
-        return (
-            f"the plan is damaged: plan.json plans {computed} sequences, shards/plan.tsv no shard"
-        )
-    return None
-
-
 def read_state(outdir: Path, now: float | None = None) -> dict:
     now = time.time() if now is None else now
     layout = Layout(str(outdir))
@@ -74,13 +52,10 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         marks = (layout.log("shard"), Path(layout.run_lock).parent)  # .esmshard/: run or dry run
         started = any(Path(p).exists() for p in marks)
         return {"outdir": str(outdir), "planned": False, "started": started}
-    try:
-        plan = read_tsv(layout.plan)
-        damaged = plan_problem(layout, plan)
-    except (UnicodeDecodeError, IsADirectoryError):
-        damaged = "the plan is damaged: shards/plan.tsv is not a text file"
+    damaged = plan_problem(layout, records=False)
     if damaged:
         return {"outdir": str(outdir), "planned": False, "started": True, "damaged": damaged}
+    plan = read_tsv(layout.plan)
     shards_finished, done = finished(layout, plan)
     broken = []
     if merged(layout):  # finished, whatever became of its store since (removed, moved)

@@ -27,6 +27,7 @@ from ..compute.telemetry import peak_memory_mb
 from ..files import (
     Buckets,
     atomic_path,
+    read_tsv,
     temporary_folder,
     unwritable,
     write_json,
@@ -46,6 +47,7 @@ from ..store import (
     add_settings,
     check_part,
     part_keys,
+    read_json_object,
     rows_of,
     set_aside,
     settings_key,
@@ -70,6 +72,36 @@ class Shard(NamedTuple):
     keys: list[str]  # sequence_sha256, hex
     ids: list[str]
     sequences: list[str]
+
+
+def plan_problem(layout, records=True) -> str | None:
+    """What is wrong with a run's plan (shards/plan.tsv, plan.json and, with `records`, the
+    record table: the shard step's outputs that the embed jobs and merge read; status reads the
+    first two), if anything; None where it is whole. A run's start plans anew where it is not
+    (workflow/rules/common.smk)."""
+    damaged = "the plan is damaged: "
+    summary = read_json_object(Path(layout.plan_json))
+    if summary is None:
+        return damaged + "shards/plan.json is missing or no JSON object"
+    if not all(isinstance(summary.get(name), str) for name in ("store", "key")):
+        return damaged + "shards/plan.json names no store and settings key"
+    try:
+        plan = read_tsv(layout.plan)
+        if not all(row["shard"] and int(row["n_residues"]) >= 0 for row in plan):
+            raise ValueError
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return damaged + "shards/plan.tsv is not the plan esmshard writes (cut short, or replaced)"
+    computed = summary.get("computed", 0)
+    if computed and not plan:
+        return damaged + f"plan.json plans {computed} sequences, shards/plan.tsv no shard"
+    if not records:
+        return None
+    try:
+        pq.read_metadata(layout.records)
+    except (OSError, ValueError):  # pyarrow's errors are both
+        why = "missing" if not Path(layout.records).exists() else "not a Parquet file whole"
+        return damaged + f"shards/records.parquet is {why}"
+    return None
 
 
 def read_shard(path) -> Shard:

@@ -303,3 +303,34 @@ def test_a_running_shards_damaged_progress_is_left_out_of_status(tmp_path, finis
     status, said = esmshard_says(tmp_path, STATUS)
     assert status == 0 and no_stack_lines(said), said
     assert "shards 0/1 (0%)" in said, said
+
+
+# What a refusal tells the user to do, as it says it: (the words, whether it says to remove the file).
+ADVICE = [
+    ("remove it and run the workflow again", True),
+    ("the run's same command plans it anew", False),
+]
+
+
+@pytest.mark.parametrize(
+    "file, command",
+    [
+        ("shards/plan.json", STATUS),
+        ("shards/plan.tsv", STATUS),
+        ("shards/records.parquet", EXPORT_H5),
+        ("embeddings.h5", EXPORT),
+    ],
+)
+def test_a_refusals_advice_followed_as_written_makes_the_command_work(
+    tmp_path, finished, file, command
+):
+    path, _ = damaged_copy(finished, tmp_path, file, cut)
+    status, said = esmshard_says(tmp_path, command)
+    (remove,) = [remove for words, remove in ADVICE if words in said] or [None]
+    assert status == 1 and remove is not None, said
+    if remove:
+        path.unlink()
+    again = snakemake(tmp_path, {"input": str(PROTEINS), "model": MODEL, "shards": 1})
+    assert "rule embed" not in again.stdout + again.stderr  # the store had every sequence
+    status, said = esmshard_says(tmp_path, command)
+    assert status == 0, said

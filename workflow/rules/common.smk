@@ -90,6 +90,7 @@ from esmshard.input.sizing import (
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import made_by_of, mixed_precisions
+from esmshard.steps.shard import plan_problem
 from esmshard.store import Store, in_place_problems, settings_key
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
@@ -274,6 +275,29 @@ def repair_in_place():
 
 
 repair_in_place()
+
+
+def replan_damaged():
+    """A plan that is damaged (its files cut short, replaced or gone: esmshard.steps.shard.
+    plan_problem) is removed with the embeddings.h5 merged from it, so that this run plans anew
+    and merges again (Snakemake reruns no shard step whose run's outputs exist): the store keeps
+    what was computed. Not in a dry run, nor in a cluster job, nor where another run is active."""
+    if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
+        return
+    if not os.path.isdir(RUN.shard_dir) or run_active(RUN.run_lock):
+        return
+    problem = plan_problem(RUN)
+    if problem:
+        shutil.rmtree(RUN.shard_dir)
+        if os.path.isfile(RUN.embeddings):
+            os.remove(RUN.embeddings)
+        logger.warning(
+            f"esmshard: {RUN.shard_dir}: {problem}: planned anew and merged again (the store "
+            "keeps what was computed)"
+        )
+
+
+replan_damaged()
 
 
 def say_what_is_replaced():
