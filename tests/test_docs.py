@@ -34,7 +34,9 @@ RUN_BY = {
     "pip install esmshard snakedeploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "pip install -e": "../.ci/run",  # make installs the clone so
     "pip install --no-index --find-links": "test_install.py::test_the_wheelhouse_installs_offline",
+    # the hosted repository's route needs the network: its options are checked
     "snakedeploy deploy-workflow": "test_install.py::test_a_deployed_workflow_runs_with_the",
+    "esmshard deploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "cd deployed": "test_install.py::test_a_deployed_workflow_runs_with_the",
 }
 

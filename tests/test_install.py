@@ -1,7 +1,7 @@
 """esmshard installed as its users install it: the built sdist and wheel; `make wheelhouse` and
 a fresh virtualenv with torch that installs from it with no network (a GPU node's install);
 `esmshard run` from an empty folder outside the repository, and the workflow catalog's
-deployment (`snakedeploy deploy-workflow`) of a tagged clone, run with the installed package."""
+deployment (`esmshard deploy`) of a tagged clone, run with the installed package."""
 
 import gzip
 import json
@@ -198,26 +198,17 @@ DEPLOY, RUN_DEPLOYED = doc_block("README.md", "**Deployed**").splitlines()
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory) -> Path:
-    """The workflow catalog's deployment of a tagged clone, by the README's command."""
-    clone = clone_of_workflow(tmp_path_factory.mktemp("clone"))
+def deployed(tmp_path_factory, venv) -> Path:
+    """The workflow catalog's deployment of a tagged clone, by the README's command, typed in
+    the folder that holds the clone `esmshard` (the README clones into it)."""
+    parent = tmp_path_factory.mktemp("user")
+    clone = clone_of_workflow(parent / "esmshard")
     git = ["git", "-c", "user.name=esmshard", "-c", "user.email=esmshard@localhost"]
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "release"],
                  ["tag", f"v{VERSION}"]):  # fmt: skip
         run([*git, *args], clone, os.environ)
-    parent = tmp_path_factory.mktemp("user")
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # snakedeploy
-    run(["bash", "-c", DEPLOY], parent, {**os.environ, "ESMSHARD_REPO": str(clone), "PATH": path})
+    run(["bash", "-c", DEPLOY], parent, env_of(venv, parent / "pool"))
     folder = parent / "deployed"
-    snakefile = folder / "workflow" / "Snakefile"
-    # snakedeploy's local provider ignores --tag and writes a module path that does not resolve
-    # ("workflow/Snakefile"): the module points at the tag through Snakemake's git+file source,
-    # its local stand-in for github("...", path="workflow/Snakefile", tag="vX").
-    text = snakefile.read_text()
-    assert text.count('"workflow/Snakefile"') == 1, text
-    snakefile.write_text(
-        text.replace('"workflow/Snakefile"', f'"git+file://{clone}/workflow/Snakefile@v{VERSION}"')
-    )
     with gzip.open(folder / "proteome.fasta.gz", "wt") as fh:
         fh.write(PROTEINS.read_text())
     return folder

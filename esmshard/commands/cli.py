@@ -174,6 +174,21 @@ def main(argv=None):
         default="hash",
         help="per-protein-h5: datasets named by biotrainer's sequence hash (default) or by ID",
     )
+    deploy = commands.add_parser(
+        "deploy",
+        help="deploy the workflow from a local clone, as the workflow catalog does",
+        description="Write the workflow catalog's layout (workflow/Snakefile using the clone's "
+        "rules as a module, config/ and profiles/ to edit) into FOLDER; `snakedeploy "
+        "deploy-workflow` does the same for a hosted repository. Then, in FOLDER: `snakemake "
+        "--cores all --resources gpu=N`.",
+    )
+    deploy.add_argument("clone", type=Path, help="a clone of esmshard")
+    deploy.add_argument("folder", type=Path, help="where the deployment goes")
+    deploy.add_argument(
+        "--tag",
+        help="the release to deploy (vX.Y.Z, made by `make release`); default: the "
+        "clone's files as they are",
+    )
     gpu_check = commands.add_parser(
         "gpu-check",
         help="prove a GPU machine: GPU tests, a whole run, the throughput benchmark (in a clone)",
@@ -203,6 +218,16 @@ def main(argv=None):
             )
         except launch.LaunchError as err:
             parser.exit(2, f"esmshard run: {err}\n")
+    if args.command == "deploy":
+        from .deploy import DeployError
+        from .deploy import deploy as deploy_clone
+
+        try:
+            snakefile = deploy_clone(args.clone, args.folder, args.tag)
+        except DeployError as err:
+            parser.exit(1, f"esmshard deploy: {err}\n")
+        print(f"esmshard deploy: wrote {snakefile}; edit {args.folder}/config/config.yaml")
+        return 0
     if args.command == "gpu-check":
         from .gpucheck import main as gpu_check_main
 
