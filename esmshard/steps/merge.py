@@ -46,6 +46,7 @@ from ..store.runlock import current_run
 from ..store.shardfile import SHA256_DTYPE, STR_DTYPE, dataset, read_index
 from ..version import __version__
 from . import provenance
+from .progress import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -335,7 +336,7 @@ def merge(
 
 def _computed_by(metrics_files, run_id) -> int:
     """The sequences of the shards that the command `run_id` computed."""
-    metrics = (json.loads(Path(path).read_text()) for path in metrics_files)
+    metrics = map(read_metrics, metrics_files)
     return sum(m["n_sequences"] for m in metrics if run_id and m.get("run_id") == run_id)
 
 

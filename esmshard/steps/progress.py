@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from ..files import read_tsv, write_json
+from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
 from ..store import Store
 
@@ -50,6 +50,21 @@ def whole(record, fields) -> bool:
         and (name not in _NUMBERS or isinstance(record[name], (int, float)))
         for name in fields
     )
+
+
+def read_metrics(path) -> dict:
+    """A shard's metrics, which merge and the report need whole (a damaged one:
+    DamagedFileError, with what repairs it)."""
+    try:
+        found = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        found = None
+    if not whole(found, METRICS_FIELDS + ("seconds", "n_sequences", "model", "weights")):
+        raise DamagedFileError(
+            f"{path} is not the metrics file its embed job wrote (cut short, or replaced): "
+            "remove it and run the same command again (its shard is embedded again)"
+        )
+    return found
 
 
 def read_json_files(paths, fields) -> list[dict]:

@@ -16,15 +16,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..files import DamagedFileError, atomic_path, write_json, write_text  # noqa: E402
+from ..files import atomic_path, write_json, write_text  # noqa: E402
 from ..version import __version__  # noqa: E402
 from .progress import (  # noqa: E402
-    METRICS_FIELDS,
     computed_residues,
     duration,
     per_slot,
+    read_metrics,
     slot_key,
-    whole,
 )
 from .provenance import COMPUTED_WITH, mixed_precisions  # noqa: E402
 
@@ -41,20 +40,6 @@ GUIDE_SPEEDUP = {2: (1.8, 2.0), 4: (3.5, 4.0), 8: (7.0, 8.0)}
 
 def load_metrics(paths) -> list[dict]:
     return sorted(map(read_metrics, paths), key=lambda m: (m["started_at"], m["shard"]))
-
-
-def read_metrics(path) -> dict:
-    """A shard's metrics, which the report needs whole (a damaged one: DamagedFileError)."""
-    try:
-        found = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        found = None
-    if not whole(found, METRICS_FIELDS + ("seconds", "n_sequences", "model", "weights")):
-        raise DamagedFileError(
-            f"{path} is not the metrics file its embed job wrote (cut short, or replaced): "
-            "remove it and run the same command again (its shard is embedded again)"
-        )
-    return found
 
 
 def replay(durations: list[float], n_devices: int) -> float:

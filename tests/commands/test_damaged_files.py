@@ -334,3 +334,35 @@ def test_a_refusals_advice_followed_as_written_makes_the_command_work(
     assert "rule embed" not in again.stdout + again.stderr  # the store had every sequence
     status, said = esmshard_says(tmp_path, command)
     assert status == 0, said
+
+
+RUN_CONFIG = {"input": str(PROTEINS), "model": MODEL, "shards": 1}  # the finished run's
+
+
+def test_the_reports_advice_on_a_damaged_metrics_file_followed_as_written(tmp_path, finished):
+    path, outdir = damaged_copy(finished, tmp_path, "metrics/*.json", cut)
+    shutil.rmtree(outdir / "report")  # written again: it reads every shard's metrics
+    failed = snakemake(tmp_path, RUN_CONFIG, check=False)
+    said = failed.stdout + failed.stderr
+    advice = "remove it and run the same command again (its shard is embedded again)"
+    assert failed.returncode != 0 and f"{path.name} is not the metrics file" in said, said
+    assert advice in said, said
+    path.unlink()
+    again = snakemake(tmp_path, RUN_CONFIG)
+    assert "rule embed:" in again.stdout + again.stderr
+    assert (outdir / "report" / "scaling_report.html").is_file()
+
+
+def test_merges_advice_on_a_plan_of_other_settings_followed_as_written(tmp_path, finished):
+    outdir = copy_of(finished, tmp_path)
+    plan = outdir / "shards" / "plan.json"
+    plan.write_text(json.dumps({**json.loads(plan.read_text()), "key": "0" * 16}))
+    (outdir / "embeddings.h5").unlink()  # merged again, from this plan
+    failed = snakemake(tmp_path, RUN_CONFIG, check=False)
+    said = failed.stdout + failed.stderr
+    advice = "planned with other embedding settings than this run's; delete results/shards and "
+    assert failed.returncode != 0 and advice + "run the same command again" in said, said
+    shutil.rmtree(outdir / "shards")
+    snakemake(tmp_path, RUN_CONFIG)
+    status, said = esmshard_says(tmp_path, EXPORT)
+    assert status == 0, said
