@@ -226,6 +226,11 @@ def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_p
         f"'{records[0][0][1:].split()[0]}' at {genes}:{first} and at {genes}:{first + 20}" in err
     )
     assert "shard.log" in err and not (tmp_path / "results" / "shards").exists()
+    # As it says: "Fix them all, then run the same command again" (the genes and the repeat out)
+    assert "Fix them all, then run the same command again" in err
+    genes.write_text("".join(f"{h}\n{s}\n" for h, s in proteins))
+    snakemake(tmp_path, {}, "--config", f"input=[{genes}]", f"model=random:{TINY_MODEL}")
+    assert (tmp_path / "results" / "embeddings.h5").is_file()
 
 
 def test_hub_model_without_network_fails_before_shard_work(tmp_path):
