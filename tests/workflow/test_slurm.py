@@ -4,6 +4,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -245,3 +246,39 @@ def test_a_job_killed_at_its_time_limit_is_resumed_by_the_retry_computing_only_t
     assert kept > 0 and pieces > 0 and rest > 0 and kept + rest == n_records, logs
     with h5py.File(results / "embeddings.h5") as h5:
         assert len(h5["ids"]) == n_records
+
+
+def test_jobs_of_a_killed_run_cancelled_as_the_docs_say_then_the_same_command_finishes(
+    slurm, tmp_path
+):
+    # docs/clusters.md: the jobs a killed Snakemake submitted may still run; "cancel them
+    # (`scancel --name <run id>`)", the SLURM run ID that the run printed, "before re-running".
+    profile = filled_profile(tmp_path)
+    cmd, env = slurm_command(tmp_path / "cancel", profile, slurm, {**CONFIG, "keep_every": 1})
+    env[SLOW_BATCHES_ENV] = "2"  # embed jobs long enough to be caught running
+    run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+
+    def embed_jobs(state: str) -> int:
+        listed = subprocess.run(["squeue", "-h", "-o", "%k %T"], env=slurm, capture_output=True,
+                                text=True).stdout.split("\n")  # fmt: skip
+        return sum(line.startswith("rule_embed") and line.endswith(state) for line in listed)
+
+    deadline = time.time() + 300
+    while not embed_jobs("RUNNING"):
+        assert run.poll() is None and time.time() < deadline, "no embed job ran"
+        time.sleep(0.5)
+    os.killpg(run.pid, signal.SIGKILL)
+    printed = run.communicate()[0]
+    run_id = re.search(r"SLURM run ID: (\S+)", printed).group(1)
+    assert embed_jobs("RUNNING"), "the embed jobs ended with their Snakemake"
+
+    subprocess.run(["bash", "-c", f"scancel --name {run_id}"], env=slurm, check=True)
+    deadline = time.time() + 120
+    while not queue_empty(slurm):
+        assert time.time() < deadline, "scancel left jobs in the queue"
+        time.sleep(0.5)
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    with h5py.File(tmp_path / "cancel" / "results" / "embeddings.h5") as h5:
+        assert len(h5["ids"]) == len(read_records(PROTEINS))
