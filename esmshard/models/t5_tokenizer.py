@@ -3,7 +3,8 @@ esmshard's own, since ProtT5 and Ankh number their residues differently.
 
 Both give the tokenizer one word per residue (ProtT5 space-separates the residues, Ankh passes
 them split into words), so a residue's token is what the tokenizer makes of it as a word; a
-sequence is its residues' tokens and the `</s>` the tokenizer appends, no BOS. ProtT5 reads U, Z,
+sequence is its residues' tokens and the `</s>` the tokenizer appends, no BOS; ProstT5's (a ProtT5
+whose tokenizer has its `<AA2fold>` token) take that token first. ProtT5 and ProstT5 read U, Z,
 O and B as X (t5_files.Variant.rare_as_x). The table is built once per job, the tokenizer asked
 about each letter esmshard's input can hold (esmshard.input.fasta.ALPHABET).
 """
@@ -16,6 +17,10 @@ from .t5_files import Variant, tokenizer_file
 
 RARE = "UZOB"
 EOS, PAD = "</s>", "<pad>"
+# ProstT5's tokenizer marks what follows it: amino acids (residues in upper case) to be read as
+# such, rather than its 3Di structure letters (lower case). Its authors put it before every
+# sequence; a ProtT5 tokenizer has no such token.
+AA2FOLD = "<AA2fold>"
 
 
 class _Tokenizer:
@@ -78,23 +83,25 @@ def alphabet(folder: Path, variant: Variant) -> Alphabet:
     pad = tokenizer.token_id(PAD)
     if pad is None:
         raise ModelError(f"{path}: the tokenizer has no {PAD} token")
+    # ProstT5: its prefix first, as BOS is elsewhere (left out of means and per-residue rows).
+    prefix = tokenizer.token_id(AA2FOLD)
     return Alphabet(
         residues,
         padding_idx=pad,
-        cls_idx=None,
+        cls_idx=prefix,
         eos_idx=around[1],
         mask_idx=None,
-        prepend_bos=False,
+        prepend_bos=prefix is not None,
     )
 
 
-def write_tokenizer(folder: Path, residues: str) -> Path:
+def write_tokenizer(folder: Path, residues: str, extra=()) -> Path:
     """A tokenizer.json of the kind Ankh publishes, for random-weight T5 encoders (tests,
     benchmarks): T5's specials (<pad>, </s>, <unk>), then one token per letter of `residues`, in
-    that order; each word one token, `</s>` appended."""
+    that order, then the `extra` tokens; each word one token, `</s>` appended."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    vocab = {token: i for i, token in enumerate([PAD, EOS, "<unk>", *residues])}
+    vocab = {token: i for i, token in enumerate([PAD, EOS, "<unk>", *residues, *extra])}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.post_processor = processors.TemplateProcessing(

@@ -62,12 +62,28 @@ def ankh_tokenizer(folder):
     write_tokenizer(folder, "".join(sorted(ALPHABET, reverse=True)))
 
 
+def prostt5_tokenizer(folder):
+    """A tokenizer.json with ProstT5's vocabulary: T5's specials, the residues, its two prefixes
+    and the 3Di structure letters (lower case)."""
+    extra = ("<AA2fold>", "<fold2AA>", *"acdefghiklmnpqrstvwy")
+    write_tokenizer(folder, "".join(sorted(ALPHABET)), extra)
+
+
 VARIANTS = {
     # ProtT5: residues space-separated, U/Z/O/B as X (bio_embeddings, ProtTrans' examples)
     "prott5": (
         prott5_tokenizer,
         lambda tok, seqs: tok(
             [" ".join(re.sub("[UZOB]", "X", s)) for s in seqs], padding=True, return_tensors="pt"
+        ),
+    ),
+    # ProstT5: as ProtT5, after the `<AA2fold>` prefix (its authors' embedding example)
+    "prostt5": (
+        prostt5_tokenizer,
+        lambda tok, seqs: tok(
+            ["<AA2fold> " + " ".join(re.sub("[UZOB]", "X", s)) for s in seqs],
+            padding=True,
+            return_tensors="pt",
         ),
     ),
     # Ankh: the residues as words (Ankh's examples)
@@ -123,13 +139,16 @@ SMALL = {  # the published shapes, narrower (fast), 3 layers
     "prott5": SHAPES["prot_t5_xl_uniref50"]
     ._replace(head_dim=16, ffn=128)
     ._replace(arch=SHAPES["prot_t5_xl_uniref50"].arch._replace(dim=64, heads=4)),
+    "prostt5": SHAPES["prot_t5_xl_uniref50"]  # ProstT5 is ProtT5-XL's shape
+    ._replace(head_dim=16, ffn=128)
+    ._replace(arch=SHAPES["prot_t5_xl_uniref50"].arch._replace(dim=64, heads=4)),
     "ankh": SHAPES["ankh_base"]
     ._replace(head_dim=16, ffn=96)
     ._replace(arch=SHAPES["ankh_base"].arch._replace(dim=64, heads=4)),
 }
 
 
-@pytest.mark.parametrize("variant", ["prott5", "ankh"])
+@pytest.mark.parametrize("variant", ["prott5", "prostt5", "ankh"])
 def test_every_layer_and_the_tokens_equal_transformers(tmp_path, variant):
     folder = saved_model(tmp_path, variant, SMALL[variant], 3)
     spec = parse_spec(str(folder))
@@ -140,11 +159,14 @@ def test_every_layer_and_the_tokens_equal_transformers(tmp_path, variant):
     tokens, hidden = reference(folder, variant, sequences)
     embedder = Embedder(net, alphabet, [0, 1, 3], torch.device("cpu"), PRECISIONS["fp32"],
                         kinds=("mean", "per_tok"))  # fmt: skip
-    assert torch.equal(embedder.tokens(sequences), tokens)  # residues, </s>, padding: no BOS
+    # [ProstT5's <AA2fold>,] residues, </s>, padding: no BOS
+    assert torch.equal(embedder.tokens(sequences), tokens)
+    first = int(variant == "prostt5")  # the prefix is left out of the residues' rows
+    assert alphabet.prepend_bos == bool(first)
     reps = embedder.forward(sequences)
     for row, sequence in enumerate(sequences):
         for layer in (0, 1, 3):
-            residues = hidden[layer][row, : len(sequence)].numpy()  # </s> left out
+            residues = hidden[layer][row, first : first + len(sequence)].numpy()  # </s> left out
             np.testing.assert_allclose(reps[row][layer].per_tok, residues, atol=1e-5, rtol=0)
             np.testing.assert_allclose(reps[row][layer].mean, residues.mean(0), atol=1e-5, rtol=0)
 
@@ -207,6 +229,21 @@ def test_published_widths_give_transformers_means_through_snakemake_and_esmshard
     assert set(got) == set(want)
     for id_, mean in want.items():
         np.testing.assert_allclose(got[id_][2], mean, atol=1e-4, rtol=0)
+
+
+def test_prostt5_through_snakemake_takes_its_prefix_as_its_authors_do(tmp_path):
+    # A ProtT5-shaped folder whose tokenizer has <AA2fold>: read as ProtT5, its means were off
+    # by 0.15 (no prefix); the reference here is the authors' "<AA2fold> M K ..." input.
+    folder = saved_model(tmp_path / "prostt5", "prostt5", SMALL["prostt5"], 3)
+    listed = records()
+    _, hidden = reference(folder, "prostt5", [s for _, s in listed])
+    snakemake(tmp_path / "run", {}, "--config", f"input={PROTEINS}", f"model={folder}",
+              "precision=fp32", "include=[mean,per_tok]")  # fmt: skip
+    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+        for row, (id_, sequence) in enumerate(listed):
+            residues = hidden[-1][row, 1 : 1 + len(sequence)].numpy()
+            np.testing.assert_allclose(emb[id_].per_tok[3], residues, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(emb[id_].mean[3], residues.mean(0), atol=1e-4, rtol=0)
 
 
 # In a process of its own: the peak resident memory while loading (VmHWM: ru_maxrss would count
