@@ -1,4 +1,4 @@
-"""esmshard: sharded, multi-GPU protein language model embeddings (ESM-2, ESM C, ProtT5, Ankh)."""
+"""esmshard: sharded, multi-GPU protein language model embeddings (ESM-2, ESM-1b/1v, ESM C, ProtT5, ProstT5, Ankh)."""
 
 from .version import __version__
 

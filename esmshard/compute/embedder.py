@@ -69,8 +69,9 @@ class Embedder:
             if contacts:
                 raise ValueError("contact maps need a model with a contact head (ESM-2)")
             self.net = self.model
-        else:
-            self.net = FastESM2(self.model) if fast_path and not contacts else self.model
+        else:  # fair-esm's model: ESM-2's has esmshard's fast forward pass, ESM-1b's none
+            fast = fast_path and not contacts and FastESM2.takes(self.model)
+            self.net = FastESM2(self.model) if fast else self.model
         # esmshard's own forward pass (it packs and compiles where its family does)
         self.fast = isinstance(self.net, FastForward)
         # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.

@@ -31,6 +31,14 @@ ESM2 = Family(
     max_residues=1022,
     contacts=True,
 )
+ESM1 = Family(
+    name="esm1",
+    title="ESM-1b/1v",
+    module="esmshard.models.esm1",
+    archs=archs.ESM1,
+    max_residues=1022,  # 1,024 learned positions, BOS and EOS among them
+    contacts=False,  # ESM-1b's contact head is not wired in yet; ESM-1v has none
+)
 ESMC = Family(
     name="esmc",
     title="ESM C",
@@ -49,7 +57,9 @@ T5 = Family(
     bos=False,
     positions_end=False,
 )
-FAMILIES = {family.name: family for family in (ESM2, ESMC, T5)}
+FAMILIES = {family.name: family for family in (ESM2, ESM1, ESMC, T5)}
+# The families whose published models fair-esm's hub serves by name (their checkpoints' files).
+FAIR_ESM = (ESM2, ESM1)
 
 RANDOM_PREFIX = "random:"
 HF_PREFIX = "hf:"
@@ -103,13 +113,16 @@ def recognise(path: Path) -> Weights:
     contents = checkpoint_contents(path)
     if esm2_files.is_checkpoint(contents):
         return Weights(ESM2, esm2_files.arch_of(path, contents), path, (path,))
+    if esm2_files.is_esm1_checkpoint(contents):
+        return Weights(ESM1, esm2_files.esm1_arch_of(path, contents), path, (path,))
     if isinstance(contents, dict) and esmc_weights.is_pth(contents):
         return Weights(ESMC, esmc_weights.pth_shape(path, contents).arch, path, (path,))
     names = sorted(contents) if isinstance(contents, dict) else [type(contents).__name__]
     raise ModelError(
         f"model checkpoint '{path}' holds no model of a family esmshard knows ({known}): found "
         f"{len(names)} entries, {', '.join(map(str, names[:4]))}{' …' if len(names) > 4 else ''}. "
-        "esmshard reads fair-esm's ESM-2 .pt files and EvolutionaryScale's ESM C .pth files"
+        "esmshard reads fair-esm's ESM-2 and ESM-1b/1v .pt files and EvolutionaryScale's ESM C "
+        ".pth files"
     )
 
 
@@ -161,23 +174,25 @@ def parse_spec(model: str) -> ModelSpec:
             raise ModelError(f"model checkpoint '{path}' does not exist")
         found = recognise(path)
         return ModelSpec(found.family, path.stem, "local", path, found.arch)
-    if model in ESM2.archs:
-        return ModelSpec(ESM2, model, "hub", arch=ESM2.archs[model])
+    for family in FAIR_ESM:
+        if model in family.archs:
+            return ModelSpec(family, model, "hub", arch=family.archs[model])
+    names = sorted(name for family in FAIR_ESM for name in family.archs)
     raise ModelError(
-        f"model '{model}': not a model name esmshard knows; use one of fair-esm's "
-        f"{sorted(ESM2.archs)}, hf:<owner>/<name> (HuggingFace), a folder saved by transformers "
-        "or holding an ESM C .pth, a local .pt or .pth checkpoint, or random:<name>"
+        f"model '{model}': not a model name esmshard knows; use one of fair-esm's {names}, "
+        "hf:<owner>/<name> (HuggingFace), a folder saved by transformers or holding an ESM C "
+        ".pth, a local .pt or .pth checkpoint, or random:<name>"
     )
 
 
 def file_problems(spec: ModelSpec) -> list[str]:
     """Why the model's files cannot be loaded as they lie, found without reading them."""
-    return esm2_files.file_problems(spec) if spec.family is ESM2 else []
+    return esm2_files.file_problems(spec) if spec.family in FAIR_ESM else []
 
 
 def ensure_available(spec: ModelSpec) -> None:
     """Fetch what the model needs before the embed jobs start (fair-esm's hub weights)."""
-    if spec.family is ESM2:
+    if spec.family in FAIR_ESM:
         esm2_files.ensure_available(spec)
 
 

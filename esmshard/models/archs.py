@@ -10,6 +10,11 @@ ESM2 = {
     "esm2_t36_3B_UR50D": Arch(36, 2560, 40),
     "esm2_t48_15B_UR50D": Arch(48, 5120, 40),
 }
+# ESM-1b, and ESM-1v's five (the variant-effect ensemble: one shape, five seeds)
+ESM1 = {
+    "esm1b_t33_650M_UR50S": Arch(33, 1280, 20),
+    **{f"esm1v_t33_650M_UR90S_{k}": Arch(33, 1280, 20) for k in range(1, 6)},
+}
 ESMC = {
     "esmc_300m": Arch(30, 960, 15),
     "esmc_600m": Arch(36, 1152, 18),

@@ -132,6 +132,13 @@ def fuse_qkv(attn) -> torch.nn.Linear:
 class FastESM2(FastForward):
     packs = True
 
+    @staticmethod
+    def takes(model) -> bool:
+        """Whether `model` is fair-esm's ESM-2 (its ESM-1b layout has no fast forward pass)."""
+        from esm.model.esm2 import ESM2
+
+        return isinstance(model, ESM2)
+
     def __init__(self, model):
         super().__init__()
         self.model = model  # fair-esm's ESM2: its modules and weights, used as they are

@@ -1,6 +1,7 @@
-"""ESM-2 in fair-esm's own files: a checkpoint (`.pt`, with its `-contact-regression.pt` beside
-it) told by its tensors and config, fair-esm's hub cache, and downloading into it. torch is
-imported only to download and to find the cache.
+"""fair-esm's own files (ESM-2's, and ESM-1b's and ESM-1v's): a checkpoint (`.pt`, with its
+`-contact-regression.pt` beside it but for ESM-1v's, which have none) told by its tensors and
+config, fair-esm's hub cache, and downloading into it. torch is imported only to download and to
+find the cache.
 """
 
 from pathlib import Path
@@ -20,6 +21,35 @@ def is_checkpoint(contents) -> bool:
     return any(f"{p}emb_layer_norm_after.weight" in tensors for p in PREFIXES) and not any(
         "embed_positions" in name for name in tensors
     )
+
+
+# fair-esm's config names of an ESM-1b checkpoint's shape (with or without `encoder_`).
+ARGS = ("layers", "embed_dim", "attention_heads")
+
+
+def is_esm1_checkpoint(contents) -> bool:
+    """Whether a checkpoint's contents are ESM-1b's layout (fair-esm's `roberta_large`: ESM-1b,
+    ESM-1v)."""
+    tensors = contents.get("model") if isinstance(contents, dict) else None
+    args = contents.get("args") if isinstance(contents, dict) else None
+    return isinstance(tensors, dict) and getattr(args, "arch", None) == "roberta_large"
+
+
+def esm1_arch_of(path: Path, contents) -> Arch:
+    args = vars(contents["args"])
+    found = [args.get(f"encoder_{k}", args.get(k)) for k in ARGS]  # fair-esm reads either
+    if not all(isinstance(value, int) for value in found):
+        raise ModelError(
+            f"{path}: an ESM-1b checkpoint without fair-esm's config (encoder_layers, "
+            "encoder_embed_dim, encoder_attention_heads)"
+        )
+    return Arch(*found)
+
+
+def has_regression(name: str) -> bool:
+    """Whether fair-esm's checkpoint `name` comes with contact-regression weights: all but
+    ESM-1v's (fair-esm's own rule, by name)."""
+    return "esm1v" not in name
 
 
 def arch_of(path: Path, contents) -> Arch:
@@ -56,7 +86,7 @@ def file_problems(spec: ModelSpec) -> list[str]:
     if not spec.path.is_file():
         return [f"model checkpoint '{spec.path}' does not exist"]
     regression = regression_path(spec.path)
-    if not regression.is_file():
+    if has_regression(spec.path.stem) and not regression.is_file():
         return [
             f"model checkpoint '{spec.path}': its contact-regression weights '{regression}' are "
             "not beside it; fair-esm's checkpoints come as these two files: put both in one folder"
@@ -75,9 +105,9 @@ def ensure_available(spec: ModelSpec) -> None:
         return
     import torch
 
-    targets = zip(
-        hub_paths(spec.name), (MODEL_URL.format(spec.name), REGRESSION_URL.format(spec.name))
-    )
+    targets = list(
+        zip(hub_paths(spec.name), (MODEL_URL.format(spec.name), REGRESSION_URL.format(spec.name)))
+    )[: 2 if has_regression(spec.name) else 1]
     for path, url in targets:
         if path.is_file():
             continue

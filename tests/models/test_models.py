@@ -60,10 +60,8 @@ def test_hub_model_found_in_cache_is_loaded_without_network(tmp_path, monkeypatc
     assert loaded.num_layers == 6 and loaded.embed_dim == 320
 
 
-@pytest.mark.parametrize(
-    "name", ["esm1b_t33_650M_UR50S", "random:esm2_t99", "weights/my_model.pt"]
-)
-def test_non_esm2_models_are_rejected(name):
+@pytest.mark.parametrize("name", ["esm1_t34_670M_UR50S", "random:esm2_t99", "weights/my_model.pt"])
+def test_models_of_no_known_family_are_rejected(name):
     with pytest.raises(models.ModelError):
         models.parse_spec(name)
 

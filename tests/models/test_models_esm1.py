@@ -1,0 +1,74 @@
+"""ESM-1b and ESM-1v: fair-esm's checkpoints of their real width, through `snakemake`, against
+fair-esm's own loader and forward pass, one protein at a time as its extract script runs them."""
+
+import argparse
+
+import esm
+import numpy as np
+import pytest
+import torch
+from conftest import PROTEINS, read_records, snakemake
+
+import esmshard
+from esmshard.models import ESM1, parse_spec
+from esmshard.models.esm1 import build, write_checkpoint
+from esmshard.models.spec import Arch
+
+# The published width (D = 1280, 20 heads), two of the 33 layers.
+ARCH = Arch(2, 1280, 20)
+
+
+def checkpoint(folder, name):
+    """fair-esm's files of `name` (ESM-1b's with its contact regression, ESM-1v's without), random
+    weights of the real width; their layer norms moved away from 1, so that one left out shows."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build(ARCH)
+        with torch.no_grad():
+            for key, tensor in model.named_parameters():
+                if "layer_norm" in key:
+                    tensor.add_(torch.randn_like(tensor) * 0.3)
+    return write_checkpoint(model, folder, name)
+
+
+def fair_esm(path, sequences):
+    """fair-esm's per-residue rows of the last layer, each protein alone (its extract script)."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
+    model.eval()
+    convert = alphabet.get_batch_converter()
+    rows = []
+    with torch.inference_mode():
+        for sequence in sequences:
+            _, _, tokens = convert([("p", sequence)])
+            out = model(tokens, repr_layers=[ARCH.layers])["representations"][ARCH.layers]
+            rows.append(out[0, 1 : len(sequence) + 1].numpy())
+    return rows
+
+
+@pytest.mark.parametrize("name", ["esm1b_t33_650M_UR50S", "esm1v_t33_650M_UR90S_1"])
+def test_fair_esm_checkpoints_through_snakemake_equal_fair_esm(tmp_path, name):
+    path = checkpoint(tmp_path / "weights", name)
+    spec = parse_spec(str(path))
+    assert (spec.family, spec.arch) == (ESM1, ARCH)
+    records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::4]
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
+    snakemake(tmp_path / "run", {}, "--config", f"input={fasta}", f"model={path}",
+              "precision=fp32", "include=[mean,per_tok]")  # fmt: skip
+    want = fair_esm(path, [s for _, s in records])
+    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+        assert emb.h5.attrs["model_family"] == "esm1"
+        for (id_, _), rows in zip(records, want):
+            np.testing.assert_allclose(emb[id_].per_tok[2], rows, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(emb[id_].mean[2], rows.mean(0), atol=1e-4, rtol=0)
+
+
+def test_contacts_of_esm1_are_refused_before_any_job(tmp_path):
+    done = snakemake(tmp_path, {"input": str(PROTEINS), "model": "random:esm1b_t33_650M_UR50S",
+                                "include": ["contacts"]}, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "include: contacts: ESM-1b/1v (random:esm1b_t33_650M_UR50S) has no contact head" in (
+        done.stderr
+    )
+    assert not (tmp_path / "results" / "shards").exists()
