@@ -37,7 +37,7 @@ ESM1 = Family(
     module="esmshard.models.esm1",
     archs=archs.ESM1,
     max_residues=1022,  # 1,024 learned positions, BOS and EOS among them
-    contacts=False,  # ESM-1b's contact head is not wired in yet; ESM-1v has none
+    contacts=True,  # ESM-1b's; ESM-1v's checkpoints have no contact regression (contact_problems)
 )
 ESMC = Family(
     name="esmc",
@@ -188,6 +188,19 @@ def parse_spec(model: str) -> ModelSpec:
 def file_problems(spec: ModelSpec) -> list[str]:
     """Why the model's files cannot be loaded as they lie, found without reading them."""
     return esm2_files.file_problems(spec) if spec.family in FAIR_ESM else []
+
+
+def contact_problems(spec: ModelSpec) -> list[str]:
+    """Why a model of a family with a contact head computes no contact maps (`include:
+    contacts`): a fair-esm checkpoint without its contact-regression weights (ESM-1v's)."""
+    if spec.family not in FAIR_ESM or esm2_files.has_regression(spec.name):
+        return []
+    if spec.kind == "local" and esm2_files.regression_path(spec.path).is_file():
+        return []
+    return [
+        f"include: contacts: {spec.name} has no contact-regression weights (ESM-1v's checkpoints "
+        "have none), so no contact maps; remove contacts from include, or use ESM-1b or ESM-2"
+    ]
 
 
 def ensure_available(spec: ModelSpec) -> None:

@@ -6,8 +6,8 @@ a layer norm before the first layer, and token dropout scaling as fair-esm appli
 loader zeroes the mask token's embedding. esmshard's fast forward pass (fused attention, packed
 batches, compile) is ESM-2's alone: these run fair-esm's forward pass on padded batches, every
 layer, as fair-esm's extract script does. ESM-1v's five checkpoints are the variant-effect
-ensemble; none has contact-regression weights, and esmshard's ESM-1 family computes no contact
-maps yet (refused before any job).
+ensemble; none has contact-regression weights, so contact maps come from ESM-1b alone (fair-esm's
+contact head over its attention maps; ESM-1v's are refused before any job).
 """
 
 import argparse

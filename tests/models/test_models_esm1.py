@@ -64,11 +64,29 @@ def test_fair_esm_checkpoints_through_snakemake_equal_fair_esm(tmp_path, name):
             np.testing.assert_allclose(emb[id_].mean[2], rows.mean(0), atol=1e-4, rtol=0)
 
 
-def test_contacts_of_esm1_are_refused_before_any_job(tmp_path):
-    done = snakemake(tmp_path, {"input": str(PROTEINS), "model": "random:esm1b_t33_650M_UR50S",
-                                "include": ["contacts"]}, check=False)  # fmt: skip
+def test_esm1b_contact_maps_equal_fair_esm_and_esm1v_ones_are_refused_before_any_job(tmp_path):
+    path = checkpoint(tmp_path / "weights", "esm1b_t33_650M_UR50S")
+    records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::8]
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
+    snakemake(tmp_path / "run", {}, "--config", f"input={fasta}", f"model={path}",
+              "precision=fp32", "include=[contacts]", "contacts_dtype=float32")  # fmt: skip
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
+    convert = alphabet.get_batch_converter()
+    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+        for id_, sequence in records:
+            _, _, tokens = convert([("p", sequence)])
+            with torch.inference_mode():
+                want = model.eval()(tokens, return_contacts=True)["contacts"][0].numpy()
+            np.testing.assert_allclose(emb.contact_map(id_), want, atol=1e-4, rtol=0)
+
+    done = snakemake(tmp_path / "esm1v", {"input": str(PROTEINS), "include": ["contacts"],
+                                          "model": "random:esm1v_t33_650M_UR90S_1"},
+                     check=False)  # fmt: skip
     assert done.returncode != 0
-    assert "include: contacts: ESM-1b/1v (random:esm1b_t33_650M_UR50S) has no contact head" in (
-        done.stderr
-    )
-    assert not (tmp_path / "results" / "shards").exists()
+    assert (
+        "include: contacts: esm1v_t33_650M_UR90S_1 has no contact-regression weights (ESM-1v's "
+        "checkpoints have none)"
+    ) in done.stderr
+    assert not (tmp_path / "esm1v" / "results" / "shards").exists()
