@@ -295,3 +295,15 @@ def test_esmshard_commands_typed_wrong_say_so_in_one_line(tmp_path):
         done = cli(*args, cwd=tmp_path)
         assert done.returncode == status and done.stderr.startswith(message), done.stderr
         assert len(done.stderr.splitlines()) == 1
+
+
+def test_a_shards_folder_of_the_users_own_is_not_taken_for_a_damaged_plan(tmp_path):
+    # A damaged plan is removed at a run's start (and planned anew) only where the shard step
+    # wrote its folder: one without any of its plan files is not esmshard's to remove.
+    fasta(tmp_path / "proteins.fasta", A[:5])
+    notes = tmp_path / "out" / "shards" / "notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("mine\n")
+    done = snakemake(tmp_path, {}, *config("proteins.fasta", "out"), check=False)
+    assert "planned anew" not in done.stdout + done.stderr
+    assert notes.read_text() == "mine\n"

@@ -286,6 +286,10 @@ def replan_damaged():
         return
     if not os.path.isdir(RUN.shard_dir) or run_active(RUN.run_lock):
         return
+    # The shard step writes its folder whole (atomically): one without any of its plan files is
+    # not esmshard's to remove.
+    if not any(os.path.lexists(path) for path in (RUN.plan, RUN.plan_json, RUN.records)):
+        return
     problem = plan_problem(RUN)
     if problem:
         shutil.rmtree(RUN.shard_dir)
