@@ -74,8 +74,9 @@ def pick_device(slot: pool.Slot, threads: int):
         device = torch.device("cuda", 0)
         return device, torch.cuda.get_device_name(device)
     if slot.cuda_visible_devices:
-        # Where the run's start could tell, it said so once (pool.no_usable_gpu): here, the log.
-        told = pool.nvml_device_count() == 0 or pool.cpu_only_torch()
+        # Where the run's start could tell, it said so once: here, the log. (Its environment had
+        # no slot's CUDA_VISIBLE_DEVICES, which the pool has set here: NVML's devices count.)
+        told = pool.no_usable_gpu([slot.index], env={}) is not None
         log.log(
             logging.INFO if told else logging.WARNING,
             "slot %s is GPU %s, but this torch cannot use CUDA (a CPU-only build, or no driver): "
