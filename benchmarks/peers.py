@@ -141,6 +141,9 @@ def esm2_sides(name, sequences, args, device):
     """(side, precision, run) for ESM-2's peers and esmshard, and the compiled layer."""
     net = random_model(name).eval().to(device)
     layers = net.num_layers
+    # fair-esm's own sides get models of their own: an Embedder in bf16 on a GPU keeps `net`'s
+    # dense weights in bf16 (esmshard.compute.embedder.placed)
+    fp32 = random_model(name).eval().to(device)
     bf16 = random_model(name).eval().to(device, torch.bfloat16)
     precision = PRECISIONS[args.precision]
     padded_fast, packed_fast, packed_compiled = (
@@ -157,7 +160,7 @@ def esm2_sides(name, sequences, args, device):
         packed_compiled, sequences, packed, device, "ESM-2", args.precision
     )
     sides = [
-        ("fair-esm", "fp32", padded_side(fair_esm(net), padded_fast, sequences, padded, device)),
+        ("fair-esm", "fp32", padded_side(fair_esm(fp32), padded_fast, sequences, padded, device)),
         ("fair-esm", "bf16", padded_side(fair_esm(bf16), padded_fast, sequences, padded, device)),
     ]
     if not skipped("transformers EsmModel (SDPA)", "transformers"):

@@ -74,6 +74,7 @@ class CacheKey(NamedTuple):
     family: str
     shape: str  # layers × dimension × heads
     precision: str
+    weights: str  # the dense layers' dtype (esmshard.compute.embedder.placed)
     batching: str
     numerics: int
 
@@ -95,6 +96,7 @@ class CacheKey(NamedTuple):
             family,
             f"{net.num_layers}x{net.embed_dim}x{net.attention_heads}",
             precision,
+            str(next(m.weight.dtype for m in net.modules() if isinstance(m, torch.nn.Linear))),
             batching,
             NUMERICS_VERSION,
         )

@@ -40,6 +40,39 @@ class Launched(NamedTuple):
     lengths: np.ndarray  # residues of each sequence
 
 
+def placed(model, device, precision: Precision | None) -> None:
+    """`model`'s weights moved to `device` tensor by tensor (host memory never holds a second
+    copy), in the dtypes esmshard's forward pass computes with (`precision`): fp32, whatever
+    dtype the files hold (the 6B ESM C's are bf16), except on a GPU under autocast (bf16, fp16),
+    where the dense layers' weights take its dtype: the values autocast would cast them to for
+    each product (the same numbers, half the device memory, no cast per batch). `precision`
+    None: in the dtypes they have (fair-esm's own forward pass)."""
+    half = None
+    if precision and precision.autocast_dtype and device.type != "cpu":
+        half = getattr(torch, precision.autocast_dtype)
+    moved = {}  # id of a tensor -> what it became: a weight two modules share stays one
+    for module in model.modules():
+        dense = isinstance(module, torch.nn.Linear)
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is None:
+                    continue
+                if id(tensor) not in moved:
+                    dtype = None
+                    if precision and tensor.is_floating_point():
+                        dtype = half if dense and half else torch.float32
+                    moved[id(tensor)] = _moved(tensor, device, dtype)
+                table[name] = moved[id(tensor)]
+
+
+def _moved(tensor, device, dtype):
+    """`tensor` on `device` in `dtype` (None: its own), a parameter still one."""
+    data = tensor.detach().to(device, dtype)
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
+    return data
+
+
 class Embedder:
     """A model's forward pass with fair-esm's token layout (BOS, residues, EOS; no BOS where
     the alphabet has none), on one device.
@@ -61,19 +94,23 @@ class Embedder:
         kinds=tuple(KINDS),
         packed=False,
     ):
-        self.model = model.to(device)
         # Contact maps need the attention maps: fair-esm's own forward pass computes them. A
         # family whose model is a fast forward pass itself (ESM C) has no other one.
         self.contacts = contacts
-        if isinstance(self.model, FastForward):
-            if contacts:
-                raise ValueError("contact maps need a model with a contact head (ESM-2)")
-            self.net = self.model
-        else:  # fair-esm's model: ESM-2's has esmshard's fast forward pass, ESM-1b's none
-            fast = fast_path and not contacts and FastESM2.takes(self.model)
-            self.net = FastESM2(self.model) if fast else self.model
-        # esmshard's own forward pass (it packs and compiles where its family does)
-        self.fast = isinstance(self.net, FastForward)
+        if isinstance(model, FastForward) and contacts:
+            raise ValueError("contact maps need a model with a contact head (ESM-2)")
+        # esmshard's own forward pass (it packs and compiles where its family does); fair-esm's
+        # ESM-2 has it unless asked otherwise, fair-esm's ESM-1b none
+        self.fast = isinstance(model, FastForward) or (
+            fast_path and not contacts and FastESM2.takes(model)
+        )
+        placed(model, device, precision if self.fast else None)
+        self.model = model
+        if isinstance(model, FastForward):
+            self.net = model
+            model.ready(device)
+        else:
+            self.net = FastESM2(model) if self.fast else model
         # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.
         self.packed = packed and self.fast and self.net.packs
         self.alphabet = alphabet

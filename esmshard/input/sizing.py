@@ -72,3 +72,32 @@ def embed_mem_mb(params: int) -> int:
     memory-mapped into the model, not copied (esmshard.models.esm2.load_checkpoint), and the
     fast path adds q, k and v as one product."""
     return 4096 + math.ceil(1.25 * 4 * params / 2**20)
+
+
+def host_memory_bytes() -> int | None:
+    """The memory this machine gives a process: its physical memory, or its cgroup's limit where
+    that is less (a container's); None where neither can be read (not Linux)."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+    except OSError:
+        return memory
+    return min(memory, int(limit)) if limit.isdigit() else memory
+
+
+def cpu_memory_problem(model: str, params: int, memory: int | None) -> str | None:
+    """Why `model` cannot compute on this machine's CPU: an embed job's memory (embed_mem_mb:
+    the fp32 weights and its working memory) beyond `memory`, the machine's; else None."""
+    needed = embed_mem_mb(params) * 2**20
+    if memory is None or needed <= memory:
+        return None
+    return (
+        f"model {model} computes on the CPU here, where an embed job needs about "
+        f"{needed / 2**30:.0f} GiB of memory ({params / 1e9:.1f} billion parameters in fp32, "
+        f"and its working memory), and this machine has {memory / 2**30:.0f} GiB: run it "
+        "on GPUs, on a machine with more memory, or with a smaller model"
+    )

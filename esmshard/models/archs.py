@@ -18,6 +18,7 @@ ESM1 = {
 ESMC = {
     "esmc_300m": Arch(30, 960, 15),
     "esmc_600m": Arch(36, 1152, 18),
+    "esmc_6b": Arch(80, 2560, 40),
 }
 
 

@@ -21,6 +21,7 @@ from .esmc_weights import Shape, read_weights
 from .layers import (
     FastForward,
     Packed,
+    Products,
     packed_attention,
     packed_rotary,
     rotary,
@@ -50,34 +51,47 @@ ALPHABET = Alphabet(
 
 
 class Block(torch.nn.Module):
-    def __init__(self, dim: int, ffn: int):
+    """One ESM C layer; its q, k, v and gate, up Products as the weights' files hold them."""
+
+    def __init__(self, dim: int, ffn: int, split: bool):
         super().__init__()
         self.attn_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS)
-        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.attn_in = Products.of(dim, (dim, dim, dim), split, bias=False)  # q, k, v
         self.q_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS, bias=False)
         self.k_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS, bias=False)
         self.out_proj = torch.nn.Linear(dim, dim, bias=False)
         self.ffn_norm = torch.nn.LayerNorm(dim, eps=NORM_EPS)
-        self.gate_up = torch.nn.Linear(dim, 2 * ffn, bias=False)  # gate rows first, then up
+        self.ffn_in = Products.of(dim, (ffn, ffn), split, bias=False)  # gate, then up
         self.down = torch.nn.Linear(ffn, dim, bias=False)
 
 
 class ESMC(FastForward):
     packs = True
 
-    def __init__(self, shape: Shape):
+    def __init__(self, shape: Shape, split: bool = False):
         super().__init__()
-        (self.num_layers, self.embed_dim, self.attention_heads), ffn, theta = shape
+        (self.num_layers, self.embed_dim, self.attention_heads), ffn, _ = shape
         self.head_dim = self.embed_dim // self.attention_heads
         self.residual_scale = math.sqrt(self.num_layers / 36)
         self.embed = torch.nn.Embedding(VOCAB_SIZE, self.embed_dim)
         self.layers = torch.nn.ModuleList(
-            Block(self.embed_dim, ffn) for _ in range(self.num_layers)
+            Block(self.embed_dim, ffn, split) for _ in range(self.num_layers)
         )
         self.norm = torch.nn.LayerNorm(self.embed_dim, eps=NORM_EPS, bias=False)
-        half = torch.arange(0, self.head_dim, 2, dtype=torch.float32)
-        self.register_buffer("inv_freq", 1.0 / theta ** (half / self.head_dim), persistent=False)
+        self.register_buffer("inv_freq", self.rotary_frequencies(shape), persistent=False)
         self.padding_idx = ALPHABET.padding_idx
+
+    def rotary_frequencies(self, shape: Shape):
+        """The rotary embedding's frequencies (no file holds them), on the CPU."""
+        half = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device="cpu")
+        return 1.0 / shape.rope_theta ** (half / self.head_dim)
+
+    def ready(self, device) -> None:
+        """On a GPU, each block's input products as one (a copy made there, not in host memory)."""
+        if device.type == "cuda":
+            for block in self.layers:
+                block.attn_in.fuse()
+                block.ffn_in.fuse()
 
     def residual(self, x, out, dense, linear):
         """x + linear(out) / residual_scale; one fused call where the scale is 1 (the 600M)."""
@@ -88,7 +102,7 @@ class ESMC(FastForward):
     def attention(self, block, x, cos, sin, mask, dense):
         """Self-attention of `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
         shape, packed = x.shape, isinstance(mask, Packed)
-        q, k, v = dense(block.attn_norm(x), block.qkv).chunk(3, dim=-1)
+        q, k, v = block.attn_in.outputs(block.attn_norm(x), 3, dense)
         # Under autocast the norms compute in fp32; the attention takes one dtype.
         q, k = block.q_norm(q).to(v.dtype), block.k_norm(k).to(v.dtype)
 
@@ -110,7 +124,7 @@ class ESMC(FastForward):
         x = self.residual(
             x, self.attention(block, x, cos, sin, mask, dense), dense, block.out_proj
         )
-        gate, up = dense(block.ffn_norm(x), block.gate_up).chunk(2, dim=-1)
+        gate, up = block.ffn_in.outputs(block.ffn_norm(x), 2, dense)
         return self.residual(x, F.silu(gate) * up, dense, block.down)
 
     def forward(self, tokens, repr_layers, padded: bool | None = None):
@@ -152,12 +166,16 @@ def random_model(name: str) -> ESMC:
 
 
 def load(spec: ModelSpec):
-    """(ESMC in eval mode on the CPU, its alphabet)."""
+    """(ESMC in eval mode on the CPU, its alphabet). The weights are the files' own tensors,
+    memory-mapped and in the files' dtype, taken by a model built without storage (torch's meta
+    device): loading the 6B model adds none of its size to host memory (the Embedder moves and
+    casts them, esmshard.compute.embedder.placed)."""
     if spec.kind == "random":
         return random_model(spec.name).eval(), ALPHABET
-    shape, state = read_weights(spec.path)
-    model = ESMC(shape)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    shape, split, state = read_weights(spec.path)
+    with torch.device("meta"):
+        model = ESMC(shape, split)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ModelError(
             f"{spec.path}: the weights do not fit ESM C of {shape.arch.layers} layers and "

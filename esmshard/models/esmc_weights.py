@@ -20,33 +20,33 @@ from .weights import checkpoint_contents, read_config, renamed, safetensors_file
 
 ROPE_THETA = 10000.0
 ESMC_CONFIG = {"model_type": "esmc", "vocab_size": 64, "hidden_act": "silu"}
-# transformers' name (after EsmcFor*'s "esmc." prefix) -> (esmshard's name, part of it).
+# transformers' name (after EsmcFor*'s "esmc." prefix) -> esmshard's (q, k, v and gate, up apart).
 HF_RENAMES = [
-    (r"embed_tokens\.", "embed.", 0),
-    (r"layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm.", 0),
-    (r"layers\.(\d+)\.self_attn\.q_proj\.", r"layers.\1.qkv.", 0),
-    (r"layers\.(\d+)\.self_attn\.k_proj\.", r"layers.\1.qkv.", 1),
-    (r"layers\.(\d+)\.self_attn\.v_proj\.", r"layers.\1.qkv.", 2),
-    (r"layers\.(\d+)\.self_attn\.q_norm\.", r"layers.\1.q_norm.", 0),
-    (r"layers\.(\d+)\.self_attn\.k_norm\.", r"layers.\1.k_norm.", 0),
-    (r"layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.out_proj.", 0),
-    (r"layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm.", 0),
-    (r"layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.gate_up.", 0),
-    (r"layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.gate_up.", 1),
-    (r"layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.down.", 0),
-    (r"norm\.", "norm.", 0),
+    (r"embed_tokens\.", "embed."),
+    (r"layers\.(\d+)\.input_layernorm\.", r"layers.\1.attn_norm."),
+    (r"layers\.(\d+)\.self_attn\.q_proj\.", r"layers.\1.attn_in.0."),
+    (r"layers\.(\d+)\.self_attn\.k_proj\.", r"layers.\1.attn_in.1."),
+    (r"layers\.(\d+)\.self_attn\.v_proj\.", r"layers.\1.attn_in.2."),
+    (r"layers\.(\d+)\.self_attn\.q_norm\.", r"layers.\1.q_norm."),
+    (r"layers\.(\d+)\.self_attn\.k_norm\.", r"layers.\1.k_norm."),
+    (r"layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.out_proj."),
+    (r"layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.ffn_norm."),
+    (r"layers\.(\d+)\.mlp\.gate_proj\.", r"layers.\1.ffn_in.0."),
+    (r"layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.ffn_in.1."),
+    (r"layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.down."),
+    (r"norm\.", "norm."),
 ]
 HF_IGNORED = re.compile(r"(lm_head\.|classifier\.|.*inv_freq$)")
-# EvolutionaryScale's name -> esmshard's: each of theirs is one of ours.
+# EvolutionaryScale's name -> esmshard's (q, k, v one tensor, and gate, up).
 PTH_RENAMES = [
     (r"embed\.", "embed."),
     (r"transformer\.blocks\.(\d+)\.attn\.layernorm_qkv\.0\.", r"layers.\1.attn_norm."),
-    (r"transformer\.blocks\.(\d+)\.attn\.layernorm_qkv\.1\.", r"layers.\1.qkv."),
+    (r"transformer\.blocks\.(\d+)\.attn\.layernorm_qkv\.1\.", r"layers.\1.attn_in.0."),
     (r"transformer\.blocks\.(\d+)\.attn\.q_ln\.", r"layers.\1.q_norm."),
     (r"transformer\.blocks\.(\d+)\.attn\.k_ln\.", r"layers.\1.k_norm."),
     (r"transformer\.blocks\.(\d+)\.attn\.out_proj\.", r"layers.\1.out_proj."),
     (r"transformer\.blocks\.(\d+)\.ffn\.0\.", r"layers.\1.ffn_norm."),
-    (r"transformer\.blocks\.(\d+)\.ffn\.1\.", r"layers.\1.gate_up."),
+    (r"transformer\.blocks\.(\d+)\.ffn\.1\.", r"layers.\1.ffn_in.0."),
     (r"transformer\.blocks\.(\d+)\.ffn\.3\.", r"layers.\1.down."),
     (r"transformer\.norm\.", "norm."),
 ]
@@ -114,21 +114,23 @@ def shape_of(path: Path):
 
 
 def read_weights(path: Path):
-    """(Shape, state dict as esmshard's ESMC names it) of either layout, in fp32."""
-    import torch
-
+    """(Shape, whether q, k, v are apart, the state dict as esmshard's ESMC names it), every
+    tensor the file's own, memory-mapped, in the file's dtype (nothing read until used)."""
     path = Path(path)
     shape = shape_of(path)
-    parts = {}  # esmshard's name -> {part: tensor}
+    state = {}
     if path.is_dir():
-        from safetensors.torch import load_file
+        from safetensors import safe_open
 
-        sources = [(f, load_file(str(f))) for f in safetensors_files(path)]
+        sources = []
+        for file in safetensors_files(path):
+            with safe_open(str(file), framework="pt") as fh:  # its tensors map the file
+                sources.append((file, {name: fh.get_tensor(name) for name in fh.keys()}))
         renames, ignored = HF_RENAMES, HF_IGNORED
     else:
         from .weights import safe_load
 
-        sources = [(path, safe_load(path))]
+        sources = [(path, safe_load(path, mmap=True))]
         renames, ignored = PTH_RENAMES, PTH_IGNORED
     for source, tensors in sources:
         for name, tensor in tensors.items():
@@ -139,6 +141,5 @@ def read_weights(path: Path):
                     f"{source}: tensor {name} has no place in ESM C; is this an ESM C model?"
                 ) from None
             if target is not None:
-                parts.setdefault(target[0], {})[target[1]] = tensor.float()
-    state = {name: torch.cat([p[k] for k in sorted(p)]) for name, p in parts.items()}
-    return shape, state
+                state[target[0]] = tensor
+    return shape, path.is_dir(), state

@@ -192,6 +192,38 @@ def packed_rotary(inv_freq, packed: Packed):
     return cos[0, 0][packed.positions, None], sin[0, 0][packed.positions, None]
 
 
+class Products(torch.nn.ModuleList):
+    """The dense products of one input (q, k and v; a SwiGLU's gate and up), held as the weights'
+    files hold them, so that loading maps the files' tensors instead of copying them: one
+    Linear each (`split`), or one Linear whose output is theirs laid side by side. `fuse` makes
+    them one product (one call instead of several), a copy of their weights where they are."""
+
+    @classmethod
+    def of(cls, dim: int, outputs: tuple[int, ...], split: bool, bias: bool) -> "Products":
+        sizes = outputs if split else (sum(outputs),)
+        return cls(torch.nn.Linear(dim, n, bias=bias) for n in sizes)
+
+    def outputs(self, x, parts: int, dense):
+        """The `parts` outputs on `x`."""
+        if len(self) == 1:
+            return dense(x, self[0]).chunk(parts, dim=-1)
+        return [dense(x, linear) for linear in self]
+
+    def fuse(self) -> None:
+        if len(self) == 1:
+            return
+        weight = torch.cat([linear.weight for linear in self])
+        fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=self[0].bias is not None)
+        fused.weight = torch.nn.Parameter(weight, requires_grad=False)
+        if fused.bias is not None:
+            fused.bias = torch.nn.Parameter(
+                torch.cat([linear.bias for linear in self]), requires_grad=False
+            )
+        for index in range(len(self) - 1, -1, -1):
+            del self[index]
+        self.append(fused)
+
+
 class FastForward(torch.nn.Module):
     """A forward pass called as `net(tokens, repr_layers, padded)` (esmshard.models.spec.Family).
 
@@ -202,6 +234,9 @@ class FastForward(torch.nn.Module):
     packs = False
     compiles = True  # whether `block` is worth compiling (one graph for every batch's shape)
     compiled_block = None  # `block` compiled (esmshard.compute.compiled), where it is
+
+    def ready(self, device) -> None:
+        """Make ready to run once the weights are on `device` (nothing, for most families)."""
 
     def dense_for(self, x):
         """`dense_for(x)`, but torch's own product when compiled: its compiler picks the kernels

@@ -182,3 +182,47 @@ def test_chunked_sequence_is_stitched_from_its_windows(embedder):
     ((_, (alone,)),) = embedder.embed([0], [sequence[:1022]], [])
     np.testing.assert_allclose(rep[6].per_tok[:500], alone[6].per_tok[:500], atol=1e-5)
     np.testing.assert_allclose(rep[6].bos, alone[6].bos, atol=1e-5)
+
+
+def test_on_a_gpu_under_autocast_dense_weights_take_its_dtype_and_the_rest_fp32():
+    """esmshard.compute.embedder.placed, on a device that is not the CPU (torch's meta device
+    stands in for a GPU): the dense layers' weights in bf16, embeddings and norms in fp32, a
+    weight two modules share (ESM-2's embedding and its language-model head) still one."""
+    from esmshard.compute.embedder import placed
+    from esmshard.models.esm2 import random_model
+
+    model = random_model(TINY_MODEL)
+    assert model.lm_head.weight is model.embed_tokens.weight
+    placed(model, torch.device("meta"), PRECISIONS["bf16"])
+    layer = model.layers[0]
+    assert layer.fc1.weight.dtype == layer.self_attn.q_proj.bias.dtype == torch.bfloat16
+    assert layer.fc1.weight.is_meta
+    assert model.embed_tokens.weight.dtype == layer.final_layer_norm.weight.dtype == torch.float32
+    assert model.lm_head.weight is model.embed_tokens.weight
+
+
+@pytest.mark.parametrize("family", ["esm2", "esmc"])
+def test_dense_weights_in_autocasts_dtype_give_autocasts_numbers_exactly(family):
+    """What `placed` does on a GPU changes no number: autocast casts each product's fp32 weights
+    to its dtype, the same values as weights kept in it (shown here with the CPU's autocast)."""
+    from esmshard.models.esm2 import FastESM2
+    from esmshard.models.esm2 import random_model as esm2_model
+    from esmshard.models.esmc import ALPHABET
+    from esmshard.models.esmc import random_model as esmc_model
+
+    if family == "esm2":
+        nets = [FastESM2(esm2_model(TINY_MODEL).eval()) for _ in range(2)]
+        alphabet = nets[0].model.alphabet
+    else:
+        nets, alphabet = [esmc_model("esmc_300m").eval() for _ in range(2)], ALPHABET
+    for module in nets[1].modules():
+        if isinstance(module, torch.nn.Linear):
+            module.to(torch.bfloat16)
+    sequences = [s for _, s in read_records(PROTEINS)[:3]]
+    tokens = Embedder(nets[0], alphabet, [1], torch.device("cpu"), PRECISIONS["fp32"]).tokens(
+        sequences
+    )
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fp32, bf16 = (net(tokens, [1, 2])["representations"] for net in nets)
+    for layer in (1, 2):
+        assert torch.equal(fp32[layer], bf16[layer])

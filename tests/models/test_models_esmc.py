@@ -3,6 +3,8 @@ hold, through the `snakemake` command line as users type it; its limit, its stor
 refusals."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -165,6 +167,105 @@ def test_both_layouts_give_transformers_numbers_through_snakemake(tmp_path, name
                 np.testing.assert_allclose(protein.mean[layer], want.mean(0), atol=1e-4, rtol=0)
 
 
+# A model of the 6B's width (D = 2560, 40 heads, feed-forward 6912) with 2 of its 80 layers.
+WIDE_6B = (2, 2560, 40)
+# In a process of its own, so that its peak memory is the load's: the peak resident memory
+# before and after loading (ru_maxrss, KiB).
+LOAD_CHILD = """
+import json, resource, sys
+from esmshard.models import load, parse_spec
+spec = parse_spec(sys.argv[1])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+model, alphabet = load(spec)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"before_kib": before, "after_kib": after, "dtype": str(model.embed.weight.dtype)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def wide_6b(tmp_path_factory):
+    """(folder saved by transformers, its model): ESM C of the 6B's width, 2 layers, 0.6 GB."""
+    folder = tmp_path_factory.mktemp("esmc_6b_wide")
+    hf = random_transformers_model(WIDE_6B, ffn_size(2560), spread=0.3)
+    hf.save_pretrained(folder)
+    return folder, hf
+
+
+def test_the_6b_shape_is_published_and_needs_its_width(wide_6b):
+    assert ESMC.archs["esmc_6b"] == (80, 2560, 40) and ffn_size(2560) == 6912
+    assert parse_spec("random:esmc_6b").params > 6e9
+    assert parse_spec(str(wide_6b[0])).arch == WIDE_6B
+
+
+def test_a_folder_of_the_6bs_width_loads_without_adding_its_size(wide_6b):
+    folder, _ = wide_6b
+    size_kib = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 1024
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_CHILD, str(folder)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    child = json.loads(done.stdout)
+    # The files' tensors are mapped, not copied, q, k and v not concatenated: loading adds next
+    # to nothing (measured: under 1% of the files; reading them whole would add 1.0x).
+    assert child["after_kib"] - child["before_kib"] <= 0.1 * size_kib, (child, size_kib)
+    assert child["dtype"] == "torch.float32"  # as saved: nothing is cast before placement
+
+
+def test_the_6bs_width_gives_transformers_numbers_through_snakemake(tmp_path, wide_6b):
+    folder, hf = wide_6b
+    records = sequences_of(SHORT)[:4]
+    sequences = [s for _, s in records]
+    with torch.inference_mode():
+        tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
+        hidden = hf(**tokens, output_hidden_states=True).hidden_states
+    subset = fasta(tmp_path / "short.fasta", [(f">{id_}", s) for id_, s in records])
+    snakemake(tmp_path / "run", {}, "--config", f"input={subset}", f"model={folder}",
+              "repr_layers=[-1,1]", "include=[mean,per_tok]", "precision=fp32")  # fmt: skip
+    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+        for row, (id_, sequence) in enumerate(records):
+            for layer in (2, 1):
+                want = hidden[layer][row, 1 : len(sequence) + 1].numpy()
+                np.testing.assert_allclose(emb[id_].per_tok[layer], want, atol=1e-4, rtol=0)
+                np.testing.assert_allclose(emb[id_].mean[layer], want.mean(0), atol=1e-4, rtol=0)
+
+
+def test_bf16_weights_compute_in_fp32_on_a_cpu_as_transformers_reads_them(tmp_path):
+    """The 6B's files hold bf16: on a CPU in fp32 they are computed as transformers computes
+    them once it has read them as fp32."""
+    folder = tmp_path / "esmc_bf16"
+    random_transformers_model((2, 64, 4), 128, spread=0.3).to(torch.bfloat16).save_pretrained(
+        folder
+    )
+    hf = transformers.EsmcModel.from_pretrained(folder, dtype=torch.float32).eval()
+    net, alphabet = esmshard.models.load(parse_spec(str(folder)))
+    assert net.embed.weight.dtype == torch.bfloat16  # as the file holds it, until placed
+    sequences = [s for _, s in sequences_of(SHORT)[:3]]
+    embedder = Embedder(net, alphabet, [2], torch.device("cpu"), PRECISIONS["fp32"],
+                        kinds=("per_tok",))  # fmt: skip
+    assert {p.dtype for p in net.parameters()} == {torch.float32}
+    tokens = embedder.tokens(sequences)
+    with torch.inference_mode():
+        want = hf(input_ids=tokens, attention_mask=tokens.ne(1)).last_hidden_state
+    for row, rep in enumerate(embedder.forward(sequences)):
+        np.testing.assert_allclose(
+            rep[2].per_tok, want[row, 1 : len(sequences[row]) + 1].numpy(), atol=1e-5, rtol=0
+        )
+
+
+def test_the_6b_on_a_cpu_with_less_memory_is_refused_before_any_job(tmp_path):
+    from esmshard.input.sizing import embed_mem_mb, host_memory_bytes
+
+    needed = embed_mem_mb(parse_spec("random:esmc_6b").params) * 2**20
+    if host_memory_bytes() >= needed:
+        pytest.skip(f"this machine has the {needed / 2**30:.0f} GiB the 6B needs on its CPU")
+    result = snakemake(tmp_path, {}, "--config", f"input={SHORT}", "model=random:esmc_6b",
+                       "gpus=[0]", check=False)  # fmt: skip
+    assert result.returncode != 0 and jobs_run(result) == {}
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    assert "model esmc_6b computes on the CPU" in line and "GiB" in line, result.stderr
+    assert not (tmp_path / "results").exists()
+
+
 def per_tok_rows(outdir):
     with esmshard.open_embeddings(outdir) as emb:
         return {emb.ids()[row]: emb.per_residue(row).shape[0] for row in range(len(emb))}
@@ -268,3 +369,21 @@ def test_esm2_names_are_told_from_esmc_by_content_not_name(tmp_path, checkpoint)
     assert parse_spec(str(checkpoint)).arch == (6, 320, 20)
     assert parse_spec(f"random:{TINY_MODEL}").family.name == "esm2"
     assert parse_spec("random:esmc_300m").family is ESMC
+
+
+def test_fused_products_give_the_numbers_of_the_files_own(small_folder):
+    """On a GPU q, k, v and gate, up become one product each (ESMC.ready): the same numbers."""
+    net, alphabet = esmshard.models.load(parse_spec(str(small_folder)))
+    assert len(net.layers[0].attn_in) == 3  # transformers' layout: apart, as the files hold them
+    sequences = [s for _, s in sequences_of(SHORT)[:3]]
+    tokens = Embedder(net, alphabet, [3], torch.device("cpu"), PRECISIONS["fp32"]).tokens(
+        sequences
+    )
+    with torch.inference_mode():
+        apart = net(tokens, [3])["representations"][3]
+        for block in net.layers:
+            block.attn_in.fuse()
+            block.ffn_in.fuse()
+        fused = net(tokens, [3])["representations"][3]
+    assert len(net.layers[0].attn_in) == len(net.layers[0].ffn_in) == 1
+    torch.testing.assert_close(fused, apart, atol=1e-5, rtol=0)

@@ -78,14 +78,16 @@ def stop(*problems):
 
 use_esmshard()
 
-from esmshard.compute.pool import no_usable_gpu, pool_devices
+from esmshard.compute.pool import no_usable_gpu, pool_devices, visible_devices
 from esmshard.config import embedding_settings
 from esmshard.files import read_tsv, unwritable
 from esmshard.input.sizing import (
     ModelSize,
+    cpu_memory_problem,
     embed_mem_mb,
     embed_runtime_minutes,
     estimated_records,
+    host_memory_bytes,
 )
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
@@ -326,11 +328,18 @@ EMBED_THREADS = 2
 
 def say_no_usable_gpu():
     """One line, before any job, where the GPUs asked for cannot be used: the embed jobs compute
-    on the CPU, and the cores, not the pool's slots, set how many run at once."""
+    on the CPU, and the cores, not the pool's slots, set how many run at once. A model whose
+    embed job needs more memory than the machine has is refused there (the 6B ESM C, the 15B
+    ESM-2 on a workstation without GPUs)."""
     if workflow.dryrun or not workflow.local_exec or "--lint" in sys.argv:
         return
     why = no_usable_gpu(config["gpus"])
-    if why is None:
+    if why is None and visible_devices():
+        return
+    too_large = cpu_memory_problem(MODEL.name, MODEL.params, host_memory_bytes())
+    if too_large:
+        stop(too_large)
+    if why is None:  # gpus: auto, and no GPU: a CPU run, as asked
         return
     at_once = max(1, min(parallel_jobs(), workflow.cores // EMBED_THREADS))
     logger.warning(
