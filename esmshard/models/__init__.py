@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from . import archs, esm2_files, esm2_hf, esmc_weights, t5_files
+from . import archs, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
 from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
     CHECKPOINT_SUFFIXES,
@@ -100,6 +100,7 @@ def recognise(path: Path) -> Weights:
             return Weights(ESMC, arch, path, (path / "config.json", *safetensors_files(path)))
         if t5_files.is_hf_config(config):
             shape = t5_files.shape_of(path)
+            t5_tokenizer.alphabet(path, shape.variant)  # its tokens, checked before any job
             files = (t5_files.tokenizer_file(path), *t5_files.weight_files(path))
             return Weights(T5, shape.arch, path, (path / "config.json", *files), shape.params)
         checkpoints = [p for p in sorted(path.rglob("*")) if p.suffix in CHECKPOINT_SUFFIXES]

@@ -9,6 +9,7 @@ O and B as X (t5_files.Variant.rare_as_x). The table is built once per job, the 
 about each letter esmshard's input can hold (esmshard.input.fasta.ALPHABET).
 """
 
+import re
 from pathlib import Path
 
 from ..input.fasta import ALPHABET
@@ -21,6 +22,11 @@ EOS, PAD = "</s>", "<pad>"
 # such, rather than its 3Di structure letters (lower case). Its authors put it before every
 # sequence; a ProtT5 tokenizer has no such token.
 AA2FOLD = "<AA2fold>"
+# ProstT5's other prefix (3Di input, which esmshard does not take) and its 3Di letters.
+FOLD2AA = "<fold2AA>"
+# The tokens a protein T5's tokenizer holds beside its residues: T5's own (its specials and the
+# sentinels of its pre-training, `<extra_id_N>`) and sentencepiece's word mark.
+T5_TOKENS = re.compile(r"<pad>|</s>|<unk>|<extra_id_\d+>|▁")
 
 
 class _Tokenizer:
@@ -51,6 +57,13 @@ class _Tokenizer:
             return self.fast.encode([word], is_pretokenized=True).ids
         eos = self.sentencepiece.eos_id()
         return self.word(word) + [eos if eos >= 0 else self.token_id(EOS)]
+
+    def vocabulary(self) -> list[str]:
+        if self.fast:
+            return list(self.fast.get_vocab(with_added_tokens=True))
+        return [
+            self.sentencepiece.id_to_piece(i) for i in range(self.sentencepiece.get_piece_size())
+        ]
 
     def token_id(self, token: str) -> int | None:
         if self.fast:
@@ -85,6 +98,17 @@ def alphabet(folder: Path, variant: Variant) -> Alphabet:
         raise ModelError(f"{path}: the tokenizer has no {PAD} token")
     # ProstT5: its prefix first, as BOS is elsewhere (left out of means and per-residue rows).
     prefix = tokenizer.token_id(AA2FOLD)
+    unknown = unaccounted(tokenizer.vocabulary(), prostt5=prefix is not None)
+    if unknown:
+        shown = ", ".join(unknown[:8]) + (
+            f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
+        )
+        raise ModelError(
+            f"{path}: the tokenizer has tokens esmshard cannot account for ({shown}): it is "
+            "neither ProtT5's, ProstT5's nor Ankh's, and its model may expect its input written "
+            "another way (a prefix, other letters); esmshard does not embed it under their "
+            "conventions"
+        )
     return Alphabet(
         residues,
         padding_idx=pad,
@@ -93,6 +117,19 @@ def alphabet(folder: Path, variant: Variant) -> Alphabet:
         mask_idx=None,
         prepend_bos=prefix is not None,
     )
+
+
+def unaccounted(vocabulary, prostt5: bool) -> list[str]:
+    """The tokens of a protein T5's `vocabulary` that are none of T5's own, a residue letter (as
+    a word: sentencepiece marks it `▁`) or, for ProstT5, its prefixes and 3Di letters."""
+
+    def known(token: str) -> bool:
+        letter = token.removeprefix("▁")
+        if T5_TOKENS.fullmatch(token) or (len(letter) == 1 and letter.isupper()):
+            return True
+        return prostt5 and (token in (AA2FOLD, FOLD2AA) or (len(letter) == 1 and letter.islower()))
+
+    return sorted(token for token in vocabulary if not known(token))
 
 
 def write_tokenizer(folder: Path, residues: str, extra=()) -> Path:

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEOME, read_records, snakemake, write_subset
+from conftest import PROTEOME, jobs_run, read_records, snakemake, write_subset
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -57,9 +57,11 @@ def prott5_tokenizer(folder):
 
 
 def ankh_tokenizer(folder):
-    """A tokenizer.json as Ankh publishes one (one token per residue, `</s>` appended), with a
-    numbering of its own (the residues in reverse alphabetical order)."""
-    write_tokenizer(folder, "".join(sorted(ALPHABET, reverse=True)))
+    """A tokenizer.json as Ankh publishes one (one token per residue, `</s>` appended, T5's
+    pre-training sentinels after them), with a numbering of its own (the residues in reverse
+    alphabetical order)."""
+    sentinels = [f"<extra_id_{i}>" for i in range(116)]
+    write_tokenizer(folder, "".join(sorted(ALPHABET, reverse=True)), sentinels)
 
 
 def prostt5_tokenizer(folder):
@@ -316,6 +318,21 @@ def test_refusals_name_the_file_or_key_before_any_job(tmp_path):
     with pytest.raises(ModelError, match=r"config.json: feed_forward_proj 'gated-silu' is a T5 "
                                          "variant esmshard does not run"):  # fmt: skip
         parse_spec(str(silu))
+
+
+def test_a_tokenizer_with_tokens_of_another_convention_is_refused_naming_them(tmp_path):
+    """A T5 whose tokenizer holds tokens no protein T5 esmshard knows has (a mask, a CLS, a
+    two-letter word) may expect input written another way: refused before any job, never
+    embedded as ProtT5 or Ankh."""
+    folder = saved_model(tmp_path / "other", "ankh", SMALL["ankh"], 1)
+    write_tokenizer(folder, "".join(sorted(ALPHABET)), ("<cls>", "<mask>", "AB", "<extra_id_0>"))
+    result = snakemake(tmp_path / "run", {}, "--config", f"input={PROTEINS}", f"model={folder}",
+                       check=False)  # fmt: skip
+    assert result.returncode != 0 and jobs_run(result) == {}
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    assert "tokenizer.json: the tokenizer has tokens esmshard cannot account for (<cls>, " in line
+    assert "<mask>, AB)" in line, line
+    assert not (tmp_path / "run" / "results").exists()
 
 
 def test_t5_limit_is_a_default_and_bos_is_refused():
