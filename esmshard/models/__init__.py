@@ -18,6 +18,7 @@ from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
     CHECKPOINT_SUFFIXES,
     checkpoint_contents,
+    folder_weight_files,
     hf_snapshot,
     read_config,
     safetensors_files,
@@ -101,7 +102,7 @@ def recognise(path: Path) -> Weights:
         if t5_files.is_hf_config(config):
             shape = t5_files.shape_of(path)
             t5_tokenizer.alphabet(path, shape.variant)  # its tokens, checked before any job
-            files = (t5_files.tokenizer_file(path), *t5_files.weight_files(path))
+            files = (t5_files.tokenizer_file(path), *folder_weight_files(path))
             return Weights(T5, shape.arch, path, (path / "config.json", *files), shape.params)
         checkpoints = [p for p in sorted(path.rglob("*")) if p.suffix in CHECKPOINT_SUFFIXES]
         if config is None and len(checkpoints) == 1:

@@ -64,10 +64,7 @@ def load_checkpoint(path: Path):
     import esm
     from esm.model.esm2 import ESM2
 
-    try:
-        data = safe_load(path, mmap=True)
-    except RuntimeError:  # a file in torch's legacy format (before 1.6) cannot be mapped
-        data = safe_load(path)
+    data = safe_load(path, mmap=True)
     state = {}
     for name, tensor in {**data["model"], **safe_load(regression_path(path))["model"]}.items():
         prefix = next((p for p in PREFIXES if name.startswith(p)), "")

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from .archs import ESMC, heads_of
 from .spec import Arch, ModelError
-from .weights import checkpoint_contents, read_config, renamed, safetensors_files
+from .weights import checkpoint_contents, mapped_tensors, read_config, renamed, safetensors_files
 
 ROPE_THETA = 10000.0
 ESMC_CONFIG = {"model_type": "esmc", "vocab_size": 64, "hidden_act": "silu"}
@@ -120,17 +120,10 @@ def read_weights(path: Path):
     shape = shape_of(path)
     state = {}
     if path.is_dir():
-        from safetensors import safe_open
-
-        sources = []
-        for file in safetensors_files(path):
-            with safe_open(str(file), framework="pt") as fh:  # its tensors map the file
-                sources.append((file, {name: fh.get_tensor(name) for name in fh.keys()}))
+        sources = [(f, mapped_tensors(f)) for f in safetensors_files(path)]
         renames, ignored = HF_RENAMES, HF_IGNORED
     else:
-        from .weights import safe_load
-
-        sources = [(path, safe_load(path, mmap=True))]
+        sources = [(path, mapped_tensors(path))]
         renames, ignored = PTH_RENAMES, PTH_IGNORED
     for source, tensors in sources:
         for name, tensor in tensors.items():

@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .spec import Arch, ModelError
-from .weights import read_config, renamed
+from .weights import folder_weight_files, mapped_tensors, read_config, renamed
 
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model")  # the first one a folder has is read
-BIN_WEIGHTS = "pytorch_model*.bin"
 
 
 class Variant(NamedTuple):
@@ -138,52 +137,23 @@ def tokenizer_file(folder: Path) -> Path:
     )
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """The folder's .safetensors files, else its pytorch_model*.bin files."""
-    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob(BIN_WEIGHTS))
-    if not files:
-        raise ModelError(
-            f"{folder} holds no weights (.safetensors or pytorch_model.bin); save the model "
-            "with transformers' save_pretrained"
-        )
-    return files
-
-
 def read_weights(folder: Path, shape: Shape) -> dict:
     """The encoder's weights as esmshard's T5Encoder names them, fp32, the decoder never read:
-    safetensors tensors are read one by one, a .bin file is memory-mapped."""
+    the files' tensors are memory-mapped, and only the encoder's are used."""
     import torch
 
     parts = {}  # esmshard's name -> {part: tensor}
-    for path in weight_files(folder):
-        if path.suffix == ".safetensors":
-            from safetensors import safe_open
-
-            with safe_open(str(path), framework="pt") as fh:
-                tensors = {n: (lambda n=n, fh=fh: fh.get_tensor(n)) for n in fh.keys()}
-                _take(path, tensors, parts)
-        else:
-            from .weights import safe_load
-
+    for path in folder_weight_files(folder):
+        for name, tensor in mapped_tensors(path).items():
             try:
-                state = safe_load(path, mmap=True)
-            except RuntimeError:  # torch's legacy format cannot be mapped
-                state = safe_load(path)
-            _take(path, {n: (lambda t=t: t) for n, t in state.items()}, parts)
+                target = renamed(name, RENAMES, IGNORED)
+            except KeyError:
+                raise ModelError(
+                    f"{path}: tensor {name} has no place in a T5 encoder; is this a T5 model?"
+                ) from None
+            if target is not None:
+                parts.setdefault(target[0], {})[target[1]] = tensor.float()
     return {
         name: torch.cat([p[k] for k in sorted(p)]) if len(p) > 1 else p[0]
         for name, p in parts.items()
     }
-
-
-def _take(path: Path, tensors: dict, parts: dict) -> None:
-    """Each of the encoder's `tensors` (name -> reader) into `parts`, in fp32."""
-    for name, read in tensors.items():
-        try:
-            target = renamed(name, RENAMES, IGNORED)
-        except KeyError:
-            raise ModelError(
-                f"{path}: tensor {name} has no place in a T5 encoder; is this a T5 model?"
-            ) from None
-        if target is not None:
-            parts.setdefault(target[0], {})[target[1]] = read().float()

@@ -21,6 +21,7 @@ from .spec import ModelError
 HF_PATTERNS = ["config.json", "*.safetensors", "*.pth", "tokenizer.json", "spiece.model"]
 HF_BIN_PATTERNS = ["pytorch_model*.bin"]
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
+BIN_WEIGHTS = "pytorch_model*.bin"
 
 
 class Tensor(NamedTuple):
@@ -51,6 +52,29 @@ def safetensors_files(folder: Path) -> list[Path]:
             "save_pretrained (safetensors is its default)"
         )
     return files
+
+
+def folder_weight_files(folder: Path) -> list[Path]:
+    """A transformers folder's .safetensors files, else its pytorch_model*.bin files (ProtT5's
+    and ProtBert's repositories hold those)."""
+    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob(BIN_WEIGHTS))
+    if not files:
+        raise ModelError(
+            f"{folder} holds no weights (.safetensors or pytorch_model.bin); save the model "
+            "with transformers' save_pretrained"
+        )
+    return files
+
+
+def mapped_tensors(path: Path) -> dict:
+    """The tensors of a .safetensors file or a torch checkpoint, memory-mapped from the file
+    (nothing is read until used), in its dtypes."""
+    if path.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as fh:  # the tensors map the file
+            return {name: fh.get_tensor(name) for name in fh.keys()}
+    return safe_load(path, mmap=True)
 
 
 def safetensors_tensors(files) -> dict[str, Tensor]:
@@ -168,12 +192,17 @@ def _tensor_shapes(value, tensor_type):
 
 def safe_load(path: Path, mmap: bool = False) -> dict:
     """torch.load that unpickles tensors and fair-esm's argparse.Namespace config, nothing else.
-    `mmap`: the tensors stay in the file, memory-mapped, read as they are used."""
+    `mmap`: the tensors stay in the file, memory-mapped, read as they are used (a file in torch's
+    format before 1.6 cannot be mapped: it is read whole)."""
     import torch
 
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+    except RuntimeError as err:
+        if mmap and "mmap can only be used" in str(err):  # torch's format before 1.6: read whole
+            return safe_load(path)
+        raise _damaged(path) from None
     except pickle.UnpicklingError as err:
         found = [line for line in str(err).splitlines() if "GLOBAL" in line]
         if not found:  # no foreign object named: the pickle itself is broken
@@ -182,7 +211,7 @@ def safe_load(path: Path, mmap: bool = False) -> dict:
             f"refusing to load '{path}': it holds objects other than tensors and a fair-esm "
             f"config, and unpickling them could run arbitrary code ({' '.join(found)})"
         ) from err
-    except (RuntimeError, EOFError, KeyError, ValueError):  # torch's ways to find a cut file
+    except (EOFError, KeyError, ValueError):  # torch's other ways to find a cut file
         raise _damaged(path) from None
 
 

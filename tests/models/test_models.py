@@ -22,6 +22,19 @@ def test_local_checkpoint_in_fair_esm_format_loads_safely(checkpoint):
         assert torch.equal(a, b), name
 
 
+def test_a_checkpoint_in_torchs_format_before_1_6_is_read_whole(tmp_path, checkpoint):
+    """Such a file cannot be memory-mapped: it is read as it is, not called damaged."""
+    old = tmp_path / checkpoint.name
+    torch.save(
+        torch.load(checkpoint, weights_only=False), old, _use_new_zipfile_serialization=False
+    )
+    shutil.copy(checkpoint.with_name(f"{TINY_MODEL}-contact-regression.pt"), tmp_path)
+    loaded, _ = models.load(models.parse_spec(str(old)))
+    reference, _ = models.load(models.parse_spec(str(checkpoint)))
+    for (name, a), (_, b) in zip(loaded.state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
 class Payload:
     def __reduce__(self):
         return (os.system, ("echo unpickled",))
