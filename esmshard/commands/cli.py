@@ -12,6 +12,7 @@ from .. import store as stores
 from ..files import DamagedFileError, human_bytes, quiet_hdf5_cleanup, unwritable
 from ..input.fasta import FastaError
 from ..layout import Layout
+from ..models import families_named
 from ..outputs import export as exports
 from ..representations import KINDS
 from ..store.storelock import StoreBusyError
@@ -42,8 +43,8 @@ def main(argv=None):
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(
         prog="esmshard",
-        description="esmshard: protein language model embeddings (ESM-2, ESM C, and T5 encoders: "
-        "ProtT5, Ankh) on every GPU, as a Snakemake workflow",
+        description=f"esmshard: protein language model embeddings ({families_named()}) on "
+        "every GPU, as a Snakemake workflow",
     )
     parser.add_argument("--version", action="version", version=f"esmshard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from ..files import unwritable, write_json, write_text
 from ..input.datasets import shared_data_dir, write_every_nth_record
 from ..layout import Layout
+from ..models import ESM2, FAMILIES
 from ..version import __version__
 from .status import read_state, render
 
@@ -49,6 +50,9 @@ GPU_PLAN = {
     "bench_every": 4,
     "toks_per_batch": 65536,
     "peers": ["--repeats", "2"],
+    # each one's forward pass in bf16 against its fp32 one: a GPU test
+    # (tests/compute/test_families_on_devices.py)
+    "families": [family.named for family in FAMILIES.values()],
 }
 CPU_PLAN = {
     "model": "esm2_t6_8M_UR50D",
@@ -61,6 +65,7 @@ CPU_PLAN = {
     # all 30 (10 s of the 33 on 2 cores)
     "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
     + ["--esmc-layers", "2", "--no-big", "--repeats", "1", "--threads", "2", "--every", "400"],
+    "families": GPU_PLAN["families"],
 }
 # The packages the check imports beside a run's needs (the gpu-check extra), and what each is for.
 CHECK_PACKAGES = {"pytest": "the GPU tests", "transformers": "the peers (EsmModel, EsmcModel, T5)"}
@@ -136,7 +141,6 @@ def run_workflow(out: Path, plan: dict, gpus: int, name: str = "run") -> dict:
     """A whole run through the `snakemake` command line, as users type it, and what it left.
     An ESM-2 model's random weights are written in fair-esm's on-disk format first; ESM C's
     are `random:`."""
-    from ..models import ESM2
     from ..models.esm2 import random_model, write_checkpoint
 
     work = out / name
@@ -288,6 +292,10 @@ def markdown(result: dict) -> str:
             "## GPU tests",
             f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
             f"({tests['seconds']:.0f} s)" + "".join(f"\n- failed: {n}" for n in tests["failures"]),
+            "",
+            "Each family's forward pass in bf16 against its fp32 one is one of them: "
+            + "; ".join(result["plan"].get("families", []))
+            + ".",
             "",
         ]
     for model, run in result["workflows"].items():

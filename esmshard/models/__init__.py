@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from . import archs, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
+from . import archs, bert_files, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
 from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
     CHECKPOINT_SUFFIXES,
@@ -57,8 +57,26 @@ T5 = Family(
     contacts=False,
     bos=False,
     positions_end=False,
+    members="ProtT5, ProstT5, Ankh",
 )
-FAMILIES = {family.name: family for family in (ESM2, ESM1, ESMC, T5)}
+BERT = Family(
+    name="bert",
+    title="BERT encoder",
+    module="esmshard.models.bert",
+    archs={},  # a BERT needs its vocab.txt: no random:<name> (bert_files.SHAPES lists them)
+    max_residues=4096,  # esmshard's default limit: its 40,000 positions end far beyond
+    contacts=False,
+    positions_end=False,
+    members="ProtBert, ProtBert-BFD",
+)
+FAMILIES = {family.name: family for family in (ESM2, ESM1, ESMC, T5, BERT)}
+
+
+def families_named() -> str:
+    """Every family esmshard runs, as `--help` and the errors list them."""
+    return ", ".join(family.named for family in FAMILIES.values())
+
+
 # The families whose published models fair-esm's hub serves by name (their checkpoints' files).
 FAIR_ESM = (ESM2, ESM1)
 
@@ -90,7 +108,7 @@ def _found(folder: Path, config: dict | None) -> str:
 def recognise(path: Path) -> Weights:
     """The family and shape of the weights in a folder or a checkpoint file, from their contents;
     ModelError naming what was found where no family's weights are."""
-    known = ", ".join(f.title for f in FAMILIES.values())
+    known = families_named()
     if path.is_dir():
         config = read_config(path)
         if config is not None and config.get("model_type") == "esm":
@@ -104,13 +122,24 @@ def recognise(path: Path) -> Weights:
             t5_tokenizer.alphabet(path, shape.variant)  # its tokens, checked before any job
             files = (t5_files.tokenizer_file(path), *folder_weight_files(path))
             return Weights(T5, shape.arch, path, (path / "config.json", *files), shape.params)
+        if bert_files.is_hf_config(config):
+            shape = bert_files.shape_of(path)
+            bert_files.alphabet(path)  # its tokens, checked before any job
+            if shape.positions - 2 < BERT.max_residues:
+                raise ModelError(
+                    f"{path / 'config.json'}: max_position_embeddings is {shape.positions}, "
+                    f"fewer than the {BERT.max_residues} residues (and [CLS], [SEP]) esmshard "
+                    "gives a BERT; ProtBert has 40000"
+                )
+            files = (bert_files.vocabulary_file(path), *folder_weight_files(path))
+            return Weights(BERT, shape.arch, path, (path / "config.json", *files), shape.params)
         checkpoints = [p for p in sorted(path.rglob("*")) if p.suffix in CHECKPOINT_SUFFIXES]
         if config is None and len(checkpoints) == 1:
             return recognise(checkpoints[0])._replace(files=(checkpoints[0],))
         raise ModelError(
             f"model folder '{path}' holds no model of a family esmshard knows ({known}): found "
             f"{_found(path, config)}. A folder is one saved by transformers (config.json of "
-            "model_type esm, esmc or t5, and its weights), or holds one EvolutionaryScale .pth"
+            "model_type esm, esmc, t5 or bert, and its weights), or holds one EvolutionaryScale .pth"
         )
     contents = checkpoint_contents(path)
     if esm2_files.is_checkpoint(contents):
@@ -181,9 +210,11 @@ def parse_spec(model: str) -> ModelSpec:
             return ModelSpec(family, model, "hub", arch=family.archs[model])
     names = sorted(name for family in FAIR_ESM for name in family.archs)
     raise ModelError(
-        f"model '{model}': not a model name esmshard knows; use one of fair-esm's {names}, "
-        "hf:<owner>/<name> (HuggingFace), a folder saved by transformers or holding an ESM C "
-        ".pth, a local .pt or .pth checkpoint, or random:<name>"
+        f"model '{model}': not a model name esmshard knows. It runs {families_named()}: by "
+        f"fair-esm's names ({', '.join(names)}), as hf:<owner>/<name> (HuggingFace, e.g. "
+        "hf:biohub/ESMC-6B, hf:Rostlab/prot_t5_xl_uniref50, hf:Rostlab/prot_bert), from a folder "
+        "saved by transformers or holding an ESM C .pth, from a local .pt or .pth checkpoint, "
+        "or as random:<name>"
     )
 
 

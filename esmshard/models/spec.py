@@ -54,6 +54,12 @@ class Family:
     # Whether `max_residues` is where its positions end (a longer truncation_seq_length is
     # refused), or only esmshard's default limit (relative positions have no end).
     positions_end: bool = True
+    members: str = ""  # the published models it runs, where its title does not name them
+
+    @property
+    def named(self) -> str:
+        """Its title and its members, as lists of families name it."""
+        return f"{self.title} ({self.members})" if self.members else self.title
 
     def runner(self):
         return importlib.import_module(self.module)

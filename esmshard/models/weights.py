@@ -17,8 +17,15 @@ from typing import NamedTuple
 from .spec import ModelError
 
 # What is downloaded of a hub repository: its config, weights and tokenizer files; pytorch_model
-# .bin files (ProtT5's repositories hold no other) only where it has no .safetensors or .pth.
-HF_PATTERNS = ["config.json", "*.safetensors", "*.pth", "tokenizer.json", "spiece.model"]
+# .bin files (ProtT5's and ProtBert's repositories hold no other) only where it has no .safetensors or .pth.
+HF_PATTERNS = [
+    "config.json",
+    "*.safetensors",
+    "*.pth",
+    "tokenizer.json",
+    "spiece.model",
+    "vocab.txt",
+]
 HF_BIN_PATTERNS = ["pytorch_model*.bin"]
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
 BIN_WEIGHTS = "pytorch_model*.bin"

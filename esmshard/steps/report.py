@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..files import atomic_path, write_json, write_text  # noqa: E402
+from ..models import FAMILIES  # noqa: E402
 from ..version import __version__  # noqa: E402
 from .progress import (  # noqa: E402
     computed_residues,
@@ -407,6 +408,12 @@ GUIDES_SENTENCE = (
 )
 
 
+def _model(model: str, family: str | None, weights: str) -> str:
+    """The model, its family as people name it, and whether its weights are random."""
+    named = f"{FAMILIES[family].named}, " if family in FAMILIES else ""
+    return f"{model} ({named}{weights} weights)"
+
+
 def run_rows(result: dict, run: dict) -> list[dict]:
     """The run itself: when, how long, what command on which inputs, with which model."""
     started, finished = run.get("started_at"), run.get("finished_at")
@@ -420,7 +427,8 @@ def run_rows(result: dict, run: dict) -> list[dict]:
         ("command", run.get("command") or "–"),
         ("working folder", run.get("workdir") or "–"),
         ("inputs", "\n".join(run.get("inputs", [])) or "–"),
-        ("model", f"{made_by.get('model', result['model'])} ({result['weights']} weights)"),
+        ("model", _model(made_by.get("model", result["model"]), made_by.get("model_family"),
+                         result["weights"])),
         ("shards", result["n_shards"]),
         ("sequences / residues", f"{result['n_sequences']:,} / {result['n_residues']:,}"
          + (f" ({result['n_residues_kept']:,} kept by stopped jobs, computed before)"

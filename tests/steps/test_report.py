@@ -153,7 +153,8 @@ def test_the_report_fits_a_1280_pixel_window_in_a_real_browser(finished_run, tmp
     report = finished_run / "out" / "report" / "scaling_report.html"
     page = report.read_text()
     for said in ("This run", "wall time, from the command's start to the merge", "command",
-                 str(PROTEINS), "This run had 4 shards", "guides' range", "Measured on this run"):  # fmt: skip
+                 str(PROTEINS), "This run had 4 shards", "guides' range", "Measured on this run",
+                 f"{MODEL} (ESM-2, pretrained weights)"):  # fmt: skip
         assert said in html.unescape(page), said
     # The page's own width, measured by the browser: a copy that writes it into its title.
     probe = tmp_path / "probe.html"
