@@ -116,6 +116,17 @@ def micro_checkpoint(folder: Path) -> Path:
 MODEL = str(micro_checkpoint(SUBSETS / "micro"))
 
 
+def hub_cache(root, repo, folder):
+    """`folder` as the HuggingFace cache holds a download of `repo` (HF_HUB_CACHE=`root`)."""
+    snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for path in folder.iterdir():
+        (snapshot / path.name).write_bytes(path.read_bytes())
+    (root / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
+    (root / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
+    return root
+
+
 def fasta(path, records):
     path.write_text("".join(f"{h}\n{s}\n" for h, s in records))
     return path

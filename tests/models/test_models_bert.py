@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEOME, jobs_run, read_records, snakemake, write_subset
+from conftest import PROTEOME, hub_cache, jobs_run, read_records, snakemake, write_subset
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -90,17 +90,6 @@ def test_every_layer_and_the_tokens_equal_transformers(tmp_path):
             np.testing.assert_allclose(reps[row][layer].per_tok, residues, atol=1e-5, rtol=0)
             np.testing.assert_allclose(reps[row][layer].mean, residues.mean(0), atol=1e-5, rtol=0)
             np.testing.assert_allclose(reps[row][layer].bos, hidden[layer][row, 0], atol=1e-5)
-
-
-def hub_cache(root, repo, folder):
-    """`folder` as the HuggingFace cache holds a download of `repo`."""
-    snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    for path in folder.iterdir():
-        (snapshot / path.name).write_bytes(path.read_bytes())
-    (root / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
-    (root / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
-    return root
 
 
 def test_protberts_width_gives_transformers_numbers_through_snakemake(tmp_path):

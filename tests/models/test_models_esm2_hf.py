@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
+from conftest import PROTEINS, TINY_MODEL, hub_cache, read_records, snakemake
 
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
@@ -86,17 +86,6 @@ def test_a_config_that_is_no_esm2_is_refused_by_name(tmp_path, change, message):
     transformers.EsmModel(esm2_config(**change)).save_pretrained(tmp_path)
     with pytest.raises(ModelError, match=message):
         parse_spec(str(tmp_path))
-
-
-def hub_cache(root, repo, folder):
-    """`folder` as the HuggingFace cache holds a download of `repo`."""
-    snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    for name in ("config.json", "model.safetensors"):
-        (snapshot / name).write_bytes((folder / name).read_bytes())
-    (root / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
-    (root / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
-    return root
 
 
 def means(outdir):

@@ -9,7 +9,15 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_MODEL, fasta, jobs_run, read_records, snakemake, write_subset
+from conftest import (
+    TINY_MODEL,
+    fasta,
+    hub_cache,
+    jobs_run,
+    read_records,
+    snakemake,
+    write_subset,
+)
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -211,7 +219,9 @@ def test_a_folder_of_the_6bs_width_loads_without_adding_its_size(wide_6b):
     assert child["dtype"] == "torch.float32"  # as saved: nothing is cast before placement
 
 
-def test_the_6bs_width_gives_transformers_numbers_through_snakemake(tmp_path, wide_6b):
+def test_the_6bs_width_by_its_hf_name_gives_transformers_numbers_through_snakemake(
+    tmp_path, wide_6b
+):
     folder, hf = wide_6b
     records = sequences_of(SHORT)[:4]
     sequences = [s for _, s in records]
@@ -219,8 +229,11 @@ def test_the_6bs_width_gives_transformers_numbers_through_snakemake(tmp_path, wi
         tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
         hidden = hf(**tokens, output_hidden_states=True).hidden_states
     subset = fasta(tmp_path / "short.fasta", [(f">{id_}", s) for id_, s in records])
-    snakemake(tmp_path / "run", {}, "--config", f"input={subset}", f"model={folder}",
-              "repr_layers=[-1,1]", "include=[mean,per_tok]", "precision=fp32")  # fmt: skip
+    # reached by the published repository's name, from the HuggingFace cache
+    cache = hub_cache(tmp_path / "hub", "biohub/ESMC-6B", folder)
+    snakemake(tmp_path / "run", {}, "--config", f"input={subset}", "model=hf:biohub/ESMC-6B",
+              "repr_layers=[-1,1]", "include=[mean,per_tok]", "precision=fp32",
+              env={"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"})  # fmt: skip
     with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
         for row, (id_, sequence) in enumerate(records):
             for layer in (2, 1):
@@ -333,14 +346,15 @@ def test_contacts_with_esmc_are_refused_by_name_before_any_job(tmp_path, small_f
 
 
 def test_a_model_of_no_known_family_is_refused_naming_what_was_found(tmp_path):
-    bert = tmp_path / "bert"
-    bert.mkdir()
-    (bert / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    result = snakemake(tmp_path / "run", {}, "--config", f"input={SHORT}", f"model={bert}",
+    roberta = tmp_path / "roberta"
+    roberta.mkdir()
+    (roberta / "config.json").write_text(json.dumps({"model_type": "roberta"}))
+    result = snakemake(tmp_path / "run", {}, "--config", f"input={SHORT}", f"model={roberta}",
                        check=False)  # fmt: skip
     assert result.returncode != 0
-    assert f"model folder '{bert}' holds no model of a family esmshard knows" in result.stderr
-    assert "found a config.json of model_type 'bert'" in result.stderr
+    assert f"model folder '{roberta}' holds no model of a family esmshard knows" in result.stderr
+    assert "BERT encoder (ProtBert, ProtBert-BFD)" in result.stderr  # every family named
+    assert "found a config.json of model_type 'roberta'" in result.stderr
     assert not (tmp_path / "run" / "results").exists()
 
     loose = tmp_path / "loose"

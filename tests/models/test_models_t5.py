@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEOME, jobs_run, read_records, snakemake, write_subset
+from conftest import PROTEOME, hub_cache, jobs_run, read_records, snakemake, write_subset
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -173,17 +173,6 @@ def test_every_layer_and_the_tokens_equal_transformers(tmp_path, variant):
             np.testing.assert_allclose(reps[row][layer].mean, residues.mean(0), atol=1e-5, rtol=0)
 
 
-def hub_cache(root, repo, folder):
-    """`folder` as the HuggingFace cache holds a download of `repo`."""
-    snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    for path in folder.iterdir():
-        (snapshot / path.name).write_bytes(path.read_bytes())
-    (root / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
-    (root / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
-    return root
-
-
 def means(outdir):
     with esmshard.open_embeddings(outdir) as emb:
         assert emb.h5.attrs["model_family"] == "t5"
@@ -235,8 +224,9 @@ def test_published_widths_give_transformers_means_through_snakemake_and_esmshard
 
 def test_prostt5_through_snakemake_takes_its_prefix_as_its_authors_do(tmp_path):
     # A ProtT5-shaped folder whose tokenizer has <AA2fold>: read as ProtT5, its means were off
-    # by 0.15 (no prefix); the reference here is the authors' "<AA2fold> M K ..." input.
-    folder = saved_model(tmp_path / "prostt5", "prostt5", SMALL["prostt5"], 3)
+    # by 0.15 (no prefix); the reference here is the authors' "<AA2fold> M K ..." input. At
+    # ProtT5-XL's width (ProstT5's), two of its 24 layers.
+    folder = saved_model(tmp_path / "prostt5", "prostt5", SHAPES["prot_t5_xl_uniref50"], 2)
     listed = records()
     _, hidden = reference(folder, "prostt5", [s for _, s in listed])
     snakemake(tmp_path / "run", {}, "--config", f"input={PROTEINS}", f"model={folder}",
@@ -244,8 +234,8 @@ def test_prostt5_through_snakemake_takes_its_prefix_as_its_authors_do(tmp_path):
     with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
         for row, (id_, sequence) in enumerate(listed):
             residues = hidden[-1][row, 1 : 1 + len(sequence)].numpy()
-            np.testing.assert_allclose(emb[id_].per_tok[3], residues, atol=1e-4, rtol=0)
-            np.testing.assert_allclose(emb[id_].mean[3], residues.mean(0), atol=1e-4, rtol=0)
+            np.testing.assert_allclose(emb[id_].per_tok[2], residues, atol=1e-4, rtol=0)
+            np.testing.assert_allclose(emb[id_].mean[2], residues.mean(0), atol=1e-4, rtol=0)
 
 
 # In a process of its own: the peak resident memory while loading (VmHWM: ru_maxrss would count
