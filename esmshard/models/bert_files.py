@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..input.fasta import ALPHABET
-from .spec import Alphabet, Arch, ModelError
+from .spec import Alphabet, Arch, ModelError, unaccounted_tokens
 from .weights import folder_weight_files, mapped_tensors, read_config, renamed
 
 VOCABULARY = "vocab.txt"
@@ -120,13 +120,8 @@ def alphabet(folder: Path) -> Alphabet:
     index = {token: number for number, token in enumerate(tokens)}
     unknown = [t for t in tokens if t not in SPECIALS and not (len(t) == 1 and t.isupper())]
     if unknown:
-        shown = ", ".join(unknown[:8]) + (
-            f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
-        )
-        raise ModelError(
-            f"{path}: the vocabulary has tokens esmshard cannot account for ({shown}): it is not "
-            "ProtBert's (BERT's special tokens and one token per residue letter), and its model "
-            "may expect its input written another way; esmshard does not embed it as ProtBert"
+        raise unaccounted_tokens(
+            path, unknown, "ProtBert's hold BERT's special tokens and one per residue letter"
         )
     words = {letter: "X" if letter in RARE_AS_X else letter for letter in ALPHABET}
     missing = sorted({t for t in (*words.values(), *SPECIALS) if t not in index} - {"[UNK]"})

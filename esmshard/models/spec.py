@@ -14,6 +14,17 @@ class ModelError(RuntimeError):
     """A model that cannot be found or safely loaded; the message says what to do."""
 
 
+def unaccounted_tokens(path, tokens: list[str], held: str) -> ModelError:
+    """The refusal of a tokenizer file at `path` with `tokens` of no kind its family's models
+    hold (`held` says what they are): its model may expect its input written another way."""
+    shown = ", ".join(tokens[:8]) + (f" and {len(tokens) - 8} more" if len(tokens) > 8 else "")
+    return ModelError(
+        f"{path}: the tokenizer has tokens esmshard cannot account for ({shown}); {held}. Its "
+        "model may expect its input written another way: esmshard does not embed it under "
+        "their conventions"
+    )
+
+
 class Arch(NamedTuple):
     layers: int
     dim: int

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from ..input.fasta import ALPHABET
-from .spec import Alphabet, ModelError
+from .spec import Alphabet, ModelError, unaccounted_tokens
 from .t5_files import Variant, tokenizer_file
 
 RARE = "UZOB"
@@ -100,14 +100,11 @@ def alphabet(folder: Path, variant: Variant) -> Alphabet:
     prefix = tokenizer.token_id(AA2FOLD)
     unknown = unaccounted(tokenizer.vocabulary(), prostt5=prefix is not None)
     if unknown:
-        shown = ", ".join(unknown[:8]) + (
-            f" and {len(unknown) - 8} more" if len(unknown) > 8 else ""
-        )
-        raise ModelError(
-            f"{path}: the tokenizer has tokens esmshard cannot account for ({shown}): it is "
-            "neither ProtT5's, ProstT5's nor Ankh's, and its model may expect its input written "
-            "another way (a prefix, other letters); esmshard does not embed it under their "
-            "conventions"
+        raise unaccounted_tokens(
+            path,
+            unknown,
+            "ProtT5's, ProstT5's and Ankh's hold T5's own, the residue letters "
+            "and ProstT5's prefixes and 3Di letters",
         )
     return Alphabet(
         residues,

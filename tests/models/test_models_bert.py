@@ -126,7 +126,7 @@ def test_a_vocabulary_of_another_convention_or_none_is_refused_before_any_job(tm
                        check=False)  # fmt: skip
     assert result.returncode != 0 and jobs_run(result) == {}
     (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
-    assert "vocab.txt: the vocabulary has tokens esmshard cannot account for (##A, <mask>)" in line
+    assert "vocab.txt: the tokenizer has tokens esmshard cannot account for (##A, <mask>)" in line
     assert not (tmp_path / "run" / "results").exists()
 
     (folder / "vocab.txt").unlink()
