@@ -1,11 +1,12 @@
 """ESM-1b and ESM-1v (fair-esm's `ProteinBertModel`, architecture `roberta_large`): fair-esm's
-own model, loading and forward pass.
+own model and loading.
 
 Their arithmetic is ESM-2's but for learned absolute positions (1,024 of them, so 1,022 residues),
 a layer norm before the first layer, and token dropout scaling as fair-esm applies it; fair-esm's
-loader zeroes the mask token's embedding. esmshard's fast forward pass (fused attention, packed
-batches, compile) is ESM-2's alone: these run fair-esm's forward pass on padded batches, every
-layer, as fair-esm's extract script does. ESM-1v's five checkpoints are the variant-effect
+loader zeroes the mask token's embedding. Their layers are ESM-2's, so esmshard's fast forward
+pass (esmshard.models.esm2.FastESM2: fused attention, packed batches, compile) runs them, its
+positions learned instead of rotary; contact maps and `fast_path: false` take fair-esm's own
+forward pass. ESM-1v's five checkpoints are the variant-effect
 ensemble; none has contact-regression weights, so contact maps come from ESM-1b alone (fair-esm's
 contact head over its attention maps; ESM-1v's are refused before any job).
 """

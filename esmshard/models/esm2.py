@@ -131,19 +131,28 @@ class FastESM2(FastForward):
 
     @staticmethod
     def takes(model) -> bool:
-        """Whether `model` is fair-esm's ESM-2 (its ESM-1b layout has no fast forward pass)."""
+        """Whether `model` is fair-esm's ESM-2, or its ESM-1b layout (ESM-1b, ESM-1v): the same
+        layers, with learned positions instead of rotary ones."""
+        from esm.model.esm1 import ProteinBertModel
         from esm.model.esm2 import ESM2
 
+        if isinstance(model, ProteinBertModel):
+            return model.model_version == "ESM-1b"
         return isinstance(model, ESM2)
 
     def __init__(self, model):
         super().__init__()
-        self.model = model  # fair-esm's ESM2: its modules and weights, used as they are
+        self.model = model  # fair-esm's ESM2 or ProteinBertModel: its modules, used as they are
         self.num_layers = model.num_layers
         self.embed_dim = model.embed_dim
         self.attention_heads = model.attention_heads
         self.head_dim = model.embed_dim // model.attention_heads
         self.qkv = torch.nn.ModuleList(fuse_qkv(layer.self_attn) for layer in model.layers)
+        # ESM-1b's: learned absolute positions, and a layer norm before the first layer
+        self.learned_positions = getattr(model, "embed_positions", None)
+        self.token_dropout = getattr(model, "token_dropout", None)
+        if self.token_dropout is None:  # ESM-1b keeps it in its config
+            self.token_dropout = getattr(model.args, "token_dropout", False)
 
     def attention(self, attn, qkv, x, cos, sin, mask, dense):
         """Self-attention `attn` on `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
@@ -155,8 +164,9 @@ class FastESM2(FastForward):
 
         packed = isinstance(mask, Packed)
         q, k, v = (heads(t) for t in dense(x, qkv).chunk(3, dim=-1))
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        if cos is not None:  # rotary positions (ESM-2's)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
         # fair-esm scales q before rotating it; the rotation is linear, so SDPA may scale instead.
         if packed:
             return packed_attention(q, k, v, mask, attn.scaling).reshape(shape)
@@ -173,6 +183,16 @@ class FastESM2(FastForward):
         x = dense(attended, attn.out_proj, residual=x)
         return dense(dense(layer.final_layer_norm(x), layer.fc1, gelu=True), layer.fc2, residual=x)
 
+    def positions(self, packed: Packed | None, padding):
+        """Each token's row of ESM-1b's learned positions, as fair-esm numbers them: the
+        padding index plus the token's place in its sequence from 1 (padding: the padding
+        index's own row)."""
+        first = self.model.padding_idx + 1
+        if packed:
+            return packed.positions + first
+        real = (~padding).long()
+        return torch.cumsum(real, dim=1) * real + self.model.padding_idx
+
     def forward(self, tokens, repr_layers, padded: bool | None = None):
         """Representations of padded `tokens` (B × L), or of a Packed batch (T × D each)."""
         m = self.model
@@ -181,7 +201,7 @@ class FastESM2(FastForward):
             tokens = packed.tokens
         padding = tokens.eq(m.padding_idx)
         x = m.embed_scale * m.embed_tokens(tokens)
-        if m.token_dropout:
+        if self.token_dropout:
             masked = tokens == m.mask_idx
             x = x.masked_fill(masked.unsqueeze(-1), 0.0)
             mask_ratio_train = 0.15 * 0.8
@@ -193,21 +213,29 @@ class FastESM2(FastForward):
             else:
                 observed = (masked.sum(-1).to(x.dtype) / (~padding).sum(-1))[:, None, None]
             x = x * (1 - mask_ratio_train) / (1 - observed)
+        if self.learned_positions is not None:
+            x = x + self.learned_positions.weight[self.positions(packed, padding)]
+            if m.emb_layer_norm_before is not None:
+                x = m.emb_layer_norm_before(x)
         if not packed:
             x = x * (1 - padding.unsqueeze(-1).type_as(x))
         dense = self.dense_for(x)
 
         wanted = set(repr_layers)
         representations = {0: x} if 0 in wanted else {}
-        # The inverse frequencies move with the model.
-        inv_freq = m.layers[0].self_attn.rot_emb.inv_freq
-        if packed:
-            (cos, sin), mask = packed_rotary(inv_freq, packed), packed
-        else:
-            cos, sin = rotary(inv_freq, tokens.shape[1], tokens.device)
-        # In the dtype q and k are computed in: fp32 tables would promote them (under autocast
-        # the products are half precision), and varlen attention takes half precision only.
-        cos, sin = (t.to(compute_dtype(x)) for t in (cos, sin))
+        cos = sin = None  # ESM-1b's positions are in x already
+        mask = packed
+        if self.learned_positions is None:
+            # The inverse frequencies move with the model.
+            inv_freq = m.layers[0].self_attn.rot_emb.inv_freq
+            if packed:
+                cos, sin = packed_rotary(inv_freq, packed)
+            else:
+                cos, sin = rotary(inv_freq, tokens.shape[1], tokens.device)
+            # In the dtype q and k are computed in: fp32 tables would promote them (under
+            # autocast the products are half precision), and varlen attention takes half
+            # precision only.
+            cos, sin = (t.to(compute_dtype(x)) for t in (cos, sin))
         if not packed:
             # Boolean mask, True where attention is allowed: every query sees the real keys only.
             if padded is None:

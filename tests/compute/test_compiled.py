@@ -15,6 +15,7 @@ from esmshard.compute.batching import make_batches
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
 from esmshard.models.archs import Arch
+from esmshard.models.esm1 import build
 from esmshard.models.esm2 import random_model
 from esmshard.models.esmc import ALPHABET, ESMC, ffn_size
 from esmshard.models.esmc_weights import Shape
@@ -33,6 +34,14 @@ def esmc():
     with torch.random.fork_rng():
         torch.manual_seed(0)
         return ESMC(Shape(Arch(3, 64, 4), ffn_size(64))).eval(), ALPHABET, 3
+
+
+def esm1():
+    """A small ESM-1b layout (3 layers, D = 64): ESM-2's layers, learned positions."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build(Arch(3, 64, 4)).eval()
+    return model, model.alphabet, 3
 
 
 @pytest.mark.parametrize(
@@ -56,8 +65,11 @@ def key(net, batching="packed", **changes) -> compiled.CacheKey:
     return compiled.CacheKey.of(CPU, "ESM-2", net, "fp32", batching)._replace(**changes)
 
 
-@pytest.mark.parametrize("batching", ["packed", "padded"])
-@pytest.mark.parametrize("family", [esm2, esmc], ids=["esm2", "esmc"])
+@pytest.mark.parametrize(
+    "family, batching",
+    [(esm2, "packed"), (esm2, "padded"), (esmc, "packed"), (esmc, "padded"), (esm1, "packed")],
+    ids=["esm2-packed", "esm2-padded", "esmc-packed", "esmc-padded", "esm1-packed"],
+)
 def test_one_compiled_graph_gives_the_eager_numbers_for_every_layer_and_batch(family, batching):
     torch.set_num_threads(2)
     model, alphabet, layers = family()

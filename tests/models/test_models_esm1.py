@@ -1,5 +1,6 @@
-"""ESM-1b and ESM-1v: fair-esm's checkpoints of their real width, through `snakemake`, against
-fair-esm's own loader and forward pass, one protein at a time as its extract script runs them."""
+"""ESM-1b and ESM-1v: fair-esm's checkpoints of their real width, through `snakemake` (esmshard's
+fast forward pass, packed), against fair-esm's own loader and forward pass, one protein at a time
+as its extract script runs them."""
 
 import argparse
 
@@ -44,6 +45,36 @@ def fair_esm(path, sequences):
             out = model(tokens, repr_layers=[ARCH.layers])["representations"][ARCH.layers]
             rows.append(out[0, 1 : len(sequence) + 1].numpy())
     return rows
+
+
+@pytest.mark.parametrize("batching", ["padded", "packed"])
+def test_the_fast_path_gives_fair_esms_every_layer(batching):
+    """ESM-1b's layers are ESM-2's: esmshard's fast forward pass (fused attention, packed
+    batches) with its learned positions, the layer norm before the layers and token dropout's
+    scaling gives fair-esm's own numbers, padded and packed."""
+    from esmshard.compute.embedder import Embedder
+    from esmshard.compute.precision import PRECISIONS
+    from esmshard.models.esm2 import FastESM2
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = build(Arch(3, 64, 4)).eval()
+        with torch.no_grad():
+            for key, tensor in model.named_parameters():
+                if "layer_norm" in key:
+                    tensor.add_(torch.randn_like(tensor) * 0.3)
+    sequences = [s[:300] for _, s in read_records(PROTEINS)[:6]]
+    _, _, tokens = model.alphabet.get_batch_converter()([("p", s) for s in sequences])
+    with torch.inference_mode():
+        want = model(tokens, repr_layers=[0, 1, 3])["representations"]
+    embedder = Embedder(model, model.alphabet, [0, 1, 3], torch.device("cpu"), PRECISIONS["fp32"],
+                        kinds=("per_tok", "mean"), packed=batching == "packed")  # fmt: skip
+    assert isinstance(embedder.net, FastESM2) and embedder.batching == batching
+    for row, rep in enumerate(embedder.forward(sequences)):
+        for layer in (0, 1, 3):
+            rows = want[layer][row, 1 : len(sequences[row]) + 1].numpy()
+            np.testing.assert_allclose(rep[layer].per_tok, rows, atol=1e-5, rtol=0)
+            np.testing.assert_allclose(rep[layer].mean, rows.mean(0), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["esm1b_t33_650M_UR50S", "esm1v_t33_650M_UR90S_1"])
