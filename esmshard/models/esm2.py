@@ -7,7 +7,10 @@ embeddings, pre-norm layers, the final layer norm on the last layer only) with c
 the representations as they were: attention runs through `scaled_dot_product_attention` (fused,
 with the padded keys masked) instead of two `bmm`s and a softmax over materialised weights; the
 language-model and contact heads are skipped; layers above the highest requested one are not run;
-on CPUs in fp32 the dense layers run through oneDNN (esmshard.models.layers).
+on CPUs in fp32 the dense layers run through oneDNN (esmshard.models.layers). fair-esm's ESM-1b
+layout (ESM-1b, ESM-1v: esmshard.models.esm1) has the same layers: FastESM2 runs it too, with
+its learned absolute positions (added to the embeddings, then its layer norm before the layers)
+instead of rotary ones.
 """
 
 import argparse
