@@ -253,5 +253,5 @@ def _hf_download(repo: str, patterns: list[str]) -> Path:
             f"{str(err).splitlines()[0] if str(err) else ''}). Without network access, run "
             f"`hf download {repo}` where there is network and copy the HuggingFace cache "
             f"({constants.HF_HUB_CACHE}; HF_HOME moves it) here, or set `model:` to a folder "
-            "saved by transformers (config.json and .safetensors files)"
+            "saved by transformers (its config.json, weights and tokenizer files)"
         ) from err
