@@ -146,7 +146,7 @@ def family_problems(config: dict, family) -> list[str]:
     if "contacts" in config["include"] and not family.contacts:
         problems.append(
             f"include: contacts: {family.title} ({config['model']}) has no contact head; contact "
-            "maps come from ESM-2 models. Remove contacts from include, or use an ESM-2 model"
+            "maps come from ESM-2 and ESM-1b models. Remove contacts from include, or use one"
         )
     if "bos" in config["include"] and not family.bos:
         problems.append(

@@ -115,8 +115,9 @@ def recognise(path: Path) -> Weights:
             arch = esm2_hf.arch_of(esm2_hf.checked_config(path))
             return Weights(ESM2, arch, path, (path / "config.json", *safetensors_files(path)))
         if esmc_weights.is_hf_config(config):
-            arch = esmc_weights.hf_shape(path).arch
-            return Weights(ESMC, arch, path, (path / "config.json", *safetensors_files(path)))
+            shape = esmc_weights.hf_shape(path)
+            files = (path / "config.json", *safetensors_files(path))
+            return Weights(ESMC, shape.arch, path, files, shape.params)
         if t5_files.is_hf_config(config):
             shape = t5_files.shape_of(path)
             t5_tokenizer.alphabet(path, shape.variant)  # its tokens, checked before any job
@@ -147,7 +148,8 @@ def recognise(path: Path) -> Weights:
     if esm2_files.is_esm1_checkpoint(contents):
         return Weights(ESM1, esm2_files.esm1_arch_of(path, contents), path, (path,))
     if isinstance(contents, dict) and esmc_weights.is_pth(contents):
-        return Weights(ESMC, esmc_weights.pth_shape(path, contents).arch, path, (path,))
+        shape = esmc_weights.pth_shape(path, contents)
+        return Weights(ESMC, shape.arch, path, (path,), shape.params)
     names = sorted(contents) if isinstance(contents, dict) else [type(contents).__name__]
     raise ModelError(
         f"model checkpoint '{path}' holds no model of a family esmshard knows ({known}): found "
@@ -164,7 +166,9 @@ def parse_spec(model: str) -> ModelSpec:
         name = model[len(RANDOM_PREFIX) :]
         for family in FAMILIES.values():
             if name in family.archs:
-                return ModelSpec(family, name, "random", arch=family.archs[name])
+                arch = family.archs[name]
+                params = esmc_weights.published_params(arch) if family is ESMC else None
+                return ModelSpec(family, name, "random", arch=arch, layer_params=params)
         names = [n for family in FAMILIES.values() for n in family.archs]
         raise ModelError(f"model '{model}': unknown architecture; use one of {names}")
     if model.startswith(HF_PREFIX):
@@ -204,7 +208,9 @@ def parse_spec(model: str) -> ModelSpec:
         if not path.is_file():
             raise ModelError(f"model checkpoint '{path}' does not exist")
         found = recognise(path)
-        return ModelSpec(found.family, path.stem, "local", path, found.arch)
+        return ModelSpec(
+            found.family, path.stem, "local", path, found.arch, layer_params=found.params
+        )
     for family in FAIR_ESM:
         if model in family.archs:
             return ModelSpec(family, model, "hub", arch=family.archs[model])
@@ -233,6 +239,21 @@ def contact_problems(spec: ModelSpec) -> list[str]:
     return [
         f"include: contacts: {spec.name} has no contact-regression weights (ESM-1v's checkpoints "
         "have none), so no contact maps; remove contacts from include, or use ESM-1b or ESM-2"
+    ]
+
+
+def length_problems(spec: ModelSpec, limit) -> list[str]:
+    """Why `truncation_seq_length` `limit` is beyond the model's own positions, where they end
+    beyond its family's default limit (a BERT's: its config's max_position_embeddings)."""
+    if spec.family is not BERT or limit == "auto":
+        return []
+    residues = bert_files.shape_of(spec.path).positions - 2  # [CLS] and [SEP] take two
+    if limit <= residues:
+        return []
+    return [
+        f"truncation_seq_length {limit} is beyond the {residues} residues that {spec.name}'s "
+        f"positions reach (max_position_embeddings, [CLS] and [SEP] among them); use at most "
+        f"{residues}, or auto, and long_sequences: chunk for longer sequences"
     ]
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .archs import ESMC as ARCHS
-from .esmc_weights import Shape, read_weights
+from .esmc_weights import Shape, ffn_size, read_weights
 from .layers import (
     FastForward,
     Packed,
@@ -34,11 +34,6 @@ VOCABULARY = (
 ).split()
 VOCAB_SIZE = 64  # the embedding's rows: the vocabulary, padded
 NORM_EPS = 1e-5
-
-
-def ffn_size(dim: int) -> int:
-    """The feed-forward's hidden size: 8/3 of the model's, rounded up to a multiple of 256."""
-    return int((8 / 3 * dim + 255) // 256 * 256)
 
 
 ALPHABET = Alphabet(

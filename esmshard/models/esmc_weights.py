@@ -61,6 +61,22 @@ class Shape(NamedTuple):
     ffn: int  # the SwiGLU's hidden size
     rope_theta: float = ROPE_THETA
 
+    @property
+    def params(self) -> int:
+        """The parameters of its layers (q, k, v, out; gate, up, down): what a token costs."""
+        layers, dim, _ = self.arch
+        return layers * (4 * dim * dim + 3 * dim * self.ffn)
+
+
+def ffn_size(dim: int) -> int:
+    """The feed-forward's hidden size: 8/3 of the model's, rounded up to a multiple of 256."""
+    return int((8 / 3 * dim + 255) // 256 * 256)
+
+
+def published_params(arch: Arch) -> int:
+    """The layers' parameters of a published shape (its feed-forward from its width)."""
+    return Shape(arch, ffn_size(arch.dim)).params
+
 
 def is_hf_config(config: dict | None) -> bool:
     return bool(config) and config.get("model_type") == "esmc"

@@ -21,7 +21,7 @@ from ..config import (
 from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, not_a_file, printable, read_raw
 from ..layout import Layout
-from ..models import ModelError, contact_problems, file_problems, parse_spec
+from ..models import ModelError, contact_problems, file_problems, length_problems, parse_spec
 from ..models.spec import ModelSpec
 from ..store import Store, written_by_layout, written_by_run
 from ..store.storelock import locks_problem
@@ -66,6 +66,7 @@ def check_config(
         problems += family_problems(config, model.family)
         if "contacts" in config["include"]:
             problems += contact_problems(model)
+        problems += length_problems(model, config["truncation_seq_length"])
     if model is not None and model.num_layers and "repr_layers" in valid:
         problems += layer_problems(config["repr_layers"], model.name, model.num_layers)
     if valid >= {"outdir", "store"}:

@@ -134,9 +134,16 @@ def test_a_vocabulary_of_another_convention_or_none_is_refused_before_any_job(tm
         parse_spec(str(folder))
 
 
-def test_contacts_are_refused_and_bos_is_cls(tmp_path):
+def test_contacts_and_lengths_beyond_its_positions_are_refused_and_bos_is_cls(tmp_path):
     folder = saved_bert(tmp_path / "bert", Arch(1, 32, 2), 64, 1)
-    result = snakemake(tmp_path / "run", {}, "--config", f"input={PROTEOME}", f"model={folder}",
-                       "include=[mean,contacts]", check=False)  # fmt: skip
+    typed = ["--config", f"input={PROTEOME}", f"model={folder}"]
+    result = snakemake(tmp_path / "run", {}, *typed, "include=[mean,contacts]", check=False)
     assert result.returncode != 0 and "include: contacts: BERT encoder" in result.stderr
     assert BERT.bos and not BERT.contacts
+    # 40,000 positions: a longer limit than the default 4,096 is the user's, up to where they end
+    result = snakemake(tmp_path / "run", {}, *typed, "truncation_seq_length=50000", check=False)
+    assert result.returncode != 0 and jobs_run(result) == {}
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    assert "truncation_seq_length 50000 is beyond the 39998 residues that bert's positions" in line
+    result = snakemake(tmp_path / "run", {}, *typed, "truncation_seq_length=39998", "-n")
+    assert "embed" in result.stdout + result.stderr

@@ -201,7 +201,8 @@ def wide_6b(tmp_path_factory):
 
 def test_the_6b_shape_is_published_and_needs_its_width(wide_6b):
     assert ESMC.archs["esmc_6b"] == (80, 2560, 40) and ffn_size(2560) == 6912
-    assert parse_spec("random:esmc_6b").params > 6e9
+    # its layers' parameters, the SwiGLU's included: what shards: auto and memory requests count
+    assert parse_spec("random:esmc_6b").params == 80 * (4 * 2560**2 + 3 * 2560 * 6912)
     assert parse_spec(str(wide_6b[0])).arch == WIDE_6B
 
 
