@@ -1,4 +1,5 @@
-"""esmshard: sharded, multi-GPU protein language model embeddings (ESM-2, ESM-1b/1v, ESM C, ProtT5, ProstT5, Ankh)."""
+"""esmshard: sharded, multi-GPU protein language model embeddings (ESM-2, ESM-1b/1v, ESM C,
+ProtT5, ProstT5, Ankh, ProtBert; esmshard.models.FAMILIES)."""
 
 from .version import __version__
 

@@ -67,7 +67,7 @@ def main(argv=None):
     )
     run.add_argument(
         "--model",
-        help="an ESM-2, ESM-1b/1v, ESM C, ProtT5, ProstT5 or Ankh model: a fair-esm name (esm2_t33_650M_UR50D, the "
+        help=f"a model of {families_named()}: a fair-esm name (esm2_t33_650M_UR50D, the "
         "default, downloads its weights once), hf:OWNER/NAME (HuggingFace), a folder saved by "
         "transformers, a .pt or .pth checkpoint file, or random:NAME (seeded random weights of a "
         "published shape, e.g. random:esm2_t6_8M_UR50D: runs offline, for trying esmshard out)",

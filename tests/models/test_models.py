@@ -112,15 +112,16 @@ def test_local_weights_are_named_by_content_so_a_copy_is_the_same_weights(tmp_pa
 
 
 def test_every_list_of_models_names_every_family_of_the_one_table():
-    """`esmshard --help` and the error for an unknown model name every family (FAMILIES)."""
+    """`esmshard --help`, `esmshard run --help` and the error for an unknown model name every
+    family (FAMILIES)."""
     named = [family.named for family in models.FAMILIES.values()]
     assert len(named) == 5 and "BERT encoder (ProtBert, ProtBert-BFD)" in named
     with pytest.raises(models.ModelError) as refused:
         models.parse_spec("esm3_open")
-    helped = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "esmshard"), "--help"],
-        capture_output=True,
-        text=True,
-    ).stdout
-    for text in (str(refused.value), " ".join(helped.split())):
+    esmshard = os.path.join(os.path.dirname(sys.executable), "esmshard")
+    helped = [
+        subprocess.run([esmshard, *command, "--help"], capture_output=True, text=True).stdout
+        for command in ([], ["run"])  # the program's description, and run's --model
+    ]
+    for text in (str(refused.value), *(" ".join(h.split()) for h in helped)):
         assert all(name in text for name in named), text

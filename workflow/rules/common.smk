@@ -334,7 +334,9 @@ def say_no_usable_gpu():
     if workflow.dryrun or not workflow.local_exec or "--lint" in sys.argv:
         return
     why = no_usable_gpu(config["gpus"])
-    if why is None and visible_devices():
+    # None also where `gpus: auto` finds no GPU, a CPU run as asked: told apart without asking
+    # NVML again where GPUs were listed
+    if why is None and (config["gpus"] != "auto" or visible_devices()):
         return
     too_large = cpu_memory_problem(MODEL.name, MODEL.params, host_memory_bytes())
     if too_large:
