@@ -16,8 +16,11 @@ from typing import NamedTuple
 
 from .spec import ModelError
 
+# A transformers folder's weights where it has no .safetensors files (ProtT5's and ProtBert's
+# repositories hold no other).
+BIN_WEIGHTS = "pytorch_model*.bin"
 # What is downloaded of a hub repository: its config, weights and tokenizer files; pytorch_model
-# .bin files (ProtT5's and ProtBert's repositories hold no other) only where it has no .safetensors or .pth.
+# .bin files only where it has no .safetensors or .pth.
 HF_PATTERNS = [
     "config.json",
     "*.safetensors",
@@ -26,9 +29,8 @@ HF_PATTERNS = [
     "spiece.model",
     "vocab.txt",
 ]
-HF_BIN_PATTERNS = ["pytorch_model*.bin"]
+HF_BIN_PATTERNS = [BIN_WEIGHTS]
 CHECKPOINT_SUFFIXES = (".pt", ".pth")
-BIN_WEIGHTS = "pytorch_model*.bin"
 
 
 class Tensor(NamedTuple):
@@ -62,8 +64,7 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def folder_weight_files(folder: Path) -> list[Path]:
-    """A transformers folder's .safetensors files, else its pytorch_model*.bin files (ProtT5's
-    and ProtBert's repositories hold those)."""
+    """A transformers folder's .safetensors files, else its pytorch_model*.bin files."""
     files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob(BIN_WEIGHTS))
     if not files:
         raise ModelError(
