@@ -20,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from esmshard.id_index import id_hashes, write_id_index
+from esmshard.embeddings_h5.id_index import id_hashes, write_id_index
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scale import PROTEOME, first_lookup  # noqa: E402

@@ -199,7 +199,7 @@ def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
     return dict(sorted(settings.items()))
 
 
-PATH_KEYS = ("input", "outdir", "store", "model")  # `model` may also name a hub model
+PATH_KEYS = ("input", "outdir", "store", "model", "variants")  # `model` may also name a hub model
 
 
 def expand_home(config: dict) -> dict:

@@ -57,6 +57,15 @@ class Layout:
         return self._path("failed_sequences.tsv")
 
     @property
+    def variant_scores(self) -> str:
+        """The variants' scores (esmshard.outputs.variants), and the same as a Parquet dataset."""
+        return self._path("variant_scores.tsv")
+
+    @property
+    def variant_scores_parquet(self) -> str:
+        return self._path("variant_scores")
+
+    @property
     def scaling_json(self) -> str:
         return self._path("report", "scaling.json")
 
@@ -82,13 +91,14 @@ class Layout:
     @property
     def own_files(self) -> list[str]:
         """The files esmshard writes at the outdir's top level."""
-        return [self.embeddings, self.run_json, self.failed]
+        return [self.embeddings, self.run_json, self.failed, self.variant_scores]
 
     @property
     def own_folders(self) -> list[str]:
         """The outdir's folders that esmshard makes and alone writes in (its files at the top
         level aside): what it may clean up in, recursively."""
-        names = ("shards", "metrics", "telemetry", "progress", "logs", "report", ".esmshard")
+        names = ("shards", "metrics", "telemetry", "progress", "logs", "report", ".esmshard",
+                 "variant_scores")  # fmt: skip
         return [self._path(name) for name in names]
 
     def log(self, step: str, shard: str | None = None) -> str:

@@ -11,8 +11,18 @@ from conftest import REPO
 PACKAGE = REPO / "esmshard"
 # The stages from the bottom up: a module imports only from its own stage or one below.
 # The top level holds what every stage shares (the version, file helpers, the outdir's layout,
-# typed config values and the tables of representations and contact maps).
-STAGES = ("", "input", "store", "models", "compute", "steps", "outputs", "commands")
+# typed config values); embeddings_h5, what embeddings.h5 holds (the one table of kinds).
+STAGES = (
+    "",
+    "embeddings_h5",
+    "input",
+    "store",
+    "models",
+    "compute",
+    "steps",
+    "outputs",
+    "commands",
+)
 
 
 def module_name(path: Path) -> str:

@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 
 from .. import store as stores
+from ..embeddings_h5.representations import KINDS
 from ..files import DamagedFileError, human_bytes, quiet_hdf5_cleanup, unwritable
 from ..input.fasta import FastaError
 from ..layout import Layout
 from ..models import families_named
 from ..outputs import export as exports
-from ..representations import KINDS
 from ..store.storelock import StoreBusyError
 from ..version import __version__
 from . import launch

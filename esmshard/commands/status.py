@@ -8,8 +8,8 @@ import socket
 import time
 from pathlib import Path
 
+from ..embeddings_h5.in_place import REPAIR, checksum_cache
 from ..files import read_tsv
-from ..in_place import REPAIR, checksum_cache
 from ..layout import Layout
 from ..steps.progress import (
     METRICS_FIELDS,

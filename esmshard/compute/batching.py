@@ -6,9 +6,11 @@ CPU_TOKENS_PER_BATCH = 4096  # on a CPU larger batches do not run faster
 MAX_AUTO_TOKENS = 1 << 20
 
 
-def make_batches(lengths, toks_per_batch, packed: bool = False) -> list[list[int]]:
+def make_batches(lengths, toks_per_batch, packed: bool = False, masked: bool = False):
     """Longest first, each batch as many sequences as fit the token budget: once padded to the
-    batch's longest, or `packed`, laid end to end (its real tokens alone count).
+    batch's longest, or `packed`, laid end to end (its real tokens alone count). `masked`: a
+    sequence counts the tokens of its pass per residue too (masked marginals, whose copies the
+    Embedder passes within the budget), so that a batch takes about as long as one without.
 
     `toks_per_batch` is a number or a function of the batch's longest sequence (in tokens).
     A sequence longer than the budget gets a batch of its own.
@@ -21,7 +23,9 @@ def make_batches(lengths, toks_per_batch, packed: bool = False) -> list[list[int
         if not current:
             budget = budget_for(tokens)
         width = max(width, tokens)
-        size = total + tokens if packed else width * (len(current) + 1)
+        if masked:
+            tokens *= lengths[i] + 1
+        size = total + tokens if packed or masked else width * (len(current) + 1)
         if current and size > budget:
             batches.append(current)
             current, width, total, budget = [], tokens, 0, budget_for(tokens)

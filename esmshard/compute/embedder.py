@@ -8,18 +8,21 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..contacts import NAME as CONTACTS
-from ..contacts import upper_triangle
+from ..embeddings_h5 import scores
+from ..embeddings_h5.contacts import NAME as CONTACTS
+from ..embeddings_h5.contacts import upper_triangle
+from ..embeddings_h5.representations import LAYERED, Representation
 from ..input.long_sequences import chunk_spans
 from ..models.esm2 import FastESM2
 from ..models.layers import FastForward, Packed
-from ..representations import KINDS, Representation
 from ..store.shardfile import Failure
+from .batching import CPU_TOKENS_PER_BATCH
 from .precision import Precision, autocast
 
 log = logging.getLogger(__name__)
 
-MEAN, PER_TOK, BOS = KINDS  # the representation kinds, as the read-back names them
+MEAN, PER_TOK, BOS = LAYERED  # the layered kinds, as the read-back names them
+LOGITS, MASKED_MARGINALS, PLL = scores.LOGITS, scores.MASKED_MARGINALS, scores.PLL
 
 # Test hook: batches of more tokens than this raise an out-of-memory error, as CUDA would.
 INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
@@ -35,7 +38,9 @@ FINITE = "finite"  # one flag per sequence: every value at every layer is finite
 class Launched(NamedTuple):
     """A batch whose forward pass and read-back are queued; `Embedder.finish` reads it."""
 
-    values: dict[str, torch.Tensor]  # per kind: layers × rows × D; contacts: B × L × L; FINITE: B
+    # per layered kind: layers × rows × D; contacts: B × L × L; logits, masked marginals:
+    # residues × 20; pll: B × 2; FINITE: B
+    values: dict[str, torch.Tensor]
     copied: "torch.cuda.Event | None"  # passed once `values` are on the host (None on a CPU)
     lengths: np.ndarray  # residues of each sequence
 
@@ -91,8 +96,9 @@ class Embedder:
         precision: Precision,
         fast_path=True,
         contacts=False,
-        kinds=tuple(KINDS),
+        kinds=tuple(LAYERED),
         packed=False,
+        budget=CPU_TOKENS_PER_BATCH,
     ):
         # Contact maps need the attention maps: fair-esm's own forward pass computes them. A
         # family whose model is a fast forward pass itself (ESM C) has no other one.
@@ -119,6 +125,18 @@ class Embedder:
         self.device = device
         self.precision = precision
         self.kinds = tuple(kinds)
+        # The language-model scores asked for (esmshard.embeddings_h5.scores): they need the
+        # last layer and the head over it, masked marginals a pass per residue.
+        self.scores = [kind for kind in self.kinds if kind in scores.NEEDS_HEAD]
+        self.head = None
+        if self.scores:
+            self.head = getattr(self.model, "lm_head", None)
+            if self.head is None or not getattr(self.model, "has_lm_head", True):
+                raise ValueError("language-model scores need a model with its language-model head")
+            self.columns = torch.tensor(scores.column_tokens(alphabet.tok_to_idx), device=device)
+        self.num_layers = model.num_layers
+        self.net_layers = sorted(set(self.layers) | ({self.num_layers} if self.scores else set()))
+        self.budget = budget  # tokens per masked-marginal pass: a number, or of the longest
         self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
         self.seconds_per_batch = float(os.environ.get(SLOW_BATCHES_ENV, 0))
         # The host's own work on batches (tokens, read-back, checks), in seconds: not the
@@ -207,28 +225,23 @@ class Embedder:
         if self.inject_oom_tokens and toks.size > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.size} tokens")
         with torch.inference_mode():
-            with autocast(self.precision, self.device):
-                if self.packed:
-                    batch = Packed.of(toks, counts, self.to_device)
-                    out = self.net(batch, self.layers)
-                elif self.contacts:
-                    out = self.net(
-                        self.to_device(toks), repr_layers=self.layers, return_contacts=True
-                    )
-                elif self.fast:
-                    padded = bool(residue.sum() < toks.size - (self.bos + 1) * len(sequences))
-                    out = self.net(self.to_device(toks), self.layers, padded=padded)
-                else:
-                    out = self.net(self.to_device(toks), repr_layers=self.layers)
+            out, batch = self.run(toks, counts if self.packed else None, self.net_layers)
             reps = [out["representations"][layer] for layer in self.layers]
             if self.packed:
                 values = self.reduce_packed(reps, batch, self.to_device(residue), kinds, self.bos)
             else:
                 values = self.reduce(reps, self.to_device(residue), kinds, self.bos)
+            positions = self.to_device(np.flatnonzero(residue))
             if PER_TOK in kinds:
-                values[PER_TOK] = self.gather(reps, self.to_device(np.flatnonzero(residue)))
+                values[PER_TOK] = self.gather(reps, positions)
             if self.contacts:
                 values[CONTACTS] = out["contacts"].float()
+            if LOGITS in kinds:
+                last = out["representations"][self.num_layers]
+                values[LOGITS] = self.log_probs(last.reshape(-1, last.shape[-1]), positions)
+                values[LOGITS] = values[LOGITS][:, self.columns]
+            if MASKED_MARGINALS in kinds or PLL in kinds:
+                values.update(self.masked(sequences, kinds))
             if self.device.type != "cuda":
                 return Launched(values, None, lengths)
             host = {
@@ -240,6 +253,74 @@ class Embedder:
             copied = torch.cuda.Event()
             copied.record()
             return Launched(host, copied, lengths)
+
+    def run(self, toks: np.ndarray, counts, layers, contacts=None):
+        """The forward pass over host tokens (packed where `counts` gives each sequence's
+        tokens; `contacts` None: where the Embedder computes them): its output, and the Packed
+        batch (None when padded)."""
+        batch = None
+        with autocast(self.precision, self.device):
+            if counts is not None:
+                batch = Packed.of(toks, counts, self.to_device)
+                out = self.net(batch, layers)
+            elif self.contacts if contacts is None else contacts:
+                out = self.net(self.to_device(toks), repr_layers=layers, return_contacts=True)
+            elif self.fast:
+                padded = bool((toks == self.alphabet.padding_idx).any())  # known on the host
+                out = self.net(self.to_device(toks), layers, padded=padded)
+            else:
+                out = self.net(self.to_device(toks), repr_layers=layers)
+        return out, batch
+
+    def log_probs(self, last: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The language-model head over the last layer's `rows` (tokens × D): the log-softmax
+        over the whole vocabulary, in fp32."""
+        with autocast(self.precision, self.device):
+            logits = self.head(torch.index_select(last, 0, rows))
+        return torch.log_softmax(logits.float(), dim=-1)
+
+    def masked(self, sequences: list[str], kinds) -> dict[str, torch.Tensor]:
+        """Masked marginals (residues × 20) and pseudo-log-likelihoods (B × 2) of the batch:
+        copies of its sequences, one residue masked in each, as fair-esm's predict.py masks
+        them one at a time, passed in batches of copies within the token budget."""
+        lengths = np.array([len(s) for s in sequences])
+        owner = np.repeat(np.arange(len(sequences)), lengths)  # each copy's sequence
+        position = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        tokens = lengths[owner] + self.bos + 1  # each copy's
+        marginals, own = [], []
+        start = 0
+        while start < owner.size:
+            budget = self.budget(int(tokens[start])) if callable(self.budget) else self.budget
+            if self.packed:
+                fits = np.cumsum(tokens[start:]) <= budget
+            else:  # padded to the longest copy (the first: the batch is longest first)
+                fits = tokens[start] * np.arange(1, owner.size - start + 1) <= budget
+            stop = start + max(1, int(fits.sum()))
+            copies = [sequences[k] for k in owner[start:stop]]
+            at = position[start:stop] + self.bos  # the masked token in each copy
+            if self.packed:
+                toks, counts, _ = self.packed_tokens(copies)
+                flat = np.cumsum(counts) - counts + at
+            else:
+                toks, counts = self.tokens(copies).numpy(), None
+                flat = np.arange(len(copies)) * toks.shape[1] + at
+            original = toks.reshape(-1)[flat].copy()
+            toks.reshape(-1)[flat] = self.alphabet.mask_idx
+            out, _ = self.run(toks, counts, [self.num_layers], contacts=False)
+            last = out["representations"][self.num_layers]
+            logp = self.log_probs(last.reshape(-1, last.shape[-1]), self.to_device(flat))
+            marginals.append(logp[:, self.columns])
+            own.append(logp.gather(1, self.to_device(original)[:, None])[:, 0])
+            start = stop
+        values = {}
+        if MASKED_MARGINALS in kinds:
+            values[MASKED_MARGINALS] = torch.cat(marginals)
+        if PLL in kinds:
+            total = torch.zeros(len(sequences), dtype=torch.float32, device=own[0].device)
+            total.index_add_(0, self.to_device(owner), torch.cat(own))
+            per_residue = total / self.to_device(lengths.astype(np.float32))
+            values[PLL] = torch.stack([total, per_residue], dim=1)
+        return values
 
     @staticmethod
     def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds, bos=1) -> dict:
@@ -303,26 +384,31 @@ class Embedder:
         arrays = {name: value.numpy() for name, value in values.items()}
         finite = arrays.pop(FINITE)
         maps = arrays.pop(CONTACTS, None)  # B × L × L, BOS and EOS already left out
+        # the scores: the same at every layer
+        per_residue = {k: arrays.pop(k) for k in (LOGITS, MASKED_MARGINALS) if k in arrays}
+        plls = arrays.pop(PLL, None)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         reps = []
         for row, n in enumerate(lengths):
-            triangle = None if maps is None else upper_triangle(maps[row, :n, :n])
-            rows = {
-                kind: (slice(offsets[row], offsets[row + 1]) if kind == PER_TOK else row)
-                for kind in arrays
-            }
+            residues = slice(offsets[row], offsets[row + 1])
+            unlayered = {kind: values[residues] for kind, values in per_residue.items()}
+            if maps is not None:
+                unlayered[CONTACTS] = upper_triangle(maps[row, :n, :n])
+            if plls is not None:
+                unlayered[PLL] = plls[row]
+            rows = {kind: (residues if kind == PER_TOK else row) for kind in arrays}
             reps.append(
                 {
                     layer: Representation(
                         int(n),
-                        contacts=triangle,
+                        **unlayered,
                         **{kind: array[k, rows[kind]] for kind, array in arrays.items()},
                     )
                     for k, layer in enumerate(self.layers)
                 }
             )
-            if triangle is not None:
-                finite[row] &= np.isfinite(triangle).all()
+            for values in unlayered.values():
+                finite[row] &= np.isfinite(values).all()
         self.host_seconds += time.perf_counter() - started
         return reps, finite
 

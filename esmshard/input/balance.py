@@ -41,12 +41,23 @@ def embedded_residue_counts(
     return np.where(lengths <= truncation_seq_length, lengths, longer).astype(lengths.dtype)
 
 
+def forward_passes(kept: np.ndarray, masked: bool) -> np.ndarray:
+    """The forward passes over each record of `kept` residues: one, and with masked marginals
+    (`include: masked_marginals` or `pll`) one more per residue, its copy with it masked."""
+    return kept.astype(np.int64) + 1 if masked else np.ones(kept.shape, dtype=np.int64)
+
+
 def record_costs(
-    lengths: np.ndarray, truncation_seq_length: int, long_sequences: str, embed_dim: int
+    lengths: np.ndarray,
+    truncation_seq_length: int,
+    long_sequences: str,
+    embed_dim: int,
+    masked: bool = False,
 ) -> np.ndarray:
-    """`record_cost` of every record at once, as float32."""
+    """`record_cost` of every record at once, as float32, times its forward passes."""
     kept = embedded_residue_counts(lengths, truncation_seq_length, long_sequences)
     costs = estimated_cost(kept.astype(np.float32), embed_dim).astype(np.float32)
+    costs *= forward_passes(kept, masked)
     if long_sequences == "chunk":
         for i in np.flatnonzero(lengths > truncation_seq_length):
             costs[i] = record_cost(int(lengths[i]), truncation_seq_length, "chunk", embed_dim)

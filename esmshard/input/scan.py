@@ -25,7 +25,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from ..id_index import id_hashes
+from ..embeddings_h5.id_index import id_hashes
 from .fasta import (
     FastaError,
     FilePart,

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
+from ..embeddings_h5 import scores
 from . import archs, bert_files, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
 from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
@@ -31,6 +32,7 @@ ESM2 = Family(
     archs=archs.ESM2,
     max_residues=1022,
     contacts=True,
+    scores=True,
 )
 ESM1 = Family(
     name="esm1",
@@ -39,6 +41,7 @@ ESM1 = Family(
     archs=archs.ESM1,
     max_residues=1022,  # 1,024 learned positions, BOS and EOS among them
     contacts=True,  # ESM-1b's; ESM-1v's checkpoints have no contact regression (contact_problems)
+    scores=True,
 )
 ESMC = Family(
     name="esmc",
@@ -240,6 +243,34 @@ def contact_problems(spec: ModelSpec) -> list[str]:
         f"include: contacts: {spec.name} has no contact-regression weights (ESM-1v's checkpoints "
         "have none), so no contact maps; remove contacts from include, or use ESM-1b or ESM-2"
     ]
+
+
+def score_problems(spec: ModelSpec, include, long_sequences: str) -> list[str]:
+    """Why the model computes none of the language-model scores in `include`: no head (its
+    family's, or its files lack it), or windows of long sequences, whose scores differ."""
+    asked = [kind for kind in include if kind in scores.NEEDS_HEAD]
+    if not asked:
+        return []
+    named = ", ".join(asked)
+    if not spec.family.scores:
+        return [
+            f"include: {named}: {spec.family.title} ({spec.name}) has no language-model head "
+            "that esmshard runs; scores come from ESM-2 and ESM-1b/1v models. Remove them from "
+            "include, or use one"
+        ]
+    problems = []
+    if spec.kind in ("hf", "folder") and not esm2_hf.has_lm_head(spec.path):
+        problems.append(
+            f"include: {named}: {spec.path} holds no language-model head (lm_head.* tensors: "
+            "transformers' EsmModel leaves it out); use the EsmForMaskedLM files, or fair-esm's "
+            "checkpoint"
+        )
+    if long_sequences == "chunk":
+        problems.append(
+            f"include: {named} cannot be combined with long_sequences: chunk (a window's "
+            "scores differ from the whole sequence's); use long_sequences: truncate or skip"
+        )
+    return problems
 
 
 def length_problems(spec: ModelSpec, limit) -> list[str]:

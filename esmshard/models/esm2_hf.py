@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from .spec import Arch, ModelError
-from .weights import read_config, renamed, safetensors_files
+from .weights import read_config, renamed, safetensors_files, safetensors_tensors
 
 # transformers' name (after the "esm." prefix of the *ForMaskedLM classes) -> fair-esm's.
 RENAMES = [
@@ -30,6 +30,8 @@ RENAMES = [
     (r"lm_head\.(dense|layer_norm)\.", r"lm_head.\1."),
     (r"lm_head\.bias$", "lm_head.bias"),
 ]
+LM_HEAD = "lm_head."
+HEAD_DENSE = "lm_head.dense.weight"  # the head's own first tensor (its output is the embeddings')
 # Tensors fair-esm's ESM2 has no place for, or computes itself.
 IGNORED = re.compile(
     r"(pooler\.|.*rotary_embeddings\.inv_freq$|.*position_ids$|lm_head\.decoder\.)"
@@ -80,6 +82,13 @@ def fair_esm_name(name: str) -> str | None:
     return found and found[0]
 
 
+def has_lm_head(folder: Path) -> bool:
+    """Whether the folder's weights hold the language-model head (EsmForMaskedLM's do,
+    EsmModel's not), read from the files' headers."""
+    names = safetensors_tensors(safetensors_files(folder))
+    return any(name.split(".", 1)[-1] == HEAD_DENSE or name == HEAD_DENSE for name in names)
+
+
 def esm2_from_transformers(folder: Path):
     """fair-esm's ESM2 (eval mode, CPU) with the weights of a folder saved by transformers."""
     import torch
@@ -109,7 +118,9 @@ def esm2_from_transformers(folder: Path):
             if target is not None:
                 state[target] = tensor.float()
     missing, _ = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith("lm_head.") and "rot_emb" not in k]
+    # Without its head (EsmModel's files) the model embeds; it scores nothing (score_problems).
+    model.has_lm_head = HEAD_DENSE not in missing
+    missing = [k for k in missing if not k.startswith(LM_HEAD) and "rot_emb" not in k]
     if missing:
         raise ModelError(
             f"{folder}: the weights lack {missing[0]} (fair-esm's name) and {len(missing) - 1} "

@@ -61,6 +61,8 @@ class Family:
     archs: dict[str, Arch]  # published shapes by name: random:<name> builds one
     max_residues: int  # the longest sequence it was trained on, BOS and EOS left out
     contacts: bool  # whether it has a contact head (`include: contacts`)
+    # whether esmshard runs its language-model head (`include: logits, masked_marginals, pll`)
+    scores: bool = False
     bos: bool = True  # whether its sequences start with a BOS token (`include: bos`)
     # Whether `max_residues` is where its positions end (a longer truncation_seq_length is
     # refused), or only esmshard's default limit (relative positions have no end).

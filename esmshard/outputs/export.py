@@ -8,19 +8,22 @@ FORMATS is the one table of them:
   Records with one sequence share its dataset under hash keys (the first record's ID is kept).
 - `pt`: a folder of fair-esm extract's files, one `<name>.pt` per protein holding `label` (the
   FASTA header), `representations` (per residue), `mean_representations`,
-  `bos_representations` ({layer: tensor}) and `contacts`, as far as the run included them.
+  `bos_representations` ({layer: tensor}) and `contacts`, as far as the run included them, and
+  the scores by their `include` names (`logits`, `masked_marginals`: length × 20; `pll`: 2).
   `<name>` is the ID with every character outside [A-Za-z0-9._-] written as %XX (UTF-8 bytes),
   so no two IDs share a name; `index.tsv` maps IDs to files (a name too long for a filesystem,
   or one that a case-insensitive filesystem confuses with another, gets a hash suffix there).
 - `npy`: a folder of `<kind>_<layer>.npy` (per-protein kinds N × D; per-residue kinds every
-  residue, rows of protein i at `per_tok_offsets.npy`[i:i+2]), `contacts.npy` with
-  `contacts_offsets.npy` (esmshard.contacts' triangles), and `ids.tsv` (id, sequence_sha256):
+  residue, rows of protein i at `per_tok_offsets.npy`[i:i+2]), `<kind>.npy` per unlayered kind
+  with `<kind>_offsets.npy` where a protein has several rows (`contacts`: esmshard.embeddings_h5.
+  contacts' triangles; `logits`, `masked_marginals`: length × 20 each), and `ids.tsv` (id, sequence_sha256):
   `numpy.load(path, mmap_mode="r")` reads any of them without loading it.
 - `parquet`: a Parquet dataset, a folder of `part-NNNNN.parquet` files: one row per protein,
   `id`, `sequence_sha256`, `length` (residues embedded), and a list<float> column
-  `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue).
+  `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue),
+  and a column per score (`logits`, `masked_marginals`: list<list<float>>; `pll`: list<float>).
 - `h5`: embeddings.h5 itself with every value in the file (`output_values: copy`): the portable
-  copy of a run whose values are in place in its store (esmshard.in_place).
+  copy of a run whose values are in place in its store (esmshard.embeddings_h5.in_place).
 
 Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds float32 tensors,
 as extract's, which float16 values convert to exactly).
@@ -38,13 +41,12 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from .. import contacts, in_place
-from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
+from ..embeddings_h5 import contacts, in_place
+from ..embeddings_h5.representations import KINDS, PER_TOK_OFFSETS, UNLAYERED
 from ..files import atomic_path, unwritable
 from ..input.fasta import printable, read_raw
 from ..input.records import iter_batches, source
 from ..layout import Layout
-from ..representations import KINDS, PER_TOK_OFFSETS
 from ..store.leftovers import remove_dead_temporaries_of
 from ..store.shardfile import dataset
 from .reader import Embeddings
@@ -75,8 +77,8 @@ class Block(NamedTuple):
     lengths: np.ndarray
     values: dict[str, dict[int, np.ndarray]]  # kind -> layer -> rows (per residue: concatenated)
     residue_offsets: np.ndarray | None  # per-residue rows of protein i: [i] : [i + 1], from 0
-    contacts: np.ndarray | None  # the proteins' triangles, concatenated
-    contact_offsets: np.ndarray | None
+    # unlayered kind -> (its rows, concatenated; where protein i's start, from 0, or None: row i)
+    unlayered: dict[str, tuple[np.ndarray, np.ndarray | None]]
 
     def rows(self, kind: str, i: int) -> dict[int, np.ndarray]:
         """Protein i's values of `kind`: {layer: its vector, or its rows per residue}."""
@@ -85,9 +87,15 @@ class Block(NamedTuple):
             return {layer: values[a:b] for layer, values in self.values[kind].items()}
         return {layer: values[i] for layer, values in self.values[kind].items()}
 
+    def scores(self, kind: str, i: int) -> np.ndarray:
+        """Protein i's rows of an unlayered `kind` (a contact map's triangle, its scores)."""
+        values, offsets = self.unlayered[kind]
+        return values[i] if offsets is None else values[offsets[i] : offsets[i + 1]]
 
-def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
-    """The file's proteins in blocks of about BLOCK_BYTES of the `wanted` datasets."""
+
+def blocks(emb: Embeddings, wanted: dict[str, list[int]], unlayered=()):
+    """The file's proteins in blocks of about BLOCK_BYTES of the `wanted` datasets and the
+    `unlayered` kinds (their names)."""
     h5, n = emb.h5, len(emb)
     itemsize = {
         kind: emb.stored(dataset(kind, layers[0])).dtype.itemsize
@@ -104,8 +112,12 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
         if KINDS[kind].per_residue
     )
     residue_offsets = h5[PER_TOK_OFFSETS] if per_residue else None
-    contact_offsets = h5[CONTACT_OFFSETS] if with_contacts else None
-    contact_size = emb.stored(CONTACT_VALUES).dtype.itemsize if with_contacts else 0
+    rows = {}  # unlayered kind -> (its offsets or None, bytes per row)
+    for name in unlayered:
+        data = emb.stored(KINDS[name].values)
+        offsets = KINDS[name].offsets
+        row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:]))
+        rows[name] = (h5[offsets] if offsets else None, row_bytes)
     start = 0
     while start < n:
         # The cost of the next proteins, from their offsets.
@@ -113,23 +125,31 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], with_contacts: bool):
         cost = np.full(stop_at - start, per_protein + STRING_BYTES, dtype=np.int64)
         if residue_offsets is not None:
             cost += np.diff(residue_offsets[start : stop_at + 1]) * per_residue
-        if contact_offsets is not None:
-            cost += np.diff(contact_offsets[start : stop_at + 1]) * contact_size
+        for offsets, row_bytes in rows.values():
+            cost += (
+                row_bytes if offsets is None else np.diff(offsets[start : stop_at + 1]) * row_bytes
+            )
         stop = start + max(1, int(np.searchsorted(np.cumsum(cost), BLOCK_BYTES, side="right")))
-        yield _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets)
+        yield _read_block(emb, wanted, start, stop, residue_offsets, rows)
         start = stop
 
 
-def _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets) -> Block:
+def _read_block(emb, wanted, start, stop, residue_offsets, unlayered) -> Block:
     h5 = emb.h5
-    values, bounds, contact_bounds = {}, None, None
+    values, bounds = {}, None
     if residue_offsets is not None:
         bounds = residue_offsets[start : stop + 1]
     for kind, layers in wanted.items():
         rows = slice(bounds[0], bounds[-1]) if KINDS[kind].per_residue else slice(start, stop)
         values[kind] = {layer: emb.stored(dataset(kind, layer))[rows] for layer in layers}
-    if contact_offsets is not None:
-        contact_bounds = contact_offsets[start : stop + 1]
+    scores = {}
+    for name, (offsets, _) in unlayered.items():
+        data = emb.stored(KINDS[name].values)
+        if offsets is None:
+            scores[name] = (data[start:stop], None)
+        else:
+            at = offsets[start : stop + 1]
+            scores[name] = (data[at[0] : at[-1]], at - at[0])
     return Block(
         start=start,
         ids=emb.ids(start, stop),
@@ -138,10 +158,7 @@ def _read_block(emb, wanted, start, stop, residue_offsets, contact_offsets) -> B
         lengths=h5["lengths"][start:stop],
         values=values,
         residue_offsets=None if bounds is None else bounds - bounds[0],
-        contacts=None
-        if contact_bounds is None
-        else emb.stored(CONTACT_VALUES)[contact_bounds[0] : contact_bounds[-1]],
-        contact_offsets=None if contact_bounds is None else contact_bounds - contact_bounds[0],
+        unlayered=scores,
     )
 
 
@@ -229,7 +246,7 @@ def write_per_protein_h5(emb, target, bar, options: Options):
     # HDF5's newer group format: its original one slows to a crawl past ~800,000 datasets in a
     # group; any HDF5 1.10 or later (h5py 2.9 or later) reads this one.
     with h5py.File(target, "w", libver=("v110", "latest")) as out:
-        for block in blocks(emb, options.kinds, False):
+        for block in blocks(emb, options.kinds):
             for i, id_ in enumerate(block.ids):
                 if key == "hash":
                     name = biotrainer_hash(next(sequences))
@@ -277,7 +294,7 @@ def write_pt(emb, target, bar, options: Options):
     made_by = emb.made_by
     with open(target / "index.tsv", "w", encoding="utf-8") as index:
         index.write("id\tfile\n")
-        for block in blocks(emb, options.kinds, emb.has_contacts):
+        for block in blocks(emb, options.kinds, emb.unlayered):
             for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
                 result = {"label": header, "esmshard": made_by}
                 for kind in block.values:
@@ -285,10 +302,11 @@ def write_pt(emb, target, bar, options: Options):
                         layer: torch.from_numpy(np.array(row, dtype=np.float32))
                         for layer, row in block.rows(kind, i).items()
                     }
-                if block.contacts is not None:
-                    a, b = block.contact_offsets[i : i + 2]
-                    matrix = contacts.full_matrix(block.contacts[a:b], int(block.lengths[i]))
-                    result["contacts"] = torch.from_numpy(matrix.astype(np.float32))
+                for kind in block.unlayered:
+                    values = block.scores(kind, i)
+                    if kind == contacts.NAME:
+                        values = contacts.full_matrix(values, int(block.lengths[i]))
+                    result[kind] = torch.from_numpy(np.array(values, dtype=np.float32))
                 name = pt_name(id_)
                 try:
                     fh = open(target / f"{name}.pt", "xb")
@@ -328,7 +346,7 @@ def write_npy(emb, target, bar, options: Options):
     target.mkdir()
     (target / "made_by.json").write_text(json.dumps(emb.made_by, indent=1) + "\n")
     h5 = emb.h5
-    files = {}  # (kind, layer) or "contacts" -> NpyWriter, filled in the order of the rows
+    files = {}  # (kind, layer) or an unlayered kind -> NpyWriter, filled in the order of the rows
     for kind, layers in options.kinds.items():
         for layer in layers:
             data = emb.stored(dataset(kind, layer))
@@ -337,18 +355,20 @@ def write_npy(emb, target, bar, options: Options):
             )
     if any(KINDS[kind].per_residue for kind in options.kinds):
         _copy_whole(h5[PER_TOK_OFFSETS], target / "per_tok_offsets.npy")
-    if emb.has_contacts:
-        values = emb.stored(CONTACT_VALUES)
-        files[contacts.NAME] = NpyWriter(target / "contacts.npy", values.dtype, values.shape)
-        _copy_whole(h5[CONTACT_OFFSETS], target / "contacts_offsets.npy")
+    for name in emb.unlayered:
+        kind = KINDS[name]
+        values = emb.stored(kind.values)
+        files[name] = NpyWriter(target / f"{name}.npy", values.dtype, values.shape)
+        if kind.offsets:
+            _copy_whole(h5[kind.offsets], target / f"{name}_offsets.npy")
     with open(target / "ids.tsv", "w", encoding="utf-8") as ids:
         ids.write("id\tsequence_sha256\n")
-        for block in blocks(emb, options.kinds, emb.has_contacts):
+        for block in blocks(emb, options.kinds, emb.unlayered):
             for kind, layers in block.values.items():
                 for layer, values in layers.items():
                     files[(kind, layer)].write(values)
-            if block.contacts is not None:
-                files[contacts.NAME].write(block.contacts)
+            for name, (values, _) in block.unlayered.items():
+                files[name].write(values)
             ids.writelines(f"{printable(i)}\t{s}\n" for i, s in zip(block.ids, block.sha256))
             bar.update(len(block.ids))
     for file in files.values():
@@ -364,9 +384,10 @@ def _copy_whole(data, path) -> None:
     out.close()
 
 
-def parquet_schema(emb: Embeddings, kinds: dict[str, list[int]]):
-    """The Parquet dataset's columns: `id`, `sequence_sha256`, `length`, and `<kind>_<layer>`
-    (list<float>, per residue list<list<float>>), with the run's card as schema metadata."""
+def parquet_schema(emb: Embeddings, kinds: dict[str, list[int]], scores=()):
+    """The Parquet dataset's columns: `id`, `sequence_sha256`, `length`, `<kind>_<layer>`
+    (list<float>, per residue list<list<float>>) and the `scores` by name, with the run's card
+    as schema metadata."""
     import pyarrow as pa
 
     fields = [("id", pa.string()), ("sequence_sha256", pa.string()), ("length", pa.int32())]
@@ -374,6 +395,10 @@ def parquet_schema(emb: Embeddings, kinds: dict[str, list[int]]):
         value = pa.from_numpy_dtype(emb.stored(dataset(kind, layers[0])).dtype)
         column = pa.list_(pa.list_(value)) if KINDS[kind].per_residue else pa.list_(value)
         fields += [(f"{kind}_{layer}", column) for layer in layers]
+    for name in scores:
+        value = pa.from_numpy_dtype(emb.stored(KINDS[name].values).dtype)
+        column = pa.list_(pa.list_(value)) if KINDS[name].per_residue else pa.list_(value)
+        fields.append((name, column))
     return pa.schema(fields, metadata={b"esmshard": json.dumps(emb.made_by).encode()})
 
 
@@ -395,6 +420,12 @@ def parquet_table(block: Block, schema):
                 offsets = pa.array(block.residue_offsets.astype(np.int32))
                 column = pa.ListArray.from_arrays(offsets, column)
             columns.append(column)
+    for name in schema.names[len(columns) :]:  # the scores
+        values, offsets = block.unlayered[name]
+        column = vectors(values)
+        if offsets is not None:
+            column = pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), column)
+        columns.append(column)
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -405,10 +436,11 @@ def write_parquet(emb, target, bar, options: Options):
     import pyarrow.parquet as pq
 
     target.mkdir()
-    schema = parquet_schema(emb, options.kinds)
+    scores = [name for name in emb.unlayered if name != contacts.NAME]
+    schema = parquet_schema(emb, options.kinds, scores)
     writer, written, files = None, 0, 0
     try:
-        for block in blocks(emb, options.kinds, False):
+        for block in blocks(emb, options.kinds, scores):
             table = parquet_table(block, schema)
             if writer is None or written >= PARQUET_FILE_BYTES:
                 if writer is not None:
@@ -427,7 +459,7 @@ def write_parquet(emb, target, bar, options: Options):
 
 # What a copy of embeddings.h5 takes over as it is: everything but the values.
 H5_AS_IS = ("ids", "headers", "lengths", "truncated", "sequence_sha256", "id_index",
-            PER_TOK_OFFSETS, CONTACT_OFFSETS)  # fmt: skip
+            PER_TOK_OFFSETS, *(kind.offsets for kind in UNLAYERED.values() if kind.offsets))  # fmt: skip
 
 
 def write_h5(emb, target, bar, options: Options):
@@ -441,18 +473,17 @@ def write_h5(emb, target, bar, options: Options):
         names = [
             dataset(kind, layer) for kind, layers in options.kinds.items() for layer in layers
         ]
-        names += [CONTACT_VALUES] if emb.has_contacts else []
+        names += [KINDS[name].values for name in emb.unlayered]
         written = {}
         for name in names:
             values = emb.stored(name)
             out.create_dataset(name, values.shape, values.dtype)
             written[name] = 0
-        for block in blocks(emb, options.kinds, emb.has_contacts):
+        for block in blocks(emb, options.kinds, emb.unlayered):
             parts = [
                 (dataset(k, layer), v) for k, ls in block.values.items() for layer, v in ls.items()
             ]
-            if block.contacts is not None:
-                parts.append((CONTACT_VALUES, block.contacts))
+            parts += [(KINDS[k].values, v) for k, (v, _) in block.unlayered.items()]
             for name, values in parts:
                 out[name][written[name] : written[name] + len(values)] = values
                 written[name] += len(values)
@@ -504,8 +535,8 @@ def export(
         if fmt == "per-protein-h5":
             if not emb.layers:
                 raise ExportError(
-                    f"{layout.embeddings} holds contact maps only (include: contacts), and "
-                    "per-protein-h5 holds a representation: export as pt or npy"
+                    f"{layout.embeddings} holds no representations (include: contact maps or "
+                    "scores only), and per-protein-h5 holds one: export as pt, npy or parquet"
                 )
             chosen = kind or ("mean" if "mean" in emb.layers else next(iter(emb.layers)))
             kinds = {chosen: [emb.layer(chosen, layer)]}

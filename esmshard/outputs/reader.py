@@ -17,12 +17,11 @@ from typing import Iterator, NamedTuple
 import h5py
 import numpy as np
 
-from .. import contacts
-from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
+from ..embeddings_h5 import contacts
+from ..embeddings_h5.id_index import find_row, has_id_index
+from ..embeddings_h5.in_place import Parts, PlacedValues, checksum_cache, is_in_place
+from ..embeddings_h5.representations import KINDS, LAYERED, PER_TOK_OFFSETS, UNLAYERED
 from ..files import DamagedFileError
-from ..id_index import find_row, has_id_index
-from ..in_place import Parts, PlacedValues, checksum_cache, is_in_place
-from ..representations import KINDS, PER_TOK_OFFSETS
 from ..steps.provenance import MADE_BY
 from ..store import changed_files
 from ..store.shardfile import dataset
@@ -38,6 +37,8 @@ class Protein(NamedTuple):
     bos: dict[int, np.ndarray]
     per_tok: dict[int, np.ndarray]  # length × D
     contacts: np.ndarray | None  # length × length
+    # the unlayered kinds the file holds, by name (logits, masked_marginals: length × 20; pll: 2)
+    scores: dict[str, np.ndarray] = {}
 
 
 class Batch(NamedTuple):
@@ -107,7 +108,7 @@ class Embeddings:
             self.h5 = open_h5(self.path)
             self.name = str(self.path)
         self.failed = failed if failed is not None else self._failed_beside()
-        # in place (esmshard.in_place): the values are read from the store's parts
+        # in place (esmshard.embeddings_h5.in_place): the values are read from the store's parts
         self.parts = None
         if is_in_place(self.h5):
             try:
@@ -126,15 +127,22 @@ class Embeddings:
             self.layers = {}
             for name in self.parts.datasets:
                 kind, _, layer = name.partition("/")
-                if kind in KINDS:
+                if kind in LAYERED:
                     self.layers.setdefault(kind, []).append(int(layer))
         else:
             self.layers = {
                 kind: sorted(int(layer) for layer in self.h5[kind] if layer.isdigit())
-                for kind in KINDS
+                for kind in LAYERED
                 if kind in self.h5
             }
-        self.has_contacts = contacts.NAME in self.h5
+        # the unlayered kinds it holds (contact maps, scores)
+        placed = self.parts.datasets if self.parts else {}
+        self.unlayered = [
+            name
+            for name, kind in UNLAYERED.items()
+            if kind.values in self.h5 or kind.values in placed
+        ]
+        self.has_contacts = contacts.NAME in self.unlayered
         num_layers = self.h5.attrs.get("num_layers")  # for negative layer numbers
         self.num_layers = int(num_layers) if num_layers is not None and num_layers >= 0 else None
         self._row_of = None
@@ -169,7 +177,7 @@ class Embeddings:
 
     def stored(self, name: str):
         """The dataset `name` as the file holds it, or, in place, read from the store's parts
-        (esmshard.in_place.PlacedValues: indexed by a row or a slice, the same numbers)."""
+        (esmshard.embeddings_h5.in_place.PlacedValues: indexed by a row or a slice, the same numbers)."""
         if self.parts and name in self.parts.datasets:
             return PlacedValues(self.parts, name)
         return self.h5[name]
@@ -186,7 +194,7 @@ class Embeddings:
         return self.h5["ids"].asstr()[start:stop].tolist()
 
     def row(self, id_: str) -> int:
-        """The row of protein `id_`: a few reads of the file's ID index (esmshard.id_index);
+        """The row of protein `id_`: a few reads of the file's ID index (esmshard.embeddings_h5.id_index);
         in a file written before it, the first lookup reads every ID (~100 bytes each)."""
         if has_id_index(self.h5):
             found = find_row(self.h5, id_) if isinstance(id_, str) else None
@@ -224,11 +232,25 @@ class Embeddings:
             raise KeyError(f"{self.name} holds {kind!r} at layers {stored}, not at {layer}")
         return layer
 
+    def _dataset(self, kind: str, layer: int | None = None) -> str:
+        """The dataset of `kind` (at `layer`, for a layered kind)."""
+        if kind in LAYERED:
+            return dataset(kind, self.layer(kind, layer))
+        if kind not in self.unlayered:
+            title = KINDS[kind].title if kind in KINDS else repr(kind)
+            raise KeyError(f"{self.name} holds no {title} (include: {kind})")
+        return KINDS[kind].values
+
+    def _offsets(self, kind: str):
+        """The dataset of where each protein's rows of `kind` start; None: a row per protein."""
+        offsets = KINDS[kind].offsets
+        return self.h5[offsets] if offsets else None
+
     def array(self, kind: str = "mean", layer: int | None = None) -> np.ndarray:
         """One layer of one kind, every protein (per-residue kinds: every residue, see
         `offsets`): memory-mapped when the dataset is stored whole and uncompressed in a file, as
         esmshard writes it unless per_residue_compression is set; read into memory otherwise."""
-        data = self.stored(dataset(kind, self.layer(kind, layer)))
+        data = self.stored(self._dataset(kind, layer))
         if isinstance(data, PlacedValues):
             return data[:]
         offset = data.id.get_offset()
@@ -240,26 +262,25 @@ class Embeddings:
     def offsets(self) -> np.ndarray:
         return self.h5[PER_TOK_OFFSETS][:]
 
+    def values(self, protein: int | str, kind: str, layer: int | None = None) -> np.ndarray:
+        """One protein's values of one kind, by row or ID: a layered kind's at one layer (its
+        vector, or its per-residue rows), an unlayered one's rows (logits: length × 20, in the
+        order of esmshard.embeddings_h5.scores.AMINO_ACIDS; pll: its two values)."""
+        data, offsets = self.stored(self._dataset(kind, layer)), self._offsets(kind)
+        row = self._row(protein)
+        if offsets is None:
+            return data[row]
+        start, stop = offsets[row : row + 2]
+        return data[start:stop]
+
     def per_residue(self, protein: int | str, layer: int | None = None) -> np.ndarray:
         """One protein's per-residue rows (length × D), by row or ID."""
-        row = self._row(protein)
-        start, stop = self.h5[PER_TOK_OFFSETS][row : row + 2]
-        return self.stored(dataset("per_tok", self.layer("per_tok", layer)))[start:stop]
-
-    def values(self, protein: int | str, kind: str, layer: int | None = None) -> np.ndarray:
-        """One protein's values of one kind at one layer: its vector, or its per-residue rows."""
-        if KINDS[kind].per_residue:
-            return self.per_residue(protein, layer)
-        return self.stored(dataset(kind, self.layer(kind, layer)))[self._row(protein)]
+        return self.values(protein, "per_tok", layer)
 
     def contact_map(self, protein: int | str) -> np.ndarray:
         """One protein's contact map (length × length), by row or ID."""
-        if not self.has_contacts:
-            raise KeyError(f"{self.name} holds no contact maps (include: contacts)")
         row = self._row(protein)
-        start, stop = self.h5[CONTACT_OFFSETS][row : row + 2]
-        values = self.stored(CONTACT_VALUES)[start:stop]
-        return contacts.full_matrix(values, int(self.h5["lengths"][row]))
+        return contacts.full_matrix(self.values(row, contacts.NAME), int(self.h5["lengths"][row]))
 
     def __getitem__(self, protein: int | str) -> Protein:
         row = self._row(protein)
@@ -278,14 +299,16 @@ class Embeddings:
             bos=rows("bos"),
             per_tok=rows("per_tok"),
             contacts=self.contact_map(row) if self.has_contacts else None,
+            scores={
+                kind: self.values(row, kind) for kind in self.unlayered if kind != contacts.NAME
+            },
         )
 
     def batches(
         self, kind: str = "mean", layer: int | None = None, size: int = 4096
     ) -> Iterator[Batch]:
         """`size` proteins at a time in input order: memory bounded by the batch, not the file."""
-        data = self.stored(dataset(kind, self.layer(kind, layer)))
-        offsets = self.h5[PER_TOK_OFFSETS] if KINDS[kind].per_residue else None
+        data, offsets = self.stored(self._dataset(kind, layer)), self._offsets(kind)
         for start in range(0, len(self), size):
             stop = min(start + size, len(self))
             if offsets is None:

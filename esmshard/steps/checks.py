@@ -20,8 +20,17 @@ from ..config import (
 )
 from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, not_a_file, printable, read_raw
+from ..input.variants import ALL, STRATEGIES
+from ..input.variants import problems as variant_problems
 from ..layout import Layout
-from ..models import ModelError, contact_problems, file_problems, length_problems, parse_spec
+from ..models import (
+    ModelError,
+    contact_problems,
+    file_problems,
+    length_problems,
+    parse_spec,
+    score_problems,
+)
 from ..models.spec import ModelSpec
 from ..store import Store, written_by_layout, written_by_run
 from ..store.storelock import locks_problem
@@ -66,6 +75,7 @@ def check_config(
         problems += family_problems(config, model.family)
         if "contacts" in config["include"]:
             problems += contact_problems(model)
+        problems += score_problems(model, config["include"], config["long_sequences"])
         problems += length_problems(model, config["truncation_seq_length"])
     if model is not None and model.num_layers and "repr_layers" in valid:
         problems += layer_problems(config["repr_layers"], model.name, model.num_layers)
@@ -78,8 +88,19 @@ def check_config(
             check = config.get("nucleotide_check") is not False
             for path in config["input"]:
                 problems += input_problems(path, run, store, check)
+    if valid >= {"variants", "variant_scoring", "include"} and config["variants"]:
+        # the scores its strategies read, kept with the embeddings
+        needed = [STRATEGIES[name] for name in config["variant_scoring"]]
+        config["include"] = [
+            *config["include"],
+            *(k for k in needed if k not in config["include"]),
+        ]
     if not problems:
         config = for_family(config, model.family)
+        if inputs and config["variants"] not in ("", ALL):
+            problems += variant_problems(
+                config["variants"], config["input"], config["truncation_seq_length"]
+            )
     return Checked(config, model, problems)
 
 

@@ -20,12 +20,12 @@ from .. import models
 from ..compute import pool, telemetry
 from ..compute.batching import make_batches, padded_fraction, token_budget
 from ..compute.precision import resolve as resolve_precision
-from ..contacts import NAME as CONTACTS
-from ..contacts import triangle_size
+from ..embeddings_h5.contacts import NAME as CONTACTS
+from ..embeddings_h5.representations import absolute_layers
+from ..embeddings_h5.scores import MASKED
 from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
-from ..representations import KINDS, absolute_layers
 from ..store import Store, add_settings, write_manifest
 from ..store.pieces import Pieces, PieceWriter, assemble
 from ..store.runlock import current_run_id
@@ -178,8 +178,9 @@ def run_shard(
                 resolved,
                 settings["fast_path"],
                 with_contacts,
-                [kind for kind in include if kind in KINDS],
+                include,
                 packed=batching != "padded",
+                budget=budget,
             )
             # What earlier jobs of this shard kept is not computed again; the rest is batched as
             # an uninterrupted job batches it (whole batches were kept, the longest first).
@@ -195,7 +196,8 @@ def run_shard(
                     len(todo) + sum(keys[k] not in kept.keys for k in chunked),
                 )
             batch_lengths = [len(sequences[k]) for k in todo]
-            batches = make_batches(batch_lengths, budget, embedder.packed)
+            masked = any(kind in MASKED for kind in include)  # a pass per residue
+            batches = make_batches(batch_lengths, budget, embedder.packed, masked)
             layer = None
             if compiled.wanted(compile, device) and embedder.fast and embedder.net.compiles:
                 key = compiled.CacheKey.of(
@@ -209,13 +211,9 @@ def run_shard(
 
             progress.update(kept.residues, sampler)  # earlier jobs' work counts as done
             write_seconds, keep_seconds = [], []
-            contact_values = (
-                sum(triangle_size(len(sequences[k])) for k in batched) if with_contacts else 0
-            )
             # the pieces, then the part made of them
-            size = 2 * output_bytes(
-                len(ids), n_residues, len(layers), include, net.embed_dim, contact_values
-            )
+            lengths = [len(sequences[k]) for k in batched + chunked]
+            size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim)
             writer = PieceWriter(
                 pieces,
                 kept.paths,

@@ -9,7 +9,7 @@ into a file of records per part (PartMembers), each part's records are checked a
 chunk at a time, its rows read in blocks and placed by their rows in the output; the output is
 built a window of rows at a time (WINDOW_BYTES), through spill files when it has more than one
 window, and each window is written at once. With `output_values: in_place`, where each
-protein's values are is written instead of a copy (esmshard.in_place).
+protein's values are is written instead of a copy (esmshard.embeddings_h5.in_place).
 """
 
 import json
@@ -24,14 +24,13 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from .. import contacts
 from ..compute.telemetry import peak_memory_mb
-from ..contacts import CONTACT_OFFSETS, CONTACT_VALUES
+from ..embeddings_h5 import contacts
+from ..embeddings_h5.id_index import IdIndexWriter, id_hashes
+from ..embeddings_h5.in_place import per_residue, row_counts, write_placement
+from ..embeddings_h5.representations import KINDS, PER_TOK_OFFSETS, UNLAYERED, kind_of, narrowed
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
-from ..id_index import IdIndexWriter, id_hashes
-from ..in_place import per_residue, row_counts, write_placement
 from ..input.records import iter_batches, source
-from ..representations import KINDS, PER_TOK_OFFSETS, narrowed
 from ..store import (
     KEY_DTYPE,
     Store,
@@ -73,7 +72,7 @@ class Placement(NamedTuple):
     """Where each input record's rows go in one dataset of embeddings.h5."""
 
     row_of: np.ndarray  # output row of each embedded record (per-protein datasets)
-    offsets: np.ndarray | None  # datasets of rows per residue (or contact value): record row
+    offsets: np.ndarray | None  # datasets of several rows per protein: record row
     # r's rows are offsets[r:r+2]
 
 
@@ -106,7 +105,7 @@ def merge(
     line, folder and start, which run.json names).
 
     `output_values`: `copy` writes the representations into `out_h5`; `in_place` writes where
-    each protein's are in the parts instead (esmshard.in_place); `auto`, in place when they
+    each protein's are in the parts instead (esmshard.embeddings_h5.in_place); `auto`, in place when they
     would pass AUTO_IN_PLACE_BYTES.
     """
     dtype = OUTPUT_DTYPES[output_dtype]
@@ -195,23 +194,25 @@ def merge(
         n_embedded = int(embedded.sum())
         row_of = np.cumsum(embedded, dtype=np.int32 if n < 2**31 else np.int64)
         row_of -= 1  # in place: no second array per record
-        with_per_residue = any(KINDS[kind].per_residue for kind in layers)
-        offsets = None
-        if with_per_residue:
-            offsets = np.zeros(n_embedded + 1, dtype=np.int64)
-            np.cumsum(lengths[embedded], out=offsets[1:])
-        with_contacts = contacts.NAME in settings["include"]
-        contact_offsets = contacts.offsets(lengths[embedded]) if with_contacts else None
+        kept = lengths[embedded]
+        unlayered = [UNLAYERED[name] for name in settings["include"] if name in UNLAYERED]
+        starts = {}  # each dataset of offsets: where each protein's rows start
+        if any(KINDS[kind].per_residue for kind in layers):
+            starts[PER_TOK_OFFSETS] = KINDS["per_tok"].starts(kept)
+        for kind in unlayered:
+            if kind.offsets:
+                starts[kind.offsets] = kind.starts(kept)
         dim = _dim(used[0], layers) if layers else 0
         shapes = {}  # each dataset of the values: its shape and dtype
         for kind, kind_layers in layers.items():
-            total = int(offsets[-1]) if KINDS[kind].per_residue else n_embedded
+            total = int(starts[PER_TOK_OFFSETS][-1]) if KINDS[kind].per_residue else n_embedded
             shapes.update(
                 {dataset(kind, layer): ((total, dim), np.dtype(dtype)) for layer in kind_layers}
             )
-        if with_contacts:
-            contact_dtype = np.dtype(contacts.DTYPES[contacts_dtype])
-            shapes[CONTACT_VALUES] = ((int(contact_offsets[-1]),), contact_dtype)
+        for kind in unlayered:
+            total = int(starts[kind.offsets][-1]) if kind.offsets else n_embedded
+            width = (len(kind.columns),) if kind.columns else ()
+            shapes[kind.values] = ((total, *width), _dtype_of(kind, dtype, contacts_dtype))
         size = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes.values())
         in_place = output_values == "in_place" or (
             output_values == "auto" and size > AUTO_IN_PLACE_BYTES
@@ -238,10 +239,8 @@ def merge(
                      peak_memory_mb())  # fmt: skip
             out.create_dataset("lengths", data=lengths[embedded])
             del lengths
-            if with_per_residue:
-                out.create_dataset(PER_TOK_OFFSETS, data=offsets)
-            if with_contacts:
-                out.create_dataset(CONTACT_OFFSETS, data=contact_offsets)
+            for name, values in starts.items():
+                out.create_dataset(name, data=values)
             if in_place:
                 _write_placement(out, parts(), row_of, n_embedded, shapes)
                 log.info("in place: where each protein's values are in the parts, written")
@@ -259,10 +258,7 @@ def merge(
                     else None,
                     compression=compression,
                 )  # fmt: skip
-                if name == CONTACT_VALUES:
-                    placement = Placement(row_of, contact_offsets)
-                else:
-                    placement = Placement(row_of, offsets if per_residue(name) else None)
+                placement = Placement(row_of, starts.get(kind_of(name).offsets))
                 _copy_in_input_order(parts(), name, target, placement, spill_dir)
                 log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
             card = provenance.made_by(settings, key, ",".join(sorted(precisions)), checksum_cache)
@@ -277,7 +273,7 @@ def merge(
                 output_dtype=output_dtype,
                 output_values="in_place" if in_place else "copy",
                 per_residue_compression=per_residue_compression,
-                contacts_dtype=contacts_dtype if with_contacts else "",
+                contacts_dtype=contacts_dtype if contacts.NAME in settings["include"] else "",
                 **provenance.attributes(computed_rows),
             )
 
@@ -371,7 +367,7 @@ def _rows(records, columns, indices) -> list[tuple]:
 
 def _write_text_columns(out, records, embedded, n_embedded, add_hashes) -> None:
     """`ids`, `headers`, `truncated` and `sequence_sha256` of the embedded records, streamed from
-    the record table; the IDs' hashes (esmshard.id_index) to `add_hashes`, in row order."""
+    the record table; the IDs' hashes (esmshard.embeddings_h5.id_index) to `add_hashes`, in row order."""
     ids = out.create_dataset("ids", (n_embedded,), dtype=STR_DTYPE)
     headers = out.create_dataset("headers", (n_embedded,), dtype=STR_DTYPE)
     truncated = out.create_dataset("truncated", (n_embedded,), dtype=bool)
@@ -413,6 +409,14 @@ def _write_placement(out, parts, row_of, n_embedded, shapes) -> None:
         at = row_of[part.records]
         part_of[at], part_rows[at] = len(paths) - 1, part.rows
     write_placement(out, paths, part_of, part_rows, shapes)
+
+
+def _dtype_of(kind, output_dtype, contacts_dtype) -> np.dtype:
+    """The dtype embeddings.h5 holds an unlayered kind in: contact maps in `contacts_dtype`,
+    per-residue scores in `output_dtype`, pseudo-log-likelihoods (sums) in float32."""
+    if kind.name == contacts.NAME:
+        return np.dtype(contacts.DTYPES[contacts_dtype])
+    return np.dtype(output_dtype if kind.per_residue else np.float32)
 
 
 def _dim(path, layers) -> int:
@@ -481,7 +485,10 @@ def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -
     One window of output rows when it fits WINDOW_BYTES; else each block read goes to the spill
     files of the windows its rows fall in, and each window is then assembled and written.
     """
-    total, row_shape = target.shape[0], target.shape[1:]  # row_shape: (D,), or () for contacts
+    total, row_shape = (
+        target.shape[0],
+        target.shape[1:],
+    )  # row_shape: (D,), (columns,), or () for contacts
     if not total:
         return
     row_items = int(np.prod(row_shape))

@@ -24,6 +24,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from ..compute.telemetry import peak_memory_mb
+from ..embeddings_h5.id_index import id_hashes
+from ..embeddings_h5.scores import MASKED
 from ..files import (
     Buckets,
     atomic_path,
@@ -33,8 +35,7 @@ from ..files import (
     write_json,
     write_tsv,
 )
-from ..id_index import id_hashes
-from ..input.balance import assign, embedded_residue_counts, record_costs
+from ..input.balance import assign, embedded_residue_counts, forward_passes, record_costs
 from ..input.input_problems import InputProblems
 from ..input.records import source, write_table
 from ..input.scan import DIGESTS, HASHES, LENGTHS, SEQUENCES, TABLE, Found, Settings, scan
@@ -206,11 +207,16 @@ def write_shards(
                 "write (a copy of this one keeps what it holds), or make this one writable"
             )
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
-        costs = record_costs(lengths[new], truncation_seq_length, long_sequences, model_size.dim)
+        masked = any(kind in MASKED for kind in settings.get("include", ()))
+        costs = record_costs(
+            lengths[new], truncation_seq_length, long_sequences, model_size.dim, masked
+        )
         new_residues = embedded(new)[0]
+        # the tokens of every forward pass: residues, times the passes with masked marginals
+        tokens = int((new_residues * forward_passes(new_residues, masked)).sum())
         n_shards = min(
             new.size,
-            auto_shard_count(int(new_residues.sum()), model_size.params, slots or 1, bool(cluster))
+            auto_shard_count(tokens, model_size.params, slots or 1, bool(cluster))
             if shards == "auto"
             else shards,
         )

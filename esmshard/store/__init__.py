@@ -32,8 +32,8 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
+from ..embeddings_h5.in_place import is_in_place, part_paths
 from ..files import write_json
-from ..in_place import is_in_place, part_paths
 from ..input.records import read_columns, shard_codes
 from ..layout import Layout
 from . import storelock
@@ -524,7 +524,7 @@ def in_place_problems(embeddings, checksum_cache) -> list[str]:
 
 def _read_in_place(layout: Layout) -> set:
     """The parts, as (key, name), that the outdir's embeddings.h5 reads in place
-    (esmshard.in_place); none for a copy, or a file that cannot be read."""
+    (esmshard.embeddings_h5.in_place); none for a copy, or a file that cannot be read."""
     try:
         with h5py.File(layout.embeddings, "r") as h5:
             parts = part_paths(h5, layout.embeddings) if is_in_place(h5) else []

@@ -3,9 +3,9 @@ merge reads it.
 
 Layout: `sequence_sha256` (the key of each row's sequence, hex), `ids` (the first record with
 that sequence in the run that computed it), `length` (residues embedded), one dataset
-`<kind>/<layer>` per representation kind and layer (rows in processing order; per-residue kinds
-concatenated), `contacts/values` when contacts are included (esmshard.contacts: each row's
-triangle, concatenated), `failed/sequence_sha256`, `failed/ids`, `failed/reason`, and attributes: the
+`<kind>/<layer>` per layered kind and layer (rows in processing order; per-residue kinds
+concatenated), `<kind>/values` per unlayered kind included (contact triangles, scores:
+esmshard.embeddings_h5.representations.KINDS; each row's values, concatenated), `failed/sequence_sha256`, `failed/ids`, `failed/reason`, and attributes: the
 shard's name, the precision and device it ran with, and `settings`, the JSON of the embedding
 settings (esmshard.config.embedding_settings) that merge checks.
 """
@@ -15,9 +15,7 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from .. import contacts
-from ..contacts import CONTACT_VALUES
-from ..representations import KINDS, Representation
+from ..embeddings_h5.representations import KINDS, LAYERED, Representation
 from . import keys_of
 
 STR_DTYPE = h5py.string_dtype("utf-8")
@@ -34,15 +32,28 @@ def write_strings(h5, name: str, values) -> None:
     h5.create_dataset(name, data=np.array(values, dtype=object), dtype=STR_DTYPE)
 
 
-def output_bytes(
-    n_records: int, n_residues: int, n_layers: int, include, dim: int, contact_values: int = 0
-) -> int:
-    """About the size of a file of these embeddings: float32 rows and contact values, plus 1 MB
-    for the rest."""
-    rows = sum(
-        n_residues if KINDS[kind].per_residue else n_records for kind in include if kind in KINDS
-    )
-    return 4 * (rows * n_layers * dim + contact_values) + (1 << 20)
+def output_bytes(lengths, n_layers: int, include, dim: int) -> int:
+    """About the size of a file of these embeddings (sequences of `lengths` residues): float32
+    values, plus 1 MB for the rest."""
+    values = 0
+    for kind in (KINDS[name] for name in include):
+        rows = int(kind.row_counts(lengths).sum())
+        values += rows * (n_layers * dim if kind.layered else max(1, len(kind.columns)))
+    return 4 * values + (1 << 20)
+
+
+def create_values(h5, kind, dim: int, layers) -> None:
+    """The growable datasets of `kind` in a new shard file: one per layer, or its one."""
+    if not kind.layered:
+        width = (len(kind.columns),) if kind.columns else ()
+        h5.create_dataset(
+            kind.values, (0, *width), np.float32, maxshape=(None, *width), chunks=True
+        )
+        return
+    for layer in layers:
+        h5.create_dataset(
+            dataset(kind.name, layer), (0, dim), np.float32, maxshape=(None, dim), chunks=True
+        )
 
 
 def dataset(kind: str, layer: int) -> str:
@@ -54,18 +65,12 @@ class ShardWriter:
 
     def __init__(self, h5: h5py.File, layers, include, dim):
         self.h5 = h5
-        self.kinds = [kind for kind in include if kind in KINDS]
-        self.contacts = contacts.NAME in include
-        if self.contacts:
-            h5.create_dataset(CONTACT_VALUES, (0,), np.float32, maxshape=(None,), chunks=True)
+        self.kinds = [KINDS[name] for name in include]
         columns = (("sequence_sha256", SHA256_DTYPE), ("length", np.int64), ("ids", STR_DTYPE))
         for name, dtype in columns:
             h5.create_dataset(name, (0,), dtype=dtype, maxshape=(None,), chunks=True)
         for kind in self.kinds:
-            for layer in layers:
-                h5.create_dataset(
-                    dataset(kind, layer), (0, dim), np.float32, maxshape=(None, dim), chunks=True
-                )
+            create_values(h5, kind, dim, layers)
 
     @staticmethod
     def _append(dset, rows: np.ndarray):
@@ -78,13 +83,14 @@ class ShardWriter:
         self._append(self.h5["ids"], np.asarray(ids, dtype=object))
         lengths = [next(iter(r.values())).length for r in reps]
         self._append(self.h5["length"], np.asarray(lengths, dtype=np.int64))
-        for layer in reps[0]:
-            at_layer = [r[layer] for r in reps]
-            for kind in self.kinds:
-                self._append(self.h5[dataset(kind, layer)], KINDS[kind].rows(at_layer))
-        if self.contacts:
-            triangles = [next(iter(r.values())).contacts for r in reps]
-            self._append(self.h5[CONTACT_VALUES], np.concatenate(triangles))
+        layer = next(iter(reps[0]))
+        for kind in self.kinds:
+            if not kind.layered:  # the same at every layer
+                self._append(self.h5[kind.values], kind.rows_of([r[layer] for r in reps]))
+                continue
+            for layer in reps[0]:
+                at_layer = [r[layer] for r in reps]
+                self._append(self.h5[dataset(kind.name, layer)], kind.rows_of(at_layer))
 
     def write_failed(self, failed: list[Failure], keys: list[str], ids: list[str]):
         """The failed sequences, by their position in the shard's `keys` and `ids`."""
@@ -104,12 +110,12 @@ class ShardIndex(NamedTuple):
     lengths: np.ndarray
     failed_keys: np.ndarray  # KEY_DTYPE, one per failed sequence
     failed_reasons: list[str]
-    layers: dict[str, list[int]]  # representation kind -> layers
+    layers: dict[str, list[int]]  # layered kind -> layers
 
 
 def read_index(h5: h5py.File) -> ShardIndex:
-    """The shard file's small datasets; a group that is no representation kind is refused."""
-    groups = {name for name in h5 if isinstance(h5[name], h5py.Group)} - {"failed", contacts.NAME}
+    """The shard file's small datasets; a group that is no kind of KINDS is refused."""
+    groups = {name for name in h5 if isinstance(h5[name], h5py.Group)} - {"failed"}
     unknown = groups - set(KINDS)
     if unknown:
         raise KeyError(f"unknown representation kind(s) {sorted(unknown)}")
@@ -119,5 +125,5 @@ def read_index(h5: h5py.File) -> ShardIndex:
         lengths=h5["length"][:],
         failed_keys=keys_of(h5["failed/sequence_sha256"][:]),
         failed_reasons=h5["failed/reason"].asstr()[:].tolist(),
-        layers={kind: sorted(int(layer) for layer in h5[kind]) for kind in KINDS if kind in h5},
+        layers={kind: sorted(int(layer) for layer in h5[kind]) for kind in LAYERED if kind in h5},
     )

@@ -7,7 +7,7 @@ import torch
 from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 
 import esmshard
-from esmshard.id_index import id_hash, id_hashes, write_id_index
+from esmshard.embeddings_h5.id_index import id_hash, id_hashes, write_id_index
 
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
 

@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import assert_same_values, every_value, write_part
 
+from esmshard.embeddings_h5.representations import LAYERED, Representation
 from esmshard.files import read_tsv
 from esmshard.input.records import SCHEMA
-from esmshard.representations import KINDS, Representation
 from esmshard.steps import merge as merge_step
 from esmshard.steps.merge import CHUNK_BYTES, MergeError, merge
 from esmshard.store import Store, settings_key
@@ -76,7 +76,7 @@ def run(tmp_path):
                 [IDS[i] for i in members],
                 [rep(i) for i in done],
                 failed,
-                include=list(KINDS),
+                include=list(LAYERED),
             )
         )
     return tmp_path, paths
@@ -142,7 +142,7 @@ def test_every_kind_lands_in_input_order(run):
             )
         assert h5["sequence_sha256"][:].astype(str).tolist() == [key(i) for i in embedded]
         assert set(h5) == {"ids", "headers", "lengths", "truncated", "sequence_sha256", "id_index",
-                           *KINDS}  # fmt: skip
+                           *LAYERED}  # fmt: skip
     assert read_tsv(folder / "failed.tsv") == [
         {"id": "P1", "source": "in.fa:1", "reason": "out of memory even alone"}
     ]

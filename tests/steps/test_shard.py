@@ -15,9 +15,9 @@ from conftest import (
     write_part,
 )
 
+from esmshard.embeddings_h5.representations import Representation
 from esmshard.files import DiskFullError
 from esmshard.input.fasta import FastaError
-from esmshard.representations import Representation
 from esmshard.steps.shard import read_shard
 
 SETTINGS = SHARD_SETTINGS

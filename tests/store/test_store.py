@@ -34,8 +34,8 @@ from conftest import (
 )
 
 from esmshard import store as stores
+from esmshard.embeddings_h5.representations import Representation
 from esmshard.files import read_tsv
-from esmshard.representations import Representation
 
 
 def run(workdir, input_path, outdir, *more):

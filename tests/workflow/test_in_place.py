@@ -1,4 +1,4 @@
-"""Outputs read in place (esmshard.in_place), through the `snakemake` command line as users type
+"""Outputs read in place (esmshard.embeddings_h5.in_place), through the `snakemake` command line as users type
 it: the numbers of a copy from a fraction of its bytes, kept by `esmshard store --prune`,
 copied whole by `esmshard export --format h5`."""
 

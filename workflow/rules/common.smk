@@ -89,6 +89,7 @@ from esmshard.input.sizing import (
     estimated_records,
     host_memory_bytes,
 )
+from esmshard.input.variants import ALL as VARIANTS_ALL
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import made_by_of, mixed_precisions
@@ -192,6 +193,22 @@ def merge_inputs(wildcards):
     }
 
 
+def variants_inputs(wildcards):
+    """embeddings.h5, the input (the records' sequences) and the variants table, where one is
+    given (`variants: all` has none)."""
+    found = {"embeddings": RUN.embeddings, "inputs": INPUTS}
+    if config["variants"] != VARIANTS_ALL:
+        found["table"] = config["variants"]
+    return found
+
+
+def variant_outputs():
+    """What `variants` adds to the run's targets."""
+    if not config["variants"]:
+        return []
+    return [RUN.variant_scores, RUN.variant_scores_parquet]
+
+
 # Cluster resources (used by profiles/slurm; a profile's set-resources overrides them).
 
 
@@ -257,7 +274,7 @@ EARLIER = made_by_of(RUN.embeddings)
 def repair_in_place():
     """An in-place embeddings.h5 whose store parts are gone or changed is removed with its plan,
     so that this run computes what the store lacks and writes it anew (the repair its readers
-    advise, esmshard.in_place.REPAIR). Not in a dry run, nor in a cluster job, nor where another
+    advise, esmshard.embeddings_h5.in_place.REPAIR). Not in a dry run, nor in a cluster job, nor where another
     run is active in the outdir (its own start says so)."""
     if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
         return

@@ -12,9 +12,10 @@ import torch
 from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
 
 import esmshard
-from esmshard import contacts
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
+from esmshard.embeddings_h5 import contacts
+from esmshard.embeddings_h5.representations import KINDS
 from esmshard.models.esm2 import random_model
 
 RECORDS = read_records(PROTEINS)
@@ -48,7 +49,7 @@ def test_a_triangle_holds_the_whole_symmetric_map():
     triangle = contacts.upper_triangle(matrix)
     assert triangle.size == contacts.triangle_size(4) == 10
     np.testing.assert_array_equal(contacts.full_matrix(triangle, 4), matrix)
-    assert contacts.offsets(np.array([1, 3, 0])).tolist() == [0, 1, 7, 7]
+    assert KINDS[contacts.NAME].starts(np.array([1, 3, 0])).tolist() == [0, 1, 7, 7]
 
 
 def test_batched_triangles_equal_fair_esm_one_sequence_at_a_time(reference):
@@ -114,7 +115,7 @@ def test_contacts_alone_are_kept_and_read(tmp_path, reference):
     esmshard_cli = str(Path(sys.executable).parent / "esmshard")
     refused = subprocess.run([esmshard_cli, "export", "results", "--format", "per-protein-h5",
                               "--out", "x.h5"], cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
-    assert refused.returncode == 1 and "holds contact maps only" in refused.stderr
+    assert refused.returncode == 1 and "holds no representations" in refused.stderr
     exported = subprocess.run([esmshard_cli, "export", "results", "--format", "npy", "--out", "npy"],
                               cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
     assert exported.returncode == 0, exported.stderr

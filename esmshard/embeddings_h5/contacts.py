@@ -4,7 +4,8 @@ fair-esm's contact head gives an L × L matrix per sequence that is symmetric (i
 attention maps before its regression), so the L(L+1)/2 values on and above the diagonal hold all
 of it: row by row, `numpy.triu_indices(L)` order. The triangles of a file's sequences are
 concatenated in one dataset, `contacts/values`; in embeddings.h5 `contacts/offsets` (N + 1
-values) says where each one starts, in shard files their lengths do.
+values, esmshard.embeddings_h5.representations.Kind.starts) says where each one starts, in shard
+files their lengths do.
 """
 
 import numpy as np
@@ -20,13 +21,6 @@ DTYPES = {"float16": np.float16, "float32": np.float32}
 def triangle_size(length):
     """Values kept for a sequence of `length` residues (works on arrays too)."""
     return length * (length + 1) // 2
-
-
-def offsets(lengths: np.ndarray) -> np.ndarray:
-    """Where each sequence's triangle starts in the concatenated values, and the total at the end."""
-    out = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(triangle_size(np.asarray(lengths, dtype=np.int64)), out=out[1:])
-    return out
 
 
 def upper_triangle(matrix: np.ndarray) -> np.ndarray:

@@ -1,8 +1,8 @@
 """Outputs read in place: an embeddings.h5 whose values stay in the store's parts.
 
 With `output_values: in_place` (or `auto` for a large run), the merge writes everything of
-embeddings.h5 but the representations and contact maps: the IDs, headers, lengths, the ID index,
-`per_tok/offsets` and `contacts/offsets` as a copy holds them, and where each protein's values
+embeddings.h5 but the values of its kinds (representations, contact maps, scores): the IDs,
+headers, lengths, the ID index, the kinds' offsets as a copy holds them, and where each protein's values
 are: `in_place/part` (its part, a number into `in_place/parts`, the parts' paths, relative to the
 file's folder where the store is inside it) and `in_place/row` (its row there). The reader
 (esmshard.outputs.reader) reads through them: `PlacedValues` stands for each dataset a copy
@@ -19,11 +19,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import contacts
-from .contacts import CONTACT_OFFSETS, CONTACT_VALUES
-from .files import DamagedFileError
-from .layout import Layout
-from .representations import KINDS, PER_TOK_OFFSETS, narrowed
+from ..files import DamagedFileError
+from ..layout import Layout
+from .representations import kind_of, narrowed
 
 LAYOUT = "output_values"  # the file attribute: "copy" or "in_place"
 PARTS, PART_BYTES, PART, ROW = (
@@ -82,7 +80,7 @@ class Parts:
                 raise DamagedFileError(self.damaged(code, f"{what} ({where})"))
         self.datasets = json.loads(h5.attrs[DATASETS])
         self.files = OrderedDict()
-        self.starts = {}  # (part, contacts or not) -> where each row's values start
+        self.starts = {}  # (part, a kind's rows) -> where each row's values start
 
     def file(self, code: int) -> h5py.File:
         if code in self.files:
@@ -106,11 +104,11 @@ class Parts:
     def row_starts(self, code: int, name: str) -> np.ndarray:
         """Where each row of part `code` starts in its dataset `name` (one row of values per
         protein, per residue, or per contact value), and the end."""
-        counted = name == CONTACT_VALUES  # per residue or per contact value: the same per part
-        if (code, counted) not in self.starts:
+        rows = kind_of(name).rows  # kinds of the same rows: the same starts
+        if (code, rows) not in self.starts:
             counts = row_counts(name, self.file(code)["length"][:])
-            self.starts[code, counted] = np.concatenate([[0], np.cumsum(counts)])
-        return self.starts[code, counted]
+            self.starts[code, rows] = np.concatenate([[0], np.cumsum(counts)])
+        return self.starts[code, rows]
 
     def close(self) -> None:
         for h5 in self.files.values():
@@ -129,16 +127,13 @@ def checksum_cache(embeddings: Path | None) -> Path:
 
 
 def per_residue(name: str) -> bool:
-    return name != CONTACT_VALUES and KINDS[name.split("/")[0]].per_residue
+    return kind_of(name).per_residue
 
 
 def row_counts(name: str, lengths: np.ndarray) -> np.ndarray:
     """The rows of dataset `name` (of a part, or embeddings.h5) that sequences of `lengths`
     residues hold each: one, one per residue, or their contact map's triangle."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if name == CONTACT_VALUES:
-        return contacts.triangle_size(lengths)
-    return lengths if per_residue(name) else np.ones(lengths.size, dtype=np.int64)
+    return kind_of(name).row_counts(lengths)
 
 
 def part_paths(h5: h5py.File, path) -> list[Path]:
@@ -149,7 +144,7 @@ def part_paths(h5: h5py.File, path) -> list[Path]:
 
 
 class PlacedValues:
-    """A dataset of an in-place embeddings.h5 (`mean/33`, `per_tok/6`, `contacts/values`), read
+    """A dataset of an in-place embeddings.h5 (`mean/33`, `per_tok/6`, `contacts/values`, `logits/values`), read
     from the store's parts as a copy would hold it: rows in input order, in the copy's dtype.
     Indexed by a row or a slice of rows."""
 
@@ -158,8 +153,8 @@ class PlacedValues:
         self.parts, self.name = parts, name
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
         self.ndim = len(self.shape)
-        offsets = CONTACT_OFFSETS if name == CONTACT_VALUES else PER_TOK_OFFSETS
-        self.offsets = parts.h5[offsets] if name == CONTACT_VALUES or per_residue(name) else None
+        offsets = kind_of(name).offsets
+        self.offsets = parts.h5[offsets] if offsets else None
 
     def __len__(self) -> int:
         return self.shape[0]

@@ -14,7 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .files import Buckets
+from ..files import Buckets
 
 HASHES, ROWS = "id_index/hash", "id_index/row"
 _OFFSET, _PRIME, _MASK = 0xCBF29CE484222325, 0x100000001B3, (1 << 64) - 1

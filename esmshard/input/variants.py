@@ -1,0 +1,159 @@
+"""The variants table (`variants:`): substitutions to score, in the convention of fair-esm's
+`predict.py` and ProteinGym.
+
+A CSV or TSV file (a tab in its first line makes it TSV) with a `mutant` column: `H24C` (wild
+type, 1-based position in the record's sequence, mutant), several substitutions joined by `:`
+(`H24C:G45D`), and an `id` column naming the record (optional where the input has one record).
+Other columns are left alone. `variants: all` stands for every single substitution of every
+record instead: its residues' 19 others each, in the order of AMINO_ACIDS.
+
+Every problem of a table is one line naming its file and line, found before any job (`problems`).
+"""
+
+import csv
+import re
+from typing import NamedTuple
+
+from ..embeddings_h5.scores import AMINO_ACIDS, LOGITS, MASKED_MARGINALS
+from .fasta import FastaError, printable, read_raw
+
+ALL = "all"
+# variant_scoring: each strategy, and the kind of `include` whose values it reads
+STRATEGIES = {"wt_marginals": LOGITS, "masked_marginals": MASKED_MARGINALS}
+SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z])")
+SHOWN = 5  # problems named one by one; the rest counted
+
+
+class VariantsError(ValueError):
+    """A variants table that cannot be read; the message names its file and line."""
+
+
+class Substitution(NamedTuple):
+    wild: str
+    position: int  # 1-based
+    mutant: str
+
+
+class Variant(NamedTuple):
+    id: str | None  # None: the input's one record
+    mutant: str  # as the table writes it
+    substitutions: tuple[Substitution, ...]
+    where: str  # "file:line"
+
+
+def parse_mutant(text: str) -> tuple[Substitution, ...]:
+    """`H24C:G45D` as its substitutions; a ValueError says what is wrong with it."""
+    found = []
+    for part in text.strip().split(":"):
+        match = SUBSTITUTION.fullmatch(part.strip())
+        if not match:
+            raise ValueError(
+                f"mutant {text!r} is not written as wild type, position, mutant (H24C; "
+                "several joined by ':')"
+            )
+        wild, position, mutant = (
+            match.group(1).upper(),
+            int(match.group(2)),
+            match.group(3).upper(),
+        )
+        for letter in (wild, mutant):
+            if letter not in AMINO_ACIDS:
+                raise ValueError(f"mutant {text!r}: {letter} is not one of the 20 amino acids")
+        if position < 1:
+            raise ValueError(f"mutant {text!r}: positions count from 1")
+        found.append(Substitution(wild, position, mutant))
+    positions = [s.position for s in found]
+    if len(set(positions)) < len(positions):
+        raise ValueError(f"mutant {text!r} changes one position twice")
+    return tuple(found)
+
+
+def read_table(path) -> tuple[list[Variant], list[str]]:
+    """The table's variants, and a line per problem of its own (unreadable, no `mutant`
+    column, a mutant written wrong)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            first = fh.readline()
+            fh.seek(0)
+            rows = csv.DictReader(fh, delimiter="\t" if "\t" in first else ",")
+            if not rows.fieldnames or "mutant" not in rows.fieldnames:
+                return [], [
+                    f"variants: {path} has no `mutant` column (its columns: "
+                    f"{', '.join(rows.fieldnames or []) or 'none'}); give a CSV or TSV with "
+                    "`mutant` (H24C) and `id` columns"
+                ]
+            with_ids = "id" in rows.fieldnames
+            variants, problems = [], []
+            for line, row in enumerate(rows, start=2):
+                where = f"{path}:{line}"
+                try:
+                    substitutions = parse_mutant(row["mutant"] or "")
+                except ValueError as err:
+                    problems.append(f"variants: {where}: {err}")
+                    continue
+                id_ = (row["id"] or "").strip() if with_ids else None
+                variants.append(Variant(id_, row["mutant"].strip(), substitutions, where))
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        return [], [f"variants: {path} cannot be read as a CSV or TSV table ({err})"]
+    if not variants and not problems:
+        problems.append(f"variants: {path} holds no variant; give one per line under `mutant`")
+    return variants, problems
+
+
+def sequences_of(inputs, ids: set[str] | None) -> dict[str, str]:
+    """The normalised sequences of the records `ids` of the input FASTA files (None: the first
+    two records, to tell whether the input holds one)."""
+    found = {}
+    for path in inputs:
+        for record in read_raw(str(path)):
+            if ids is None or record.id in ids:
+                found[record.id] = record.sequence.decode("ascii")
+                if ids is None and len(found) == 2:
+                    return found
+    return found
+
+
+def problems(path, inputs, limit: int) -> list[str]:
+    """Why the table at `path` cannot be scored against the input FASTA files `inputs`, whose
+    records are embedded up to `limit` residues: one line each, naming the table's line."""
+    variants, found = read_table(path)
+    if not variants:
+        return found
+    ids = {v.id for v in variants}
+    try:
+        sequences = sequences_of(inputs, None if None in ids else ids)
+    except (FastaError, OSError):
+        return found  # the shard step names the input's problem
+    if None in ids and len(sequences) != 1:
+        return found + [
+            f"variants: {path} has no `id` column and the input holds more than one record; add "
+            "an `id` column naming each variant's record"
+        ]
+    only = next(iter(sequences.values()), "")
+    for variant in variants:
+        sequence = only if variant.id is None else sequences.get(variant.id)
+        if sequence is None:
+            found.append(f"variants: {variant.where}: no input record has the ID "
+                         f"'{printable(variant.id)}'")  # fmt: skip
+            continue
+        embedded = min(len(sequence), limit)
+        for s in variant.substitutions:
+            if s.position > embedded:
+                beyond = (
+                    f"the {len(sequence)} residues of its record"
+                    if s.position > len(sequence)
+                    else f"the {limit} residues embedded (truncation_seq_length)"
+                )
+                found.append(f"variants: {variant.where}: {variant.mutant}: position "
+                             f"{s.position} is beyond {beyond}")  # fmt: skip
+                break
+            if sequence[s.position - 1] != s.wild:
+                found.append(
+                    f"variants: {variant.where}: {variant.mutant}: the record has "
+                    f"{sequence[s.position - 1]} at {s.position}, not {s.wild}; positions count "
+                    "from 1 in the record's sequence"
+                )
+                break
+    if len(found) > SHOWN:
+        found = found[:SHOWN] + [f"variants: and {len(found) - SHOWN} more lines of {path}"]
+    return found

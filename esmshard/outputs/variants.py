@@ -1,0 +1,248 @@
+"""Variant effects: each variant's scores from embeddings.h5's logits and masked marginals,
+written to `variant_scores.tsv` and the same rows as a Parquet dataset (`variant_scores/`).
+
+A strategy's score of a variant is fair-esm's `predict.py` `label_row` arithmetic, as ProteinGym
+computes it: the sum over its substitutions of log p(mutant) − log p(wild type) at the
+substitution's position, from the one-pass logits (`wt_marginals`) or from the position masked
+(`masked_marginals`). Nothing runs on a GPU here: a new table over proteins already embedded
+re-runs this step alone.
+"""
+
+import csv
+import logging
+import sys
+from collections import defaultdict
+from itertools import zip_longest
+from pathlib import Path
+
+import numpy as np
+
+from ..embeddings_h5.scores import AMINO_ACIDS, COLUMN
+from ..files import atomic_path
+from ..input.fasta import printable, read_raw
+from ..input.variants import ALL, STRATEGIES, read_table
+from .reader import Embeddings
+
+log = logging.getLogger(__name__)
+
+ROWS_PER_PART = 1 << 22  # rows of each Parquet file (row groups of ROWS_PER_GROUP)
+ROWS_PER_GROUP = 1 << 18
+
+
+class ScoreWriter:
+    """The TSV and the Parquet dataset, written a block of rows at a time."""
+
+    def __init__(self, tsv: Path, folder: Path, strategies):
+        import pyarrow as pa
+
+        self.strategies = list(strategies)
+        self.fh = open(tsv, "w", newline="", encoding="utf-8")
+        self.tsv = csv.writer(self.fh, delimiter="\t", lineterminator="\n")
+        self.tsv.writerow(["id", "mutant", *self.strategies])
+        self.folder = folder
+        self.folder.mkdir()
+        self.schema = pa.schema(
+            [("id", pa.string()), ("mutant", pa.string())]
+            + [(name, pa.float32()) for name in self.strategies]
+        )
+        self.pending, self.parquet, self.in_part, self.parts = [], None, 0, 0
+        self.rows = 0
+
+    def write(self, ids: list[str], mutants: list[str], scores: dict[str, np.ndarray]) -> None:
+        columns = [scores[name] for name in self.strategies]
+        self.tsv.writerows(
+            [i, m, *(f"{v:.7g}" for v in values)] for i, m, *values in zip(ids, mutants, *columns)
+        )
+        self.pending.append((ids, mutants, columns))
+        self.rows += len(ids)
+        if sum(len(p[0]) for p in self.pending) >= ROWS_PER_GROUP:
+            self._flush()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.pending:
+            return
+        ids = [i for p in self.pending for i in p[0]]
+        mutants = [m for p in self.pending for m in p[1]]
+        columns = [
+            np.concatenate([p[2][k] for p in self.pending]).astype(np.float32)
+            for k in range(len(self.strategies))
+        ]
+        self.pending = []
+        if self.parquet is None or self.in_part >= ROWS_PER_PART:
+            if self.parquet is not None:
+                self.parquet.close()
+            path = self.folder / f"part-{self.parts:05d}.parquet"
+            self.parquet = pq.ParquetWriter(path, self.schema)
+            self.in_part, self.parts = 0, self.parts + 1
+        table = pa.Table.from_arrays(
+            [pa.array(ids, pa.string()), pa.array(mutants, pa.string()), *columns],
+            schema=self.schema,
+        )
+        self.parquet.write_table(table)
+        self.in_part += len(ids)
+
+    def close(self) -> None:
+        import pyarrow.parquet as pq
+
+        self._flush()
+        if self.parquet is not None:
+            self.parquet.close()
+        else:  # no variant: the columns alone
+            pq.write_table(self.schema.empty_table(), self.folder / "part-00000.parquet")
+        self.fh.close()
+
+
+def _matrices(emb: Embeddings, protein, strategies) -> dict[str, np.ndarray]:
+    """Each strategy's log-probabilities of one protein: residues × 20."""
+    return {
+        name: np.asarray(emb.values(protein, kind), dtype=np.float64)
+        for name, kind in STRATEGIES.items()
+        if name in strategies
+    }
+
+
+def _table_scores(emb, variants, strategies) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The variants' scores, a protein at a time; the variants whose record has no embedding
+    (failed) left out of the returned indices."""
+    by_protein = defaultdict(list)
+    for k, variant in enumerate(variants):
+        by_protein[variant.id].append(k)
+    scores = {name: np.full(len(variants), np.nan) for name in strategies}
+    scored = np.zeros(len(variants), dtype=bool)
+    for id_, members in by_protein.items():
+        try:
+            matrices = _matrices(emb, 0 if id_ is None else id_, strategies)
+        except KeyError:
+            continue  # failed: failed_sequences.tsv says why
+        for k in members:
+            for name, matrix in matrices.items():
+                scores[name][k] = sum(
+                    matrix[s.position - 1, COLUMN[s.mutant]]
+                    - matrix[s.position - 1, COLUMN[s.wild]]
+                    for s in variants[k].substitutions
+                )
+            scored[k] = True
+    kept = np.flatnonzero(scored)
+    return kept.tolist(), {name: values[kept] for name, values in scores.items()}
+
+
+def _all_substitutions(emb, inputs, strategies, writer: ScoreWriter) -> int:
+    """Every single substitution of every embedded record, in input order; the records not
+    embedded (failed) counted."""
+    missing = 0
+    alternatives = np.array(AMINO_ACIDS)
+    for path in inputs:
+        for record in read_raw(str(path)):
+            try:
+                row = emb.row(record.id)
+            except KeyError:
+                missing += 1
+                continue
+            matrices = _matrices(emb, row, strategies)
+            length = next(iter(matrices.values())).shape[0]
+            sequence = record.sequence[:length].decode("ascii")
+            wild = np.array([COLUMN.get(letter, -1) for letter in sequence])
+            positions = np.flatnonzero(wild >= 0)  # X and the like have no score
+            other = np.ones((positions.size, len(AMINO_ACIDS)), dtype=bool)
+            other[np.arange(positions.size), wild[positions]] = False
+            at, column = np.nonzero(other)  # position-major, amino acids in order
+            mutants = [
+                f"{sequence[p]}{p + 1}{a}"
+                for p, a in zip(positions[at].tolist(), alternatives[column].tolist())
+            ]
+            scores = {}
+            for name, matrix in matrices.items():
+                rows = matrix[positions]
+                own = rows[np.arange(positions.size), wild[positions]]
+                scores[name] = (rows - own[:, None])[at, column]
+            writer.write([record.id] * len(mutants), mutants, scores)
+    return missing
+
+
+def score_variants(embeddings, inputs, variants, strategies, out_tsv, out_folder) -> int:
+    """Score `variants` (a table's path, or "all") with `strategies` from `embeddings`; returns
+    the rows written."""
+    strategies = [name for name in STRATEGIES if name in strategies]
+    with (
+        Embeddings(embeddings) as emb,
+        atomic_path(out_tsv) as tsv,
+        atomic_path(out_folder) as folder,
+    ):
+        writer = ScoreWriter(Path(tsv), Path(folder), strategies)
+        try:
+            if variants == ALL:
+                missing = _all_substitutions(emb, inputs, strategies, writer)
+                left_out = f"{missing} records" if missing else ""
+            else:
+                table, problems = read_table(variants)
+                if problems:  # checked before any job: the table changed since
+                    raise ValueError("; ".join(problems))
+                kept, scores = _table_scores(emb, table, strategies)
+                only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
+                for start in range(0, len(kept), ROWS_PER_GROUP):
+                    chosen = kept[start : start + ROWS_PER_GROUP]
+                    writer.write(
+                        [table[k].id or only for k in chosen],
+                        [table[k].mutant for k in chosen],
+                        {
+                            name: values[start : start + len(chosen)]
+                            for name, values in scores.items()
+                        },
+                    )
+                missing = len(table) - len(kept)
+                left_out = f"{missing} variants" if missing else ""
+        finally:
+            writer.close()
+    message = f"variants: {writer.rows:,} scored ({', '.join(strategies)}) in {out_tsv}"
+    if left_out:
+        message += f"; {left_out} of records that failed have none (failed_sequences.tsv says why)"
+    log.info("%s", message)
+    print(message, file=sys.stderr, flush=True)
+    return writer.rows
+
+
+def average_scores(tables, out) -> int:
+    """The mean of each strategy's scores over `tables` (variant_scores.tsv of runs of several
+    models over the same variants, as the ESM-1v ensemble), written to `out`; returns the rows.
+    The tables must list the same variants in the same order, with the same strategies."""
+    handles = [open(path, newline="", encoding="utf-8") for path in tables]
+    try:
+        readers = [csv.reader(fh, delimiter="\t") for fh in handles]
+        headers = [next(reader, None) for reader in readers]
+        if (
+            any(h != headers[0] for h in headers)
+            or not headers[0]
+            or headers[0][:2]
+            != [
+                "id",
+                "mutant",
+            ]
+        ):
+            raise ValueError(
+                "the tables' columns differ, or one is not a variant_scores.tsv: "
+                + "; ".join(f"{t}: {', '.join(h or [])}" for t, h in zip(tables, headers))
+            )
+        rows = 0
+        with atomic_path(out) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+            writer.writerow(headers[0])
+            for line, group in enumerate(zip_longest(*readers), start=2):
+                if any(row is None for row in group):
+                    short = [t for t, row in zip(tables, group) if row is None]
+                    raise ValueError(f"{', '.join(short)} holds fewer variants than the others")
+                if any(row[:2] != group[0][:2] for row in group):
+                    differ = ", ".join(f"{t}: {' '.join(r[:2])}" for t, r in zip(tables, group))
+                    raise ValueError(
+                        f"line {line}: the tables list other variants ({printable(differ)}); "
+                        "score the same variants table in each run"
+                    )
+                values = np.array([[float(v) for v in row[2:]] for row in group]).mean(0)
+                writer.writerow([*group[0][:2], *(f"{v:.7g}" for v in values)])
+                rows += 1
+        return rows
+    finally:
+        for fh in handles:
+            fh.close()

@@ -1,0 +1,12 @@
+from esmshard.steps.job import run_step
+
+run_step(
+    snakemake.log[0],
+    "esmshard.outputs.variants:score_variants",
+    embeddings=snakemake.input.embeddings,
+    inputs=list(snakemake.config["input"]),
+    variants=snakemake.params.variants,
+    strategies=list(snakemake.params.strategies),
+    out_tsv=snakemake.output.tsv,
+    out_folder=snakemake.output.parquet,
+)
