@@ -341,6 +341,10 @@ def every_value(path) -> dict:
                 found[kind, layer, "batches"] = np.concatenate(batches)
                 found[kind, layer, "last"] = emb.values(found["ids"][-1], kind, layer)
                 found[kind, layer, "each"] = [emb.values(i, kind, -1) for i in range(len(emb))]
+        for kind in emb.unlayered:  # contact maps, scores
+            found[kind] = emb.array(kind)
+            found[kind, "batches"] = np.concatenate([b.values for b in emb.batches(kind, size=7)])
+            found[kind, "each"] = [emb.values(i, kind) for i in range(len(emb))]
     return found
 
 

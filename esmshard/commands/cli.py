@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from .. import store as stores
-from ..embeddings_h5.representations import KINDS
+from ..embeddings_h5.representations import LAYERED
 from ..files import DamagedFileError, human_bytes, quiet_hdf5_cleanup, unwritable
 from ..input.fasta import FastaError
 from ..layout import Layout
@@ -161,7 +161,7 @@ def main(argv=None):
     )
     export.add_argument(
         "--kind",
-        choices=sorted(KINDS),
+        choices=sorted(LAYERED),
         help="per-protein-h5: the representation written (default mean, if the run has it)",
     )
     export.add_argument(
@@ -175,6 +175,14 @@ def main(argv=None):
         default="hash",
         help="per-protein-h5: datasets named by biotrainer's sequence hash (default) or by ID",
     )
+    ensemble = commands.add_parser(
+        "ensemble",
+        help="average the variant scores of several runs (an ensemble, as ESM-1v's five)",
+        description="Write the mean of each strategy's variant scores over the runs in OUTDIR "
+        "(each run's variant_scores.tsv, one run per model over the same variants table).",
+    )
+    ensemble.add_argument("outdirs", nargs="+", type=Path, metavar="OUTDIR", help="the runs")
+    ensemble.add_argument("--out", required=True, type=Path, help="the TSV to write")
     deploy = commands.add_parser(
         "deploy",
         help="deploy the workflow from a local clone, as the workflow catalog does",
@@ -239,6 +247,8 @@ def main(argv=None):
         if args.prune and not args.keep:
             parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
         return show_store(parser, args)
+    if args.command == "ensemble":
+        return average_variant_scores(parser, args.outdirs, args.out)
     if args.command == "export":
         quiet_hdf5_cleanup()  # a failed write is reported below, in one line
         try:
@@ -271,6 +281,24 @@ def main(argv=None):
             time.sleep(args.watch)
         except KeyboardInterrupt:
             return 0
+
+
+def average_variant_scores(parser, outdirs, out: Path) -> int:
+    from ..outputs.variants import average_scores
+
+    tables = [Path(Layout(str(outdir)).variant_scores) for outdir in outdirs]
+    missing = [str(t) for t in tables if not t.is_file()]
+    if missing:
+        parser.exit(1, f"esmshard ensemble: {', '.join(missing)} does not exist: give the outdirs "
+                       "of finished runs with `variants` set\n")  # fmt: skip
+    if out.exists():
+        parser.exit(1, f"esmshard ensemble: {out} exists; remove it or choose another --out\n")
+    try:
+        rows = average_scores([str(t) for t in tables], out)
+    except (ValueError, OSError) as err:
+        parser.exit(1, f"esmshard ensemble: {err}\n")
+    print(f"wrote {out}: {rows:,} variants, the mean of {len(tables)} runs")
+    return 0
 
 
 def merged(outdir: Path, state: dict) -> bool:

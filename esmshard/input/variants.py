@@ -117,15 +117,24 @@ def problems(path, inputs, limit: int) -> list[str]:
     """Why the table at `path` cannot be scored against the input FASTA files `inputs`, whose
     records are embedded up to `limit` residues: one line each, naming the table's line."""
     variants, found = read_table(path)
-    if not variants:
-        return found
+    if variants:
+        found += _record_problems(path, variants, inputs, limit)
+    if len(found) > SHOWN:
+        found = found[:SHOWN] + [f"variants: and {len(found) - SHOWN} more lines of {path}"]
+    return found
+
+
+def _record_problems(path, variants: list[Variant], inputs, limit: int) -> list[str]:
+    """Why variants do not fit their records: no such record, a position beyond it, another
+    wild type."""
+    found = []
     ids = {v.id for v in variants}
     try:
         sequences = sequences_of(inputs, None if None in ids else ids)
     except (FastaError, OSError):
-        return found  # the shard step names the input's problem
+        return []  # the shard step names the input's problem
     if None in ids and len(sequences) != 1:
-        return found + [
+        return [
             f"variants: {path} has no `id` column and the input holds more than one record; add "
             "an `id` column naming each variant's record"
         ]
@@ -154,6 +163,4 @@ def problems(path, inputs, limit: int) -> list[str]:
                     "from 1 in the record's sequence"
                 )
                 break
-    if len(found) > SHOWN:
-        found = found[:SHOWN] + [f"variants: and {len(found) - SHOWN} more lines of {path}"]
     return found

@@ -24,7 +24,7 @@ def workdir(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("in-place")
     (workdir / "proteins.fasta").write_text(PROTEINS.read_text())
     typed = ["--config", "input=proteins.fasta", f"model={MODEL}", "repr_layers=[-1,3]",
-             "include=[mean,per_tok,contacts]"]  # fmt: skip
+             "include=[mean,per_tok,contacts,logits]"]  # fmt: skip
     snakemake(workdir, {}, *typed, "outdir=copied")
     snakemake(workdir, {}, *typed, "outdir=placed", "store=copied/store", "output_values=in_place")
     return workdir

@@ -11,8 +11,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, SLICE, assert_same_values, every_value, fasta, snakemake_command
+from conftest import (
+    MODEL,
+    REPO,
+    SLICE,
+    assert_same_values,
+    every_value,
+    fasta,
+    snakemake_command,
+)
 
+from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.layout import Layout, every_attempt
 
 RECORDS = SLICE[:120]  # ~37k residues: seconds of esm2_t6 on the CPU, many batches
@@ -148,3 +157,37 @@ def test_a_damaged_piece_is_set_aside_and_its_sequences_computed_again(tmp_path,
     (outdir / "embeddings.h5").unlink()
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and not leftover.exists()
+
+
+def test_a_killed_masked_marginal_shard_loses_no_more_than_an_embedding_shard(tmp_path):
+    """A batch of masked marginals holds a token budget of masked copies, not of proteins, so
+    that it takes about as long as an embedding batch and pieces are kept as often; what a kill
+    leaves is resumed, and the result is the uninterrupted run's, bit for bit."""
+    from esmshard.compute.batching import make_batches
+
+    records = [r for r in SLICE if len(r[1]) <= 120][:40]
+    lengths = [len(s) for _, s in records]
+    fasta(tmp_path / "proteins.fasta", records)
+    # the micro model: the batching and resuming are tested here, not the arithmetic
+    masked = [f"model={MODEL}", "include=[masked_marginals,pll]", "keep_every=1"]
+    masked += ["toks_per_batch=30000"]
+    uninterrupted, env = command(tmp_path, str(tmp_path / "whole"))
+    subprocess.run([*uninterrupted, *masked], cwd=REPO, env=env, check=True, capture_output=True)
+    (metrics,) = (tmp_path / "whole" / "metrics").glob("*.json")
+    batches = make_batches(lengths, 30000, packed=True, masked=True)
+    assert json.loads(metrics.read_text())["n_batches"] == len(batches) > 10
+    assert len(make_batches(lengths, 30000, packed=True)) == 1  # embeddings: one batch
+
+    outdir = tmp_path / "killed"
+    cmd, env = command(tmp_path, str(outdir))
+    slow = {**env, SLOW_BATCHES_ENV: "0.2"}  # a kill while it computes, whatever this machine
+    kill_job_at([*cmd, *masked], slow, outdir, 0.4, signal.SIGKILL)
+    kept = kept_sequences(outdir)
+    done = subprocess.run([*cmd, *masked], cwd=REPO, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (log,) = (outdir / "logs" / "embed").glob("*.log")
+    assert f"{kept} sequences kept by an earlier job" in log.read_text()
+    assert 0 < kept < len(records)
+    assert_same_values(
+        every_value(tmp_path / "whole" / "embeddings.h5"), every_value(outdir / "embeddings.h5")
+    )

@@ -258,9 +258,9 @@ def report_run():
         f"{run['from_store']} from the store ({run['store']}); {run['failed']} records failed, "
         f"listed in {RUN.failed}{beyond}"
     )
-    logger.info(
-        f"esmshard: outputs: {RUN.embeddings}, {RUN.failed}, {RUN.run_json}, {RUN.scaling_html}"
-    )
+    outputs = [RUN.embeddings, RUN.failed, RUN.run_json, RUN.scaling_html]
+    outputs += [RUN.variant_scores] if config["variants"] else []
+    logger.info(f"esmshard: outputs: {', '.join(outputs)}")
     mixed = mixed_precisions(run.get("computed_with", []))
     if mixed:
         logger.warning(f"esmshard: {mixed}")

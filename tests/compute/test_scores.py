@@ -1,0 +1,113 @@
+"""Language-model scores on real proteins (random weights, ESM-2's real t6 shape): logits and
+masked marginals as fair-esm's own forward pass gives them, packed or padded, however the masked
+copies are batched, and the pseudo-log-likelihood from them."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import PROTEOME, TINY_MODEL, read_records
+
+from esmshard import models
+from esmshard.compute.batching import make_batches
+from esmshard.compute.embedder import Embedder
+from esmshard.compute.precision import PRECISIONS
+from esmshard.embeddings_h5.scores import AMINO_ACIDS, residue_columns
+
+# Short real proteins (a pass per residue each), one with an X.
+SEQUENCES = [s for _, s in read_records(PROTEOME) if 30 <= len(s) <= 60][:4]
+SCORES = ("mean", "logits", "masked_marginals", "pll")
+
+
+@pytest.fixture(scope="module")
+def model():
+    net, alphabet = models.load(models.parse_spec(f"random:{TINY_MODEL}"))
+    torch.set_num_threads(2)
+    return net, alphabet
+
+
+def scored(model, sequences, packed, budget, fast_path=True) -> list:
+    net, alphabet = model
+    embedder = Embedder(
+        net,
+        alphabet,
+        [6],
+        torch.device("cpu"),
+        PRECISIONS["fp32"],
+        fast_path,
+        kinds=SCORES,
+        packed=packed,
+        budget=budget,
+    )
+    return [rep[6] for rep in embedder.forward(sequences)]
+
+
+def fair_esm_scores(model, sequence):
+    """fair-esm's forward pass: the log-softmax of its logits, and with each position masked
+    (predict.py's masked marginals), over the whole vocabulary."""
+    net, alphabet = model
+    _, _, toks = alphabet.get_batch_converter()([("x", sequence)])
+    columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
+    with torch.no_grad():
+        logits = torch.log_softmax(net(toks)["logits"], -1)[0, 1 : len(sequence) + 1]
+        masked = []
+        for i in range(len(sequence)):
+            copy = toks.clone()
+            copy[0, i + 1] = alphabet.mask_idx
+            masked.append(torch.log_softmax(net(copy)["logits"], -1)[0, i + 1])
+    masked = torch.stack(masked)
+    own = masked[torch.arange(len(sequence)), toks[0, 1 : len(sequence) + 1]]
+    return logits[:, columns].numpy(), masked[:, columns].numpy(), own.numpy()
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_logits_and_masked_marginals_equal_fair_esm_forward_pass(model, packed):
+    # a budget of about three copies: each pass mixes the copies of two proteins
+    got = scored(model, SEQUENCES, packed, budget=150)
+    for sequence, rep in zip(SEQUENCES, got):
+        logits, masked, own = fair_esm_scores(model, sequence)
+        assert rep.logits.shape == rep.masked_marginals.shape == (len(sequence), 20)
+        np.testing.assert_allclose(rep.logits, logits, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(rep.masked_marginals, masked, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(rep.pll, [own.sum(), own.mean()], rtol=1e-6)
+
+
+def test_packed_and_padded_masked_marginals_agree_whatever_the_batches(model):
+    """Within the packing tolerance of the representations (1e-5, test_models_esm2), carried
+    through a head whose logits reach ~50 under random weights: measured up to 2.6e-5."""
+    padded = scored(model, SEQUENCES, False, budget=4096)
+    for packed, budget in ((True, 4096), (True, 150), (False, 62)):  # 62: a copy per pass
+        for a, b in zip(padded, scored(model, SEQUENCES, packed, budget)):
+            for kind in ("logits", "masked_marginals", "pll"):
+                got, want = getattr(b, kind), getattr(a, kind)
+                np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-5)
+
+
+def test_the_pll_is_the_masked_marginals_at_the_sequences_own_residues(model):
+    for sequence, rep in zip(SEQUENCES, scored(model, SEQUENCES, True, 4096)):
+        columns = residue_columns(sequence)
+        assert (columns >= 0).all()  # standard residues: every one is a column
+        own = rep.masked_marginals[np.arange(len(sequence)), columns]
+        np.testing.assert_allclose(rep.pll, [own.sum(), own.sum() / len(sequence)], rtol=1e-5)
+
+
+def test_fair_esm_own_forward_pass_gives_the_same_scores(model):
+    fast, own = (
+        scored(model, SEQUENCES[:2], False, 4096),
+        scored(model, SEQUENCES[:2], False, 4096, fast_path=False),
+    )
+    for a, b in zip(fast, own):
+        np.testing.assert_allclose(a.masked_marginals, b.masked_marginals, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(a.logits, b.logits, atol=1e-4, rtol=0)
+
+
+def test_a_batch_with_masked_marginals_holds_about_a_budget_of_masked_tokens():
+    lengths = [100, 50, 50, 10]
+    # 100 residues: 101 passes of 102 tokens, over the budget alone; 50: 51 × 52 = 2,652 each; 10: 132
+    assert make_batches(lengths, 5400, packed=True, masked=True) == [[0], [1, 2], [3]]
+    assert make_batches(lengths, 5400, packed=True) == [[0, 1, 2, 3]]
+
+
+def test_scores_need_the_language_model_head(model):
+    net, alphabet = models.load(models.parse_spec("random:esmc_300m"))
+    with pytest.raises(ValueError, match="language-model head"):
+        Embedder(net, alphabet, [1], torch.device("cpu"), PRECISIONS["fp32"], kinds=["logits"])

@@ -1,0 +1,97 @@
+"""The variants table: fair-esm's predict.py and ProteinGym's `mutant` convention, and one line
+per problem naming the table's file and line."""
+
+import pytest
+from conftest import PROTEINS, read_records
+
+from esmshard.input.variants import Substitution, parse_mutant, problems, read_table
+
+RECORDS = read_records(PROTEINS)
+ID, SEQUENCE = RECORDS[0][0][1:].split()[0], RECORDS[0][1]
+
+
+def test_a_mutant_is_its_substitutions():
+    assert parse_mutant("H24C") == (Substitution("H", 24, "C"),)
+    assert parse_mutant(" h24c:G45D ") == (Substitution("H", 24, "C"), Substitution("G", 45, "D"))
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("24C", "not written as"),
+        ("H24", "not written as"),
+        ("H24C;G45D", "not written as"),
+        ("H24B", "B is not one of the 20 amino acids"),
+        ("X3A", "X is not one of the 20"),
+        ("H0C", "count from 1"),
+        ("H24C:H24D", "changes one position twice"),
+    ],
+)
+def test_a_mutant_written_wrong_is_named(text, said):
+    with pytest.raises(ValueError, match=said):
+        parse_mutant(text)
+
+
+def table(tmp_path, text, name="variants.csv"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_csv_and_tsv_tables_are_read_with_their_other_columns_left_alone(tmp_path):
+    for name, sep in (("v.csv", ","), ("v.tsv", "\t")):
+        path = table(tmp_path, f"id{sep}mutant{sep}DMS_score\nP1{sep}M1A{sep}0.5\n", name)
+        (variant,), found = read_table(path)
+        assert found == [] and variant.id == "P1" and variant.mutant == "M1A"
+        assert variant.where == f"{path}:2"
+
+
+def test_every_problem_of_a_table_is_one_line_naming_its_line(tmp_path):
+    wild = SEQUENCE[9]
+    other = next(a for a in "ACDEFGHIKLMNPQRSTVWY" if a != wild)
+    path = table(
+        tmp_path,
+        "id,mutant\n"
+        f"{ID},{wild}10A\n"  # fine
+        f"{ID},{other}10A\n"  # not the record's residue
+        f"{ID},{wild}{len(SEQUENCE) + 1}A\n"  # beyond the record
+        f"{ID},{wild}10J\n"  # not an amino acid
+        f"nosuchid,{wild}10A\n",
+    )
+    found = problems(path, [PROTEINS], 1022)
+    assert len(found) == 4  # how it is written first, then how it fits the records
+    assert f"{path}:5:" in found[0] and "J is not one of the 20 amino acids" in found[0]
+    assert f"{path}:3: {other}10A: the record has {wild} at 10, not {other}" in found[1]
+    assert f"{path}:4:" in found[2] and f"beyond the {len(SEQUENCE)} residues" in found[2]
+    assert f"{path}:6: no input record has the ID 'nosuchid'" in found[3]
+    assert all("\n" not in line for line in found)
+
+
+def test_a_position_beyond_the_residues_embedded_names_truncation(tmp_path):
+    path = table(tmp_path, f"id,mutant\n{ID},{SEQUENCE[20]}21A\n")
+    (line,) = problems(path, [PROTEINS], 20)
+    assert "beyond the 20 residues embedded (truncation_seq_length)" in line
+
+
+def test_without_an_id_column_the_input_must_hold_one_record(tmp_path):
+    path = table(tmp_path, f"mutant\n{SEQUENCE[0]}1A\n")
+    (line,) = problems(path, [PROTEINS], 1022)
+    assert "no `id` column" in line
+    one = tmp_path / "one.fasta"
+    one.write_text(f">{ID}\n{SEQUENCE}\n")
+    assert problems(path, [one], 1022) == []
+
+
+def test_a_table_without_mutants_says_what_it_needs(tmp_path):
+    (line,) = problems(table(tmp_path, "id,variant\nP1,M1A\n"), [PROTEINS], 1022)
+    assert "has no `mutant` column (its columns: id, variant)" in line
+    (line,) = problems(tmp_path / "missing.csv", [PROTEINS], 1022)
+    assert "missing.csv cannot be read" in line
+
+
+def test_many_problems_are_counted_after_the_first(tmp_path):
+    rows = "".join(f"{ID},Z{k}A\n" for k in range(1, 30))
+    found = problems(table(tmp_path, "id,mutant\n" + rows), [PROTEINS], 1022)
+    assert len(found) == 6 and found[-1].endswith(
+        "and 24 more lines of " + str(tmp_path / "variants.csv")
+    )

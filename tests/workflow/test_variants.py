@@ -1,0 +1,204 @@
+"""Scores and variant effects through `snakemake`, as users type them: real proteins, random
+weights in fair-esm's on-disk format, fair-esm's own forward pass and predict.py's `label_row`
+arithmetic as the reference."""
+
+import argparse
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import PROTEOME, TINY_MODEL, fasta, jobs_run, read_records, snakemake
+from esm.pretrained import load_model_and_alphabet_core
+
+import esmshard
+from esmshard.embeddings_h5.scores import AMINO_ACIDS
+
+# Short real proteins: a forward pass per residue each.
+RECORDS = [r for r in read_records(PROTEOME) if 30 <= len(r[1]) <= 70][:5]
+IDS = [h[1:].split()[0] for h, _ in RECORDS]
+SEQUENCE = dict(zip(IDS, (s for _, s in RECORDS)))
+SCORING = ["variant_scoring=[wt_marginals,masked_marginals]", "include=[mean,pll]"]
+
+
+def variants_table(path):
+    """Single and multiple substitutions over three of the proteins, ProteinGym's extra column."""
+    rows = []
+    for id_ in IDS[:3]:
+        s = SEQUENCE[id_]
+        rows.append((id_, f"{s[2]}3{'A' if s[2] != 'A' else 'C'}"))
+        rows.append((id_, f"{s[4]}5W:{s[9]}10{'G' if s[9] != 'G' else 'D'}"))
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["id", "mutant", "DMS_score"])
+        writer.writerows((id_, mutant, 0.5) for id_, mutant in rows)
+    return rows
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, checkpoint):
+    workdir = tmp_path_factory.mktemp("variants")
+    fasta(workdir / "proteins.fasta", RECORDS)
+    rows = variants_table(workdir / "variants.csv")
+    config = {"input": "proteins.fasta", "model": str(checkpoint), "outdir": "results"}
+    done = snakemake(workdir, config, "--config", "variants=variants.csv", *SCORING)
+    return workdir, config, rows, done
+
+
+@pytest.fixture(scope="module")
+def fair_esm(checkpoint):
+    """fair-esm's model from the checkpoint file, and per protein: the log-softmax of its
+    logits, and with each position masked (predict.py's two strategies)."""
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        data = torch.load(checkpoint, weights_only=True)
+        regression = torch.load(
+            str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True
+        )
+    net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
+    net.eval()
+    found = {}
+    for id_, sequence in SEQUENCE.items():
+        _, _, toks = alphabet.get_batch_converter()([(id_, sequence)])
+        with torch.no_grad():
+            logits = torch.log_softmax(net(toks)["logits"], -1)[0]
+            copies = toks.repeat(len(sequence), 1)
+            positions = torch.arange(len(sequence)) + 1
+            copies[torch.arange(len(sequence)), positions] = alphabet.mask_idx
+            masked = torch.log_softmax(net(copies)["logits"], -1)[
+                torch.arange(len(sequence)), positions
+            ]
+        masked = torch.cat([logits[:1], masked])  # row 1 + i is residue i, as in logits
+        found[id_] = (logits.numpy(), masked.numpy())
+    return alphabet, found
+
+
+def label_row(row, sequence, token_probs, alphabet):
+    """fair-esm's examples/variant-prediction/predict.py, its arithmetic as written there."""
+    score = 0
+    for row in row.split(":"):
+        wt, idx, mt = row[0], int(row[1:-1]) - 1, row[-1]
+        assert sequence[idx] == wt, "The listed wildtype does not match the provided sequence"
+        wt_encoded, mt_encoded = alphabet.get_idx(wt), alphabet.get_idx(mt)
+        score += token_probs[1 + idx, mt_encoded] - token_probs[1 + idx, wt_encoded]
+    return score
+
+
+def test_variant_scores_are_predict_py_label_row(run, fair_esm):
+    workdir, _, rows, done = run
+    alphabet, reference = fair_esm
+    with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
+        got = list(csv.DictReader(fh, delimiter="\t"))
+    assert [(r["id"], r["mutant"]) for r in got] == rows
+    assert list(got[0]) == ["id", "mutant", "wt_marginals", "masked_marginals"]
+    for r in got:
+        logits, masked = reference[r["id"]]
+        sequence = SEQUENCE[r["id"]]
+        want = label_row(r["mutant"], sequence, logits, alphabet)
+        assert abs(float(r["wt_marginals"]) - want) <= 1e-4, r
+        want = label_row(r["mutant"], sequence, masked, alphabet)
+        assert abs(float(r["masked_marginals"]) - want) <= 1e-4, r
+    # the same rows as a Parquet dataset
+    table = pq.read_table(workdir / "results" / "variant_scores").to_pylist()
+    assert [(t["id"], t["mutant"]) for t in table] == rows
+    assert "variant_scores.tsv" in done.stderr  # the closing lines name it
+
+
+def test_stored_scores_equal_fair_esm_forward_pass_and_the_pll_their_sum(run, fair_esm):
+    workdir, *_ = run
+    alphabet, reference = fair_esm
+    columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
+    with esmshard.open_embeddings(workdir / "results" / "embeddings.h5") as emb:
+        assert sorted(emb.unlayered) == ["logits", "masked_marginals", "pll"]  # the strategies'
+        for id_, sequence in SEQUENCE.items():
+            logits, masked = reference[id_]
+            n = len(sequence)
+            got = emb[id_].scores
+            np.testing.assert_allclose(
+                got["logits"], logits[1 : n + 1, columns], atol=1e-4, rtol=0
+            )
+            np.testing.assert_allclose(
+                got["masked_marginals"], masked[1 : n + 1, columns], atol=1e-4, rtol=0
+            )
+            at_residues = got["masked_marginals"][
+                np.arange(n), [AMINO_ACIDS.index(a) for a in sequence]
+            ]
+            np.testing.assert_allclose(
+                got["pll"], [at_residues.sum(), at_residues.mean()], rtol=1e-5
+            )
+
+
+def test_every_substitution_is_scored_from_the_store_computing_nothing(run):
+    workdir, config, *_ = run
+    done = snakemake(workdir, config, "--config", "variants=all", *SCORING)
+    assert jobs_run(done) == {"variants": 1}  # no shard, embed or merge job
+    with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
+        got = list(csv.DictReader(fh, delimiter="\t"))
+    for id_, sequence in SEQUENCE.items():
+        mine = [r["mutant"] for r in got if r["id"] == id_]
+        assert len(mine) == 19 * len(sequence)
+        assert mine[:2] == [f"{sequence[0]}1{a}" for a in AMINO_ACIDS if a != sequence[0]][:2]
+    assert [r["id"] for r in got][:: 19 * 30][0] == IDS[0]  # in input order
+
+
+def test_a_variant_that_does_not_fit_its_record_stops_the_run_before_any_job(tmp_path, run):
+    workdir, config, *_ = run
+    sequence = SEQUENCE[IDS[0]]
+    wrong = next(a for a in AMINO_ACIDS if a != sequence[6])
+    (tmp_path / "bad.tsv").write_text(f"id\tmutant\n{IDS[0]}\t{wrong}7A\n")
+    done = snakemake(
+        workdir, config, "--config", f"variants={tmp_path / 'bad.tsv'}", *SCORING, check=False
+    )
+    assert done.returncode == 2
+    said = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
+    assert said == [
+        f"esmshard: variants: {tmp_path / 'bad.tsv'}:2: {wrong}7A: the record has "
+        f"{sequence[6]} at 7, not {wrong}; positions count from 1 in the record's sequence"
+    ]
+
+
+ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_an_ensemble_is_the_mean_of_its_runs(tmp_path, run):
+    workdir, *_ = run
+    results = workdir / "results"
+    doubled = tmp_path / "second"
+    doubled.mkdir()
+    with (
+        open(results / "variant_scores.tsv") as fh,
+        open(doubled / "variant_scores.tsv", "w") as out,
+    ):
+        lines = fh.read().splitlines()
+        out.write(lines[0] + "\n")
+        for line in lines[1:]:
+            id_, mutant, *values = line.split("\t")
+            out.write("\t".join([id_, mutant, *(str(3 * float(v)) for v in values)]) + "\n")
+    done = subprocess.run(
+        ["esmshard", "ensemble", str(results), str(doubled), "--out", str(tmp_path / "mean.tsv")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
+    assert done.returncode == 0, done.stderr
+    mean = [line.split("\t") for line in (tmp_path / "mean.tsv").read_text().splitlines()]
+    first = [line.split("\t") for line in lines]
+    assert [m[:2] for m in mean] == [f[:2] for f in first]
+    for m, f in zip(mean[1:], first[1:]):
+        np.testing.assert_allclose(
+            [float(v) for v in m[2:]], [2 * float(v) for v in f[2:]], rtol=1e-6
+        )
+    lines[1] = lines[1].replace(lines[1].split("\t")[1], "A1C")
+    (doubled / "variant_scores.tsv").write_text("\n".join(lines) + "\n")
+    done = subprocess.run(
+        ["esmshard", "ensemble", str(results), str(doubled), "--out", str(tmp_path / "x.tsv")],
+        capture_output=True,
+        text=True,
+        env=ENV,
+    )
+    assert done.returncode == 1 and "line 2: the tables list other variants" in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "x.tsv").exists()
