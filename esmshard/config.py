@@ -27,6 +27,8 @@ EMBEDDING_KEYS = (
     "fast_path",
 )
 
+ATTENTION_KEYS = ("attention_layers", "attention_heads")
+
 # Bumped by any change of esmshard that changes the numbers computed with the same settings: it is
 # part of the settings (and so of the store key), which re-runs the embed jobs and keeps the
 # store's older entries apart. Nothing else about esmshard's code re-runs a finished shard.
@@ -192,6 +194,8 @@ def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
     """
     settings = {
         **{key: config[key] for key in EMBEDDING_KEYS},
+        # what the attention maps keep, where there are any (the other runs' keys unchanged)
+        **{key: config[key] for key in ATTENTION_KEYS if "attentions" in config["include"]},
         "checkpoint": checkpoint,
         "family": family,
         "numerics": NUMERICS_VERSION,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from conftest import DATA, PROTEINS, REPO, TINY_MODEL, clone_of_workflow
+from conftest import DATA, PROTEINS, REPO, TINY_MODEL, clone_of_workflow, read_records
 
 import esmshard
 
@@ -30,6 +30,7 @@ RUN_BY = {
     "make gpu-check": "commands/test_gpu_check.py::test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no",
     "esmshard status": "test_readme.py::test_esmshard_run_and_status_as_the_readme_types_them",
     "esmshard export": "test_readme.py::test_reading_and_exporting_as_the_docs_show",
+    "esmshard ensemble": "workflow/test_variant_effects.py::test_an_ensemble_is_the_mean_of_its_runs",
     "pip install esmshard-": "test_install.py::test_the_wheel_runs_from_an_empty_folder_as_snake",
     "pip install esmshard snakedeploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "pip install -e": "../.ci/run",  # make installs the clone so
@@ -147,6 +148,8 @@ def clone(tmp_path_factory) -> Path:
         subprocess.run(f"gzip -c {PROTEINS} > {name}" if name.endswith(".gz")
                        else f"cp {PROTEINS} {name}", shell=True, cwd=folder, check=True)  # fmt: skip
     subprocess.run(["cp", "-r", "profiles/slurm", "profiles/mycluster"], cwd=folder, check=True)
+    header, sequence = read_records(PROTEINS)[0]  # a variant of the input's first record
+    (folder / "variants.csv").write_text(f"id,mutant\n{header[1:].split()[0]},{sequence[0]}1A\n")
     example = "resources/ecoli_k12_example.fasta"  # what `make run` writes
     subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", example], cwd=folder,
                    env={**os.environ, "ESMSHARD_DATA": str(DATA)}, check=True)  # fmt: skip

@@ -145,6 +145,8 @@ def embed(
     output_values: str = "auto",
     contacts_dtype: str = "float16",
     per_residue_compression: str = "none",
+    attention_layers: Iterable[int] = (-1,),
+    attention_heads: str = "mean",
 ) -> Embeddings:
     """Embed `sequences` with `model` in this process, through the workflow's own shard, embed
     and merge steps, and return them read like `esmshard.open_embeddings`:
@@ -158,7 +160,11 @@ def embed(
     model: a fair-esm ESM-2 name, hf:<owner>/<name>, a model folder or checkpoint file, or
         random:<name> (seeded random weights of a published shape, offline).
     repr_layers: layers to return; negative count from the end (-1 the last), 0 the embeddings.
-    include: any of "mean" (per protein), "per_tok" (per residue), "bos", "contacts" (ESM-2).
+    include: any of "mean" (per protein), "per_tok" (per residue), "bos", "contacts" (ESM-2,
+        ESM-1b), and the scores of ESM-2 and ESM-1b/1v: "logits", "masked_marginals", "pll"
+        (emb["P1"].scores); "attentions", their attention maps at `attention_layers`, each
+        head's or their mean (`attention_heads`: "all", "mean"; emb.attention_maps("P1")).
+        Variant effects (`variants`) are for runs: variant_scores.tsv.
     store: a folder that keeps what is computed, so that a later call (or run) reuses it; None
         computes everything and keeps nothing.
     precision: "auto" (bf16 on GPUs that have it, else fp32), "fp32", "bf16" or "fp16".

@@ -8,6 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..embeddings_h5 import attentions as attention_maps
 from ..embeddings_h5 import scores
 from ..embeddings_h5.contacts import NAME as CONTACTS
 from ..embeddings_h5.contacts import upper_triangle
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 MEAN, PER_TOK, BOS = LAYERED  # the layered kinds, as the read-back names them
 LOGITS, MASKED_MARGINALS, PLL = scores.LOGITS, scores.MASKED_MARGINALS, scores.PLL
+ATTENTIONS = attention_maps.NAME
 
 # Test hook: batches of more tokens than this raise an out-of-memory error, as CUDA would.
 INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
@@ -39,7 +41,7 @@ class Launched(NamedTuple):
     """A batch whose forward pass and read-back are queued; `Embedder.finish` reads it."""
 
     # per layered kind: layers × rows × D; contacts: B × L × L; logits, masked marginals:
-    # residues × 20; pll: B × 2; FINITE: B
+    # residues × 20; pll: B × 2; attentions: B × layers × heads × L × L; FINITE: B
     values: dict[str, torch.Tensor]
     copied: "torch.cuda.Event | None"  # passed once `values` are on the host (None on a CPU)
     lengths: np.ndarray  # residues of each sequence
@@ -99,16 +101,18 @@ class Embedder:
         kinds=tuple(LAYERED),
         packed=False,
         budget=CPU_TOKENS_PER_BATCH,
+        attentions: attention_maps.Asked | None = None,
     ):
-        # Contact maps need the attention maps: fair-esm's own forward pass computes them. A
-        # family whose model is a fast forward pass itself (ESM C) has no other one.
-        self.contacts = contacts
-        if isinstance(model, FastForward) and contacts:
-            raise ValueError("contact maps need a model with a contact head (ESM-2)")
+        # Contact maps need the attention maps, and attention maps are kept only by fair-esm's
+        # own forward pass. A family whose model is a fast forward pass itself (ESM C) has no
+        # other one.
+        self.contacts, self.attentions = contacts, attentions
+        if isinstance(model, FastForward) and (contacts or attentions):
+            raise ValueError("contact and attention maps need fair-esm's model (ESM-2, ESM-1b/1v)")
         # esmshard's own forward pass (it packs and compiles where its family does); fair-esm's
-        # ESM-2 has it unless asked otherwise, fair-esm's ESM-1b none
+        # ESM-2 and ESM-1b/1v have it unless asked otherwise
         self.fast = isinstance(model, FastForward) or (
-            fast_path and not contacts and FastESM2.takes(model)
+            fast_path and not contacts and not attentions and FastESM2.takes(model)
         )
         placed(model, device, precision if self.fast else None)
         self.model = model
@@ -225,7 +229,7 @@ class Embedder:
         if self.inject_oom_tokens and toks.size > self.inject_oom_tokens:
             raise torch.OutOfMemoryError(f"injected: batch of {toks.size} tokens")
         with torch.inference_mode():
-            out, batch = self.run(toks, counts if self.packed else None, self.net_layers)
+            out, batch = self.run(toks, counts if self.packed else None, self.net_layers, True)
             reps = [out["representations"][layer] for layer in self.layers]
             if self.packed:
                 values = self.reduce_packed(reps, batch, self.to_device(residue), kinds, self.bos)
@@ -236,6 +240,11 @@ class Embedder:
                 values[PER_TOK] = self.gather(reps, positions)
             if self.contacts:
                 values[CONTACTS] = out["contacts"].float()
+            if self.attentions:  # B × layers × heads × tokens × tokens
+                maps = out["attentions"][:, [layer - 1 for layer in self.attentions.layers]]
+                if self.attentions.heads == "mean":
+                    maps = maps.mean(2, keepdim=True, dtype=torch.float32)
+                values[ATTENTIONS] = maps.float()
             if LOGITS in kinds:
                 last = out["representations"][self.num_layers]
                 values[LOGITS] = self.log_probs(last.reshape(-1, last.shape[-1]), positions)
@@ -254,17 +263,22 @@ class Embedder:
             copied.record()
             return Launched(host, copied, lengths)
 
-    def run(self, toks: np.ndarray, counts, layers, contacts=None):
+    def run(self, toks: np.ndarray, counts, layers, maps: bool = False):
         """The forward pass over host tokens (packed where `counts` gives each sequence's
-        tokens; `contacts` None: where the Embedder computes them): its output, and the Packed
-        batch (None when padded)."""
+        tokens; `maps`: with the contact and attention maps the Embedder keeps): its output,
+        and the Packed batch (None when padded)."""
         batch = None
         with autocast(self.precision, self.device):
             if counts is not None:
                 batch = Packed.of(toks, counts, self.to_device)
                 out = self.net(batch, layers)
-            elif self.contacts if contacts is None else contacts:
-                out = self.net(self.to_device(toks), repr_layers=layers, return_contacts=True)
+            elif maps and (self.contacts or self.attentions):
+                out = self.net(
+                    self.to_device(toks),
+                    repr_layers=layers,
+                    need_head_weights=self.attentions is not None,
+                    return_contacts=self.contacts,
+                )
             elif self.fast:
                 padded = bool((toks == self.alphabet.padding_idx).any())  # known on the host
                 out = self.net(self.to_device(toks), layers, padded=padded)
@@ -306,7 +320,7 @@ class Embedder:
                 flat = np.arange(len(copies)) * toks.shape[1] + at
             original = toks.reshape(-1)[flat].copy()
             toks.reshape(-1)[flat] = self.alphabet.mask_idx
-            out, _ = self.run(toks, counts, [self.num_layers], contacts=False)
+            out, _ = self.run(toks, counts, [self.num_layers])
             last = out["representations"][self.num_layers]
             logp = self.log_probs(last.reshape(-1, last.shape[-1]), self.to_device(flat))
             marginals.append(logp[:, self.columns])
@@ -384,6 +398,7 @@ class Embedder:
         arrays = {name: value.numpy() for name, value in values.items()}
         finite = arrays.pop(FINITE)
         maps = arrays.pop(CONTACTS, None)  # B × L × L, BOS and EOS already left out
+        heads = arrays.pop(ATTENTIONS, None)  # B × layers × heads × tokens × tokens
         # the scores: the same at every layer
         per_residue = {k: arrays.pop(k) for k in (LOGITS, MASKED_MARGINALS) if k in arrays}
         plls = arrays.pop(PLL, None)
@@ -396,6 +411,9 @@ class Embedder:
                 unlayered[CONTACTS] = upper_triangle(maps[row, :n, :n])
             if plls is not None:
                 unlayered[PLL] = plls[row]
+            if heads is not None:
+                residues_only = heads[row, :, :, self.bos : self.bos + n, self.bos : self.bos + n]
+                unlayered[ATTENTIONS] = attention_maps.rows(residues_only)
             rows = {kind: (residues if kind == PER_TOK else row) for kind in arrays}
             reps.append(
                 {

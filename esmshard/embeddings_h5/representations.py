@@ -13,11 +13,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import contacts, scores
+from . import attentions, contacts, scores
 
-# What a kind holds per protein: one row, one per residue, or its contact map's triangle
-# (esmshard.embeddings_h5.contacts: L(L+1)/2 values).
-PROTEIN, RESIDUE, TRIANGLE = "protein", "residue", "triangle"
+# What a kind holds per protein: one row, one per residue, its contact map's triangle
+# (esmshard.embeddings_h5.contacts: L(L+1)/2 values), or one per pair of residues (L², its
+# attention maps: esmshard.embeddings_h5.attentions).
+PROTEIN, RESIDUE, TRIANGLE, SQUARE = "protein", "residue", "triangle", "square"
 
 
 class Representation(NamedTuple):
@@ -32,6 +33,7 @@ class Representation(NamedTuple):
     logits: np.ndarray | None = None  # residues × 20 (scores.AMINO_ACIDS), one pass
     masked_marginals: np.ndarray | None = None  # residues × 20, each residue masked
     pll: np.ndarray | None = None  # 2: the pseudo-log-likelihood and its mean per residue
+    attentions: np.ndarray | None = None  # L² × layers·heads (esmshard.embeddings_h5.attentions)
 
     @classmethod
     def from_per_tok(cls, per_tok: np.ndarray, bos: np.ndarray):
@@ -42,9 +44,11 @@ class Representation(NamedTuple):
 @dataclass(frozen=True)
 class Kind:
     name: str  # the `include` value, the HDF5 group and the Representation field
-    rows: str  # PROTEIN, RESIDUE or TRIANGLE
+    rows: str  # PROTEIN, RESIDUE, TRIANGLE or SQUARE
     layered: bool = True  # `<kind>/<layer>` per layer (D columns), else `<kind>/values`
-    columns: tuple[str, ...] = ()  # an unlayered kind's columns (none: a value per row)
+    # an unlayered kind's columns (none: a value per row, or as many as the run's settings make:
+    # `widths` of the shard writer)
+    columns: tuple[str, ...] = ()
     title: str = ""  # as a sentence names it
 
     @property
@@ -68,6 +72,8 @@ class Kind:
         lengths = np.asarray(lengths, dtype=np.int64)
         if self.rows == TRIANGLE:
             return contacts.triangle_size(lengths)
+        if self.rows == SQUARE:
+            return lengths * lengths
         return lengths if self.rows == RESIDUE else np.ones(lengths.size, dtype=np.int64)
 
     def starts(self, lengths) -> np.ndarray:
@@ -92,6 +98,7 @@ KINDS = {
         Kind(scores.LOGITS, RESIDUE, False, scores.AMINO_ACIDS, "logits"),
         Kind(scores.MASKED_MARGINALS, RESIDUE, False, scores.AMINO_ACIDS, "masked marginals"),
         Kind(scores.PLL, PROTEIN, False, scores.PLL_COLUMNS, "pseudo-log-likelihoods"),
+        Kind(attentions.NAME, SQUARE, layered=False, title="attention maps"),
     )
 }
 LAYERED = {name: kind for name, kind in KINDS.items() if kind.layered}

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-from ..embeddings_h5 import scores
+from ..embeddings_h5 import attentions, scores
+from ..embeddings_h5.representations import absolute_layers
 from . import archs, bert_files, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
 from .spec import Arch, Family, ModelError, ModelSpec
 from .weights import (
@@ -271,6 +272,40 @@ def score_problems(spec: ModelSpec, include, long_sequences: str) -> list[str]:
             "scores differ from the whole sequence's); use long_sequences: truncate or skip"
         )
     return problems
+
+
+def attention_problems(spec: ModelSpec, config: dict) -> list[str]:
+    """Why the model keeps no attention maps as `config` asks (`include: attentions`): a
+    family whose maps fair-esm's forward pass does not give, layers it lacks, windows."""
+    if attentions.NAME not in config["include"]:
+        return []
+    if spec.family not in FAIR_ESM:
+        return [
+            f"include: attentions: {spec.family.title} ({spec.name}): attention maps come from "
+            "fair-esm's own forward pass, of ESM-2 and ESM-1b/1v models; remove attentions "
+            "from include, or use one"
+        ]
+    problems = []
+    if spec.num_layers:
+        problems += attentions.layer_problems(
+            config["attention_layers"], spec.num_layers, spec.name
+        )
+    if config["long_sequences"] == "chunk":
+        problems.append(
+            "include: attentions cannot be combined with long_sequences: chunk (a map spans the "
+            "whole sequence, a window sees part of it); use long_sequences: truncate or skip"
+        )
+    return problems
+
+
+def attention_values(spec: ModelSpec, config: dict) -> tuple[int, int]:
+    """With `include: attentions`, the values kept per pair of residues and the bytes of one in
+    embeddings.h5 (`contacts_dtype`); else (0, 0)."""
+    if attentions.NAME not in config["include"]:
+        return (0, 0)
+    layers = absolute_layers(config["attention_layers"], spec.num_layers)
+    width = attentions.Asked(layers, config["attention_heads"]).width(spec.arch.heads)
+    return width, 2 if config["contacts_dtype"] == "float16" else 4
 
 
 def length_problems(spec: ModelSpec, limit) -> list[str]:

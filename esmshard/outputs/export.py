@@ -9,7 +9,8 @@ FORMATS is the one table of them:
 - `pt`: a folder of fair-esm extract's files, one `<name>.pt` per protein holding `label` (the
   FASTA header), `representations` (per residue), `mean_representations`,
   `bos_representations` ({layer: tensor}) and `contacts`, as far as the run included them, and
-  the scores by their `include` names (`logits`, `masked_marginals`: length × 20; `pll`: 2).
+  the scores by their `include` names (`logits`, `masked_marginals`: length × 20; `pll`: 2),
+  `attentions` (layers × heads × length × length).
   `<name>` is the ID with every character outside [A-Za-z0-9._-] written as %XX (UTF-8 bytes),
   so no two IDs share a name; `index.tsv` maps IDs to files (a name too long for a filesystem,
   or one that a case-insensitive filesystem confuses with another, gets a hash suffix there).
@@ -41,7 +42,7 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from ..embeddings_h5 import contacts, in_place
+from ..embeddings_h5 import attentions, contacts, in_place
 from ..embeddings_h5.representations import KINDS, PER_TOK_OFFSETS, UNLAYERED
 from ..files import atomic_path, unwritable
 from ..input.fasta import printable, read_raw
@@ -292,6 +293,7 @@ def write_pt(emb, target, bar, options: Options):
 
     target.mkdir()
     made_by = emb.made_by
+    map_layers = len(emb.attention_layers) if attentions.NAME in emb.unlayered else 0
     with open(target / "index.tsv", "w", encoding="utf-8") as index:
         index.write("id\tfile\n")
         for block in blocks(emb, options.kinds, emb.unlayered):
@@ -306,6 +308,8 @@ def write_pt(emb, target, bar, options: Options):
                     values = block.scores(kind, i)
                     if kind == contacts.NAME:
                         values = contacts.full_matrix(values, int(block.lengths[i]))
+                    elif kind == attentions.NAME:  # layers × heads × L × L
+                        values = attentions.maps(values, int(block.lengths[i]), map_layers)
                     result[kind] = torch.from_numpy(np.array(values, dtype=np.float32))
                 name = pt_name(id_)
                 try:
@@ -436,7 +440,8 @@ def write_parquet(emb, target, bar, options: Options):
     import pyarrow.parquet as pq
 
     target.mkdir()
-    scores = [name for name in emb.unlayered if name != contacts.NAME]
+    # a row per protein: its scores, not its maps (a residue pair's values each)
+    scores = [name for name in emb.unlayered if name not in (contacts.NAME, attentions.NAME)]
     schema = parquet_schema(emb, options.kinds, scores)
     writer, written, files = None, 0, 0
     try:

@@ -11,16 +11,23 @@ with negative numbers (-1 is the model's last layer); None is the highest layer 
 """
 
 import csv
+import json
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import h5py
 import numpy as np
 
-from ..embeddings_h5 import contacts
+from ..embeddings_h5 import attentions, contacts
 from ..embeddings_h5.id_index import find_row, has_id_index
 from ..embeddings_h5.in_place import Parts, PlacedValues, checksum_cache, is_in_place
-from ..embeddings_h5.representations import KINDS, LAYERED, PER_TOK_OFFSETS, UNLAYERED
+from ..embeddings_h5.representations import (
+    KINDS,
+    LAYERED,
+    PER_TOK_OFFSETS,
+    UNLAYERED,
+    absolute_layers,
+)
 from ..files import DamagedFileError
 from ..steps.provenance import MADE_BY
 from ..store import changed_files
@@ -37,8 +44,9 @@ class Protein(NamedTuple):
     bos: dict[int, np.ndarray]
     per_tok: dict[int, np.ndarray]  # length × D
     contacts: np.ndarray | None  # length × length
-    # the unlayered kinds the file holds, by name (logits, masked_marginals: length × 20; pll: 2)
+    # the scores the file holds, by name (logits, masked_marginals: length × 20; pll: 2)
     scores: dict[str, np.ndarray] = {}
+    attentions: np.ndarray | None = None  # layers × heads × length × length (attention_layers)
 
 
 class Batch(NamedTuple):
@@ -277,6 +285,22 @@ class Embeddings:
         """One protein's per-residue rows (length × D), by row or ID."""
         return self.values(protein, "per_tok", layer)
 
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers of the attention maps, as stored (1 to the model's layers)."""
+        asked = json.loads(self.h5.attrs["settings"]).get("attention_layers")
+        if attentions.NAME not in self.unlayered or asked is None:
+            raise KeyError(f"{self.name} holds no attention maps (include: attentions)")
+        return absolute_layers(asked, self.num_layers)
+
+    def attention_maps(self, protein: int | str) -> np.ndarray:
+        """One protein's attention maps (layers × heads × length × length; heads 1 where
+        their mean was kept), by row or ID: `attention_layers` says which layers."""
+        row = self._row(protein)
+        values = self.values(row, attentions.NAME)
+        length = int(self.h5["lengths"][row])
+        return attentions.maps(values, length, len(self.attention_layers))
+
     def contact_map(self, protein: int | str) -> np.ndarray:
         """One protein's contact map (length × length), by row or ID."""
         row = self._row(protein)
@@ -300,8 +324,11 @@ class Embeddings:
             per_tok=rows("per_tok"),
             contacts=self.contact_map(row) if self.has_contacts else None,
             scores={
-                kind: self.values(row, kind) for kind in self.unlayered if kind != contacts.NAME
+                kind: self.values(row, kind)
+                for kind in self.unlayered
+                if kind not in (contacts.NAME, attentions.NAME)
             },
+            attentions=self.attention_maps(row) if attentions.NAME in self.unlayered else None,
         )
 
     def batches(

@@ -25,6 +25,7 @@ from ..input.variants import problems as variant_problems
 from ..layout import Layout
 from ..models import (
     ModelError,
+    attention_problems,
     contact_problems,
     file_problems,
     length_problems,
@@ -76,6 +77,8 @@ def check_config(
         if "contacts" in config["include"]:
             problems += contact_problems(model)
         problems += score_problems(model, config["include"], config["long_sequences"])
+        if valid >= {"attention_layers", "attention_heads"}:
+            problems += attention_problems(model, config)
         problems += length_problems(model, config["truncation_seq_length"])
     if model is not None and model.num_layers and "repr_layers" in valid:
         problems += layer_problems(config["repr_layers"], model.name, model.num_layers)

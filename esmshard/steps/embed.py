@@ -15,15 +15,18 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import h5py
+import numpy as np
 
 from .. import models
 from ..compute import pool, telemetry
 from ..compute.batching import make_batches, padded_fraction, token_budget
 from ..compute.precision import resolve as resolve_precision
+from ..embeddings_h5 import attentions
 from ..embeddings_h5.contacts import NAME as CONTACTS
 from ..embeddings_h5.representations import absolute_layers
 from ..embeddings_h5.scores import MASKED
 from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
+from ..input.balance import forward_passes
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
@@ -168,8 +171,18 @@ def run_shard(
             )
             net, alphabet = models.load(spec)
             layers = absolute_layers(repr_layers, net.num_layers)
-            with_contacts = CONTACTS in include
-            budget = token_budget(toks_per_batch, device, net, resolved, with_contacts)
+            maps = None  # the attention maps asked for, and their width
+            widths = {}
+            if attentions.NAME in include:
+                maps = attentions.Asked(
+                    absolute_layers(settings["attention_layers"], net.num_layers),
+                    settings["attention_heads"],
+                )
+                widths[attentions.NAME] = maps.width(net.attention_heads)
+            # contact maps and attention maps: fair-esm's forward pass keeps every layer's
+            budget = token_budget(
+                toks_per_batch, device, net, resolved, CONTACTS in include or maps is not None
+            )
             embedder = Embedder(
                 net,
                 alphabet,
@@ -177,10 +190,11 @@ def run_shard(
                 device,
                 resolved,
                 settings["fast_path"],
-                with_contacts,
+                CONTACTS in include,
                 include,
                 packed=batching != "padded",
                 budget=budget,
+                attentions=maps,
             )
             # What earlier jobs of this shard kept is not computed again; the rest is batched as
             # an uninterrupted job batches it (whole batches were kept, the longest first).
@@ -196,6 +210,9 @@ def run_shard(
                     len(todo) + sum(keys[k] not in kept.keys for k in chunked),
                 )
             batch_lengths = [len(sequences[k]) for k in todo]
+            computed = np.array(
+                batch_lengths + [len(sequences[k]) for k in chunked if keys[k] not in kept.keys]
+            )
             masked = any(kind in MASKED for kind in include)  # a pass per residue
             batches = make_batches(batch_lengths, budget, embedder.packed, masked)
             layer = None
@@ -213,7 +230,7 @@ def run_shard(
             write_seconds, keep_seconds = [], []
             # the pieces, then the part made of them
             lengths = [len(sequences[k]) for k in batched + chunked]
-            size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim)
+            size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim, widths)
             writer = PieceWriter(
                 pieces,
                 kept.paths,
@@ -221,6 +238,7 @@ def run_shard(
                 include,
                 net.embed_dim,
                 {"settings": json.dumps(settings)},
+                widths,
             )
             with progress, naming_disk_full(out_h5, size), ThreadPoolExecutor(1) as background:
                 written = []  # one batch's results are written while the next one computes
@@ -286,7 +304,7 @@ def run_shard(
                 h5 = h5py.File(part, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
                 try:
                     made = assemble(
-                        h5, kept.paths + writer.written, layers, include, net.embed_dim
+                        h5, kept.paths + writer.written, layers, include, net.embed_dim, widths
                     )
                     index = {key: k for k, key in enumerate(keys)}
                     failed += [Failure(index[key], why) for key, _, why in kept.failures]
@@ -350,6 +368,9 @@ def run_shard(
             "residues_per_second": (n_residues - kept.residues) / (finished - loaded)
             if finished > loaded
             else None,
+            # the tokens of every forward pass this job ran, BOS and EOS included: with masked
+            # marginals, each residue's masked copy too (what the device's time went on)
+            "forward_tokens": int(((computed + 2) * forward_passes(computed, masked)).sum()),
             "device": str(device),
             "device_name": device_name,
             "gpu_slot": slot.index,

@@ -28,7 +28,15 @@ from ..compute.telemetry import peak_memory_mb
 from ..embeddings_h5 import contacts
 from ..embeddings_h5.id_index import IdIndexWriter, id_hashes
 from ..embeddings_h5.in_place import per_residue, row_counts, write_placement
-from ..embeddings_h5.representations import KINDS, PER_TOK_OFFSETS, UNLAYERED, kind_of, narrowed
+from ..embeddings_h5.representations import (
+    KINDS,
+    PER_TOK_OFFSETS,
+    SQUARE,
+    TRIANGLE,
+    UNLAYERED,
+    kind_of,
+    narrowed,
+)
 from ..files import Buckets, atomic_path, temporary_folder, write_json, write_tsv
 from ..input.records import iter_batches, source
 from ..store import (
@@ -211,7 +219,7 @@ def merge(
             )
         for kind in unlayered:
             total = int(starts[kind.offsets][-1]) if kind.offsets else n_embedded
-            width = (len(kind.columns),) if kind.columns else ()
+            width = _row_shape(used[0], kind) if used else ()
             shapes[kind.values] = ((total, *width), _dtype_of(kind, dtype, contacts_dtype))
         size = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in shapes.values())
         in_place = output_values == "in_place" or (
@@ -273,7 +281,9 @@ def merge(
                 output_dtype=output_dtype,
                 output_values="in_place" if in_place else "copy",
                 per_residue_compression=per_residue_compression,
-                contacts_dtype=contacts_dtype if contacts.NAME in settings["include"] else "",
+                contacts_dtype=contacts_dtype
+                if any(k.rows in (TRIANGLE, SQUARE) for k in unlayered)
+                else "",
                 **provenance.attributes(computed_rows),
             )
 
@@ -412,11 +422,19 @@ def _write_placement(out, parts, row_of, n_embedded, shapes) -> None:
 
 
 def _dtype_of(kind, output_dtype, contacts_dtype) -> np.dtype:
-    """The dtype embeddings.h5 holds an unlayered kind in: contact maps in `contacts_dtype`,
-    per-residue scores in `output_dtype`, pseudo-log-likelihoods (sums) in float32."""
-    if kind.name == contacts.NAME:
+    """The dtype embeddings.h5 holds an unlayered kind in: contact and attention maps in
+    `contacts_dtype` (values of 0 to 1 both), per-residue scores in `output_dtype`,
+    pseudo-log-likelihoods (sums) in float32."""
+    if kind.rows in (TRIANGLE, SQUARE):
         return np.dtype(contacts.DTYPES[contacts_dtype])
     return np.dtype(output_dtype if kind.per_residue else np.float32)
+
+
+def _row_shape(path, kind) -> tuple[int, ...]:
+    """An unlayered kind's row shape, as the parts hold it (the attention maps' width is the
+    run's settings')."""
+    with h5py.File(path, "r") as h5:
+        return h5[kind.values].shape[1:]
 
 
 def _dim(path, layers) -> int:

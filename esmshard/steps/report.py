@@ -89,6 +89,7 @@ def scaling(metrics: list[dict]) -> dict:
     busy = sum(durations)
     residues = sum(m["n_residues"] for m in metrics)
     computed = sum(computed_residues(m) for m in metrics)  # by these jobs: their speed
+    tokens = sum(m.get("forward_tokens", 0) for m in metrics)
     slots = sorted({slot_key(m) for m in metrics})
     one_device = replay(durations, 1)
     modelled = []
@@ -120,6 +121,9 @@ def scaling(metrics: list[dict]) -> dict:
         "wall_seconds": wall,
         "busy_seconds": busy,
         "residues_per_second": computed / wall if wall > 0 else None,
+        # every forward pass's tokens (masked marginals: a pass per residue), by these jobs
+        "forward_tokens": tokens,
+        "forward_tokens_per_second": tokens / wall if wall > 0 and tokens else None,
         "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
         # compiled layers (`compile`): seconds spent compiling, and the shards whose compiled
         # code came from the store's cache
@@ -436,6 +440,8 @@ def run_rows(result: dict, run: dict) -> list[dict]:
         ("failed sequences", result["n_failed"]),
         ("wall time of the embed jobs (s)", result["wall_seconds"]),
         ("residues/s overall", result["residues_per_second"]),
+        ("forward-pass tokens/s overall (a masked copy counts its own)",
+         result.get("forward_tokens_per_second")),
         ("load imbalance (slowest shard / mean shard)", result["load_imbalance"]),
         ("idle tail (s): the first slot out of shards waits for the last one", result["idle_tail_seconds"]),
         (

@@ -28,7 +28,11 @@ from ..embeddings_h5.id_index import id_hashes
 from ..embeddings_h5.scores import MASKED
 from ..files import (
     Buckets,
+    DiskFullError,
     atomic_path,
+    free_bytes,
+    human_bytes,
+    nearest_existing,
     read_tsv,
     temporary_folder,
     unwritable,
@@ -140,6 +144,7 @@ def write_shards(
     slots: int | None = None,
     cluster: bool | None = None,
     workers: int = 1,
+    attention_values: tuple[int, int] = (0, 0),
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
@@ -150,6 +155,10 @@ def write_shards(
     `settings`) lacks. Nothing is written under a final name until every check has passed; the
     shard files, the record table and the plan appear together, as `shard_dir`, or none: a
     folder that exists is a finished step (Snakemake's own record of the job may be missing).
+
+    `attention_values`: with attention maps, the values of a pair of residues and the bytes of
+    one in embeddings.h5: their size is said, and refused before any embed job where the store's
+    or the outdir's disk cannot hold it.
     """
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -207,6 +216,8 @@ def write_shards(
                 "write (a copy of this one keeps what it holds), or make this one writable"
             )
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
+        if attention_values[0]:
+            _attention_size(attention_values, embedded, new, store, shard_dir.parent)
         masked = any(kind in MASKED for kind in settings.get("include", ()))
         costs = record_costs(
             lengths[new], truncation_seq_length, long_sequences, model_size.dim, masked
@@ -273,6 +284,42 @@ def write_shards(
     if summary["long_said"]:
         log.warning("%s", summary["long_said"])
     return {**summary, "shards": plan}
+
+
+def _attention_size(attention_values, embedded, new, store: Store, outdir: Path) -> None:
+    """Say what the attention maps will take (L² values of each protein: they dwarf the rest),
+    and refuse them where the disks cannot hold them."""
+    width, itemsize = attention_values
+
+    def pairs(records) -> int:
+        return int((embedded(records)[0].astype(np.int64) ** 2).sum())
+
+    in_store = 4 * width * pairs(new)  # float32, as computed
+    in_output = itemsize * width * pairs(slice(None))  # every record, contacts_dtype
+    log.warning(
+        "attention maps: %s in the store (float32) for the %d sequences to compute, about %s in "
+        "embeddings.h5",
+        human_bytes(in_store),
+        new.size,
+        human_bytes(in_output),
+    )
+    same_disk = (
+        os.stat(nearest_existing(store.root)).st_dev == os.stat(nearest_existing(outdir)).st_dev
+    )
+    needs = (
+        [(store.root, in_store + in_output)]
+        if same_disk
+        else [(store.root, in_store), (str(outdir), in_output)]
+    )
+    for folder, needed in needs:
+        free = free_bytes(folder)
+        if needed > free:
+            raise DiskFullError(
+                f"the attention maps need {human_bytes(needed)} at {folder}, where "
+                f"{human_bytes(free)} is free: keep fewer layers (attention_layers), their mean "
+                "(attention_heads: mean), or fewer or shorter proteins; or give the store and "
+                "outdir a larger disk"
+            )
 
 
 class Scan(NamedTuple):

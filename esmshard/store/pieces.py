@@ -101,9 +101,12 @@ class PieceWriter:
     """This job's pieces: whole batches appended to the current piece (from one thread at a
     time), which `keep` puts in place; the next batch starts the next piece."""
 
-    def __init__(self, pieces: Pieces, after: list[Path], layers, include, dim, attrs: dict):
+    def __init__(
+        self, pieces: Pieces, after: list[Path], layers, include, dim, attrs: dict, widths=None
+    ):
         self.pieces = pieces
         self.layers, self.include, self.dim, self.attrs = layers, include, dim, attrs
+        self.widths = widths  # esmshard.store.shardfile.value_width
         self.number = max((int(p.stem) for p in after), default=0)
         self.written: list[Path] = []  # this job's pieces in place
         self.kept_at = time.monotonic()
@@ -120,7 +123,7 @@ class PieceWriter:
             self.target = self.pieces.folder / f"{self.number:05d}.h5"
             self.tmp = self.target.with_name(f".{self.target.name}{writer_suffix()}")
             self.h5 = h5py.File(self.tmp, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
-            self.writer = ShardWriter(self.h5, self.layers, self.include, self.dim)
+            self.writer = ShardWriter(self.h5, self.layers, self.include, self.dim, self.widths)
         if reps:
             self.writer.write(keys, ids, reps)
             self.sequences += len(reps)
@@ -165,10 +168,10 @@ class PieceWriter:
         self.h5 = self.writer = self.tmp = self.target = None
 
 
-def assemble(part, pieces: list[Path], layers, include, dim) -> ShardWriter:
+def assemble(part, pieces: list[Path], layers, include, dim, widths=None) -> ShardWriter:
     """Write the pieces' rows, in order, into the open shard file `part`; its failures are the
     caller's to write."""
-    writer = ShardWriter(part, layers, include, dim)
+    writer = ShardWriter(part, layers, include, dim, widths)
     names = []
     part.visititems(
         lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None

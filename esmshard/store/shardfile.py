@@ -32,20 +32,31 @@ def write_strings(h5, name: str, values) -> None:
     h5.create_dataset(name, data=np.array(values, dtype=object), dtype=STR_DTYPE)
 
 
-def output_bytes(lengths, n_layers: int, include, dim: int) -> int:
+def output_bytes(lengths, n_layers: int, include, dim: int, widths=None) -> int:
     """About the size of a file of these embeddings (sequences of `lengths` residues): float32
     values, plus 1 MB for the rest."""
     values = 0
     for kind in (KINDS[name] for name in include):
         rows = int(kind.row_counts(lengths).sum())
-        values += rows * (n_layers * dim if kind.layered else max(1, len(kind.columns)))
+        values += rows * (
+            n_layers * dim if kind.layered else int(np.prod(value_width(kind, widths)))
+        )
     return 4 * values + (1 << 20)
 
 
-def create_values(h5, kind, dim: int, layers) -> None:
+def value_width(kind, widths=None) -> tuple[int, ...]:
+    """An unlayered kind's row shape: its columns, or the width the run's settings make it
+    (`widths`: esmshard.embeddings_h5.attentions.columns), or one value."""
+    if kind.columns:
+        return (len(kind.columns),)
+    width = (widths or {}).get(kind.name)
+    return (width,) if width else ()
+
+
+def create_values(h5, kind, dim: int, layers, widths=None) -> None:
     """The growable datasets of `kind` in a new shard file: one per layer, or its one."""
     if not kind.layered:
-        width = (len(kind.columns),) if kind.columns else ()
+        width = value_width(kind, widths)
         h5.create_dataset(
             kind.values, (0, *width), np.float32, maxshape=(None, *width), chunks=True
         )
@@ -63,14 +74,14 @@ def dataset(kind: str, layer: int) -> str:
 class ShardWriter:
     """Appends batches to an open shard file."""
 
-    def __init__(self, h5: h5py.File, layers, include, dim):
+    def __init__(self, h5: h5py.File, layers, include, dim, widths=None):
         self.h5 = h5
         self.kinds = [KINDS[name] for name in include]
         columns = (("sequence_sha256", SHA256_DTYPE), ("length", np.int64), ("ids", STR_DTYPE))
         for name, dtype in columns:
             h5.create_dataset(name, (0,), dtype=dtype, maxshape=(None,), chunks=True)
         for kind in self.kinds:
-            create_values(h5, kind, dim, layers)
+            create_values(h5, kind, dim, layers, widths)
 
     @staticmethod
     def _append(dset, rows: np.ndarray):

@@ -111,3 +111,23 @@ def test_scores_need_the_language_model_head(model):
     net, alphabet = models.load(models.parse_spec("random:esmc_300m"))
     with pytest.raises(ValueError, match="language-model head"):
         Embedder(net, alphabet, [1], torch.device("cpu"), PRECISIONS["fp32"], kinds=["logits"])
+
+
+@pytest.mark.parametrize("heads", ["mean", "all"])
+def test_attention_maps_are_fair_esms_attention_weights(model, heads):
+    """The layers asked for, each head or their mean, residues only: of a padded batch of
+    proteins of several lengths, as fair-esm gives each protein alone."""
+    from esmshard.embeddings_h5 import attentions
+
+    net, alphabet = model
+    asked = attentions.Asked([1, 6], heads)
+    embedder = Embedder(net, alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"],
+                        kinds=["mean", "attentions"], attentions=asked)  # fmt: skip
+    for sequence, rep in zip(SEQUENCES, embedder.forward(SEQUENCES)):
+        _, _, toks = alphabet.get_batch_converter()([("x", sequence)])
+        with torch.no_grad():
+            want = net(toks, need_head_weights=True)["attentions"][0, [0, 5], :, 1:-1, 1:-1]
+        want = want.mean(1, keepdim=True) if heads == "mean" else want
+        got = attentions.maps(rep[6].attentions, len(sequence), 2)
+        assert got.shape == (2, 20 if heads == "all" else 1, len(sequence), len(sequence))
+        np.testing.assert_allclose(got, want.numpy(), atol=1e-6, rtol=0)

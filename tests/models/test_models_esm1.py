@@ -121,3 +121,35 @@ def test_esm1b_contact_maps_equal_fair_esm_and_esm1v_ones_are_refused_before_any
         "checkpoints have none)"
     ) in done.stderr
     assert not (tmp_path / "esm1v" / "results" / "shards").exists()
+
+
+def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path):
+    """ESM-1v, the variant-effect model: its logits and masked marginals (its head over the
+    fast path's last layer, packed masked copies) as fair-esm's forward pass gives them."""
+    from esmshard.embeddings_h5.scores import AMINO_ACIDS
+
+    path = checkpoint(tmp_path / "weights", "esm1v_t33_650M_UR90S_1")
+    records = [(h[1:].split()[0], s) for h, s in read_records(PROTEINS) if len(s) <= 120][:3]
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
+    snakemake(tmp_path / "run", {}, "--config", f"input={fasta}", f"model={path}",
+              "precision=fp32", "include=[logits,masked_marginals]")  # fmt: skip
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
+    model.eval()
+    columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
+    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+        for id_, sequence in records:
+            _, _, tokens = alphabet.get_batch_converter()([("p", sequence)])
+            n = len(sequence)
+            copies = tokens.repeat(n, 1)
+            copies[torch.arange(n), torch.arange(n) + 1] = alphabet.mask_idx
+            with torch.inference_mode():
+                logits = torch.log_softmax(model(tokens)["logits"], -1)[0, 1 : n + 1]
+                masked = torch.log_softmax(model(copies)["logits"], -1)
+            masked = masked[torch.arange(n), torch.arange(n) + 1]
+            got = emb[id_].scores
+            # random weights of this width (and moved layer norms) give log-probabilities down
+            # to -140: fp32's rounding of them alone is 1e-5, hence the relative term
+            for kind, want in (("logits", logits), ("masked_marginals", masked)):
+                np.testing.assert_allclose(got[kind], want[:, columns], atol=1e-4, rtol=2e-6)

@@ -124,3 +124,32 @@ def test_a_hub_id_missing_offline_says_how_to_get_it(tmp_path):
     assert result.returncode != 0
     assert "cannot download hf:facebook/esm2_t6_8M_UR50D" in result.stderr
     assert "hf download facebook/esm2_t6_8M_UR50D" in result.stderr
+
+
+def test_scores_of_a_masked_lm_folder_are_transformers_own_and_a_headless_one_is_refused(tmp_path):
+    """EsmForMaskedLM's files hold the head: its logits, through esmshard's fast path, are
+    transformers' own; EsmModel's lack it, and scores from them are refused before any job."""
+    from esmshard.embeddings_h5.scores import AMINO_ACIDS
+    from esmshard.models import score_problems
+
+    hf = transformers.EsmForMaskedLM(esm2_config(attn_implementation="eager")).eval()
+    hf.save_pretrained(tmp_path / "masked")
+    model = esm2_from_transformers(tmp_path / "masked")
+    embedder = Embedder(model, model.alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"],
+                        kinds=["logits"], packed=True)  # fmt: skip
+    tokens = embedder.tokens(SEQUENCES)
+    with torch.inference_mode():
+        want = torch.log_softmax(hf(tokens, attention_mask=tokens.ne(1)).logits, -1)
+    columns = [model.alphabet.get_idx(a) for a in AMINO_ACIDS]
+    for row, rep in enumerate(embedder.forward(SEQUENCES)):
+        n = len(SEQUENCES[row])
+        np.testing.assert_allclose(rep[6].logits, want[row, 1 : n + 1, columns], atol=1e-4)
+    assert score_problems(parse_spec(str(tmp_path / "masked")), ["logits"], "truncate") == []
+
+    transformers.EsmModel(esm2_config()).save_pretrained(tmp_path / "headless")
+    (refused,) = score_problems(parse_spec(str(tmp_path / "headless")), ["logits"], "truncate")
+    assert "holds no language-model head" in refused and "EsmForMaskedLM" in refused
+    with pytest.raises(ValueError, match="language-model head"):
+        headless = esm2_from_transformers(tmp_path / "headless")
+        Embedder(headless, headless.alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"],
+                 kinds=["logits"])  # fmt: skip

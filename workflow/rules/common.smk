@@ -90,6 +90,7 @@ from esmshard.input.sizing import (
     host_memory_bytes,
 )
 from esmshard.input.variants import ALL as VARIANTS_ALL
+from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import made_by_of, mixed_precisions

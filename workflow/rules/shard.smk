@@ -30,6 +30,8 @@ checkpoint shard:
         model_size=list(MODEL_SIZE),
         store=STORE.root,
         settings=EMBEDDING_PARAMS,
+        # with attention maps: their values per pair of residues, and bytes of one in the output
+        attention_values=list(attention_values(MODEL, config)),
         truncation_seq_length=config["truncation_seq_length"],
         long_sequences=config["long_sequences"],
         nucleotide_check=config["nucleotide_check"],

@@ -1,0 +1,56 @@
+"""Attention maps through `snakemake`: the layers and heads asked for, as fair-esm gives them,
+their size said before any embed job and refused where the disk cannot hold it."""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from conftest import PROTEOME, TINY_MODEL, fasta, jobs_run, read_records, small_disk, snakemake
+from esm.pretrained import load_model_and_alphabet_core
+
+import esmshard
+
+RECORDS = [r for r in read_records(PROTEOME) if 40 <= len(r[1]) <= 90][:4]
+IDS = [h[1:].split()[0] for h, _ in RECORDS]
+MAPS = ["include=[mean,attentions]", "attention_layers=[1,-1]", "attention_heads=all"]
+
+
+def test_attention_maps_equal_fair_esm_and_their_size_is_said_first(tmp_path, checkpoint):
+    fasta(tmp_path / "proteins.fasta", RECORDS)
+    config = {"input": "proteins.fasta", "model": str(checkpoint)}
+    done = snakemake(tmp_path, config, "--config", *MAPS, "contacts_dtype=float32")
+    pairs = sum(len(s) ** 2 for _, s in RECORDS)
+    size = 4 * 2 * 20 * pairs  # two layers, 20 heads, float32
+    said = [line for line in done.stderr.splitlines() if "attention maps:" in line]
+    assert len(said) == 1 and f"attention maps: {size / 1e6:.1f} MB in the store" in said[0]
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        data = torch.load(checkpoint, weights_only=True)
+        regression = torch.load(str(checkpoint).replace(".pt", "-contact-regression.pt"))
+    net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
+    with esmshard.open_embeddings(tmp_path / "results" / "embeddings.h5") as emb:
+        assert emb.attention_layers == [1, 6]
+        for id_, (_, sequence) in zip(IDS, RECORDS):
+            _, _, toks = alphabet.get_batch_converter()([(id_, sequence)])
+            with torch.no_grad():
+                want = net.eval()(toks, need_head_weights=True)["attentions"][
+                    0, [0, 5], :, 1:-1, 1:-1
+                ]
+            np.testing.assert_allclose(emb[id_].attentions, want.numpy(), atol=1e-5, rtol=0)
+    exported = tmp_path / "pt"
+    subprocess.run([str(Path(sys.executable).parent / "esmshard"), "export", "results",
+                    "--format", "pt", "--out", str(exported)], cwd=tmp_path, check=True)  # fmt: skip
+    first = torch.load(exported / f"{IDS[0]}.pt".replace("|", "%7C"), weights_only=False)
+    assert first["attentions"].shape == (2, 20, len(RECORDS[0][1]), len(RECORDS[0][1]))
+
+
+def test_maps_the_disk_cannot_hold_are_refused_before_any_embed_job(tmp_path, checkpoint):
+    fasta(tmp_path / "proteins.fasta", RECORDS)
+    with small_disk(tmp_path / "disk", 1) as disk:
+        config = {"input": "proteins.fasta", "model": str(checkpoint), "store": str(disk)}
+        done = snakemake(tmp_path, config, "--config", *MAPS, check=False)
+    assert done.returncode != 0 and "embed" not in jobs_run(done)
+    refused = [line for line in done.stderr.splitlines() if "the attention maps need" in line]
+    assert refused and f"at {disk}, where" in refused[0] and "attention_heads: mean" in refused[0]
