@@ -265,6 +265,23 @@ def checkpoint(tmp_path_factory) -> Path:
     )
 
 
+def fair_esm_model(checkpoint: Path):
+    """fair-esm's model (eval mode) and alphabet from a checkpoint file and its contact
+    regression, by fair-esm's own loader: the reference the tests compare with."""
+    import argparse
+
+    import torch
+    from esm.pretrained import load_model_and_alphabet_core
+
+    with torch.serialization.safe_globals([argparse.Namespace]):
+        data = torch.load(checkpoint, weights_only=True)
+        regression = torch.load(
+            str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True
+        )
+    net, alphabet = load_model_and_alphabet_core(Path(checkpoint).stem, data, regression)
+    return net.eval(), alphabet
+
+
 @contextlib.contextmanager
 def small_disk(folder: Path, megabytes: int):
     """A real filesystem of `megabytes` (a tmpfs) at `folder`, for a disk that fills up."""

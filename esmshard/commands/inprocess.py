@@ -161,7 +161,7 @@ def embed(
         random:<name> (seeded random weights of a published shape, offline).
     repr_layers: layers to return; negative count from the end (-1 the last), 0 the embeddings.
     include: any of "mean" (per protein), "per_tok" (per residue), "bos", "contacts" (ESM-2,
-        ESM-1b), and the scores of ESM-2 and ESM-1b/1v: "logits", "masked_marginals", "pll"
+        ESM-1b), and the scores of ESM-2, ESM-1b/1v and ESM C: "logits", "masked_marginals", "pll"
         (emb["P1"].scores); "attentions", their attention maps at `attention_layers`, each
         head's or their mean (`attention_heads`: "all", "mean"; emb.attention_maps("P1")).
         Variant effects (`variants`) are for runs: variant_scores.tsv.

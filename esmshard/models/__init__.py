@@ -51,6 +51,7 @@ ESMC = Family(
     archs=archs.ESMC,
     max_residues=2048,
     contacts=False,
+    scores=True,
 )
 T5 = Family(
     name="t5",
@@ -256,14 +257,15 @@ def score_problems(spec: ModelSpec, include, long_sequences: str) -> list[str]:
     if not spec.family.scores:
         return [
             f"include: {named}: {spec.family.title} ({spec.name}) has no language-model head "
-            "that esmshard runs; scores come from ESM-2 and ESM-1b/1v models. Remove them from "
+            "that esmshard runs; scores come from ESM-2, ESM-1b/1v and ESM C models. Remove them from "
             "include, or use one"
         ]
     problems = []
-    if spec.kind in ("hf", "folder") and not esm2_hf.has_lm_head(spec.path):
+    if spec.kind != "random" and not has_lm_head(spec):
+        saved = "EsmcForMaskedLM's" if spec.family is ESMC else "EsmForMaskedLM's"
         problems.append(
-            f"include: {named}: {spec.path} holds no language-model head (lm_head.* tensors: "
-            "transformers' EsmModel leaves it out); use the EsmForMaskedLM files, or fair-esm's "
+            f"include: {named}: {spec.path} holds no language-model head (transformers' "
+            f"EsmModel and EsmcModel leave it out); use {saved} files, or the model's own "
             "checkpoint"
         )
     if long_sequences == "chunk":
@@ -306,6 +308,15 @@ def attention_values(spec: ModelSpec, config: dict) -> tuple[int, int]:
     layers = absolute_layers(config["attention_layers"], spec.num_layers)
     width = attentions.Asked(layers, config["attention_heads"]).width(spec.arch.heads)
     return width, 2 if config["contacts_dtype"] == "float16" else 4
+
+
+def has_lm_head(spec: ModelSpec) -> bool:
+    """Whether the model's files hold its language-model head (fair-esm's checkpoints do)."""
+    if spec.family is ESMC:
+        return esmc_weights.has_lm_head(spec.path)
+    if spec.kind in ("hf", "folder"):
+        return esm2_hf.has_lm_head(spec.path)
+    return True
 
 
 def length_problems(spec: ModelSpec, limit) -> list[str]:

@@ -60,10 +60,25 @@ class Block(torch.nn.Module):
         self.down = torch.nn.Linear(ffn, dim, bias=False)
 
 
+class LMHead(torch.nn.Module):
+    """The language-model head over the last layer (after the final norm): dense, GELU,
+    LayerNorm, then the vocabulary's logits, as transformers' EsmcMaskedLMHead and
+    EvolutionaryScale's sequence_head compute them."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dense = torch.nn.Linear(dim, dim)
+        self.layer_norm = torch.nn.LayerNorm(dim)
+        self.decoder = torch.nn.Linear(dim, VOCAB_SIZE)
+
+    def forward(self, x):
+        return self.decoder(self.layer_norm(F.gelu(self.dense(x))))
+
+
 class ESMC(FastForward):
     packs = True
 
-    def __init__(self, shape: Shape, split: bool = False):
+    def __init__(self, shape: Shape, split: bool = False, head: bool = True):
         super().__init__()
         (self.num_layers, self.embed_dim, self.attention_heads), ffn, _ = shape
         self.head_dim = self.embed_dim // self.attention_heads
@@ -73,6 +88,8 @@ class ESMC(FastForward):
             Block(self.embed_dim, ffn, split) for _ in range(self.num_layers)
         )
         self.norm = torch.nn.LayerNorm(self.embed_dim, eps=NORM_EPS, bias=False)
+        # where the files hold it (the scores: esmshard.compute.embedder)
+        self.lm_head = LMHead(self.embed_dim) if head else None
         self.register_buffer("inv_freq", self.rotary_frequencies(shape), persistent=False)
         self.padding_idx = ALPHABET.padding_idx
 
@@ -169,7 +186,7 @@ def load(spec: ModelSpec):
         return random_model(spec.name).eval(), ALPHABET
     shape, split, state = read_weights(spec.path)
     with torch.device("meta"):
-        model = ESMC(shape, split)
+        model = ESMC(shape, split, head=any(name.startswith("lm_head.") for name in state))
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ModelError(

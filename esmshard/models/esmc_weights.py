@@ -5,8 +5,10 @@
 - EvolutionaryScale's `.pth` files (`esmc_300m_2024_12_v0.pth`, as their `esm` package loads
   them): a state dict with no config; q/k/v and gate/up are each one tensor already.
 
-The heads, which no .pth records, come from the published shapes (esmshard.models.archs). The language-model
-and classification heads are left out. The functions without `load` in their name read no tensor
+The heads, which no .pth records, come from the published shapes (esmshard.models.archs). The
+language-model head (transformers' `lm_head`, EvolutionaryScale's `sequence_head`: dense, GELU,
+LayerNorm, decoder) is read where the files hold it (`include: logits` and the other scores);
+classification heads are left out. The functions without `load` in their name read no tensor
 data and need no torch, for the workflow's plan.
 """
 
@@ -16,7 +18,14 @@ from typing import NamedTuple
 
 from .archs import ESMC, heads_of
 from .spec import Arch, ModelError
-from .weights import checkpoint_contents, mapped_tensors, read_config, renamed, safetensors_files
+from .weights import (
+    checkpoint_contents,
+    mapped_tensors,
+    read_config,
+    renamed,
+    safetensors_files,
+    safetensors_tensors,
+)
 
 ROPE_THETA = 10000.0
 ESMC_CONFIG = {"model_type": "esmc", "vocab_size": 64, "hidden_act": "silu"}
@@ -35,8 +44,9 @@ HF_RENAMES = [
     (r"layers\.(\d+)\.mlp\.up_proj\.", r"layers.\1.ffn_in.1."),
     (r"layers\.(\d+)\.mlp\.down_proj\.", r"layers.\1.down."),
     (r"norm\.", "norm."),
+    (r"lm_head\.(dense|layer_norm|decoder)\.", r"lm_head.\1."),
 ]
-HF_IGNORED = re.compile(r"(lm_head\.|classifier\.|.*inv_freq$)")
+HF_IGNORED = re.compile(r"(classifier\.|.*inv_freq$)")
 # EvolutionaryScale's name -> esmshard's (q, k, v one tensor, and gate, up).
 PTH_RENAMES = [
     (r"embed\.", "embed."),
@@ -49,8 +59,13 @@ PTH_RENAMES = [
     (r"transformer\.blocks\.(\d+)\.ffn\.1\.", r"layers.\1.ffn_in.0."),
     (r"transformer\.blocks\.(\d+)\.ffn\.3\.", r"layers.\1.down."),
     (r"transformer\.norm\.", "norm."),
+    (r"sequence_head\.0\.", "lm_head.dense."),
+    (r"sequence_head\.2\.", "lm_head.layer_norm."),
+    (r"sequence_head\.3\.", "lm_head.decoder."),
 ]
-PTH_IGNORED = re.compile(r"(sequence_head\.|.*inv_freq$)")
+PTH_IGNORED = re.compile(r".*inv_freq$")
+# The language-model head's last tensor in each layout: whether the files hold the head.
+HEAD_MARKS = ("lm_head.decoder.weight", "sequence_head.3.weight")
 PTH_MARK = "transformer.blocks.0.attn.layernorm_qkv.1.weight"  # what tells an ESM C .pth
 
 
@@ -127,6 +142,17 @@ def shape_of(path: Path):
     if path.is_dir():
         return hf_shape(path)
     return pth_shape(path, checkpoint_contents(path))
+
+
+def has_lm_head(path: Path) -> bool:
+    """Whether the files hold the language-model head (EsmcForMaskedLM's and the .pth files
+    do, EsmcModel's not), read from their headers."""
+    path = Path(path)
+    if path.is_dir():
+        names = safetensors_tensors(safetensors_files(path))
+    else:
+        names = checkpoint_contents(path)
+    return any(name.removeprefix("esmc.") in HEAD_MARKS for name in names)
 
 
 def read_weights(path: Path):

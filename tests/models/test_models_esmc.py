@@ -65,13 +65,18 @@ def evolutionaryscale_state(hf_state: dict) -> dict:
     """transformers' ESM C weights in the layout of EvolutionaryScale's `esm` package (their
     .pth files): `transformer.blocks.N.attn.layernorm_qkv` is Sequential(LayerNorm, Linear(D, 3D))
     whose output is chunked into q, k, v; `ffn` is Sequential(LayerNorm, Linear(D, 2F), SwiGLU,
-    Linear(F, D)), SwiGLU being silu(first half) × second half; `transformer.norm`, `embed`, and a
-    `sequence_head` that esmshard leaves out."""
+    Linear(F, D)), SwiGLU being silu(first half) × second half; `transformer.norm`, `embed`, and
+    `sequence_head`, Sequential(Linear, GELU, LayerNorm, Linear), where the model has its head
+    (EsmcForMaskedLM's `lm_head`)."""
+    hf_state = {name.removeprefix("esmc."): tensor for name, tensor in hf_state.items()}
     state = {
         "embed.weight": hf_state["embed_tokens.weight"],
         "transformer.norm.weight": hf_state["norm.weight"],
-        "sequence_head.0.weight": torch.zeros(4, 4),
     }
+    for theirs, ours in (("0", "dense"), ("2", "layer_norm"), ("3", "decoder")):
+        for part in ("weight", "bias"):
+            if f"lm_head.{ours}.{part}" in hf_state:
+                state[f"sequence_head.{theirs}.{part}"] = hf_state[f"lm_head.{ours}.{part}"]
     layers = {int(name.split(".")[1]) for name in hf_state if name.startswith("layers.")}
     for n in layers:
         ours, theirs = f"layers.{n}.", f"transformer.blocks.{n}."
@@ -402,3 +407,48 @@ def test_fused_products_give_the_numbers_of_the_files_own(small_folder):
         fused = net(tokens, [3])["representations"][3]
     assert len(net.layers[0].attn_in) == len(net.layers[0].ffn_in) == 1
     torch.testing.assert_close(fused, apart, atol=1e-5, rtol=0)
+
+
+def test_scores_equal_transformers_masked_lm_and_headless_files_are_refused(
+    tmp_path, small_folder
+):
+    """EsmcForMaskedLM's files: the logits and masked marginals of transformers' own model, the
+    position masked; EvolutionaryScale's .pth names its head `sequence_head`, read as the same
+    tensors; EsmcModel's files hold no head, and scores from them are refused before any job."""
+    from esmshard.embeddings_h5.scores import AMINO_ACIDS
+    from esmshard.models import load, score_problems
+    from esmshard.models.esmc_weights import PTH_IGNORED, PTH_RENAMES, has_lm_head
+    from esmshard.models.weights import renamed
+
+    torch.manual_seed(0)
+    hf = transformers.EsmcForMaskedLM(esmc_config((3, 64, 4), 128, attn_implementation="sdpa"))
+    hf.eval().save_pretrained(tmp_path / "masked")
+    spec = parse_spec(str(tmp_path / "masked"))
+    assert score_problems(spec, ["logits"], "truncate") == []
+    model, alphabet = load(spec)
+    sequences = [s for _, s in sequences_of(SHORT) if len(s) <= 80][:3]
+    tokenizer = transformers.EsmcTokenizer()
+    columns = [alphabet.tok_to_idx[a] for a in AMINO_ACIDS]
+    embedder = Embedder(model, alphabet, [3], torch.device("cpu"), PRECISIONS["fp32"],
+                        kinds=["logits", "masked_marginals"], packed=True, budget=300)  # fmt: skip
+    for sequence, rep in zip(sequences, embedder.forward(sequences)):
+        tokens = tokenizer([sequence], return_tensors="pt")["input_ids"]
+        n = len(sequence)
+        copies = tokens.repeat(n, 1)
+        copies[torch.arange(n), torch.arange(n) + 1] = tokenizer.mask_token_id
+        with torch.inference_mode():
+            logits = torch.log_softmax(hf(input_ids=tokens).logits[0, 1 : n + 1], -1)
+            masked = torch.log_softmax(hf(input_ids=copies).logits, -1)
+        masked = masked[torch.arange(n), torch.arange(n) + 1]
+        np.testing.assert_allclose(rep[3].logits, logits[:, columns], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(rep[3].masked_marginals, masked[:, columns], atol=1e-4, rtol=0)
+
+    # the .pth layout: every tensor, the head's among them, lands where the folder's does
+    pth = tmp_path / "esmc.pth"
+    torch.save(evolutionaryscale_state(hf.state_dict()), pth)
+    names = {renamed(n, PTH_RENAMES, PTH_IGNORED)[0] for n in torch.load(pth, weights_only=True)}
+    fused = {n for n in model.state_dict() if ".attn_in." not in n and ".ffn_in." not in n}
+    assert {n for n in names if "lm_head" in n} == {n for n in fused if "lm_head" in n}
+    assert len({n for n in fused if "lm_head" in n}) == 6 and has_lm_head(pth)
+    (refused,) = score_problems(parse_spec(str(small_folder)), ["pll"], "truncate")
+    assert "holds no language-model head" in refused and "EsmcForMaskedLM's files" in refused

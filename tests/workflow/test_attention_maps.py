@@ -1,15 +1,13 @@
 """Attention maps through `snakemake`: the layers and heads asked for, as fair-esm gives them,
 their size said before any embed job and refused where the disk cannot hold it."""
 
-import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import PROTEOME, TINY_MODEL, fasta, jobs_run, read_records, small_disk, snakemake
-from esm.pretrained import load_model_and_alphabet_core
+from conftest import PROTEOME, fair_esm_model, fasta, jobs_run, read_records, small_disk, snakemake
 
 import esmshard
 
@@ -26,18 +24,13 @@ def test_attention_maps_equal_fair_esm_and_their_size_is_said_first(tmp_path, ch
     size = 4 * 2 * 20 * pairs  # two layers, 20 heads, float32
     said = [line for line in done.stderr.splitlines() if "attention maps:" in line]
     assert len(said) == 1 and f"attention maps: {size / 1e6:.1f} MB in the store" in said[0]
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        data = torch.load(checkpoint, weights_only=True)
-        regression = torch.load(str(checkpoint).replace(".pt", "-contact-regression.pt"))
-    net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
+    net, alphabet = fair_esm_model(checkpoint)
     with esmshard.open_embeddings(tmp_path / "results" / "embeddings.h5") as emb:
         assert emb.attention_layers == [1, 6]
         for id_, (_, sequence) in zip(IDS, RECORDS):
             _, _, toks = alphabet.get_batch_converter()([(id_, sequence)])
             with torch.no_grad():
-                want = net.eval()(toks, need_head_weights=True)["attentions"][
-                    0, [0, 5], :, 1:-1, 1:-1
-                ]
+                want = net(toks, need_head_weights=True)["attentions"][0, [0, 5], :, 1:-1, 1:-1]
             np.testing.assert_allclose(emb[id_].attentions, want.numpy(), atol=1e-5, rtol=0)
     exported = tmp_path / "pt"
     subprocess.run([str(Path(sys.executable).parent / "esmshard"), "export", "results",

@@ -2,7 +2,6 @@
 weights in fair-esm's on-disk format, fair-esm's own forward pass and predict.py's `label_row`
 arithmetic as the reference."""
 
-import argparse
 import csv
 import os
 import subprocess
@@ -13,8 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import PROTEOME, TINY_MODEL, fasta, jobs_run, read_records, snakemake
-from esm.pretrained import load_model_and_alphabet_core
+from conftest import PROTEOME, fair_esm_model, fasta, jobs_run, read_records, snakemake
 
 import esmshard
 from esmshard.embeddings_h5.scores import AMINO_ACIDS
@@ -54,13 +52,7 @@ def run(tmp_path_factory, checkpoint):
 def fair_esm(checkpoint):
     """fair-esm's model from the checkpoint file, and per protein: the log-softmax of its
     logits, and with each position masked (predict.py's two strategies)."""
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        data = torch.load(checkpoint, weights_only=True)
-        regression = torch.load(
-            str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True
-        )
-    net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
-    net.eval()
+    net, alphabet = fair_esm_model(checkpoint)
     found = {}
     for id_, sequence in SEQUENCE.items():
         _, _, toks = alphabet.get_batch_converter()([(id_, sequence)])

@@ -1,6 +1,5 @@
 """End to end through the `snakemake` command line, on real proteins with a tiny random ESM-2."""
 
-import argparse
 import json
 import os
 import shutil
@@ -21,13 +20,13 @@ from conftest import (
     TINY_MODEL,
     clone_of_workflow,
     config,
+    fair_esm_model,
     fasta,
     jobs_run,
     read_records,
     snakemake,
     snakemake_command,
 )
-from esm.pretrained import load_model_and_alphabet_core
 
 from esmshard.compute.batching import make_batches
 from esmshard.files import read_tsv
@@ -129,13 +128,7 @@ def test_overlapping_shard_jobs_hold_different_slots(four_gpu_run):
 
 def fair_esm_reference(checkpoint):
     """fair-esm's own loader and batch converter, one sequence at a time (no batching)."""
-    with torch.serialization.safe_globals([argparse.Namespace]):
-        data = torch.load(checkpoint, weights_only=True)
-        regression = torch.load(
-            str(checkpoint).replace(".pt", "-contact-regression.pt"), weights_only=True
-        )
-    net, alphabet = load_model_and_alphabet_core(TINY_MODEL, data, regression)
-    net.eval()
+    net, alphabet = fair_esm_model(checkpoint)
     convert = alphabet.get_batch_converter(truncation_seq_length=1022)
     for name, seq in zip(IDS, (s for _, s in RECORDS)):
         _, _, toks = convert([(name, seq)])
