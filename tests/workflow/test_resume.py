@@ -174,8 +174,15 @@ def test_a_killed_masked_marginal_shard_loses_no_more_than_an_embedding_shard(tm
     uninterrupted, env = command(tmp_path, str(tmp_path / "whole"))
     subprocess.run([*uninterrupted, *masked], cwd=REPO, env=env, check=True, capture_output=True)
     (metrics,) = (tmp_path / "whole" / "metrics").glob("*.json")
+    metrics = json.loads(metrics.read_text())
     batches = make_batches(lengths, 30000, packed=True, masked=True)
-    assert json.loads(metrics.read_text())["n_batches"] == len(batches) > 10
+    assert metrics["n_batches"] == len(batches) > 10
+    # the report counts every pass's tokens: a protein of L residues, L + 1 passes of L + 2
+    passes = sum((n + 2) * (n + 1) for n in lengths)
+    scaling = json.loads(Path(Layout(str(tmp_path / "whole")).scaling_json).read_text())
+    assert metrics["forward_tokens"] == scaling["forward_tokens"] == passes
+    page = Path(Layout(str(tmp_path / "whole")).scaling_html).read_text()
+    assert "forward-pass tokens/s overall" in page
     assert len(make_batches(lengths, 30000, packed=True)) == 1  # embeddings: one batch
 
     outdir = tmp_path / "killed"
