@@ -26,7 +26,7 @@ from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, normalise, not_a_file, printable
 from ..input.sizing import ModelSize
 from ..layout import Layout
-from ..models import ensure_available, parse_spec
+from ..models import attention_values, ensure_available, parse_spec
 from ..outputs.reader import Embeddings, read_failed
 from ..steps.checks import check_config, defaults
 from ..steps.embed import run_shard
@@ -221,6 +221,7 @@ def embed(
                 run.checksums,
                 config["long_sequences"],
                 config["nucleotide_check"],
+                attention_values=attention_values(spec, config),
             )
             for shard in (p["shard"] for p in plan["shards"]):
                 # No later call could resume this shard's pieces: none is kept in place (a

@@ -297,10 +297,10 @@ def _attention_size(attention_values, embedded, new, store: Store, outdir: Path)
     in_store = 4 * width * pairs(new)  # float32, as computed
     in_output = itemsize * width * pairs(slice(None))  # every record, contacts_dtype
     log.warning(
-        "attention maps: %s in the store (float32) for the %d sequences to compute, about %s in "
+        "attention maps: %s in the store (float32) for the %s to compute, about %s in "
         "embeddings.h5",
         human_bytes(in_store),
-        new.size,
+        "1 sequence" if new.size == 1 else f"{new.size:,} sequences",
         human_bytes(in_output),
     )
     same_disk = (
