@@ -247,8 +247,8 @@ class Embedder:
                 values[ATTENTIONS] = maps.float()
             if LOGITS in kinds:
                 last = out["representations"][self.num_layers]
-                values[LOGITS] = self.log_probs(last.reshape(-1, last.shape[-1]), positions)
-                values[LOGITS] = values[LOGITS][:, self.columns]
+                logp = self.log_probs(last.reshape(-1, last.shape[-1]), positions)
+                values[LOGITS] = logp[:, self.columns]
             if MASKED_MARGINALS in kinds or PLL in kinds:
                 values.update(self.masked(sequences, kinds))
             if self.device.type != "cuda":
@@ -406,7 +406,7 @@ class Embedder:
         reps = []
         for row, n in enumerate(lengths):
             residues = slice(offsets[row], offsets[row + 1])
-            unlayered = {kind: values[residues] for kind, values in per_residue.items()}
+            unlayered = {kind: scored[residues] for kind, scored in per_residue.items()}
             if maps is not None:
                 unlayered[CONTACTS] = upper_triangle(maps[row, :n, :n])
             if plls is not None:
@@ -425,8 +425,8 @@ class Embedder:
                     for k, layer in enumerate(self.layers)
                 }
             )
-            for values in unlayered.values():
-                finite[row] &= np.isfinite(values).all()
+            for kept in unlayered.values():
+                finite[row] &= np.isfinite(kept).all()
         self.host_seconds += time.perf_counter() - started
         return reps, finite
 

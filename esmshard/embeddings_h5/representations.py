@@ -3,9 +3,9 @@
 `KINDS` is the one table of what `include` names and embeddings.h5, shard files and pieces hold:
 the shard writer, merge, the reader, export and the config schema all follow it, so a new kind
 is one entry here. A layered kind (`mean`, `per_tok`, `bos`) is stored per layer, one dataset
-`<kind>/<layer>` of D columns each; an unlayered one (contact maps, language-model scores) once
-per protein, in one dataset `<kind>/values`, with `<kind>/offsets` in embeddings.h5 where a
-protein has several rows (N + 1 values: where each one's start).
+`<kind>/<layer>` of D columns each; an unlayered one (contact maps, language-model scores,
+attention maps) once per protein, in one dataset `<kind>/values`, with `<kind>/offsets` in
+embeddings.h5 where a protein has several rows (N + 1 values: where each one's start).
 """
 
 from dataclasses import dataclass

@@ -113,12 +113,12 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], unlayered=()):
         if KINDS[kind].per_residue
     )
     residue_offsets = h5[PER_TOK_OFFSETS] if per_residue else None
-    rows = {}  # unlayered kind -> (its offsets or None, bytes per row)
+    rows = {}  # unlayered kind -> (its values, its offsets or None, bytes per row)
     for name in unlayered:
         data = emb.stored(KINDS[name].values)
         offsets = KINDS[name].offsets
         row_bytes = data.dtype.itemsize * int(np.prod(data.shape[1:]))
-        rows[name] = (h5[offsets] if offsets else None, row_bytes)
+        rows[name] = (data, h5[offsets] if offsets else None, row_bytes)
     start = 0
     while start < n:
         # The cost of the next proteins, from their offsets.
@@ -126,7 +126,7 @@ def blocks(emb: Embeddings, wanted: dict[str, list[int]], unlayered=()):
         cost = np.full(stop_at - start, per_protein + STRING_BYTES, dtype=np.int64)
         if residue_offsets is not None:
             cost += np.diff(residue_offsets[start : stop_at + 1]) * per_residue
-        for offsets, row_bytes in rows.values():
+        for _, offsets, row_bytes in rows.values():
             cost += (
                 row_bytes if offsets is None else np.diff(offsets[start : stop_at + 1]) * row_bytes
             )
@@ -144,8 +144,7 @@ def _read_block(emb, wanted, start, stop, residue_offsets, unlayered) -> Block:
         rows = slice(bounds[0], bounds[-1]) if KINDS[kind].per_residue else slice(start, stop)
         values[kind] = {layer: emb.stored(dataset(kind, layer))[rows] for layer in layers}
     scores = {}
-    for name, (offsets, _) in unlayered.items():
-        data = emb.stored(KINDS[name].values)
+    for name, (data, offsets, _) in unlayered.items():
         if offsets is None:
             scores[name] = (data[start:stop], None)
         else:

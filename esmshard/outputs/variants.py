@@ -104,9 +104,16 @@ def _matrices(emb: Embeddings, protein, strategies) -> dict[str, np.ndarray]:
     }
 
 
+def differences(matrix: np.ndarray, positions, wild, mutant) -> np.ndarray:
+    """log p(mutant) − log p(wild type) of substitutions at 0-based `positions` of one
+    protein's log-probabilities (residues × 20), the amino acids by their columns."""
+    return matrix[positions, mutant] - matrix[positions, wild]
+
+
 def _table_scores(emb, variants, strategies) -> tuple[list[int], dict[str, np.ndarray]]:
-    """The variants' scores, a protein at a time; the variants whose record has no embedding
-    (failed) left out of the returned indices."""
+    """The variants' scores, a protein at a time (each variant the sum over its
+    substitutions); the variants whose record has no embedding (failed) left out of the
+    returned indices."""
     by_protein = defaultdict(list)
     for k, variant in enumerate(variants):
         by_protein[variant.id].append(k)
@@ -117,14 +124,19 @@ def _table_scores(emb, variants, strategies) -> tuple[list[int], dict[str, np.nd
             matrices = _matrices(emb, 0 if id_ is None else id_, strategies)
         except KeyError:
             continue  # failed: failed_sequences.tsv says why
-        for k in members:
-            for name, matrix in matrices.items():
-                scores[name][k] = sum(
-                    matrix[s.position - 1, COLUMN[s.mutant]]
-                    - matrix[s.position - 1, COLUMN[s.wild]]
-                    for s in variants[k].substitutions
-                )
-            scored[k] = True
+        substitutions = [s for k in members for s in variants[k].substitutions]
+        variant_of = np.repeat(members, [len(variants[k].substitutions) for k in members])
+        positions = np.array([s.position - 1 for s in substitutions])
+        wild = np.array([COLUMN[s.wild] for s in substitutions])
+        mutant = np.array([COLUMN[s.mutant] for s in substitutions])
+        for name, matrix in matrices.items():
+            summed = np.bincount(
+                variant_of,
+                differences(matrix, positions, wild, mutant),
+                minlength=len(variants),
+            )
+            scores[name][members] = summed[members]
+        scored[members] = True
     kept = np.flatnonzero(scored)
     return kept.tolist(), {name: values[kept] for name, values in scores.items()}
 
@@ -153,11 +165,10 @@ def _all_substitutions(emb, inputs, strategies, writer: ScoreWriter) -> int:
                 f"{sequence[p]}{p + 1}{a}"
                 for p, a in zip(positions[at].tolist(), alternatives[column].tolist())
             ]
-            scores = {}
-            for name, matrix in matrices.items():
-                rows = matrix[positions]
-                own = rows[np.arange(positions.size), wild[positions]]
-                scores[name] = (rows - own[:, None])[at, column]
+            scores = {
+                name: differences(matrix, positions[at], wild[positions[at]], column)
+                for name, matrix in matrices.items()
+            }
             writer.write([record.id] * len(mutants), mutants, scores)
     return missing
 

@@ -503,10 +503,8 @@ def _copy_in_input_order(parts, name, target, placement: Placement, spill_dir) -
     One window of output rows when it fits WINDOW_BYTES; else each block read goes to the spill
     files of the windows its rows fall in, and each window is then assembled and written.
     """
-    total, row_shape = (
-        target.shape[0],
-        target.shape[1:],
-    )  # row_shape: (D,), (columns,), or () for contacts
+    # row_shape: (D,), (columns,), or () for contacts
+    total, row_shape = target.shape[0], target.shape[1:]
     if not total:
         return
     row_items = int(np.prod(row_shape))

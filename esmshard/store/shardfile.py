@@ -46,7 +46,8 @@ def output_bytes(lengths, n_layers: int, include, dim: int, widths=None) -> int:
 
 def value_width(kind, widths=None) -> tuple[int, ...]:
     """An unlayered kind's row shape: its columns, or the width the run's settings make it
-    (`widths`: esmshard.embeddings_h5.attentions.columns), or one value."""
+    (`widths`: the attention maps', esmshard.embeddings_h5.attentions.Asked.width), or one
+    value."""
     if kind.columns:
         return (len(kind.columns),)
     width = (widths or {}).get(kind.name)

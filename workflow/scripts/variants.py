@@ -4,7 +4,7 @@ run_step(
     snakemake.log[0],
     "esmshard.outputs.variants:score_variants",
     embeddings=snakemake.input.embeddings,
-    inputs=list(snakemake.config["input"]),
+    inputs=list(snakemake.input.inputs),
     variants=snakemake.params.variants,
     strategies=list(snakemake.params.strategies),
     out_tsv=snakemake.output.tsv,
