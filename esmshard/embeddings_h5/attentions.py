@@ -13,14 +13,13 @@ from typing import NamedTuple
 import numpy as np
 
 NAME = "attentions"  # the `include` value, and the HDF5 group
-HEADS = ("mean", "all")  # attention_heads
 
 
 class Asked(NamedTuple):
     """The maps a run keeps: its layers (absolute, 1 to the model's layers) and heads."""
 
     layers: list[int]
-    heads: str  # HEADS
+    heads: str  # `attention_heads`: "mean" or "all"
 
     def width(self, model_heads: int) -> int:
         """Values per (query, key) pair."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..embeddings_h5.scores import AMINO_ACIDS, COLUMN
+from ..embeddings_h5.scores import AMINO_ACIDS, COLUMN, residue_columns
 from ..files import atomic_path
 from ..input.fasta import printable, read_raw
 from ..input.variants import ALL, STRATEGIES, read_table
@@ -156,7 +156,7 @@ def _all_substitutions(emb, inputs, strategies, writer: ScoreWriter) -> int:
             matrices = _matrices(emb, row, strategies)
             length = next(iter(matrices.values())).shape[0]
             sequence = record.sequence[:length].decode("ascii")
-            wild = np.array([COLUMN.get(letter, -1) for letter in sequence])
+            wild = residue_columns(sequence)
             positions = np.flatnonzero(wild >= 0)  # X and the like have no score
             other = np.ones((positions.size, len(AMINO_ACIDS)), dtype=bool)
             other[np.arange(positions.size), wild[positions]] = False
