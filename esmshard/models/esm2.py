@@ -209,7 +209,7 @@ class FastESM2(FastForward):
             x = x.masked_fill(masked.unsqueeze(-1), 0.0)
             mask_ratio_train = 0.15 * 0.8
             if packed:  # each sequence's share of <mask> tokens, BOS and EOS counted
-                n = len(packed.host_bounds) - 1
+                n = packed.bounds.shape[0] - 1
                 count = torch.zeros(n, device=x.device, dtype=x.dtype)
                 count.index_add_(0, packed.sequence_of, masked.to(x.dtype))
                 observed = (count / packed.bounds.diff())[packed.sequence_of, None]

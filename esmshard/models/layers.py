@@ -116,13 +116,16 @@ def rotary(inv_freq, length: int, device):
 class Packed(NamedTuple):
     """A batch's sequences laid end to end, no padding: attention stays within each sequence
     and rotary positions restart at each. Token counts are the tokens of each sequence with its
-    BOS and EOS."""
+    BOS and EOS.
+
+    Tensors and `longest` only: a compiled layer guards on every Python value it is given where
+    its graph breaks (CUDA's varlen attention), and a tuple of the bounds made each batch size a
+    graph of its own, then eager code past the compiler's limit of 8."""
 
     tokens: torch.Tensor  # T token ids
     bounds: torch.Tensor  # B + 1 offsets of the sequences in `tokens` (int32)
     sequence_of: torch.Tensor  # T: the sequence each token belongs to
     positions: torch.Tensor  # T: each token's position in its sequence
-    host_bounds: tuple[int, ...]  # `bounds` on the host (no device sync to read them)
     # At least the tokens of the longest sequence: the next power of two (at least 64), an upper
     # bound being all that varlen attention needs. Compiled, each value is a graph of its own.
     longest: int
@@ -144,7 +147,6 @@ class Packed(NamedTuple):
             to_device(bounds.astype(np.int32)),
             to_device(sequence_of),
             to_device(positions),
-            tuple(bounds.tolist()),
             max(64, 1 << int(counts.max() - 1).bit_length()),
             to_device(key_mask),
         )

@@ -104,6 +104,38 @@ def test_one_compiled_graph_gives_the_eager_numbers_for_every_layer_and_batch(fa
     assert fast.net.compiled_block is None
 
 
+def test_a_packed_layer_whose_graph_breaks_at_attention_is_not_recompiled_per_batch_size(
+    monkeypatch,
+):
+    # On CUDA, torch's varlen attention breaks the compiled graph. Past the break the compiler
+    # guards on every value the layer was given: a value that followed the number of sequences
+    # made each batch size a graph of its own, and past 8 the layer ran eager (an H200 found it).
+    from esmshard.models import esm2 as esm2_module
+
+    def breaking(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return packed_attention(*args, **kwargs)
+
+    packed_attention = esm2_module.packed_attention
+    monkeypatch.setattr(esm2_module, "packed_attention", breaking)
+    torch.set_num_threads(2)
+    model, alphabet, _ = esm2()
+    fast = Embedder(model, alphabet, [6], CPU, PRECISIONS["fp32"], packed=True, kinds=["mean"])
+    layer = compiled.Compiled(fast.net, key(fast.net), None)
+    layer.start()
+    try:
+        sequences = [s[:100] for s in SEQUENCES if len(s) >= 100]  # one `longest`: 128
+        # the parts after the break are compiled for the first size, then once for any size
+        fast.forward(sequences[:2])
+        fast.forward(sequences[:3])
+        graphs = layer.graphs
+        for count in range(4, 14):  # ten more batch sizes
+            fast.forward(sequences[:count])
+        assert layer.graphs == graphs
+    finally:
+        layer.finish()
+
+
 def test_an_entry_reads_back_only_as_written_and_for_its_own_key(tmp_path):
     folder = tmp_path / "compiler"
     (folder / "fxgraph").mkdir(parents=True)

@@ -154,3 +154,25 @@ def test_read_back_is_pinned_and_the_next_batch_is_launched_before_the_last_is_r
     ]
     # the host got control back before the device had finished the batch it queued
     assert any(done is False for kind, _, done in events if kind == "launch")
+
+
+def test_the_compiled_packed_layer_is_not_recompiled_for_each_batch_size(net):
+    # varlen attention breaks the graph; past the break a value that followed the number of
+    # sequences made each batch size a graph of its own, and past 8 the layer ran eager
+    from esmshard.compute import compiled
+
+    embedder = Embedder(net, net.alphabet, [12], CUDA, PRECISIONS["bf16"], packed=True,
+                        kinds=["mean"])  # fmt: skip
+    key = compiled.CacheKey.of(CUDA, "ESM-2", embedder.net, "bf16", "packed")
+    layer = compiled.Compiled(embedder.net, key, None)
+    layer.start()
+    try:
+        sequences = [s[:100] for s in SEQUENCES if len(s) >= 100]  # one `longest`: 128
+        graphs = []
+        for count in range(2, 14):
+            embedder.forward(sequences[:count])
+            graphs.append(layer.graphs)
+    finally:
+        layer.finish()
+    # the parts after the break: compiled for the first size, then once for any size
+    assert graphs[1:] == [graphs[1]] * len(graphs[1:]), graphs

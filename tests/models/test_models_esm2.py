@@ -152,7 +152,7 @@ def test_packed_batches_equal_padded_ones_and_do_not_depend_on_their_neighbours(
 def test_a_packed_batch_attends_within_each_sequence_at_its_own_positions():
     tokens, counts = np.arange(9), np.array([2, 4, 3])
     packed = layers.Packed.of(tokens, counts, torch.from_numpy)
-    assert packed.host_bounds == (0, 2, 6, 9) and packed.longest == 64
+    assert packed.bounds.tolist() == [0, 2, 6, 9] and packed.longest == 64
     assert packed.positions.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 2]
     assert packed.sequence_of.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2]
     q, k, v = torch.randn(3, 9, 2, 8).unbind(0)
