@@ -3,7 +3,8 @@
 It runs, most telling first: the test suite's GPU tests; a whole `snakemake` run with `gpus:
 auto` on the real proteome and random weights of esm2_t33_650M's shape in fair-esm's on-disk
 format, checking that its telemetry, `esmshard status` and the report's device plots hold real
-figures; benchmarks/peers.py (every peer a user would pick, beside esmshard's padded, packed and
+figures; benchmarks/masked_marginals.py (the masked copies packed, in bf16 and compiled,
+against fair-esm's predict.py loop, and the whole-proteome scan's hours); benchmarks/peers.py (every peer a user would pick, beside esmshard's padded, packed and
 compiled paths, on the same batches, and the profile of esmshard's packed sides);
 benchmarks/throughput.py (fair-esm's own loop against the fast path in bf16, with the
 matrix-product peak measured in the same run); and a whole run of ESM C 600M's shape.
@@ -50,6 +51,10 @@ GPU_PLAN = {
     "bench_every": 4,
     "toks_per_batch": 65536,
     "peers": ["--repeats", "2"],
+    # the whole model's masked marginals of every 400th protein up to 400 residues (11 proteins,
+    # 723k forward tokens: about 2,600 of predict.py's passes)
+    "masked": ["--device", "cuda", "--precision", "bf16", "--layers", "33", "--every", "400"]
+    + ["--repeats", "1"],
     # each one's forward pass in bf16 against its fp32 one: a GPU test
     # (tests/compute/test_families_on_devices.py)
     "families": [family.named for family in FAMILIES.values()],
@@ -65,6 +70,8 @@ CPU_PLAN = {
     # all 30 (10 s of the 33 on 2 cores)
     "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
     + ["--esmc-layers", "2", "--no-big", "--repeats", "1", "--threads", "2", "--every", "400"],
+    "masked": ["--model", "esm2_t6_8M_UR50D", "--layers", "1", "--every", "2000", "--longest"]
+    + ["200", "--repeats", "1", "--threads", "2"],
     "families": GPU_PLAN["families"],
 }
 # The packages the check imports beside a run's needs (the gpu-check extra), and what each is for.
@@ -300,6 +307,8 @@ def markdown(result: dict) -> str:
         ]
     for model, run in result["workflows"].items():
         lines += whole_run_lines(model, run)
+    if result["masked_marginals"] is not None:
+        lines += masked_lines(result["masked_marginals"])
     if result["peers"] is not None:
         lines += peers_lines(result["peers"])
     if result["throughput"] is not None:
@@ -328,6 +337,34 @@ def throughput_lines(bench: dict) -> list[str]:
                 f"{r['fraction_of_peak']:.1%} | {r['speedup_vs_peer']:.2f}× | "
                 + (f"{r['host_fraction']:.0%} |" if r.get("host_fraction") is not None else "– |")
             )
+    if bench["error"]:
+        lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    return lines
+
+
+def masked_lines(bench: dict) -> list[str]:
+    lines = ["", "## Masked marginals", f"`{bench['command']}`", ""]
+    rows = [r for r in bench["rows"] if "tokens_per_s" in r]
+    if rows:
+        lines += [
+            f"{rows[0]['proteins']} proteins, {rows[0]['masked_tokens']:,} forward tokens, "
+            f"{rows[0]['layers']} layers of {rows[0]['model']}'s shape:",
+            "",
+            "| side | precision | tokens/s | against predict.py's loop | error to predict.py's |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['side']} | {r['precision']} | {r['tokens_per_s']:,.0f} | "
+            f"{r['speedup_over_predict_py']:.2f}× | {r['error_to_predict_py']:.2g} "
+            f"({r['error_kind']}) |"
+            for r in rows
+        ]
+    lines += [
+        f"\nEvery substitution of the proteome on this device: {r['this_device_hours']:,.2f} h "
+        f"({r['this_device_tokens_per_s']:,.0f} tokens/s of the whole model, {r['side']})."
+        for r in bench["rows"]
+        if "extrapolated" in r
+    ]
     if bench["error"]:
         lines += ["The benchmark failed:", "```", bench["error"], "```"]
     return lines
@@ -426,6 +463,7 @@ def check(out: Path) -> dict:
         "workflows": {},
         "throughput": None,
         "peers": None,
+        "masked_marginals": None,
         "finished": False,
         "ok": False,
         "seconds": 0.0,
@@ -446,6 +484,8 @@ def check(out: Path) -> dict:
         stage("tests", run_tests(out))
     # Most telling first, so that a check cut short still has the figures that matter most.
     whole_run(result, out, plan, plan["model"], stage)
+    print("gpu-check: masked marginals against predict.py's loop ...", flush=True)
+    stage("masked_marginals", run_benchmark(out, "masked_marginals", plan["masked"], plan))
     print("gpu-check: every peer beside esmshard ...", flush=True)
     args = plan["peers"] + ["--profile", str(out / "profile.txt")]
     stage("peers", run_benchmark(out, "peers", args, plan))
@@ -460,6 +500,7 @@ def check(out: Path) -> dict:
         and all(run["ok"] for run in result["workflows"].values())
         and result["throughput"]["ok"]
         and result["peers"]["ok"]
+        and result["masked_marginals"]["ok"]
     )
     stage("ok", result["ok"])
     return result

@@ -64,8 +64,14 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
     assert peers["esm2_t6_8M_UR50D", "fair-esm", "fp32"]["speedup_vs_baseline"] == 1
     compiled = peers["esm2_t6_8M_UR50D", "esmshard packed compiled", "bf16"]
     assert compiled["compiled_graphs"] >= 1 and compiled["compile_seconds"] > 0
+    masked = {r["side"]: r for r in result["masked_marginals"]["rows"] if "tokens_per_s" in r}
+    assert set(masked) == {"predict.py loop", "esmshard padded", "esmshard packed"}  # no CUDA
+    assert all(r["masked_tokens"] > 0 and r["tokens_per_s"] > 0 for r in masked.values())
+    (scan,) = [r for r in result["masked_marginals"]["rows"] if "extrapolated" in r]
+    assert scan["side"] in masked and scan["this_device_hours"] > 0
     page = (out / "gpu-check.md").read_text()
     assert "**No GPU was found**" in page and "Verdict: **pass**" in page
+    assert "## Masked marginals" in page and "| esmshard packed | fp32 |" in page
     assert "## Peers side by side" in page and "transformers EsmcModel (SDPA)" in page
 
 
@@ -109,7 +115,7 @@ def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_p
     tests = {"passed": 7, "failed": 0, "skipped": 0, "failures": [], "ok": True, "seconds": 25}
     result = {
         "date": "2026-11-26", "environment": env, "plan": gpucheck.CPU_PLAN, "skipped": [],
-        "tests": tests, "workflows": {}, "throughput": None, "peers": None,
+        "tests": tests, "workflows": {}, "throughput": None, "peers": None, "masked_marginals": None,
         "finished": False, "ok": False, "seconds": 25.0,
     }  # fmt: skip
     gpucheck.record(tmp_path, result, tmp_path / "results")

@@ -2,6 +2,8 @@
 masked marginals as fair-esm's own forward pass gives them, packed or padded, however the masked
 copies are batched, and the pseudo-log-likelihood from them."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -134,3 +136,52 @@ def test_attention_maps_are_fair_esms_attention_weights(model, heads):
         got = attentions.maps(rep[6].attentions, len(sequence), 2)
         assert got.shape == (2, 20 if heads == "all" else 1, len(sequence), len(sequence))
         np.testing.assert_allclose(got, want.numpy(), atol=1e-6, rtol=0)
+
+
+ON_A_GPU = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def relative_error(got, want) -> float:
+    return float(np.abs(got - want).mean() / np.abs(want).mean())
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=ON_A_GPU)])
+def test_scores_on_a_gpu_are_the_cpus_within_the_precisions_error(model, device, precision,
+                                                                   packed):  # fmt: skip
+    """The masked copies on a GPU (packed bf16: flash attention over the copies, the head's
+    weights in bf16) against the CPU's fp32 scores of the same proteins."""
+    net, alphabet = model
+    want = scored(model, SEQUENCES, packed, budget=150)
+    gpu = Embedder(copy.deepcopy(net), alphabet, [6], torch.device(device),
+                   PRECISIONS[precision], kinds=SCORES, packed=packed, budget=150)  # fmt: skip
+    got = [rep[6] for rep in gpu.forward(SEQUENCES)]
+    for a, b in zip(got, want):
+        for kind in ("logits", "masked_marginals", "pll"):
+            if precision == "fp32":
+                np.testing.assert_allclose(getattr(a, kind), getattr(b, kind), atol=1e-3,
+                                           rtol=1e-5, err_msg=kind)  # fmt: skip
+            else:  # bf16 keeps 8 bits of mantissa: an error of about 1e-2 of the values
+                assert 0 < relative_error(getattr(a, kind), getattr(b, kind)) < 0.03, kind
+
+
+@pytest.mark.parametrize("device", [pytest.param("cuda", marks=ON_A_GPU)])
+def test_attention_maps_on_a_gpu_are_the_cpus_in_bf16(model, device):
+    from esmshard.embeddings_h5 import attentions
+
+    net, alphabet = model
+    asked = attentions.Asked([1, 6], "all")
+    maps = []
+    for where, precision in (("cpu", "fp32"), (device, "bf16")):
+        embedder = Embedder(copy.deepcopy(net), alphabet, [6], torch.device(where),
+                            PRECISIONS[precision], kinds=["mean", "attentions"],
+                            attentions=asked)  # fmt: skip
+        maps.append([rep[6].attentions for rep in embedder.forward(SEQUENCES)])
+    for want, got in zip(*maps):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        # attention weights lie in [0, 1]: bf16's error is absolute
+        assert np.abs(got.astype(np.float32) - want.astype(np.float32)).max() < 0.02
