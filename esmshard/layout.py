@@ -66,6 +66,17 @@ class Layout:
         return self._path("variant_scores")
 
     @property
+    def mutants(self) -> "Layout":
+        """`pseudo_ppl`'s mutant sequences: a run of their own (shards, metrics, embeddings.h5
+        with their pll) under the outdir's mutants/."""
+        return Layout(self._path("mutants"))
+
+    @property
+    def mutant_sequences(self) -> str:
+        """The mutants' FASTA file (esmshard.input.variants.write_mutants), in their run."""
+        return self._path("mutants.fasta")
+
+    @property
     def scaling_json(self) -> str:
         return self._path("report", "scaling.json")
 
@@ -98,7 +109,7 @@ class Layout:
         """The outdir's folders that esmshard makes and alone writes in (its files at the top
         level aside): what it may clean up in, recursively."""
         names = ("shards", "metrics", "telemetry", "progress", "logs", "report", ".esmshard",
-                 "variant_scores")  # fmt: skip
+                 "variant_scores", "mutants")  # fmt: skip
         return [self._path(name) for name in names]
 
     def log(self, step: str, shard: str | None = None) -> str:

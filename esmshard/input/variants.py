@@ -7,6 +7,11 @@ type, 1-based position in the record's sequence, mutant), several substitutions 
 Other columns are left alone. `variants: all` stands for every single substitution of every
 record instead: its residues' 19 others each, in the order of AMINO_ACIDS.
 
+`pseudo_ppl` scores each mutant sequence by its own pseudo-log-likelihood: the mutants are
+written as a FASTA file of their own (`write_mutants`), one record per variant named by
+`mutant_id`, and embedded by the workflow's own shard, embed and merge steps with `include:
+[pll]`.
+
 Every problem of a table is one line naming its file and line, found before any job (`problems`).
 """
 
@@ -18,8 +23,11 @@ from ..embeddings_h5.scores import AMINO_ACIDS, LOGITS, MASKED_MARGINALS
 from .fasta import FastaError, printable, read_raw
 
 ALL = "all"
-# variant_scoring: each strategy, and the kind of `include` whose values it reads
+# variant_scoring: each strategy that reads the records' own scores, and the kind of `include`
+# whose values it reads
 STRATEGIES = {"wt_marginals": LOGITS, "masked_marginals": MASKED_MARGINALS}
+PSEUDO_PPL = "pseudo_ppl"  # the mutant sequences' own pseudo-log-likelihoods
+ORDER = [*STRATEGIES, PSEUDO_PPL]  # the output's columns, in this order
 SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z])")
 SHOWN = 5  # problems named one by one; the rest counted
 
@@ -98,6 +106,91 @@ def read_table(path) -> tuple[list[Variant], list[str]]:
     if not variants and not problems:
         problems.append(f"variants: {path} holds no variant; give one per line under `mutant`")
     return variants, problems
+
+
+def mutant_id(record_id: str, mutant: str) -> str:
+    """The ID of a variant's mutant sequence among the mutants (`write_mutants`)."""
+    return f"{record_id}/{mutant}"
+
+
+def mutated(sequence: str, substitutions) -> str:
+    """`sequence` with `substitutions` made."""
+    letters = list(sequence)
+    for s in substitutions:
+        letters[s.position - 1] = s.mutant
+    return "".join(letters)
+
+
+def single_substitutions(sequence: str) -> list[tuple[int, str]]:
+    """Every single substitution of `sequence` (`variants: all`): (0-based position, mutant),
+    position-major, the amino acids in order; positions holding X and the like have none."""
+    return [
+        (p, a) for p, wild in enumerate(sequence) if wild in AMINO_ACIDS
+        for a in AMINO_ACIDS if a != wild
+    ]  # fmt: skip
+
+
+class Mutants(NamedTuple):
+    """What `pseudo_ppl` computes: its mutant sequences and their forward passes (a pass per
+    residue and one unmasked, as for a record's masked marginals)."""
+
+    sequences: int
+    passes: int
+
+
+def mutants_of(inputs, variants, limit: int):
+    """(mutant ID, mutant sequence) of each variant of `variants` (a table's path, or "all")
+    over the input FASTA files, each sequence truncated at `limit` residues as the records are;
+    each ID once."""
+    seen = set()
+    if variants == ALL:
+        for path in inputs:
+            for record in read_raw(str(path)):
+                sequence = record.sequence.decode("ascii")[:limit]
+                for p, a in single_substitutions(sequence):
+                    mutant = f"{sequence[p]}{p + 1}{a}"
+                    yield mutant_id(record.id, mutant), f"{sequence[:p]}{a}{sequence[p + 1 :]}"
+        return
+    table, _ = read_table(variants)
+    ids = {v.id for v in table}
+    sequences = sequences_of(inputs, None if None in ids else ids)
+    only = next(iter(sequences), "")
+    for variant in table:
+        record_id = variant.id if variant.id is not None else only
+        name = mutant_id(record_id, variant.mutant)
+        if name not in seen and record_id in sequences:
+            seen.add(name)
+            yield name, mutated(sequences[record_id], variant.substitutions)[:limit]
+
+
+def write_mutants(inputs, variants, limit: int, out_fasta) -> Mutants:
+    """The mutant sequences of `variants` as a FASTA file (`mutants_of`), written atomically."""
+    from ..files import atomic_path
+
+    count = passes = 0
+    with atomic_path(out_fasta) as tmp, open(tmp, "w", encoding="ascii") as fh:
+        for name, sequence in mutants_of(inputs, variants, limit):
+            fh.write(f">{name}\n{sequence}\n")
+            count += 1
+            passes += len(sequence) + 1
+    return Mutants(count, passes)
+
+
+def mutants_work(inputs, variants, limit: int) -> Mutants:
+    """What `write_mutants` would write, counted without writing it: said before the run."""
+    count = passes = 0
+    if variants == ALL:  # counted from the records: their mutants may be many millions
+        for path in inputs:
+            for record in read_raw(str(path)):
+                sequence = record.sequence.decode("ascii")[:limit]
+                mutants = (len(AMINO_ACIDS) - 1) * sum(sequence.count(a) for a in AMINO_ACIDS)
+                count += mutants
+                passes += mutants * (len(sequence) + 1)
+        return Mutants(count, passes)
+    for _, sequence in mutants_of(inputs, variants, limit):
+        count += 1
+        passes += len(sequence) + 1
+    return Mutants(count, passes)
 
 
 def sequences_of(inputs, ids: set[str] | None) -> dict[str, str]:

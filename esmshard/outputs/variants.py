@@ -4,8 +4,11 @@ written to `variant_scores.tsv` and the same rows as a Parquet dataset (`variant
 A strategy's score of a variant is fair-esm's `predict.py` `label_row` arithmetic, as ProteinGym
 computes it: the sum over its substitutions of log p(mutant) − log p(wild type) at the
 substitution's position, from the one-pass logits (`wt_marginals`) or from the position masked
-(`masked_marginals`). Nothing runs on a GPU here: a new table over proteins already embedded
-re-runs this step alone.
+(`masked_marginals`). `pseudo_ppl` is the mutant sequence's own pseudo-log-likelihood (the sum
+over its residues of each one's log-probability with it masked), read from the mutants' run
+(esmshard.input.variants.write_mutants). Nothing runs on a GPU here: a new table over proteins
+already embedded re-runs this step alone (with `pseudo_ppl`, the mutants' run computes the new
+mutants).
 """
 
 import csv
@@ -17,10 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..embeddings_h5.scores import AMINO_ACIDS, COLUMN, residue_columns
+from ..embeddings_h5.scores import COLUMN, PLL, residue_columns
 from ..files import atomic_path
 from ..input.fasta import printable, read_raw
-from ..input.variants import ALL, STRATEGIES, read_table
+from ..input.variants import (
+    ALL,
+    ORDER,
+    PSEUDO_PPL,
+    STRATEGIES,
+    mutant_id,
+    read_table,
+    single_substitutions,
+)
 from .reader import Embeddings
 
 log = logging.getLogger(__name__)
@@ -110,7 +121,15 @@ def differences(matrix: np.ndarray, positions, wild, mutant) -> np.ndarray:
     return matrix[positions, mutant] - matrix[positions, wild]
 
 
-def _table_scores(emb, variants, strategies) -> tuple[list[int], dict[str, np.ndarray]]:
+def pseudo_ppls(mutants: Embeddings | None) -> dict[str, float]:
+    """Each mutant sequence's pseudo-log-likelihood by its ID (`mutant_id`); none without
+    `pseudo_ppl`."""
+    if mutants is None or not len(mutants):
+        return {}
+    return dict(zip(mutants.ids(), mutants.array(PLL)[:, 0].astype(np.float64).tolist()))
+
+
+def _table_scores(emb, variants, strategies, plls) -> tuple[list[int], dict[str, np.ndarray]]:
     """The variants' scores, a protein at a time (each variant the sum over its
     substitutions); the variants whose record has no embedding (failed) left out of the
     returned indices."""
@@ -119,11 +138,18 @@ def _table_scores(emb, variants, strategies) -> tuple[list[int], dict[str, np.nd
         by_protein[variant.id].append(k)
     scores = {name: np.full(len(variants), np.nan) for name in strategies}
     scored = np.zeros(len(variants), dtype=bool)
+    only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
     for id_, members in by_protein.items():
         try:
+            emb.row(only if id_ is None else id_)
             matrices = _matrices(emb, 0 if id_ is None else id_, strategies)
         except KeyError:
             continue  # failed: failed_sequences.tsv says why
+        if PSEUDO_PPL in strategies:
+            record = only if id_ is None else id_
+            scores[PSEUDO_PPL][members] = [
+                plls.get(mutant_id(record, variants[k].mutant), np.nan) for k in members
+            ]
         substitutions = [s for k in members for s in variants[k].substitutions]
         variant_of = np.repeat(members, [len(variants[k].substitutions) for k in members])
         positions = np.array([s.position - 1 for s in substitutions])
@@ -141,11 +167,11 @@ def _table_scores(emb, variants, strategies) -> tuple[list[int], dict[str, np.nd
     return kept.tolist(), {name: values[kept] for name, values in scores.items()}
 
 
-def _all_substitutions(emb, inputs, strategies, writer: ScoreWriter) -> int:
+def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter) -> int:
     """Every single substitution of every embedded record, in input order; the records not
     embedded (failed) counted."""
     missing = 0
-    alternatives = np.array(AMINO_ACIDS)
+    lengths = emb.h5["lengths"]
     for path in inputs:
         for record in read_raw(str(path)):
             try:
@@ -153,45 +179,50 @@ def _all_substitutions(emb, inputs, strategies, writer: ScoreWriter) -> int:
             except KeyError:
                 missing += 1
                 continue
-            matrices = _matrices(emb, row, strategies)
-            length = next(iter(matrices.values())).shape[0]
-            sequence = record.sequence[:length].decode("ascii")
-            wild = residue_columns(sequence)
-            positions = np.flatnonzero(wild >= 0)  # X and the like have no score
-            other = np.ones((positions.size, len(AMINO_ACIDS)), dtype=bool)
-            other[np.arange(positions.size), wild[positions]] = False
-            at, column = np.nonzero(other)  # position-major, amino acids in order
-            mutants = [
-                f"{sequence[p]}{p + 1}{a}"
-                for p, a in zip(positions[at].tolist(), alternatives[column].tolist())
-            ]
+            sequence = record.sequence[: int(lengths[row])].decode("ascii")
+            substitutions = single_substitutions(sequence)  # X and the like have no score
+            positions = np.array([p for p, _ in substitutions], dtype=np.int64)
+            column = np.array([COLUMN[a] for _, a in substitutions], dtype=np.int64)
+            wild = residue_columns(sequence)[positions]
+            mutants = [f"{sequence[p]}{p + 1}{a}" for p, a in substitutions]
             scores = {
-                name: differences(matrix, positions[at], wild[positions[at]], column)
-                for name, matrix in matrices.items()
+                name: differences(matrix, positions, wild, column)
+                for name, matrix in _matrices(emb, row, strategies).items()
             }
+            if PSEUDO_PPL in strategies:
+                scores[PSEUDO_PPL] = np.array(
+                    [plls.get(mutant_id(record.id, m), np.nan) for m in mutants]
+                )
             writer.write([record.id] * len(mutants), mutants, scores)
     return missing
 
 
-def score_variants(embeddings, inputs, variants, strategies, out_tsv, out_folder) -> int:
-    """Score `variants` (a table's path, or "all") with `strategies` from `embeddings`; returns
-    the rows written."""
-    strategies = [name for name in STRATEGIES if name in strategies]
+def score_variants(
+    embeddings, inputs, variants, strategies, out_tsv, out_folder, mutants=None
+) -> int:
+    """Score `variants` (a table's path, or "all") with `strategies` from `embeddings` (and
+    `pseudo_ppl` from the mutants' embeddings.h5, `mutants`); returns the rows written."""
+    strategies = [name for name in ORDER if name in strategies]
     with (
         Embeddings(embeddings) as emb,
         atomic_path(out_tsv) as tsv,
         atomic_path(out_folder) as folder,
     ):
+        if PSEUDO_PPL in strategies:
+            with Embeddings(mutants) as mutant_emb:
+                plls = pseudo_ppls(mutant_emb)
+        else:
+            plls = {}
         writer = ScoreWriter(Path(tsv), Path(folder), strategies)
         try:
             if variants == ALL:
-                missing = _all_substitutions(emb, inputs, strategies, writer)
+                missing = _all_substitutions(emb, inputs, strategies, plls, writer)
                 left_out = f"{missing} records" if missing else ""
             else:
                 table, problems = read_table(variants)
                 if problems:  # checked before any job: the table changed since
                     raise ValueError("; ".join(problems))
-                kept, scores = _table_scores(emb, table, strategies)
+                kept, scores = _table_scores(emb, table, strategies, plls)
                 only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
                 for start in range(0, len(kept), ROWS_PER_GROUP):
                     chosen = kept[start : start + ROWS_PER_GROUP]

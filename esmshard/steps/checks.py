@@ -93,7 +93,7 @@ def check_config(
                 problems += input_problems(path, run, store, check)
     if valid >= {"variants", "variant_scoring", "include"} and config["variants"]:
         # the scores its strategies read, kept with the embeddings
-        needed = [STRATEGIES[name] for name in config["variant_scoring"]]
+        needed = [STRATEGIES[name] for name in config["variant_scoring"] if name in STRATEGIES]
         config["include"] = [
             *config["include"],
             *(k for k in needed if k not in config["include"]),

@@ -399,7 +399,9 @@ def run_shard(
         metrics["seconds"],
         len(failed),
     )
-    done, total = shards_done(Layout(outdir))
+    # the plan this shard belongs to: the records' or the mutants' (pseudo_ppl), whose run
+    # holds its progress file
+    done, total = shards_done(Layout(str(Path(progress_json).parent.parent)))
     console(
         f"shard {done}/{total} done on {device}: {shard}, {rate(metrics['residues_per_second'])} residues/s"
         + (f", {len(failed)} failed" if failed else "")

@@ -95,3 +95,32 @@ def test_many_problems_are_counted_after_the_first(tmp_path):
     assert len(found) == 6 and found[-1].endswith(
         "and 24 more lines of " + str(tmp_path / "variants.csv")
     )
+
+
+def test_pseudo_ppls_mutants_are_each_variants_sequence_once_and_counted_before_the_run(tmp_path):
+    from esmshard.input.fasta import read_fasta
+    from esmshard.input.variants import ALL, mutants_work, write_mutants
+
+    fasta = tmp_path / "p.fasta"
+    records = [(h[1:].split()[0], s) for h, s in RECORDS[:2]]
+    fasta.write_text("".join(f">{i}\n{s}\n" for i, s in records))
+    (first, s1), (second, s2) = records
+    table = tmp_path / "v.csv"
+    table.write_text(
+        f"id,mutant\n{first},{s1[0]}1A\n{second},{s2[2]}3W:{s2[4]}5G\n{first},{s1[0]}1A\n"
+    )
+    said = mutants_work([fasta], table, 5000)  # no truncation
+    written = write_mutants([fasta], table, 5000, tmp_path / "m.fasta")
+    got = [(r.id, r.sequence) for r in read_fasta(tmp_path / "m.fasta")]
+    assert got == [
+        (f"{first}/{s1[0]}1A", "A" + s1[1:]),
+        (f"{second}/{s2[2]}3W:{s2[4]}5G", s2[:2] + "W" + s2[3] + "G" + s2[5:]),
+    ]  # the repeated line once
+    assert said == written == (2, len(s1) + 1 + len(s2) + 1)
+    # every single substitution, truncated as the records are: counted without writing them
+    limit = 40
+    said = mutants_work([fasta], ALL, limit)
+    written = write_mutants([fasta], ALL, limit, tmp_path / "all.fasta")
+    got = list(read_fasta(tmp_path / "all.fasta"))
+    assert said == written == (len(got), len(got) * (limit + 1)) and len(got) == 2 * 19 * limit
+    assert all(len(r.sequence) == limit for r in got) and len({r.id for r in got}) == len(got)

@@ -3,6 +3,7 @@ weights in fair-esm's on-disk format, fair-esm's own forward pass and predict.py
 arithmetic as the reference."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -194,3 +195,61 @@ def test_an_ensemble_is_the_mean_of_its_runs(tmp_path, run):
     )
     assert done.returncode == 1 and "line 2: the tables list other variants" in done.stderr
     assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "x.tsv").exists()
+
+
+def pseudo_log_likelihood(net, alphabet, sequence) -> float:
+    """The sum over a sequence's residues of each one's log-probability with it masked, by
+    fair-esm's own forward pass: predict.py's `compute_pppl`, each residue counted once."""
+    _, _, toks = alphabet.get_batch_converter()([("mutant", sequence)])
+    positions = torch.arange(len(sequence)) + 1
+    copies = toks.repeat(len(sequence), 1)
+    copies[torch.arange(len(sequence)), positions] = alphabet.mask_idx
+    with torch.no_grad():
+        log_p = torch.log_softmax(net(copies)["logits"], -1)
+    return float(log_p[torch.arange(len(sequence)), positions, toks[0, positions]].sum())
+
+
+def mutated(sequence, mutant):
+    letters = list(sequence)
+    for change in mutant.split(":"):
+        letters[int(change[1:-1]) - 1] = change[-1]
+    return "".join(letters)
+
+
+def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, checkpoint):
+    workdir, config, rows, _ = run
+    # the module's run's `include`: its records' scores come from the store
+    scoring = ["variant_scoring=[wt_marginals,masked_marginals,pseudo_ppl]", "include=[mean,pll]"]
+    done = snakemake(workdir, config, "--config", "variants=variants.csv", *scoring)
+    # said before any job: the mutants and their passes (a pass per residue, and one unmasked)
+    passes = sum(len(SEQUENCE[id_]) + 1 for id_, _ in rows)
+    said = f"esmshard: pseudo_ppl: {len(rows)} mutant sequences, {passes:,} forward passes"
+    lines = done.stderr.splitlines()
+    at = next(k for k, line in enumerate(lines) if line.startswith(said))
+    assert not any(line.startswith(("rule ", "localrule ")) for line in lines[:at])
+    # only the mutants are computed
+    jobs = jobs_run(done)
+    assert "embed" not in jobs and jobs["embed_mutants"] >= 1
+    assert {"mutant_sequences", "shard_mutants", "merge_mutants", "variants"} <= set(jobs)
+    with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
+        got = list(csv.DictReader(fh, delimiter="\t"))
+    assert list(got[0]) == ["id", "mutant", "wt_marginals", "masked_marginals", "pseudo_ppl"]
+    assert [(r["id"], r["mutant"]) for r in got] == rows
+    net, alphabet = fair_esm_model(checkpoint)
+    for r in got:
+        want = pseudo_log_likelihood(net, alphabet, mutated(SEQUENCE[r["id"]], r["mutant"]))
+        assert abs(float(r["pseudo_ppl"]) - want) <= 1e-3, (r, want)
+    # a table with one more mutant computes that mutant alone
+    sequence = SEQUENCE[IDS[3]]
+    extra = (IDS[3], f"{sequence[1]}2{'K' if sequence[1] != 'K' else 'R'}")
+    with open(workdir / "more.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "mutant"), *rows, extra])
+    done = snakemake(workdir, config, "--config", "variants=more.csv", *scoring)
+    assert jobs_run(done)["embed_mutants"] == 1
+    run_json = json.loads((workdir / "results" / "mutants" / "run.json").read_text())
+    assert run_json["computed"] == 1 and run_json["from_store"] == len(rows)
+    with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
+        last = list(csv.DictReader(fh, delimiter="\t"))[-1]
+    want = pseudo_log_likelihood(net, alphabet, mutated(sequence, extra[1]))
+    assert (last["id"], last["mutant"]) == extra
+    assert abs(float(last["pseudo_ppl"]) - want) <= 1e-3

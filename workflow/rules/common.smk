@@ -89,7 +89,9 @@ from esmshard.input.sizing import (
     estimated_records,
     host_memory_bytes,
 )
+from esmshard.embeddings_h5.scores import PLL
 from esmshard.input.variants import ALL as VARIANTS_ALL
+from esmshard.input.variants import PSEUDO_PPL, mutants_work
 from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
@@ -126,6 +128,15 @@ MODEL_SIZE = ModelSize(MODEL.params, MODEL.embed_dim)  # read from the model's f
 # merge checks every part against them (esmshard.config, esmshard.store).
 EMBEDDING_PARAMS = embedding_settings(config, FAMILY.name, MODEL.identity(RUN.checksums))
 KEY = settings_key(EMBEDDING_PARAMS)
+
+# `pseudo_ppl`: the variants' mutant sequences, embedded as a run of their own under
+# <outdir>/mutants/ with their pseudo-log-likelihoods alone (esmshard.input.variants).
+MUTANTS = RUN.mutants
+PSEUDO_PPL_WANTED = bool(config["variants"]) and PSEUDO_PPL in config["variant_scoring"]
+MUTANT_PARAMS = embedding_settings(
+    {**config, "include": [PLL]}, FAMILY.name, MODEL.identity(RUN.checksums)
+)
+MUTANT_KEY = settings_key(MUTANT_PARAMS)
 
 
 wildcard_constraints:
@@ -176,6 +187,32 @@ def shard_threads():
     return SHARD_THREADS
 
 
+def shard_params(inputs, settings):
+    """The shard step's params for `inputs` embedded with `settings` (the records', or the
+    mutants' of `pseudo_ppl`)."""
+    return dict(
+        # New content under an old mtime re-runs this step too (esmshard.store.checksums).
+        input_sha256=lambda wildcards: file_checksums(inputs, RUN.checksums),
+        shards=config["shards"],
+        # embed jobs at once, on one machine or a cluster: `shards: auto` makes at least as
+        # many shards (on a cluster, where the work allows)
+        slots=lambda wildcards: parallel_jobs() if config["shards"] == "auto" else None,
+        cluster=lambda wildcards: (
+            (not workflow.local_exec or workflow.remote_exec)
+            if config["shards"] == "auto"
+            else None
+        ),
+        model_size=list(MODEL_SIZE),
+        store=STORE.root,
+        settings=settings,
+        # with attention maps: their values per pair of residues, and bytes of one in the output
+        attention_values=list(attention_values(MODEL, {**config, **settings})),
+        truncation_seq_length=config["truncation_seq_length"],
+        long_sequences=config["long_sequences"],
+        nucleotide_check=config["nucleotide_check"],
+    )
+
+
 def planned_shards(wildcards=None):
     """This run's shards: known once the shard step (a checkpoint) has read the input and the store."""
     checkpoints.shard.get()
@@ -195,12 +232,34 @@ def merge_inputs(wildcards):
 
 
 def variants_inputs(wildcards):
-    """embeddings.h5, the input (the records' sequences) and the variants table, where one is
-    given (`variants: all` has none)."""
+    """embeddings.h5, the input (the records' sequences), the variants table where one is given
+    (`variants: all` has none), and with `pseudo_ppl` the mutants' embeddings.h5."""
     found = {"embeddings": RUN.embeddings, "inputs": INPUTS}
     if config["variants"] != VARIANTS_ALL:
         found["table"] = config["variants"]
+    if PSEUDO_PPL_WANTED:
+        found["mutants"] = MUTANTS.embeddings
     return found
+
+
+def mutant_sequences_inputs(wildcards):
+    """What the mutants' FASTA file is made from: the input, and the table where one is given."""
+    found = {"inputs": INPUTS}
+    if config["variants"] != VARIANTS_ALL:
+        found["table"] = config["variants"]
+    return found
+
+
+def mutant_merge_inputs(wildcards):
+    """`merge_inputs` of the mutants' run."""
+    checkpoints.shard_mutants.get()
+    shards = [row["shard"] for row in read_tsv(MUTANTS.plan)]
+    return {
+        "records": MUTANTS.records,
+        "plan": MUTANTS.plan_json,
+        "shards": [STORE.part(MUTANT_KEY, shard) for shard in shards],
+        "metrics": [MUTANTS.metrics(shard) for shard in shards],
+    }
 
 
 def variant_outputs():
@@ -340,6 +399,20 @@ def say_what_is_replaced():
 
 say_what_is_replaced()
 
+
+def say_pseudo_ppl_work():
+    """One line before any job: what `pseudo_ppl` computes, a pass per residue of each mutant."""
+    if not PSEUDO_PPL_WANTED or workflow.remote_exec or "--lint" in sys.argv:
+        return
+    work = mutants_work(INPUTS, config["variants"], config["truncation_seq_length"])
+    logger.info(
+        f"esmshard: pseudo_ppl: {work.sequences:,} mutant sequences, {work.passes:,} forward "
+        f"passes (one per residue of each, and one unmasked), embedded in {MUTANTS.outdir}"
+    )
+
+
+say_pseudo_ppl_work()
+
 # Each embed job's CPU threads (torch's, where it computes on the CPU).
 EMBED_THREADS = 2
 
@@ -385,6 +458,8 @@ def hold_run_lock():
         logger.info(f"esmshard: reusing a store that cannot be written ({STORE_UNWRITABLE})")
     else:
         hold_shared(STORE.root, KEY)
+        if PSEUDO_PPL_WANTED:
+            hold_shared(STORE.root, MUTANT_KEY)
     removed = remove_leftovers(config["outdir"], None if STORE_UNWRITABLE else STORE)
     if removed:
         logger.info(

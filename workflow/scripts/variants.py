@@ -9,4 +9,5 @@ run_step(
     strategies=list(snakemake.params.strategies),
     out_tsv=snakemake.output.tsv,
     out_folder=snakemake.output.parquet,
+    mutants=snakemake.input.get("mutants"),
 )

@@ -1,0 +1,10 @@
+from esmshard.steps.job import run_step
+
+run_step(
+    snakemake.log[0],
+    "esmshard.input.variants:write_mutants",
+    inputs=list(snakemake.input.inputs),
+    variants=snakemake.params.variants,
+    limit=snakemake.params.truncation_seq_length,
+    out_fasta=snakemake.output[0],
+)
