@@ -10,6 +10,9 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
 PIP = $(BIN)/python -m pip install --quiet
+# The clone's own folder on the path, not setuptools' import hook: with the hook, a notebook
+# in the folder above a clone named esmshard/ imports that folder as an empty namespace package.
+EDITABLE = --config-settings editable_mode=compat -e
 # `make wheelhouse`: wheels for a GPU node without network (PY: its Python; HAVE: its pip freeze).
 PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEELHOUSE ?= wheelhouse
@@ -32,21 +35,21 @@ $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) --upgrade pip
 	$(PIP) "$(TORCH)"
-	$(PIP) -e ".[cluster]"
+	$(PIP) $(EDITABLE) ".[cluster]"
 	touch $@
 
 # The test and lint tools, beside what running needs (the test extra holds gpu-check's).
 $(VENV)/.test-tools: $(BIN)/snakemake
-	$(PIP) -e ".[test,cluster]"
+	$(PIP) $(EDITABLE) ".[test,cluster]"
 	touch $@ $(VENV)/.gpu-check-tools
 
 # What gpu-check imports beside a run's needs (pytest, transformers).
 $(VENV)/.gpu-check-tools: $(BIN)/snakemake
-	$(PIP) -e ".[gpu-check,cluster]"
+	$(PIP) $(EDITABLE) ".[gpu-check,cluster]"
 	touch $@
 
 $(VENV)/.lint-tools: $(BIN)/snakemake
-	$(PIP) -e ".[lint,cluster]"
+	$(PIP) $(EDITABLE) ".[lint,cluster]"
 	touch $@
 
 $(EXAMPLE): | $(BIN)/snakemake

@@ -33,7 +33,7 @@ RUN_BY = {
     "esmshard ensemble": "workflow/test_variant_effects.py::test_an_ensemble_is_the_mean_of_its_runs",
     "pip install esmshard-": "test_install.py::test_the_wheel_runs_from_an_empty_folder_as_snake",
     "pip install esmshard snakedeploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
-    "pip install -e": "../.ci/run",  # make installs the clone so
+    "pip install --config-settings editable_mode=compat -e": "../.ci/run",  # make installs so
     "pip install --no-index --find-links": "test_install.py::test_the_wheelhouse_installs_offline",
     # the hosted repository's route needs the network: its options are checked
     "snakedeploy deploy-workflow": "test_install.py::test_a_deployed_workflow_runs_with_the",

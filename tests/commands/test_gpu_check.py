@@ -21,7 +21,7 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
     # As the docs type it: `make gpu-check`, no arguments, from a fresh clone's root (the
     # default GPU_CHECK_OUT is the relative path gpu-check): make builds the clone's own
     # virtualenv with what the check imports. The data lie beside the clone, as CI's clone has.
-    clone = clone_of_workflow(tmp_path / "clone")
+    clone = clone_of_workflow(tmp_path / "esmshard")  # named as the README clones it
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "data").symlink_to(DATA)
     path = [p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(str(REPO))]
@@ -32,6 +32,11 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Nothing to be done" not in done.stdout and "is not installed" not in done.stdout
+    # make's install imports from any folder: the clone's parent holds a folder named esmshard
+    # (the clone), which setuptools' import hook let Python take for an empty namespace package
+    done = subprocess.run([clone / ".venv" / "bin" / "python", "-c", "import esmshard; esmshard.embed"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
     out = clone / "gpu-check"
     result = json.loads((out / "gpu-check.json").read_text())
     assert result["ok"] and result["environment"]["gpu"] is False
