@@ -146,8 +146,10 @@ def main(argv=None):
         "export",
         help="a run's embeddings in the layout another tool reads",
         description="Write a finished run's embeddings.h5 as per-protein-h5 (biotrainer, "
-        "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv) or parquet "
-        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark); streamed, with a progress bar.",
+        "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv), parquet "
+        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark) or h5 (embeddings.h5 "
+        "with every value in the file); streamed, with a progress bar. An option that the "
+        "format does not read is refused.",
     )
     export.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
     export.add_argument("--format", required=True, choices=sorted(exports.FORMATS))
@@ -172,8 +174,13 @@ def main(argv=None):
     export.add_argument(
         "--key",
         choices=["hash", "id"],
-        default="hash",
         help="per-protein-h5: datasets named by biotrainer's sequence hash (default) or by ID",
+    )
+    export.add_argument(
+        "--names",
+        choices=["id", "header"],
+        help="pt: files named by escaped ID (default) or by the full FASTA header, as fair-esm's "
+        "extract.py names them ({header}.pt)",
     )
     ensemble = commands.add_parser(
         "ensemble",
@@ -253,8 +260,9 @@ def main(argv=None):
         quiet_hdf5_cleanup()  # a failed write is reported below, in one line
         try:
             exports.export(
-                args.outdir, args.format, args.out, kind=args.kind, layer=args.layer, key=args.key
-            )
+                args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
+                key=args.key, names=args.names,
+            )  # fmt: skip
         except (exports.ExportError, DamagedFileError, KeyError, FastaError) as err:
             parser.exit(1, f"esmshard export: {err.args[0]}\n")
         except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line

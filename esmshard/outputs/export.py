@@ -14,6 +14,8 @@ FORMATS is the one table of them:
   `<name>` is the ID with every character outside [A-Za-z0-9._-] written as %XX (UTF-8 bytes),
   so no two IDs share a name; `index.tsv` maps IDs to files (a name too long for a filesystem,
   or one that a case-insensitive filesystem confuses with another, gets a hash suffix there).
+  With `--names header`, `<name>` is the full FASTA header, as extract names its files
+  (`{header}.pt`, a `/` in it making subfolders), for code written for extract's outputs.
 - `npy`: a folder of `<kind>_<layer>.npy` (per-protein kinds N × D; per-residue kinds every
   residue, rows of protein i at `per_tok_offsets.npy`[i:i+2]), `<kind>.npy` per unlayered kind
   with `<kind>_offsets.npy` where a protein has several rows (`contacts`: esmshard.embeddings_h5.
@@ -237,6 +239,7 @@ class Options(NamedTuple):
     kinds: dict[str, list[int]]  # what to write: kind -> layers
     key: str  # per-protein-h5's dataset names: "hash" or "id"
     records: str  # the run's record table (which names its input files)
+    names: str = "id"  # pt's file names: "id" (escaped) or "header" (as fair-esm's extract)
 
 
 def write_per_protein_h5(emb, target, bar, options: Options):
@@ -279,6 +282,28 @@ def pt_name(id_: str) -> str:
     return encoded
 
 
+NAME_MAX = 255  # bytes of one file or folder name on most filesystems
+
+
+def header_path(header: str) -> str:
+    """fair-esm extract's file for a record, `{header}.pt` (a `/` in the header makes
+    subfolders); an ExportError where the header cannot be such a path inside the export."""
+    parts = f"{header}.pt".split("/")
+    why = None
+    if header.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        why = "it would lie outside the export or name no file"
+    elif "\0" in header:
+        why = "it holds a NUL character"
+    elif any(len(p.encode()) > NAME_MAX for p in parts):
+        why = f"a file name over {NAME_MAX} bytes"
+    if why:
+        raise ExportError(
+            f"record header '{printable(header)}' cannot be a file's path ({why}); export with "
+            "--names id (files named by escaped ID, index.tsv mapping IDs to files)"
+        )
+    return "/".join(parts)
+
+
 # fair-esm extract's key for each representation kind.
 PT_KEYS = {
     "per_tok": "representations",
@@ -310,15 +335,26 @@ def write_pt(emb, target, bar, options: Options):
                     elif kind == attentions.NAME:  # layers × heads × L × L
                         values = attentions.maps(values, int(block.lengths[i]), map_layers)
                     result[kind] = torch.from_numpy(np.array(values, dtype=np.float32))
-                name = pt_name(id_)
-                try:
-                    fh = open(target / f"{name}.pt", "xb")
-                except FileExistsError:  # a case-insensitive filesystem
-                    name = f"{name}~{hashlib.sha256(id_.encode()).hexdigest()}"
-                    fh = open(target / f"{name}.pt", "xb")
+                if options.names == "header":
+                    file = header_path(header)
+                    (target / file).parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        fh = open(target / file, "xb")
+                    except FileExistsError:  # headers equal but for case, on such a filesystem
+                        raise ExportError(
+                            f"record '{printable(id_)}': {file} is an earlier record's file too; "
+                            "export with --names id"
+                        ) from None
+                else:
+                    file = f"{pt_name(id_)}.pt"
+                    try:
+                        fh = open(target / file, "xb")
+                    except FileExistsError:  # a case-insensitive filesystem
+                        file = f"{pt_name(id_)}~{hashlib.sha256(id_.encode()).hexdigest()}.pt"
+                        fh = open(target / file, "xb")
                 with fh:
                     torch.save(result, fh)
-                index.write(f"{printable(id_)}\t{name}.pt\n")
+                index.write(f"{printable(id_)}\t{printable(file)}\n")
             bar.update(len(block.ids))
 
 
@@ -500,13 +536,14 @@ class Format(NamedTuple):
     name: str
     write: object  # (emb: Embeddings, target: Path, bar: ProgressBar, options: Options) -> None
     folder: bool  # the output is a folder of files
+    options: tuple[str, ...] = ()  # the options of `export` it reads; the others are refused
 
 
 FORMATS = {
     f.name: f
     for f in (
-        Format("per-protein-h5", write_per_protein_h5, False),
-        Format("pt", write_pt, True),
+        Format("per-protein-h5", write_per_protein_h5, False, ("kind", "layer", "key")),
+        Format("pt", write_pt, True, ("names",)),
         Format("npy", write_npy, True),
         Format("parquet", write_parquet, True),
         Format("h5", write_h5, False),
@@ -514,12 +551,38 @@ FORMATS = {
 }
 
 
+def option_problem(fmt: str, given: dict) -> str | None:
+    """Why options given to `export` (name -> value; None: not given) do not fit `fmt`."""
+    wrong = [name for name, value in given.items() if value is not None]
+    wrong = [name for name in wrong if name not in FORMATS[fmt].options]
+    if not wrong:
+        return None
+    takes = {f"--{n}": [f.name for f in FORMATS.values() if n in f.options] for n in wrong}
+    return "; ".join(
+        f"{option} applies to --format {' and '.join(formats)} only, not {fmt}: leave it out"
+        for option, formats in takes.items()
+    )
+
+
 def export(
-    outdir, fmt: str, out, *, kind: str | None = None, layer=None, key="hash", stream=sys.stderr
+    outdir,
+    fmt: str,
+    out,
+    *,
+    kind: str | None = None,
+    layer=None,
+    key=None,
+    names=None,
+    stream=sys.stderr,
 ) -> int:
     """Write the run in `outdir` as `fmt` to `out` (a new file or folder, which appears whole
     once written); returns the number of proteins. `kind` and `layer` choose per-protein-h5's
-    one dataset per protein (default: mean, else the first kind held; the highest layer)."""
+    one dataset per protein (default: mean, else the first kind held; the highest layer), `key`
+    its names (default "hash"); `names` pt's file names (default "id"). An option `fmt` does not
+    read is refused."""
+    problem = option_problem(fmt, {"kind": kind, "layer": layer, "key": key, "names": names})
+    if problem:
+        raise ExportError(problem)
     layout = Layout(str(outdir))
     out = Path(out)
     if out.is_symlink() and not out.exists():
@@ -547,5 +610,6 @@ def export(
         bar = ProgressBar(len(emb), f"export {fmt}", stream)
         remove_dead_temporaries_of(out)  # of an export killed before
         with atomic_path(out) as target:
-            FORMATS[fmt].write(emb, Path(target), bar, Options(kinds, key, layout.records))
+            options = Options(kinds, key or "hash", layout.records, names or "id")
+            FORMATS[fmt].write(emb, Path(target), bar, options)
         return len(emb)

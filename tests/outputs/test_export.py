@@ -227,3 +227,55 @@ def test_ids_with_control_characters_from_an_earlier_version_are_escaped_in_tsvs
         text = (tmp_path / tsv).read_text()
         assert "\x1b" not in text and text.splitlines()[1].startswith("P1\\x1b[2J\t")
     assert (tmp_path / "pt" / "P1%1B%5B2J.pt").is_file()
+
+
+def test_pt_named_by_header_loads_with_fair_esms_own_loader(run):
+    """fair-esm's documented loader (its examples' notebook): `{EMB_PATH}/{header}.pt` for each
+    header esm.data.read_fasta gives, a '/' in three of these headers making subfolders."""
+    import esm
+
+    export(run, "--format", "pt", "--names", "header", "--out", "pt_headers")
+    arrays, ids, headers, _ = stored(run)
+    EMB_PATH = run / "pt_headers"
+    found = 0
+    for row, (header, _seq) in enumerate(esm.data.read_fasta(str(run / "proteins.fasta"))):
+        fn = f"{EMB_PATH}/{header}.pt"
+        embs = torch.load(fn)
+        assert embs["label"] == header == headers[row]
+        np.testing.assert_array_equal(
+            embs["mean_representations"][6].numpy(), arrays["mean/6"][row]
+        )
+        found += 1
+    assert found == 40 and sum("/" in h for h in headers) == 3
+    index = pd.read_csv(EMB_PATH / "index.tsv", sep="\t")
+    assert index["id"].tolist() == ids and index["file"].tolist() == [f"{h}.pt" for h in headers]
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--format", "parquet", "--kind", "per_tok", "--layer", "3"],
+         "--kind applies to --format per-protein-h5 only, not parquet: leave it out; --layer "
+         "applies to --format per-protein-h5 only, not parquet: leave it out"),
+        (["--format", "npy", "--key", "id"],
+         "--key applies to --format per-protein-h5 only, not npy: leave it out"),
+        (["--format", "per-protein-h5", "--names", "header"],
+         "--names applies to --format pt only, not per-protein-h5: leave it out"),
+    ],
+)  # fmt: skip
+def test_an_option_the_format_does_not_read_is_refused_by_name(run, args, said):
+    done = export(run, *args, "--out", "refused", check=False)
+    assert done.returncode == 1 and done.stderr == f"esmshard export: {said}\n"
+    assert not (run / "refused").exists()
+
+
+@pytest.mark.parametrize(
+    "header, why",
+    [("../escape", "outside the export"), ("a//b", "outside the export"),
+     ("x" * 300, "over 255 bytes")],
+)  # fmt: skip
+def test_a_header_that_cannot_be_a_path_inside_the_export_is_refused(header, why):
+    with pytest.raises(exports.ExportError, match=why) as err:
+        exports.header_path(header)
+    assert "--names id" in str(err.value)
+    assert exports.header_path("sp|P1|X a/b c") == "sp|P1|X a/b c.pt"
