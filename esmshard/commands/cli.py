@@ -147,8 +147,8 @@ def main(argv=None):
         help="a run's embeddings in the layout another tool reads",
         description="Write a finished run's embeddings.h5 as per-protein-h5 (biotrainer, "
         "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv), parquet "
-        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark) or h5 (embeddings.h5 "
-        "with every value in the file); streamed, with a progress bar. An option that the "
+        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark), h5 (embeddings.h5 "
+        "with every value in the file) or h5ad (AnnData, scanpy: per-protein values in obsm); streamed, with a progress bar. An option that the "
         "format does not read is refused.",
     )
     export.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")

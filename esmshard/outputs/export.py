@@ -27,6 +27,11 @@ FORMATS is the one table of them:
   and a column per score (`logits`, `masked_marginals`: list<list<float>>; `pll`: list<float>).
 - `h5`: embeddings.h5 itself with every value in the file (`output_values: copy`): the portable
   copy of a run whose values are in place in its store (esmshard.embeddings_h5.in_place).
+- `h5ad`: an AnnData file (anndata, scanpy), written by h5py in AnnData's on-disk format: a
+  row per protein, the IDs as `obs_names` with `length`, `truncated` and `sequence_sha256` in
+  `obs`, each per-protein kind and layer in `obsm` (`mean_<layer>`, `bos_<layer>`; `pll`), no
+  variables, and the card (`made_by`) in `uns["esmshard"]`. Per-residue values and maps do not
+  fit a row per protein: they are left out (npy, parquet and pt hold them).
 
 Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds float32 tensors,
 as extract's, which float16 values convert to exactly).
@@ -532,6 +537,80 @@ def write_h5(emb, target, bar, options: Options):
         out.attrs.update(output_values="copy", per_residue_compression="none")
 
 
+ANNDATA = {"encoding-type": "anndata", "encoding-version": "0.1.0"}
+
+
+def _h5ad_group(parent, name: str, kind: str):
+    """An AnnData element group: `dict` or `dataframe`."""
+    group = parent.create_group(name)
+    version = "0.2.0" if kind == "dataframe" else "0.1.0"
+    group.attrs.update({"encoding-type": kind, "encoding-version": version})
+    return group
+
+
+def _h5ad_dataset(group, name: str, data=None, shape=None, dtype=None):
+    """An AnnData array (`array` or, for text, `string-array`), whole or to be filled."""
+    text = dtype is None and data is not None and np.asarray(data).dtype.kind in "OUS"
+    if text:
+        out = group.create_dataset(name, data=data, dtype=h5py.string_dtype("utf-8"))
+    else:
+        out = group.create_dataset(name, data=data, shape=shape, dtype=dtype)
+    out.attrs.update({"encoding-type": "string-array" if text else "array",
+                      "encoding-version": "0.2.0"})  # fmt: skip
+    return out
+
+
+def write_h5ad(emb, target, bar, options: Options):
+    kinds = {k: layers for k, layers in emb.layers.items() if not KINDS[k].per_residue}
+    scores = [name for name in emb.unlayered if KINDS[name].offsets is None]  # a row each: pll
+    if not kinds and not scores:
+        raise ExportError(
+            "h5ad holds a row per protein, and this run has no per-protein values (mean, bos, "
+            "pll): export its per-residue values as npy, parquet or pt"
+        )
+    n = len(emb)
+    with h5py.File(target, "w") as out:
+        out.attrs.update(ANNDATA)
+        obs = _h5ad_group(out, "obs", "dataframe")
+        obs.attrs.update({"_index": "_index",
+                          "column-order": ["length", "truncated", "sequence_sha256"]})  # fmt: skip
+        index = _h5ad_dataset(obs, "_index", shape=(n,), dtype=h5py.string_dtype("utf-8"))
+        index.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
+        _h5ad_dataset(obs, "length", emb.h5["lengths"][:].astype(np.int64))
+        _h5ad_dataset(obs, "truncated", emb.h5["truncated"][:].astype(bool))
+        _h5ad_dataset(obs, "sequence_sha256", emb.h5["sequence_sha256"].asstr()[:])
+        var = _h5ad_group(out, "var", "dataframe")
+        var.attrs.update({"_index": "_index", "column-order": np.array([], dtype=np.float64)})
+        _h5ad_dataset(var, "_index", np.array([], dtype=object))
+        obsm = _h5ad_group(out, "obsm", "dict")
+        targets = {}
+        for kind, layers in kinds.items():
+            for layer in layers:
+                data = emb.stored(dataset(kind, layer))
+                targets[(kind, layer)] = _h5ad_dataset(
+                    obsm, f"{kind}_{layer}", shape=data.shape, dtype=data.dtype
+                )
+        for name in scores:
+            data = emb.stored(KINDS[name].values)
+            targets[name] = _h5ad_dataset(obsm, name, shape=data.shape, dtype=data.dtype)
+        for name in ("layers", "obsp", "varm", "varp"):
+            _h5ad_group(out, name, "dict")
+        uns = _h5ad_group(_h5ad_group(out, "uns", "dict"), "esmshard", "dict")
+        for key, value in emb.made_by.items():  # text, or JSON text where it is not
+            text = value if isinstance(value, str) else json.dumps(value)
+            uns.create_dataset(key, data=text, dtype=h5py.string_dtype("utf-8"))
+            uns[key].attrs.update({"encoding-type": "string", "encoding-version": "0.2.0"})
+        for block in blocks(emb, kinds, scores):
+            rows = slice(block.start, block.start + len(block.ids))
+            index[rows] = block.ids
+            for kind, layers in block.values.items():
+                for layer, values in layers.items():
+                    targets[(kind, layer)][rows] = values
+            for name, (values, _) in block.unlayered.items():
+                targets[name][rows] = values
+            bar.update(len(block.ids))
+
+
 class Format(NamedTuple):
     name: str
     write: object  # (emb: Embeddings, target: Path, bar: ProgressBar, options: Options) -> None
@@ -547,6 +626,7 @@ FORMATS = {
         Format("npy", write_npy, True),
         Format("parquet", write_parquet, True),
         Format("h5", write_h5, False),
+        Format("h5ad", write_h5ad, False),
     )
 }
 

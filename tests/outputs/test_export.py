@@ -279,3 +279,21 @@ def test_a_header_that_cannot_be_a_path_inside_the_export_is_refused(header, why
         exports.header_path(header)
     assert "--names id" in str(err.value)
     assert exports.header_path("sp|P1|X a/b c") == "sp|P1|X a/b c.pt"
+
+
+def test_h5ad_opens_with_anndata_a_row_per_protein(run):
+    import anndata
+
+    export(run, "--format", "h5ad", "--out", "embeddings.h5ad")
+    arrays, ids, _, offsets = stored(run)
+    adata = anndata.read_h5ad(run / "embeddings.h5ad")
+    assert adata.n_obs == 40 and adata.n_vars == 0 and adata.obs_names.tolist() == ids
+    assert adata.obs["length"].tolist() == np.diff(offsets).tolist()
+    assert adata.obs["truncated"].sum() == 3  # the three proteins over 1022 residues
+    assert sorted(adata.obsm) == ["bos_3", "bos_6", "mean_3", "mean_6"]  # per_tok left out
+    for name in adata.obsm:
+        kind, layer = name.split("_")
+        np.testing.assert_array_equal(adata.obsm[name], arrays[f"{kind}/{layer}"])
+    with h5py.File(run / "out" / "embeddings.h5") as h5:  # the card says which model made it
+        for key in ("model", "weights_sha256", "settings_key"):
+            assert adata.uns["esmshard"][key] == h5.attrs[key]
