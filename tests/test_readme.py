@@ -107,7 +107,7 @@ def test_reading_and_exporting_as_the_docs_show(tmp_path):
     assert "256 sp|" in read.stdout and "torch.Size([64, 320])" in read.stdout
 
     commands = doc_block("docs/outputs.md", "esmshard export OUTDIR --format FORMAT").splitlines()
-    assert len(commands) == 7
+    assert len(commands) == 8
     for command in commands:
         done = subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, capture_output=True,
                               text=True)  # fmt: skip

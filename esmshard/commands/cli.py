@@ -147,7 +147,7 @@ def main(argv=None):
         help="a run's embeddings in the layout another tool reads",
         description="Write a finished run's embeddings.h5 as per-protein-h5 (biotrainer, "
         "bio_embeddings), pt (fair-esm extract's files), npy (numpy arrays, ids.tsv), parquet "
-        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark), h5 (embeddings.h5 "
+        "(a folder of Parquet files: pyarrow, DuckDB, polars, pandas, Spark), biotrainer (a folder to train on), h5 (embeddings.h5 "
         "with every value in the file) or h5ad (AnnData, scanpy: per-protein values in obsm); streamed, with a progress bar. An option that the "
         "format does not read is refused.",
     )
@@ -169,7 +169,8 @@ def main(argv=None):
     export.add_argument(
         "--layer",
         type=int,
-        help="per-protein-h5: the layer written (default the highest; -1 is the model's last)",
+        help="per-protein-h5 and biotrainer: the layer written (default the highest; -1 is the "
+        "model's last)",
     )
     export.add_argument(
         "--key",

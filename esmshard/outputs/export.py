@@ -27,6 +27,12 @@ FORMATS is the one table of them:
   and a column per score (`logits`, `masked_marginals`: list<list<float>>; `pll`: list<float>).
 - `h5`: embeddings.h5 itself with every value in the file (`output_values: copy`): the portable
   copy of a run whose values are in place in its store (esmshard.embeddings_h5.in_place).
+- `biotrainer`: a folder that biotrainer trains on as is: `sequences.fasta` (each record's full
+  header, so its TARGET= and SET= attributes, and its residues as embedded on one line: the
+  residues biotrainer's FASTA reader keeps and hashes), `embeddings_per_protein.h5` (mean) and
+  `embeddings_per_residue.h5` (per_tok), as far as the run has them, at one layer (`--layer`),
+  keyed by biotrainer's hash of those lines. A per-residue file with truncated records is
+  written with a warning: biotrainer's residue protocols need a row per residue.
 - `h5ad`: an AnnData file (anndata, scanpy), written by h5py in AnnData's on-disk format: a
   row per protein, the IDs as `obs_names` with `length`, `truncated` and `sequence_sha256` in
   `obs`, each per-protein kind and layer in `obsm` (`mean_<layer>`, `bos_<layer>`; `pll`), no
@@ -245,6 +251,44 @@ class Options(NamedTuple):
     key: str  # per-protein-h5's dataset names: "hash" or "id"
     records: str  # the run's record table (which names its input files)
     names: str = "id"  # pt's file names: "id" (escaped) or "header" (as fair-esm's extract)
+
+
+BIOTRAINER_FILES = {"mean": "embeddings_per_protein.h5", "per_tok": "embeddings_per_residue.h5"}
+
+
+def write_biotrainer(emb, target, bar, options: Options):
+    target.mkdir()
+    sequences = sequences_in_order(emb, options.records)
+    files = {kind: h5py.File(target / name, "w", libver=("v110", "latest"))
+             for kind, name in BIOTRAINER_FILES.items() if kind in options.kinds}  # fmt: skip
+    truncated = []
+    try:
+        with open(target / "sequences.fasta", "w", encoding="utf-8") as fasta:
+            for block in blocks(emb, options.kinds):
+                for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
+                    sequence = next(sequences)
+                    fasta.write(f">{header}\n{sequence.decode('ascii')}\n")
+                    if len(sequence) > block.lengths[i]:
+                        truncated.append(id_)
+                    name = biotrainer_hash(sequence)
+                    for kind, out in files.items():
+                        if name not in out:  # a sequence seen before: the same values
+                            ((layer, data),) = block.rows(kind, i).items()
+                            out.create_dataset(name, data=data, compression="gzip", chunks=True)
+                            out[name].attrs["original_id"] = id_
+                bar.update(len(block.ids))
+    finally:
+        for out in files.values():
+            out.attrs.update(emb.made_by)
+            out.close()
+    if truncated and "per_tok" in files:
+        bar.stream.write(
+            f"esmshard export: warning: {len(truncated)} records were truncated at "
+            f"truncation_seq_length (first: {printable(truncated[0])}): their rows in "
+            "embeddings_per_residue.h5 cover the residues embedded only, where biotrainer's "
+            "residue protocols need one per residue of sequences.fasta; leave them out, or "
+            "run again with a larger truncation_seq_length\n"
+        )
 
 
 def write_per_protein_h5(emb, target, bar, options: Options):
@@ -627,6 +671,7 @@ FORMATS = {
         Format("parquet", write_parquet, True),
         Format("h5", write_h5, False),
         Format("h5ad", write_h5ad, False),
+        Format("biotrainer", write_biotrainer, True, ("layer",)),
     )
 }
 
@@ -687,6 +732,13 @@ def export(
                 )
             chosen = kind or ("mean" if "mean" in emb.layers else next(iter(emb.layers)))
             kinds = {chosen: [emb.layer(chosen, layer)]}
+        if fmt == "biotrainer":
+            kinds = {k: [emb.layer(k, layer)] for k in BIOTRAINER_FILES if k in emb.layers}
+            if not kinds:
+                raise ExportError(
+                    f"{layout.embeddings} holds neither mean nor per_tok, the representations "
+                    "biotrainer trains on: run with include: [mean] or [per_tok]"
+                )
         bar = ProgressBar(len(emb), f"export {fmt}", stream)
         remove_dead_temporaries_of(out)  # of an export killed before
         with atomic_path(out) as target:

@@ -3,6 +3,7 @@ embeddings.h5, on runs made through the `snakemake` command line."""
 
 import hashlib
 import io
+import re
 import shutil
 import subprocess
 import sys
@@ -256,7 +257,7 @@ def test_pt_named_by_header_loads_with_fair_esms_own_loader(run):
     [
         (["--format", "parquet", "--kind", "per_tok", "--layer", "3"],
          "--kind applies to --format per-protein-h5 only, not parquet: leave it out; --layer "
-         "applies to --format per-protein-h5 only, not parquet: leave it out"),
+         "applies to --format per-protein-h5 and biotrainer only, not parquet: leave it out"),
         (["--format", "npy", "--key", "id"],
          "--key applies to --format per-protein-h5 only, not npy: leave it out"),
         (["--format", "per-protein-h5", "--names", "header"],
@@ -297,3 +298,40 @@ def test_h5ad_opens_with_anndata_a_row_per_protein(run):
     with h5py.File(run / "out" / "embeddings.h5") as h5:  # the card says which model made it
         for key in ("model", "weights_sha256", "settings_key"):
             assert adata.uns["esmshard"][key] == h5.attrs[key]
+
+
+def biotrainer_read_fasta(path) -> list[tuple[str, dict, str]]:
+    """biotrainer 1.4's input_files.read_FASTA as it reads a file (its documented input): per
+    record the header's first word, its NAME=value attributes, and the record's last line as its
+    sequence (one line per sequence, or the rest is lost)."""
+    records, attributes = [], re.compile(r"([A-Z_]+)=([^ ]+)")
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line.startswith(">"):
+            header = line[1:].strip().split(maxsplit=1)
+            records.append([header[0], dict(attributes.findall(header[-1])), ""])
+        elif line:
+            records[-1][2] = line
+    return [tuple(r) for r in records]
+
+
+def test_the_biotrainer_export_is_found_whole_by_biotrainers_reader(run):
+    done = export(run, "--format", "biotrainer", "--layer", "3", "--out", "bt")
+    arrays, ids, _, offsets = stored(run)
+    records = biotrainer_read_fasta(run / "bt" / "sequences.fasta")
+    assert [r[0] for r in records] == ids and records[0][1]["OS"] == "Escherichia"
+    with (
+        h5py.File(run / "bt" / "embeddings_per_protein.h5") as per_protein,
+        h5py.File(run / "bt" / "embeddings_per_residue.h5") as per_residue,
+    ):
+        for row, (id_, _, sequence) in enumerate(records):
+            assert sequence == RECORDS[row][1]  # the residues, on one line
+            # biotrainer's utilities.calculate_sequence_hash, and its load_embeddings' lookup
+            key = hashlib.sha256(f"{sequence}_{len(sequence)}".encode()).hexdigest()
+            assert per_protein[key].attrs["original_id"] == id_
+            np.testing.assert_array_equal(per_protein[key][:], arrays["mean/3"][row])
+            rows = arrays["per_tok/3"][offsets[row] : offsets[row + 1]]
+            np.testing.assert_array_equal(per_residue[key][:], rows)
+    # three proteins of over 1022 residues: fewer rows than residues, said in one line
+    (warning,) = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert warning.startswith("esmshard export: warning: 3 records were truncated")
