@@ -2,6 +2,7 @@
 instead of downloaded weights; test_docs checks every other command the docs show)."""
 
 import gzip
+import html
 import os
 import shlex
 import signal
@@ -68,6 +69,11 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
     with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
         assert h5["ids"].asstr()[:].tolist() == IDS
         assert set(h5["mean"]) == {"6"} and set(h5["per_tok"]) == {"6", "offsets"}
+    # the report's command is the one typed, the Snakemake command it ran folded below it
+    page = html.unescape((tmp_path / "out" / "report" / "scaling_report.html").read_text())
+    typed = shlex.join([*shlex.split(run), "--model", f"random:{TINY_MODEL}"])
+    assert f"<td class=label>command</td><td class=text>{typed}</td>" in page
+    assert "<details><summary>The snakemake command that esmshard run ran</summary>" in page
 
     watch = subprocess.Popen(shlex.split(status), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              text=True)  # fmt: skip

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import yaml
 
 from ..compute.pool import visible_devices
+from ..store.runlock import TYPED_COMMAND_ENV
 
 SHIPPED = Path(__file__).resolve().parents[1] / "workflow_files"
 CLONE = Path(__file__).resolve().parents[2]
@@ -175,6 +176,7 @@ def run(launch: Launch) -> int:
     if executable is None:
         raise LaunchError("snakemake is not installed here; pip install esmshard installs it")
     os.environ[DEFAULTS_ENV] = "1"
+    os.environ[TYPED_COMMAND_ENV] = shlex.join(["esmshard", *sys.argv[1:]])
     if launch.verbose or launch.snakemake_args:
         os.execv(executable, [executable, *cmd[1:]])
     from .console import run_quietly

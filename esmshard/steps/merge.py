@@ -314,6 +314,7 @@ def merge(
         "inputs": plan.get("inputs", []),
         # the command that merged: its command line, folder, start, and the merge's end
         "command": command.get("command"),
+        "typed_command": command.get("typed_command"),
         "workdir": command.get("workdir"),
         "started_at": command.get("started_at"),
         "finished_at": time.time(),

@@ -191,7 +191,7 @@ def _timeline(result) -> bytes:
                 shard["shard"].split("-")[-1],
                 ha="center",
                 va="center",
-                fontsize=7,
+                fontsize=10,
             )
     ax.set_yticks(range(len(slots)), slots)
     ax.set_xlabel("seconds since the first shard started")
@@ -326,7 +326,8 @@ SHARD_COLUMNS = ["shard", "slot", "device", "started_offset", "seconds", "load_s
 STYLE = """body{font-family:sans-serif;max-width:1180px;margin:auto;padding:0 16px;line-height:1.4}
 .wide{overflow-x:auto;max-width:100%;margin:1em 0}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
-th{background:#f3f3f3}td.label{text-align:left;white-space:normal}
+th{background:#f3f3f3;white-space:normal;min-width:4em}td.label{text-align:left;white-space:normal}
+p.text{word-break:break-all}
 td.text{text-align:left;white-space:normal;word-break:break-all}
 .warn{color:#a00;font-weight:bold}img{display:block;margin:1em 0;max-width:100%;height:auto}"""
 
@@ -357,13 +358,22 @@ def _gib(value):
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, list):
         return "–".join(_fmt(v) for v in value)
     return "–" if value is None else str(value)
 
 
 def _when(seconds) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(seconds)) if seconds else "–"
+    """A moment with its time zone (the machine's), and its offset from UTC where that is not
+    UTC itself."""
+    if not seconds:
+        return "–"
+    moment = time.localtime(seconds)
+    zone = time.strftime("%Z", moment)
+    offset = "" if zone == "UTC" else time.strftime(" (UTC%z)", moment)
+    return time.strftime("%Y-%m-%d %H:%M:%S ", moment) + zone + offset
 
 
 def measured_sentence(measured: dict) -> str:
@@ -407,8 +417,8 @@ def cap_sentence(result: dict) -> str:
 GUIDES_SENTENCE = (
     "The guides' range is near-linear scaling, 87.5–100% of the ideal speedup (1.8–2× on 2 GPUs, "
     "3.5–4× on 4, 7–8× on 8): the yardstick esmshard holds itself to for data-parallel "
-    "inference, where each GPU embeds its own shards and the GPUs exchange nothing "
-    "(`GUIDE_SPEEDUP` in esmshard/steps/report.py). It is a target, not a measurement."
+    "inference, where each GPU embeds its own shards and the GPUs exchange nothing. It is a "
+    "target, not a measurement."
 )
 
 
@@ -423,12 +433,14 @@ def run_rows(result: dict, run: dict) -> list[dict]:
     started, finished = run.get("started_at"), run.get("finished_at")
     made_by = run.get("made_by") or {}
     rows = [
+        ("started", _when(started)),
         ("finished", _when(finished)),
         (
             "wall time, from the command's start to the merge",
             duration(finished - started) if started and finished else "–",
         ),
-        ("command", run.get("command") or "–"),
+        # as the user typed it (`esmshard run`); the Snakemake command it ran is folded below
+        ("command", run.get("typed_command") or run.get("command") or "–"),
         ("working folder", run.get("workdir") or "–"),
         ("inputs", "\n".join(run.get("inputs", [])) or "–"),
         ("model", _model(made_by.get("model", result["model"]), made_by.get("model_family"),
@@ -463,13 +475,19 @@ def figures(result: dict, series: dict) -> dict[str, bytes]:
 
 
 def speedup_rows(result: dict) -> list[dict]:
-    """The speedup table: on one GPU the measured figure is a busy share, which
-    `measured_sentence` says in words (as a speedup, 0.95× would read as a slowdown)."""
+    """The speedup table: on one GPU the measured figure is a busy share, said as one (as a
+    speedup, 0.95× would read as a slowdown)."""
+
+    def measured(m):
+        if m["measured_speedup"] is None or m["gpus"] > 1:
+            return m["measured_speedup"]
+        return f"{m['measured_speedup']:.0%} busy"
+
     return [
         {
             **m,
             "modelled_efficiency_percent": 100 * m["modelled_efficiency"],
-            "measured_speedup": m["measured_speedup"] if m["gpus"] > 1 else None,
+            "measured_speedup": measured(m),
         }
         for m in result["modelled"]
     ]
@@ -510,6 +528,16 @@ def shards_section(result: dict, tables: str | None) -> str:
     )
 
 
+def snakemake_command(run: dict) -> str:
+    """The Snakemake command that `esmshard run` ran, folded (the typed one is the table's)."""
+    if not run.get("typed_command") or not run.get("command"):
+        return ""
+    return (
+        "<details><summary>The snakemake command that esmshard run ran</summary>"
+        f"<p class=text><code>{html.escape(run['command'])}</code></p></details>"
+    )
+
+
 def render_html(
     result: dict, shown: dict[str, bytes], run: dict, computed_with: str = "", tables=None
 ) -> str:
@@ -529,6 +557,7 @@ def render_html(
 </head><body><h1>{TITLE}</h1>{warning}
 <h2>This run</h2>
 {_table(run_rows(result, run), ["what", "value"], text=("value",), labels=("what",))}
+{snakemake_command(run)}
 <h2>Speedup and efficiency</h2>
 <p>{_words(measured_sentence(result["measured"]))}</p>
 <p>Modelled: the measured shard times replayed, in their start order, on that many GPUs, each

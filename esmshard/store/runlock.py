@@ -97,6 +97,10 @@ def run_active(lock_path) -> bool:
     return False
 
 
+# What `esmshard run` sets for the Snakemake it starts: the command as the user typed it.
+TYPED_COMMAND_ENV = "ESMSHARD_TYPED_COMMAND"
+
+
 def this_process() -> dict:
     """Who holds a lock, as `describe` names it."""
     return {
@@ -105,6 +109,8 @@ def this_process() -> dict:
         "started_at": time.time(),
         "workdir": os.getcwd(),
         "command": " ".join(sys.argv),
+        # the command the user typed, where `esmshard run` started this Snakemake
+        "typed_command": os.environ.get(TYPED_COMMAND_ENV),
     }
 
 

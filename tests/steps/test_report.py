@@ -3,6 +3,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 from conftest import MODEL, PROTEINS, REPO, config, snakemake, snakemake_command
@@ -74,12 +75,12 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
         and "<th>modelled speedup (×)</th>" in page
         and "<th>measured on this run (×)</th>" in page
     )
-    assert "_seconds" not in page.replace("GUIDE_SPEEDUP", "")  # no snake_case heading
-    # In words: the run's own speedup, the shard count's cap, the guides' range and its source.
+    assert "_seconds" not in page and "GUIDE_SPEEDUP" not in page  # no code names
+    # In words: the run's own speedup, the shard count's cap, the guides' range.
     assert "Measured on this run: its 2 slots together finished the shards 1.67× as fast" in page
     assert "This run had 3 shards: on more than 3 GPUs the others would have nothing to do" in page
     assert "stops at 2.50× (all the work over the longest shard)" in page
-    assert "87.5–100% of the ideal speedup" in page and "esmshard/steps/report.py" in page
+    assert "87.5–100% of the ideal speedup" in page and "esmshard/steps/" not in page
 
 
 def test_one_slot_is_said_as_a_busy_share_not_a_speedup(tmp_path):
@@ -94,6 +95,8 @@ def test_one_slot_is_said_as_a_busy_share_not_a_speedup(tmp_path):
     page = (tmp_path / "r.html").read_text()
     assert "its one slot was busy computing shards 89% of the time" in page
     assert "0.89" not in page  # no "0.89×", which would read as a slowdown
+    # the table says it too, as the busy share it is (not "–" beside a measured point)
+    assert "<tr><td>1</td>" in page and "<td>89% busy</td>" in page
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [
         "devices.tsv", "shards.tsv", "speedup.png", "speedup.tsv", "throughput.png",
         "timeline.png",
@@ -162,8 +165,16 @@ def test_the_report_fits_a_1280_pixel_window_in_a_real_browser(finished_run, tmp
     browser = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"]
     dom = subprocess.run([*browser, "--dump-dom", probe.as_uri()], capture_output=True,
                          text=True, timeout=120).stdout  # fmt: skip
-    scroll, client = map(int, re.search(r"<title>width (\d+) (\d+)</title>", dom).groups())
+    found = re.search(r"<title>width (\d+) (\d+) (\d+)</title>", dom).groups()
+    scroll, client, widest = map(int, found)
     assert 1200 <= client <= 1280 and scroll <= client, (scroll, client)
+    assert widest <= client, f"a table {widest} px wide in a {client} px window"
+    # the start and finish with their time zone; the measured busy share in its table
+    zone = time.strftime("%Z")
+    assert len(re.findall(rf"<td[^>]*>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d {zone}", page)) == 2
+    slots = json.loads((report.parent / "scaling.json").read_text())["measured"]["gpus"]
+    row = re.search(rf"<tr><td>{slots}</td>(?:<td>[^<]*</td>){{3}}<td>([^<]*)</td>", page)
+    assert row and re.fullmatch(r"[\d.]+|\d+% busy", row.group(1)), row  # measured: no "–"
     shot = tmp_path / "report.png"
     subprocess.run([*browser, f"--screenshot={shot}", report.as_uri()], capture_output=True,
                    timeout=120, check=True)  # fmt: skip
@@ -172,7 +183,8 @@ def test_the_report_fits_a_1280_pixel_window_in_a_real_browser(finished_run, tmp
 
 WIDTH_PROBE = (
     "<script>document.title = 'width ' + document.documentElement.scrollWidth + ' ' + "
-    "document.documentElement.clientWidth</script>"
+    "document.documentElement.clientWidth + ' ' + Math.max(...Array.from("
+    "document.querySelectorAll('table'), t => t.scrollWidth))</script>"
 )
 
 

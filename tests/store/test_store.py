@@ -88,6 +88,7 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
     assert len(counts.pop("run_id")) == 16
     assert counts.pop("made_by")["model"] == MODEL
     assert counts.pop("command").startswith(f"{Path(sys.executable).parent}/snakemake ")
+    assert counts.pop("typed_command") is None  # snakemake typed: no `esmshard run`
     assert counts.pop("workdir") and counts.pop("inputs") == [str((work / "b.fasta").resolve())]
     assert counts.pop("finished_at") > counts.pop("started_at")
     assert (counts.pop("long_records"), counts.pop("long_said")) == (0, "")
