@@ -60,6 +60,10 @@ def coerce(value, schema: dict):
         return BOOLEANS[value.strip().lower()]
     if kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)  # e.g. outdir=2024
+    if kind == "string" and isinstance(value, dict) and len(value) == 1:
+        # YAML reads `model=random:` as the mapping {random: None}: the text as typed
+        ((name, rest),) = value.items()
+        return f"{name}:" + ("" if rest in (None, "") else f" {rest}")
     return value
 
 
@@ -127,7 +131,17 @@ def schema_problems(config: dict, schema: dict) -> dict[str, str]:
             hint = f"did you mean {close[0]}?" if close else "see config/config.yaml for the keys"
             problems[key] = f"{key}: not a config key of esmshard; {hint}"
         elif not jsonschema.Draft202012Validator(properties[key]).is_valid(value):
-            problems[key] = f"{key}: {shown(value)} is not valid; give {describe(properties[key])}"
+            items = properties[key].get("items")
+            bad = (
+                [v for v in value if not _valid(v, items)]
+                if items and isinstance(value, list)
+                else []
+            )
+            what = f"{shown(value)} is not valid"
+            if bad:  # the items that are not
+                what = f"{shown(value)}: {', '.join(shown(v) for v in bad)} "
+                what += f"{'is' if len(bad) == 1 else 'are'} not valid"
+            problems[key] = f"{key}: {what}; give {describe(properties[key])}"
     for key in schema.get("required", []):
         if key not in config:
             problems[key] = f"{key}: missing; give {describe(properties[key])}"

@@ -33,6 +33,8 @@ def checked(config):
         ({"compile": "on"}, {"compile": "on"}),
         ({"compile": True}, {"compile": True}),  # a YAML file's bare `on`
         ({"compile": "false"}, {"compile": False}),
+        ({"model": {"random": None}}, {"model": "random:"}),  # model=random: (the model's
+        # check then names it: "model 'random:': unknown architecture; use one of ...")
     ],
 )
 def test_typed_forms_mean_what_a_yaml_file_means(typed, meant):
@@ -69,3 +71,12 @@ def test_a_leading_tilde_is_the_home_folder_in_every_path_key(monkeypatch, tmp_p
         "outdir": f"{tmp_path}/out",
         "model": "random:esm2_t6_8M_UR50D",
     }
+
+
+def test_a_list_with_a_bad_item_names_that_item():
+    from esmshard.config import schema_problems
+
+    problems = schema_problems({"include": ["mean", "attention"]}, SCHEMA)
+    assert problems["include"].startswith(
+        "include: [mean,attention]: attention is not valid; give a list of items each one of mean"
+    )

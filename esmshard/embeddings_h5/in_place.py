@@ -97,7 +97,8 @@ class Parts:
     def damaged(self, code: int, what: str) -> str:
         """What to say of part `code`, damaged as `what` says."""
         return (
-            f"{self.name} reads its values in place from {len(self.paths)} store parts, and "
+            f"{self.name} reads its values in place from {len(self.paths)} store "
+            f"part{'s' if len(self.paths) != 1 else ''}, and "
             f"{self.paths[code]} {what}: {REPAIR}"
         )
 

@@ -86,13 +86,17 @@ def open_binary(path):
     return open(path, "rb")
 
 
+# What a record that cannot be read is told (a list of such records says it once).
+FIX_RECORD = "; fix or remove this record"
+
+
 def normalise(raw: str, where: str) -> tuple[str, int]:
     """Upper-case, drop one terminal '*', map letters outside the alphabet to X."""
     if not raw.isascii():  # str.upper() would turn e.g. 'ﬀ' into 'FF'
         bad = next(c for c in raw if not c.isascii())
         raise FastaError(
-            f"{where}: character {bad!r} (U+{ord(bad):04X}) is not an amino-acid letter; "
-            "fix or remove this record"
+            f"{where}: character {bad!r} (U+{ord(bad):04X}) is not an amino-acid letter"
+            + FIX_RECORD
         )
     seq = raw.upper()
     if seq.endswith("*"):
@@ -101,7 +105,7 @@ def normalise(raw: str, where: str) -> tuple[str, int]:
     bad = _NOT_RESIDUE.search(out)
     if bad:
         raise FastaError(
-            f"{where}: character {bad.group()!r} is not an amino-acid letter; fix or remove this record"
+            f"{where}: character {bad.group()!r} is not an amino-acid letter" + FIX_RECORD
         )
     replaced = out.count("X") - seq.count("X")
     return out, replaced

@@ -97,7 +97,8 @@ class InputProblems:
             listed = "; ".join(found.places) + (f"; and {more} more" if more > 0 else "")
             what = KINDS[kind]
             counted = f"{found.count} {what.unit}{'s' if found.count != 1 else ''}"
-            sections.append(f"- {what.title} ({counted}): {listed}. {what.advice}")
+            advice = what.advice[0].upper() + what.advice[1:]  # a sentence of its own
+            sections.append(f"- {what.title} ({counted}): {listed}. {advice}")
         n = len(sections)
         return (
             f"the input has {n} kind{'s' if n > 1 else ''} of problem; nothing was computed. "

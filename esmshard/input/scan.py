@@ -27,6 +27,7 @@ import numpy as np
 
 from ..embeddings_h5.id_index import id_hashes
 from .fasta import (
+    FIX_RECORD,
     FastaError,
     FilePart,
     compression,
@@ -199,7 +200,9 @@ def scan_piece(piece: Piece, settings: Settings, folder) -> Found:
         path = piece.path
         try:
             for record in read_raw(
-                path, lambda err: problems.add("bad_record", str(err)), piece.part
+                path,
+                lambda err: problems.add("bad_record", str(err).removesuffix(FIX_RECORD)),
+                piece.part,
             ):
                 length = len(record.sequence)
                 lengths.append(length)

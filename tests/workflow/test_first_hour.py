@@ -140,7 +140,11 @@ def test_a_truncated_protein_is_said_on_the_console_in_the_log_and_in_run_json(t
     assert said in (tmp_path / "out" / "logs" / "shard.log").read_text()
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert (run["long_records"], run["long_sequences"]) == (1, "truncate")
-    closing = [line for line in done.stderr.splitlines() if "esmshard: 1 records" in line]
+    closing = [
+        line
+        for line in done.stderr.splitlines()
+        if "esmshard: 1 record, 1 unique sequence," in line
+    ]
     assert f"embedded with {MODEL}" in closing[0]
     assert closing[0].endswith("; 1 longer than truncation_seq_length, truncated")
     assert "esmshard: outputs: out/embeddings.h5, out/failed_sequences.tsv" in done.stderr

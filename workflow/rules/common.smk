@@ -312,7 +312,8 @@ def report_run():
         else ""
     )
     logger.info(
-        f"esmshard: {run['records']} records, {run['unique_sequences']} unique sequences, "
+        f"esmshard: {run['records']} record{'s' if run['records'] != 1 else ''}, "
+        f"{run['unique_sequences']} unique sequence{'s' if run['unique_sequences'] != 1 else ''}, "
         f"embedded with {run.get('made_by', {}).get('model', config['model'])}: "
         f"{run['computed']} computed ({by_this_command} by this command), "
         f"{run['from_store']} from the store ({run['store']}); {run['failed']} records failed, "
