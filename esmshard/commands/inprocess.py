@@ -23,7 +23,14 @@ import yaml
 
 from ..config import ConfigError, embedding_settings
 from ..files import unwritable
-from ..input.fasta import FastaError, looks_nucleotide, normalise, not_a_file, printable
+from ..input.fasta import (
+    FIX_RECORD,
+    FastaError,
+    looks_nucleotide,
+    normalise,
+    not_a_file,
+    printable,
+)
 from ..input.sizing import ModelSize
 from ..layout import Layout
 from ..models import attention_values, ensure_available, parse_spec
@@ -41,6 +48,8 @@ from .launch import workflow_root
 Sequences = Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[str] | str | os.PathLike
 # A string that names no file and is made of these is one sequence, not a path.
 SEQUENCE_TEXT = re.compile(r"[A-Za-z*\s-]+")
+# What a path has and a sequence has not: a folder, or an extension.
+PATH_LIKE = re.compile(r"[/\\]|\.[A-Za-z0-9]+$|^~")
 
 
 def schema() -> dict:
@@ -67,17 +76,35 @@ def settings_of(options: dict, model) -> dict:
 
 
 def pairs_of(sequences) -> Iterable[tuple[str, str]]:
-    """(ID, sequence) pairs of a mapping, of pairs, or of sequences alone (IDs "0", "1", ...)."""
-    if isinstance(sequences, Mapping):
-        return sequences.items()
+    """(ID, sequence) pairs of a mapping (a pandas Series by its index), of pairs, or of
+    sequences alone (IDs "0", "1", ...)."""
+    if (
+        isinstance(sequences, Mapping)
+        or getattr(sequences, "ndim", None) == 1
+        and hasattr(sequences, "index")
+    ):  # a Series is no Mapping, but its index holds the IDs
+        return [(id_ if isinstance(id_, str) else str(id_), s) for id_, s in sequences.items()]
     if not isinstance(sequences, Iterable) or isinstance(sequences, (bytes, bytearray)):
         raise TypeError(
             f"sequences: {type(sequences).__name__} is not sequences; give a FASTA path, a "
             "sequence, a list of sequences, a mapping of ID to sequence, or (ID, sequence) pairs"
         )
     items = list(sequences)
-    if items and all(isinstance(item, str) for item in items):
+    texts = [isinstance(item, str) for item in items]
+    if items and all(texts):
         return [(str(n), sequence) for n, sequence in enumerate(items)]
+    if texts[0] if items else False:  # sequences, then something else: name that item
+        n = texts.index(False)
+        raise ValueError(
+            f"sequences: item {n + 1} is {items[n]!r:.60}, not a sequence: a list of sequences "
+            "holds text only"
+        )
+    for n, item in enumerate(items, 1):
+        if isinstance(item, str):  # among pairs: a two-letter one would unpack as a pair
+            raise ValueError(
+                f"sequences: item {n} is the text {printable(item):.60}, not an (ID, sequence) "
+                "pair like the first item"
+            )
     return items
 
 
@@ -88,6 +115,14 @@ def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path
     if isinstance(sequences, str) and not os.path.exists(os.path.expanduser(sequences)):
         if SEQUENCE_TEXT.fullmatch(sequences):
             sequences = ["".join(sequences.split())]  # one sequence, pasted
+        elif PATH_LIKE.search(sequences) is None:  # no folder, no extension: a sequence
+            try:
+                normalise("".join(sequences.split()), "sequences: the sequence given")
+            except FastaError as err:
+                raise FastaError(
+                    str(err).removesuffix(FIX_RECORD) + " (and no file has this name); fix it, "
+                    "or give the path of a FASTA file"
+                ) from None
     if isinstance(sequences, (str, os.PathLike)):
         path = Path(sequences).expanduser()
         problem = not_a_file(path)

@@ -72,12 +72,29 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         ("no/such.fasta", MODEL, {}, FastaError, "no/such.fasta: does not exist"),
         ({"P1": "MKV"}, "random:esmc_300m", {"include": ["contacts"]}, ConfigError, "contact"),
         (None, MODEL, {}, TypeError, "sequences: NoneType is not sequences; give a FASTA"),
-        ({"P1": "MKV"}, MODEL, {"repr_layers": "abc"}, ConfigError, "repr_layers: [abc] is not"),
+        (
+            {"P1": "MKV"},
+            MODEL,
+            {"repr_layers": "abc"},
+            ConfigError,
+            "repr_layers: [abc]: abc is not valid",
+        ),
         ({"P1": "MKV"}, MODEL, {"repr_layers": [9]}, ConfigError, "layer 9 does not exist"),
         (["MKV", ""], MODEL, {}, ValueError, "sequence 1 is empty"),
         ("", MODEL, {}, ValueError, "sequences: an empty string"),
         (b"MKV", MODEL, {}, TypeError, "sequences: bytes is not sequences"),
         ([1, 2], MODEL, {}, ValueError, "sequences: item 1 is neither a sequence nor an (ID,"),
+        (["MKVLAAGIV", 5], MODEL, {}, ValueError, "sequences: item 2 is 5, not a sequence"),
+        (["MKVLAAGIV", None], MODEL, {}, ValueError, "sequences: item 2 is None, not a sequence"),
+        ([("P1", "MKVLA"), "MK"], MODEL, {}, ValueError, "item 2 is the text MK, not an (ID,"),
+        (
+            "MKVLAAGIV1GLLLAQ",
+            MODEL,
+            {},
+            FastaError,
+            "the sequence given: character '1' is not an amino-acid letter (and no file has",
+        ),
+        ("MKVLAÄGIV", MODEL, {}, FastaError, "character 'Ä' (U+00C4) is not an amino-acid"),
     ],
     ids=[
         "empty",
@@ -96,6 +113,11 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         "empty-text",
         "bytes",
         "numbers",
+        "a-number-among-sequences",
+        "none-among-sequences",
+        "text-among-pairs",
+        "a-digit",
+        "non-ascii",
     ],  # fmt: skip
 )
 def test_bad_input_is_one_line_naming_it(sequences, model, settings, error, words):
@@ -121,6 +143,14 @@ def test_the_signature_names_every_setting_with_the_workflows_defaults():
     assert "repr_layers: layers to return" in inspect.getdoc(esmshard.embed)
     with pytest.raises(TypeError, match="unexpected keyword argument 'outdir'"):
         esmshard.embed("MKTAYIAKQR", MODEL, outdir="out")
+
+
+def test_a_pandas_series_keeps_its_index_as_the_ids():
+    import pandas as pd
+
+    one, two = list(RECORDS.values())[:2]
+    got = esmshard.embed(pd.Series({"P1": one, "P2": two}), MODEL)
+    assert got.ids() == ["P1", "P2"]
 
 
 def test_a_sequence_or_a_list_of_sequences_is_embedded_with_ids_by_order():
