@@ -344,7 +344,13 @@ def _record(path: str, part: bytes, line: int) -> RawRecord:
             code = f"0x{byte[0]:02x}" if len(byte) == 1 else f"U+{ord(byte.decode()):04X}"
             what = f"{name} ({code}); remove it"
         raise FastaError(f"{path}:{line}: the {where} holds {what}")
-    header = head.decode("utf-8", "replace").strip()
+    try:  # an ID is kept and looked up as text: bytes that are no UTF-8 would be replaced
+        header = head.decode("utf-8").strip()
+    except UnicodeDecodeError as err:
+        raise FastaError(
+            f"{path}:{line}: the header is not UTF-8 text (byte 0x{head[err.start]:02x} at "
+            f"column {err.start + 2}); convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
     if not header:
         raise FastaError(f"{path}:{line}: header line has no ID; give the record a name")
     sequence = body.translate(_RESIDUE_TABLE, _NOT_RESIDUE_BYTES)

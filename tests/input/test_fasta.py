@@ -23,6 +23,7 @@ from esmshard.input.fasta import (
     normalise,
     printable,
     read_fasta,
+    read_raw,
 )
 
 RECORDS = read_records(PROTEINS)
@@ -270,3 +271,17 @@ def test_control_characters_and_a_lone_cr_stop_with_file_and_line(tmp_path, reco
 def test_printable_escapes_what_a_terminal_would_act_on():
     assert printable("P1\x1b[31m\u009b2J\rx\x7f") == "P1\\x1b[31m\\x9b2J\\rx\\x7f"
     assert printable("sp|P12345|Ünïcode_ID\tdesc") == "sp|P12345|Ünïcode_ID\tdesc"
+
+
+def test_a_header_that_is_not_utf8_is_refused_by_file_and_line_not_replaced(tmp_path):
+    # Latin-1 IDs: replaced by U+FFFD they would be other IDs, and two different ones one ID.
+    path = tmp_path / "latin1.fasta"
+    path.write_bytes(b">caf\xe9 one\nMKVLA\n>ok\nMSTNP\n>caf\xe8 two\nMKKLL\n")
+    bad = []
+    kept = [r.id for r in read_raw(str(path), on_bad_record=bad.append)]
+    assert kept == ["ok"]
+    assert [str(e) for e in bad] == [
+        f"{path}:{line}: the header is not UTF-8 text (byte 0x{byte:02x} at column 5); convert "
+        "the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        for line, byte in ((1, 0xE9), (5, 0xE8))
+    ]
