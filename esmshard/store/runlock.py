@@ -53,6 +53,25 @@ def describe(holder: dict) -> str:
     )
 
 
+def active_run(holder: dict, lock_path, outdir) -> str:
+    """Why a run cannot start in `outdir`, whose lock `holder` holds."""
+    return (
+        f"another esmshard run is active in {outdir}: {describe(holder)}. Two runs in one "
+        "outdir would redo and delete each other's work: wait for that run to finish (or stop "
+        f"it), or give this one another outdir. ({lock_path} holds the lock; a run that died "
+        "releases it by itself.)"
+    )
+
+
+def active_run_problem(lock_path, outdir) -> str | None:
+    """`active_run`'s line where a run holds the outdir's lock now, before this run tries to
+    take it; else None."""
+    if not run_active(lock_path):
+        return None
+    with open(lock_path) as fh:
+        return active_run(_holder(fh), lock_path, outdir)
+
+
 def hold(lock_path, outdir) -> None:
     """Take the outdir's run lock for the life of this process, or raise RunActiveError."""
     lock_path = Path(lock_path)
@@ -63,12 +82,7 @@ def hold(lock_path, outdir) -> None:
     except BlockingIOError:
         holder = _holder(fh)
         fh.close()
-        raise RunActiveError(
-            f"another esmshard run is active in {outdir}: {describe(holder)}. Two runs in one "
-            "outdir would redo and delete each other's work: wait for that run to finish (or stop "
-            f"it), or give this one another outdir. ({lock_path} holds the lock; a run that died "
-            "releases it by itself.)"
-        ) from None
+        raise RunActiveError(active_run(holder, lock_path, outdir)) from None
     except OSError as err:  # a filesystem without file locks (e.g. Lustre mounted without flock)
         log.warning(
             "cannot lock %s (%s): this filesystem has no file locks, so a second run started in "

@@ -84,6 +84,28 @@ def test_a_second_run_in_an_active_outdir_is_refused_by_name_and_the_first_finis
     assert "Nothing to be done" in again.stdout + again.stderr
 
 
+def test_a_run_in_an_outdir_another_run_holds_is_one_line_before_any_job(tmp_path):
+    lock = tmp_path / "results" / ".esmshard" / "run.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import time; from esmshard.store import runlock; runlock.hold({str(lock)!r}, 'results')\n"
+         "print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        done = snakemake(tmp_path, CONFIG, check=False)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2
+    said = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
+    assert len(said) == 1 and said[0].startswith(
+        f"esmshard: another esmshard run is active in results: the run of process {holder.pid}"
+    )
+    assert len((done.stdout + done.stderr).splitlines()) <= 3  # no job table, no stack lines
+
+
 def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, checkpoint):
     shutil.copytree(finished_run / "results", tmp_path / "results")
     parts = planned_parts(tmp_path / "results")

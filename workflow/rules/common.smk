@@ -100,7 +100,13 @@ from esmshard.steps.shard import plan_problem
 from esmshard.store import Store, in_place_problems, settings_key
 from esmshard.store.checksums import file_checksums
 from esmshard.store.leftovers import remove_leftovers
-from esmshard.store.runlock import RunActiveError, current_run_id, hold, run_active
+from esmshard.store.runlock import (
+    RunActiveError,
+    active_run_problem,
+    current_run_id,
+    hold,
+    run_active,
+)
 from esmshard.store.storelock import hold_shared
 
 # The whole config checked before any job (esmshard.steps.checks): command-line values arrive as
@@ -330,6 +336,19 @@ def report_run():
 # What made the outdir's embeddings.h5, if it has one (a run before this one): read once, by the
 # two checks below.
 EARLIER = made_by_of(RUN.embeddings)
+
+
+def refuse_an_active_run():
+    """One line before the DAG where another run holds this outdir (onstart takes the lock; two
+    runs started at the same moment are told apart there)."""
+    if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
+        return
+    problem = active_run_problem(RUN.run_lock, config["outdir"])
+    if problem:
+        stop(problem)
+
+
+refuse_an_active_run()
 
 
 def repair_in_place():
