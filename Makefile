@@ -95,5 +95,6 @@ release: wheel
 	git tag -a "v$(VERSION)" -m "esmshard $(VERSION)"
 	@echo "esmshard: tagged v$(VERSION); push it with: git push origin v$(VERSION)"
 
+# The workflow's outputs, Snakemake's records and the README's Python example's store.
 clean:
-	rm -rf results .snakemake
+	rm -rf results .snakemake store

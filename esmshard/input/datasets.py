@@ -137,8 +137,17 @@ def fetch_test_data(cache_dir: Path) -> Path:
     """The folder holding every file the tests read (the shared one where it is complete)."""
     if all((shared_data_dir() / d.name).is_file() for d in TEST_DATA):
         return shared_data_dir()
+    problems = []  # every file that cannot be had, not the first alone
     for dataset in TEST_DATA:
-        locate(dataset, cache_dir)
+        try:
+            locate(dataset, cache_dir)
+        except DatasetError as err:
+            problems.append(f"- {err}")
+    if problems:
+        raise DatasetError(
+            f"{len(problems)} of the {len(TEST_DATA)} test files cannot be had (they are read "
+            f"from {shared_data_dir()} where it holds them all):\n" + "\n".join(problems)
+        )
     return cache_dir
 
 

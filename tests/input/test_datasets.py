@@ -21,6 +21,20 @@ def test_shared_data_is_used_where_it_lies(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_missing_test_data_names_every_file_offline(tmp_path):
+    env = {"ESMSHARD_DATA": str(tmp_path / "none"), "https_proxy": "http://127.0.0.1:9",
+           "PATH": "/usr/bin"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "esmshard.input.datasets", "test-data", str(tmp_path / "cache")],
+        cwd=REPO, env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert result.returncode == 1
+    n = len(datasets.TEST_DATA)
+    assert f"{n} of the {n} test files cannot be had" in result.stderr
+    for dataset in datasets.TEST_DATA:
+        assert f"put {dataset.name} into {tmp_path / 'cache'}" in result.stderr
+
+
 def test_offline_download_says_where_to_put_the_file(tmp_path):
     env = {
         "ESMSHARD_DATA": str(tmp_path / "none"),
