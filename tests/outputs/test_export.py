@@ -3,6 +3,7 @@ embeddings.h5, on runs made through the `snakemake` command line."""
 
 import hashlib
 import io
+import json
 import re
 import shutil
 import subprocess
@@ -153,8 +154,15 @@ def assert_parquet_equals_embeddings(folder: Path, workdir: Path):
 
 def test_parquet_is_a_dataset_with_a_row_per_protein(run):
     export(run, "--format", "parquet", "--out", "table.parquet")
-    assert [p.name for p in (run / "table.parquet").iterdir()] == ["part-00000.parquet"]
-    assert_parquet_equals_embeddings(run / "table.parquet", run)
+    names = sorted(p.name for p in (run / "table.parquet").iterdir())
+    assert names == ["_made_by.json", "part-00000.parquet"]
+    assert_parquet_equals_embeddings(run / "table.parquet", run)  # the card file skipped
+    # the card beside the parts, for readers that drop the schema's metadata (HF datasets)
+    card = json.loads((run / "table.parquet" / "_made_by.json").read_text())
+    with h5py.File(run / "out" / "embeddings.h5") as h5:
+        assert (
+            card["model"] == h5.attrs["model"] and card["settings_key"] == h5.attrs["settings_key"]
+        )
 
 
 def test_a_large_parquet_export_is_many_files_of_row_groups_read_in_place(run, monkeypatch):
@@ -162,7 +170,7 @@ def test_a_large_parquet_export_is_many_files_of_row_groups_read_in_place(run, m
     monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)
     monkeypatch.setattr(exports, "PARQUET_FILE_BYTES", 1)
     exports.export(run / "out", "parquet", run / "parts.parquet", stream=io.StringIO())
-    files = sorted((run / "parts.parquet").iterdir())
+    files = sorted((run / "parts.parquet").glob("part-*"))
     assert [f.name for f in files] == [f"part-{i:05d}.parquet" for i in range(6)]
     assert [pq.ParquetFile(f).metadata.num_rows for f in files] == [7] * 5 + [5]
     assert_parquet_equals_embeddings(run / "parts.parquet", run)
