@@ -300,10 +300,22 @@ def _end_with_parent() -> None:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+class ReaderStopped(ValueError):
+    """A reading process ended by a signal (killed by hand or for memory): nothing of the step
+    was written, and the same command reads again."""
+
+
 def _finish(process, piece: Piece, folder: Path) -> Found:
     if process.wait():
         said = (folder / "stderr").read_text(errors="replace").strip().splitlines()
         where = piece.path + (f" from byte {piece.part.start}" if piece.part else "")
+        if process.returncode < 0:  # a signal, not an error of its own
+            name = signal.Signals(-process.returncode).name
+            raise ReaderStopped(
+                f"the process reading {where} (process {process.pid}) was stopped by {name} "
+                "(by hand, or by the system for memory): nothing of the shard step was "
+                "written; run the same command again"
+            )
         raise RuntimeError(
             f"the process reading {where} failed (exit status {process.returncode}): "
             + (said[-1] if said else "no message")

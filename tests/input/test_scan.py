@@ -87,3 +87,22 @@ def test_problems_in_several_pieces_are_told_as_one_worker_tells_them(tmp_path, 
     assert said[0] == said[1]
     assert "2 records" in said[0] and f"{fasta}:21:" in said[0] and "duplicate ID" in said[0]
     assert not list(tmp_path.glob("w*"))  # nothing is left of either step
+
+
+def test_a_reading_process_killed_is_one_line_saying_to_run_again(tmp_path):
+    import subprocess
+
+    from esmshard.input.fasta import FilePart
+    from esmshard.input.scan import Piece, ReaderStopped, _finish
+
+    process = subprocess.Popen(["sleep", "60"])  # a worker, killed as the system would
+    process.kill()
+    piece = Piece(0, "proteome.fasta", FilePart(1 << 20, 2 << 20, 17000))
+    (tmp_path / "stderr").write_text("")
+    with pytest.raises(ReaderStopped) as stopped:
+        _finish(process, piece, tmp_path)
+    assert str(stopped.value) == (
+        f"the process reading proteome.fasta from byte {1 << 20} (process {process.pid}) was "
+        "stopped by SIGKILL (by hand, or by the system for memory): nothing of the shard step "
+        "was written; run the same command again"
+    )
