@@ -254,6 +254,19 @@ class Options(NamedTuple):
     names: str = "id"  # pt's file names: "id" (escaped) or "header" (as fair-esm's extract)
 
 
+def warn_truncated(bar, count: int, first: str, file: str) -> None:
+    """One line where a per-residue export holds `count` records truncated at
+    truncation_seq_length (`first` of them): fewer rows than residues, which biotrainer's
+    residue protocols refuse."""
+    if count:
+        bar.stream.write(
+            f"esmshard export: warning: {count} records were truncated at "
+            f"truncation_seq_length (first: {printable(first)}): their rows in {file} "
+            "cover the residues embedded only, where biotrainer's residue protocols need one "
+            "per residue; leave them out, or run again with a larger truncation_seq_length\n"
+        )
+
+
 BIOTRAINER_FILES = {"mean": "embeddings_per_protein.h5", "per_tok": "embeddings_per_residue.h5"}
 
 
@@ -282,14 +295,9 @@ def write_biotrainer(emb, target, bar, options: Options):
         for out in files.values():
             out.attrs.update(emb.made_by)
             out.close()
-    if truncated and "per_tok" in files:
-        bar.stream.write(
-            f"esmshard export: warning: {len(truncated)} records were truncated at "
-            f"truncation_seq_length (first: {printable(truncated[0])}): their rows in "
-            "embeddings_per_residue.h5 cover the residues embedded only, where biotrainer's "
-            "residue protocols need one per residue of sequences.fasta; leave them out, or "
-            "run again with a larger truncation_seq_length\n"
-        )
+    if "per_tok" in files:
+        first = truncated[0] if truncated else ""
+        warn_truncated(bar, len(truncated), first, "embeddings_per_residue.h5")
 
 
 def write_per_protein_h5(emb, target, bar, options: Options):
@@ -317,6 +325,10 @@ def write_per_protein_h5(emb, target, bar, options: Options):
                 out[name].attrs["original_id"] = id_
             bar.update(len(block.ids))
         out.attrs.update(emb.made_by)
+    if KINDS[kind].per_residue:
+        truncated = np.flatnonzero(emb.h5["truncated"][:])
+        first = emb.ids(int(truncated[0]), int(truncated[0]) + 1)[0] if truncated.size else ""
+        warn_truncated(bar, truncated.size, first, "the export")
 
 
 def pt_name(id_: str) -> str:
