@@ -172,6 +172,10 @@ def test_the_report_fits_a_1280_pixel_window_in_a_real_browser(finished_run, tmp
     # the start and finish with their time zone; the measured busy share in its table
     zone = time.strftime("%Z")
     assert len(re.findall(rf"<td[^>]*>\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d {zone}", page)) == 2
+    # the command as typed: here `snakemake ...` itself (`esmshard run`'s: test_readme.py)
+    run = json.loads((finished_run / "out" / "run.json").read_text())
+    assert run["typed_command"] is None and run["command"].split()[0].endswith("snakemake")
+    assert f"<td class=label>command</td><td class=text>{html.escape(run['command'])}" in page
     slots = json.loads((report.parent / "scaling.json").read_text())["measured"]["gpus"]
     row = re.search(rf"<tr><td>{slots}</td>(?:<td>[^<]*</td>){{3}}<td>([^<]*)</td>", page)
     assert row and re.fullmatch(r"[\d.]+|\d+% busy", row.group(1)), row  # measured: no "–"
