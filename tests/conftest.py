@@ -427,3 +427,15 @@ def planned_parts(outdir: Path) -> dict[str, Path]:
     rows = (outdir / "shards" / "plan.tsv").read_text().splitlines()[1:]
     names = [row.split("\t")[0] for row in rows]
     return {name: Path(store.part(plan["key"], name)) for name in names}
+
+
+def run_lock_holder(lock) -> subprocess.Popen:
+    """Another process that takes an outdir's run lock and keeps it until killed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import time; from esmshard.store import runlock; runlock.hold({str(lock)!r}, 'results')\n"
+         "print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline().strip() == "held"
+    return proc

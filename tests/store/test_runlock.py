@@ -4,20 +4,9 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_lock_holder as holder
 
 from esmshard.store import runlock
-
-
-def holder(lock):
-    """Another process that takes the lock and keeps it until killed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import time; from esmshard.store import runlock; runlock.hold({str(lock)!r}, 'results')\n"
-         "print('held', flush=True); time.sleep(120)"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 def test_a_second_run_is_refused_naming_the_first(tmp_path):
