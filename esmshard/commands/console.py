@@ -32,6 +32,8 @@ STAMPED = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
 FAILED_LOG = re.compile(r"^\s*log: (?P<path>\S+) \(check log file\(s\) for error details\)")
 # What Snakemake says of its profile and config before anything else.
 SNAKEMAKE_PREAMBLE = re.compile(r"^(Using workflow specific profile|Config file .* is extended)")
+# Snakemake's line where every output is there and up to date: no job runs.
+NOTHING_TO_DO = re.compile(r"^Nothing to be done")
 RUN_LOG = "esmshard-run.log"
 UNEXPLAINED_LINES = 20
 REFRESH_SECONDS = 1.0
@@ -147,6 +149,11 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                 failed = FAILED_LOG.match(line)
                 if failed:
                     failed_logs.append(failed["path"])
+                if NOTHING_TO_DO.match(line):
+                    console.say(
+                        "esmshard run: nothing to do: every output is there and up to date "
+                        "(another input, model or setting would run again)"
+                    )
                 ours = OURS.match(line)
                 # The workflow's lines and the jobs' warnings; a job's error is said once, below.
                 if ours and ours["level"] in (None, "WARNING"):

@@ -161,6 +161,11 @@ def test_a_run_says_what_it_does_in_a_few_lines_and_keeps_snakemakes_output(tmp_
     assert any(line.startswith("shards 1/1 (100%)") and "finished" in line for line in lines)
     assert any(line.startswith("esmshard: 27 records, 27 unique sequences") for line in lines)
     assert lines[-1] == "esmshard run: Snakemake's whole output is in out/logs/esmshard-run.log"
+    # The same command again: nothing to do, and it says so
+    again = esmshard("run", str(GENE_CALLER), str(LONG_PROTEIN), "-o", "out", "--model", MODEL,
+                     "--gpus", "0", cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0 and len(again.stderr.splitlines()) <= 6, again.stderr
+    assert "esmshard run: nothing to do: every output is there and up to date" in again.stderr
     kept = (tmp_path / "out" / "logs" / "esmshard-run.log").read_text()
     assert "Select jobs to execute" in kept and "Finished jobid" in kept
     # Watching a finished run shows it and ends by itself.
