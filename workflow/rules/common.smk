@@ -132,16 +132,15 @@ MODEL_SIZE = ModelSize(MODEL.params, MODEL.embed_dim)  # read from the model's f
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
 # merge checks every part against them (esmshard.config, esmshard.store).
-EMBEDDING_PARAMS = embedding_settings(config, FAMILY.name, MODEL.identity(RUN.checksums))
+CHECKPOINT = MODEL.identity(RUN.checksums)  # the weights' identity (a file's: its sha256)
+EMBEDDING_PARAMS = embedding_settings(config, FAMILY.name, CHECKPOINT)
 KEY = settings_key(EMBEDDING_PARAMS)
 
 # `pseudo_ppl`: the variants' mutant sequences, embedded as a run of their own under
 # <outdir>/mutants/ with their pseudo-log-likelihoods alone (esmshard.input.variants).
 MUTANTS = RUN.mutants
 PSEUDO_PPL_WANTED = bool(config["variants"]) and PSEUDO_PPL in config["variant_scoring"]
-MUTANT_PARAMS = embedding_settings(
-    {**config, "include": [PLL]}, FAMILY.name, MODEL.identity(RUN.checksums)
-)
+MUTANT_PARAMS = embedding_settings({**config, "include": [PLL]}, FAMILY.name, CHECKPOINT)
 MUTANT_KEY = settings_key(MUTANT_PARAMS)
 
 
@@ -219,53 +218,54 @@ def shard_params(inputs, settings):
     )
 
 
-def planned_shards(wildcards=None):
-    """This run's shards: known once the shard step (a checkpoint) has read the input and the store."""
-    checkpoints.shard.get()
-    return [row["shard"] for row in read_tsv(RUN.plan)]
+def shard_mem_mb(wildcards, threads):
+    """The shard step's memory: streaming, at most ~32 bytes per record (esmshard.steps.shard),
+    and each reading process's ~400 MB."""
+    return records_mem_mb(32)(wildcards) + 400 * threads
 
 
-def merge_inputs(wildcards):
-    """The record table, the plan and this run's shards; the store's parts that the run reuses
-    are no job's outputs here, and merge checks them itself."""
-    shards = planned_shards()
+def planned_shards(wildcards=None, checkpoint="shard", layout=RUN):
+    """A run's shards (the records', or with `shard_mutants` the mutants'): known once its
+    shard step (a checkpoint) has read the input and the store."""
+    getattr(checkpoints, checkpoint).get()
+    return [row["shard"] for row in read_tsv(layout.plan)]
+
+
+def merge_inputs_of(checkpoint, layout, key):
+    """The record table, the plan and the shards of a run (`layout`, its settings `key`); the
+    store's parts that the run reuses are no job's outputs here, and merge checks them itself."""
+    shards = planned_shards(None, checkpoint, layout)
     return {
-        "records": RUN.records,
-        "plan": RUN.plan_json,
-        "shards": [STORE.part(KEY, shard) for shard in shards],
-        "metrics": [RUN.metrics(shard) for shard in shards],
+        "records": layout.records,
+        "plan": layout.plan_json,
+        "shards": [STORE.part(key, shard) for shard in shards],
+        "metrics": [layout.metrics(shard) for shard in shards],
     }
 
 
-def variants_inputs(wildcards):
-    """embeddings.h5, the input (the records' sequences), the variants table where one is given
-    (`variants: all` has none), and with `pseudo_ppl` the mutants' embeddings.h5."""
-    found = {"embeddings": RUN.embeddings, "inputs": INPUTS}
-    if config["variants"] != VARIANTS_ALL:
-        found["table"] = config["variants"]
-    if PSEUDO_PPL_WANTED:
-        found["mutants"] = MUTANTS.embeddings
-    return found
+def merge_inputs(wildcards):
+    return merge_inputs_of("shard", RUN, KEY)
 
 
-def mutant_sequences_inputs(wildcards):
-    """What the mutants' FASTA file is made from: the input, and the table where one is given."""
+def variant_table_inputs(wildcards):
+    """The input (the records' sequences), and the variants table where one is given
+    (`variants: all` has none): what the mutants' FASTA file is made from."""
     found = {"inputs": INPUTS}
     if config["variants"] != VARIANTS_ALL:
         found["table"] = config["variants"]
     return found
 
 
+def variants_inputs(wildcards):
+    """`variant_table_inputs`, embeddings.h5, and with `pseudo_ppl` the mutants' embeddings.h5."""
+    found = {"embeddings": RUN.embeddings, **variant_table_inputs(wildcards)}
+    if PSEUDO_PPL_WANTED:
+        found["mutants"] = MUTANTS.embeddings
+    return found
+
+
 def mutant_merge_inputs(wildcards):
-    """`merge_inputs` of the mutants' run."""
-    checkpoints.shard_mutants.get()
-    shards = [row["shard"] for row in read_tsv(MUTANTS.plan)]
-    return {
-        "records": MUTANTS.records,
-        "plan": MUTANTS.plan_json,
-        "shards": [STORE.part(MUTANT_KEY, shard) for shard in shards],
-        "metrics": [MUTANTS.metrics(shard) for shard in shards],
-    }
+    return merge_inputs_of("shard_mutants", MUTANTS, MUTANT_KEY)
 
 
 def variant_outputs():

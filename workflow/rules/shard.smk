@@ -12,9 +12,7 @@ checkpoint shard:
     threads: shard_threads()
     resources:
         runtime=io_runtime,
-        # streaming: at most ~32 bytes per record (esmshard.steps.shard), and each reading
-        # process's ~400 MB
-        mem_mb=lambda wildcards, threads: records_mem_mb(32)(wildcards) + 400 * threads,
+        mem_mb=shard_mem_mb,
     params:
         **shard_params(INPUTS, EMBEDDING_PARAMS),
     script:

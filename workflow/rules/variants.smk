@@ -21,7 +21,7 @@ rule variants:
 # merge steps over it, with their pseudo-log-likelihoods alone (MUTANT_PARAMS).
 rule mutant_sequences:
     input:
-        unpack(mutant_sequences_inputs),
+        unpack(variant_table_inputs),
     output:
         MUTANTS.mutant_sequences,
     log:
@@ -49,7 +49,7 @@ checkpoint shard_mutants:
     threads: shard_threads()
     resources:
         runtime=io_runtime,
-        mem_mb=lambda wildcards, threads: records_mem_mb(32)(wildcards) + 400 * threads,
+        mem_mb=shard_mem_mb,
     params:
         **shard_params([MUTANTS.mutant_sequences], MUTANT_PARAMS),
     script:
