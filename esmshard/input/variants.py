@@ -130,6 +130,12 @@ def single_substitutions(sequence: str) -> list[tuple[int, str]]:
     ]  # fmt: skip
 
 
+def substitution_name(sequence: str, position: int, mutant: str) -> str:
+    """A single substitution as the table's `mutant` column writes it (0-based `position`):
+    `H24C`."""
+    return f"{sequence[position]}{position + 1}{mutant}"
+
+
 class Mutants(NamedTuple):
     """What `pseudo_ppl` computes: its mutant sequences and their forward passes (a pass per
     residue and one unmasked, as for a record's masked marginals)."""
@@ -148,8 +154,8 @@ def mutants_of(inputs, variants, limit: int):
             for record in read_raw(str(path)):
                 sequence = record.sequence.decode("ascii")[:limit]
                 for p, a in single_substitutions(sequence):
-                    mutant = f"{sequence[p]}{p + 1}{a}"
-                    yield mutant_id(record.id, mutant), f"{sequence[:p]}{a}{sequence[p + 1 :]}"
+                    name = mutant_id(record.id, substitution_name(sequence, p, a))
+                    yield name, f"{sequence[:p]}{a}{sequence[p + 1 :]}"
         return
     table, _ = read_table(variants)
     ids = {v.id for v in table}

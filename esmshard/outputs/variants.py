@@ -31,6 +31,7 @@ from ..input.variants import (
     mutant_id,
     read_table,
     single_substitutions,
+    substitution_name,
 )
 from .reader import Embeddings
 
@@ -129,24 +130,25 @@ def pseudo_ppls(mutants: Embeddings | None) -> dict[str, float]:
     return dict(zip(mutants.ids(), mutants.array(PLL)[:, 0].astype(np.float64).tolist()))
 
 
-def _table_scores(emb, variants, strategies, plls) -> tuple[list[int], dict[str, np.ndarray]]:
+def _table_scores(
+    emb, variants, strategies, plls, only: str
+) -> tuple[list[int], dict[str, np.ndarray]]:
     """The variants' scores, a protein at a time (each variant the sum over its
-    substitutions); the variants whose record has no embedding (failed) left out of the
-    returned indices."""
+    substitutions; a variant without an ID is of `only`, the input's one record); the
+    variants whose record has no embedding (failed) left out of the returned indices."""
     by_protein = defaultdict(list)
     for k, variant in enumerate(variants):
         by_protein[variant.id].append(k)
     scores = {name: np.full(len(variants), np.nan) for name in strategies}
     scored = np.zeros(len(variants), dtype=bool)
-    only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
     for id_, members in by_protein.items():
+        record = only if id_ is None else id_
         try:
-            emb.row(only if id_ is None else id_)
-            matrices = _matrices(emb, 0 if id_ is None else id_, strategies)
+            row = emb.row(record)
         except KeyError:
             continue  # failed: failed_sequences.tsv says why
+        matrices = _matrices(emb, row, strategies)
         if PSEUDO_PPL in strategies:
-            record = only if id_ is None else id_
             scores[PSEUDO_PPL][members] = [
                 plls.get(mutant_id(record, variants[k].mutant), np.nan) for k in members
             ]
@@ -184,7 +186,7 @@ def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter) -> in
             positions = np.array([p for p, _ in substitutions], dtype=np.int64)
             column = np.array([COLUMN[a] for _, a in substitutions], dtype=np.int64)
             wild = residue_columns(sequence)[positions]
-            mutants = [f"{sequence[p]}{p + 1}{a}" for p, a in substitutions]
+            mutants = [substitution_name(sequence, p, a) for p, a in substitutions]
             scores = {
                 name: differences(matrix, positions, wild, column)
                 for name, matrix in _matrices(emb, row, strategies).items()
@@ -222,8 +224,8 @@ def score_variants(
                 table, problems = read_table(variants)
                 if problems:  # checked before any job: the table changed since
                     raise ValueError("; ".join(problems))
-                kept, scores = _table_scores(emb, table, strategies, plls)
                 only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
+                kept, scores = _table_scores(emb, table, strategies, plls, only)
                 for start in range(0, len(kept), ROWS_PER_GROUP):
                     chosen = kept[start : start + ROWS_PER_GROUP]
                     writer.write(
