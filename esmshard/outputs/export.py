@@ -254,17 +254,32 @@ class Options(NamedTuple):
     names: str = "id"  # pt's file names: "id" (escaped) or "header" (as fair-esm's extract)
 
 
-def warn_truncated(bar, count: int, first: str, file: str) -> None:
-    """One line where a per-residue export holds `count` records truncated at
-    truncation_seq_length (`first` of them): fewer rows than residues, which biotrainer's
-    residue protocols refuse."""
-    if count:
+def warn_truncated(emb, bar, file: str) -> None:
+    """One line where a per-residue export holds records truncated at truncation_seq_length:
+    fewer rows than residues, which biotrainer's residue protocols refuse."""
+    truncated = np.flatnonzero(emb.h5["truncated"][:])
+    if truncated.size:
+        first = emb.ids(int(truncated[0]), int(truncated[0]) + 1)[0]
         bar.stream.write(
-            f"esmshard export: warning: {count} records were truncated at "
+            f"esmshard export: warning: {truncated.size} records were truncated at "
             f"truncation_seq_length (first: {printable(first)}): their rows in {file} "
             "cover the residues embedded only, where biotrainer's residue protocols need one "
             "per residue; leave them out, or run again with a larger truncation_seq_length\n"
         )
+
+
+def per_protein_file(path) -> h5py.File:
+    """An HDF5 file of a dataset per protein. HDF5's newer group format: its original one slows
+    to a crawl past ~800,000 datasets in a group; any HDF5 1.10 or later (h5py 2.9 or later)
+    reads this one."""
+    return h5py.File(path, "w", libver=("v110", "latest"))
+
+
+def put_protein(out, name: str, values, id_: str) -> None:
+    """One protein's values as dataset `name`, gzip-compressed as biotrainer writes them, with
+    its record's ID in `original_id`."""
+    out.create_dataset(name, data=values, compression="gzip", chunks=True)
+    out[name].attrs["original_id"] = id_
 
 
 BIOTRAINER_FILES = {"mean": "embeddings_per_protein.h5", "per_tok": "embeddings_per_residue.h5"}
@@ -273,40 +288,33 @@ BIOTRAINER_FILES = {"mean": "embeddings_per_protein.h5", "per_tok": "embeddings_
 def write_biotrainer(emb, target, bar, options: Options):
     target.mkdir()
     sequences = sequences_in_order(emb, options.records)
-    files = {kind: h5py.File(target / name, "w", libver=("v110", "latest"))
+    files = {kind: per_protein_file(target / name)
              for kind, name in BIOTRAINER_FILES.items() if kind in options.kinds}  # fmt: skip
-    truncated = []
     try:
         with open(target / "sequences.fasta", "w", encoding="utf-8") as fasta:
             for block in blocks(emb, options.kinds):
                 for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
                     sequence = next(sequences)
                     fasta.write(f">{header}\n{sequence.decode('ascii')}\n")
-                    if len(sequence) > block.lengths[i]:
-                        truncated.append(id_)
                     name = biotrainer_hash(sequence)
                     for kind, out in files.items():
                         if name not in out:  # a sequence seen before: the same values
                             ((layer, data),) = block.rows(kind, i).items()
-                            out.create_dataset(name, data=data, compression="gzip", chunks=True)
-                            out[name].attrs["original_id"] = id_
+                            put_protein(out, name, data, id_)
                 bar.update(len(block.ids))
     finally:
         for out in files.values():
             out.attrs.update(emb.made_by)
             out.close()
     if "per_tok" in files:
-        first = truncated[0] if truncated else ""
-        warn_truncated(bar, len(truncated), first, "embeddings_per_residue.h5")
+        warn_truncated(emb, bar, "embeddings_per_residue.h5")
 
 
 def write_per_protein_h5(emb, target, bar, options: Options):
     ((kind, (layer,)),) = options.kinds.items()
     key = options.key
     sequences = sequences_in_order(emb, options.records) if key == "hash" else None
-    # HDF5's newer group format: its original one slows to a crawl past ~800,000 datasets in a
-    # group; any HDF5 1.10 or later (h5py 2.9 or later) reads this one.
-    with h5py.File(target, "w", libver=("v110", "latest")) as out:
+    with per_protein_file(target) as out:
         for block in blocks(emb, options.kinds):
             for i, id_ in enumerate(block.ids):
                 if key == "hash":
@@ -320,15 +328,11 @@ def write_per_protein_h5(emb, target, bar, options: Options):
                             "key the datasets by sequence hash (--key hash)"
                         )
                     name = id_
-                data = block.rows(kind, i)[layer]
-                out.create_dataset(name, data=data, compression="gzip", chunks=True)
-                out[name].attrs["original_id"] = id_
+                put_protein(out, name, block.rows(kind, i)[layer], id_)
             bar.update(len(block.ids))
         out.attrs.update(emb.made_by)
     if KINDS[kind].per_residue:
-        truncated = np.flatnonzero(emb.h5["truncated"][:])
-        first = emb.ids(int(truncated[0]), int(truncated[0]) + 1)[0] if truncated.size else ""
-        warn_truncated(bar, truncated.size, first, "the export")
+        warn_truncated(emb, bar, "the export")
 
 
 def pt_name(id_: str) -> str:
@@ -610,11 +614,10 @@ def _h5ad_group(parent, name: str, kind: str):
 
 def _h5ad_dataset(group, name: str, data=None, shape=None, dtype=None):
     """An AnnData array (`array` or, for text, `string-array`), whole or to be filled."""
-    text = dtype is None and data is not None and np.asarray(data).dtype.kind in "OUS"
-    if text:
-        out = group.create_dataset(name, data=data, dtype=h5py.string_dtype("utf-8"))
-    else:
-        out = group.create_dataset(name, data=data, shape=shape, dtype=dtype)
+    if dtype is None and data is not None and np.asarray(data).dtype.kind in "OUS":
+        dtype = h5py.string_dtype("utf-8")
+    out = group.create_dataset(name, data=data, shape=shape, dtype=dtype)
+    text = h5py.check_string_dtype(out.dtype) is not None
     out.attrs.update({"encoding-type": "string-array" if text else "array",
                       "encoding-version": "0.2.0"})  # fmt: skip
     return out
@@ -635,7 +638,6 @@ def write_h5ad(emb, target, bar, options: Options):
         obs.attrs.update({"_index": "_index",
                           "column-order": ["length", "truncated", "sequence_sha256"]})  # fmt: skip
         index = _h5ad_dataset(obs, "_index", shape=(n,), dtype=h5py.string_dtype("utf-8"))
-        index.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
         _h5ad_dataset(obs, "length", emb.h5["lengths"][:].astype(np.int64))
         _h5ad_dataset(obs, "truncated", emb.h5["truncated"][:].astype(bool))
         _h5ad_dataset(obs, "sequence_sha256", emb.h5["sequence_sha256"].asstr()[:])
