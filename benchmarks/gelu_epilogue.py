@@ -99,7 +99,7 @@ def main():
         sides.append((name, "eager", within(name, esmshard_side(eager, sequences, batches))))
         embedder = Embedder(net, net.alphabet, [last], device, bf16, kinds=["mean"], packed=True)
         with gelu(name):
-            run, layer = compiled_side(embedder, sequences, batches, device, "ESM-2", "bf16")
+            run, layer = compiled_side(embedder, sequences, batches, "ESM-2", "bf16")
         sides.append((name, "compiled", within(name, run)))
         compiled.append(layer)
     times = {(name, mode): [] for name, mode, _ in sides}

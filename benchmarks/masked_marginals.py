@@ -28,10 +28,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from peers import timed
+from peers import compiled_run, timed
 from throughput import DEFAULT_FASTA, subset
 
-from esmshard.compute import compiled
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
 from esmshard.input.fasta import read_fasta
@@ -77,25 +76,6 @@ def relative_error(got, want) -> float:
     return float(np.abs(got - want).mean() / np.abs(want).mean())
 
 
-def compiled_side(embedder, sequences, precision):
-    """The packed side through the compiled layer (`compile: on`), compiled here on every shape of
-    these batches; the layer is attached only while this side runs (the packed side shares it)."""
-    net = embedder.net
-    key = compiled.CacheKey.of(embedder.device, "ESM-2", net, precision.name, embedder.batching)
-    layer = compiled.Compiled(net, key, None)  # no cache: this process compiles it all
-    layer.start()
-
-    def run():
-        net.compiled_block = layer
-        try:
-            return embedder.forward(sequences)
-        finally:
-            net.compiled_block = None
-
-    run()
-    return run
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fasta", type=Path, default=DEFAULT_FASTA)
@@ -131,7 +111,10 @@ def main():
                             budget=args.toks_per_batch)  # fmt: skip
         sides[f"esmshard {batching}"] = lambda e=embedder: e.forward(sequences)
     if device.type == "cuda":
-        sides["esmshard packed compiled"] = compiled_side(embedder, sequences, precision)
+        # the packed side's embedder: compiled only while this side runs
+        sides["esmshard packed compiled"], _ = compiled_run(
+            lambda: embedder.forward(sequences), embedder, "ESM-2", precision.name
+        )
     columns = [model.alphabet.get_idx(a) for a in "ACDEFGHIKLMNPQRSTVWY"]
     reference = [m[:, columns].cpu().numpy() for m in sides["predict.py loop"]()]
     errors = {}  # each side's to predict.py's fp32 masked marginals

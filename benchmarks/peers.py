@@ -80,28 +80,32 @@ def esmshard_side(embedder, sequences, batches):
     return run
 
 
-def compiled_side(embedder, sequences, batches, device, family, precision):
-    """`esmshard_side` through the compiled layer, compiled first (every shape of these
-    batches): the run, and the compiled layer (its seconds of compiling, its graphs).
+def compiled_run(side, embedder, family, precision: str):
+    """`side` (a run of `embedder`) through the compiled layer, compiled first on every shape
+    that `side` runs: the run, and the compiled layer (its seconds of compiling, its graphs).
 
-    The layer is attached to the forward pass only while this side runs: a family whose model is
-    its own forward pass (ESM C) shares it with the eager sides, which must stay eager."""
+    The layer is attached to the forward pass only while this side runs: a model that is its own
+    forward pass (ESM C), or an embedder that eager sides share, must stay eager for them."""
     net = embedder.net
-    key = compiled.CacheKey.of(device, family, net, precision, embedder.batching)
+    key = compiled.CacheKey.of(embedder.device, family, net, precision, embedder.batching)
     layer = compiled.Compiled(net, key, None)  # no cache: this process compiles it all
     layer.start()
-    side = esmshard_side(embedder, sequences, batches)
     side()
     net.compiled_block = None
 
     def run():
         net.compiled_block = layer
         try:
-            side()
+            return side()
         finally:
             net.compiled_block = None
 
     return run, layer
+
+
+def compiled_side(embedder, sequences, batches, family, precision):
+    """`esmshard_side` through the compiled layer (`compiled_run`)."""
+    return compiled_run(esmshard_side(embedder, sequences, batches), embedder, family, precision)
 
 
 def timed(run, device) -> float:
@@ -157,7 +161,7 @@ def esm2_sides(name, sequences, args, device):
         return lambda toks: model(toks, repr_layers=[layers])["representations"][layers]
 
     run_compiled, layer = compiled_side(
-        packed_compiled, sequences, packed, device, "ESM-2", args.precision
+        packed_compiled, sequences, packed, "ESM-2", args.precision
     )
     sides = [
         ("fair-esm", "fp32", padded_side(fair_esm(fp32), padded_fast, sequences, padded, device)),
@@ -196,7 +200,7 @@ def esmc_sides(name, sequences, args, device, folder):
     lengths = [len(s) for s in sequences]
     padded, packed = (make_batches(lengths, args.toks_per_batch, p) for p in (False, True))
     run_compiled, layer = compiled_side(
-        packed_compiled, sequences, packed, device, "ESM C", args.precision
+        packed_compiled, sequences, packed, "ESM C", args.precision
     )
     sides = [
         (

@@ -158,7 +158,7 @@ def test_the_peers_eager_side_stays_eager_where_the_model_is_its_own_forward_pas
     )
     sequences = [seq[:200] for _, seq in read_records(PROTEINS)[:4]]
     batches = [[0, 1], [2, 3]]
-    run_compiled, layer = peers.compiled_side(fast, sequences, batches, cpu, "ESM C", "fp32")
+    run_compiled, layer = peers.compiled_side(fast, sequences, batches, "ESM C", "fp32")
     compiled_blocks = []
     run_block = FastForward.run_block
 
