@@ -95,6 +95,8 @@ release: wheel
 	git tag -a "v$(VERSION)" -m "esmshard $(VERSION)"
 	@echo "esmshard: tagged v$(VERSION); push it with: git push origin v$(VERSION)"
 
-# The workflow's outputs, Snakemake's records and the README's Python example's store.
+# The workflow's outputs, Snakemake's records and the README's Python example's store (only
+# where store/ is an esmshard store: it holds esmshard's mark).
 clean:
-	rm -rf results .snakemake store
+	rm -rf results .snakemake
+	if [ -f store/.esmshard-store.json ]; then rm -rf store; fi
