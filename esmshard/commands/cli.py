@@ -1,6 +1,7 @@
 """The `esmshard` console script."""
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ from ..input.fasta import FastaError
 from ..layout import Layout
 from ..models import families_named
 from ..outputs import export as exports
+from ..store import storelock
 from ..store.storelock import StoreBusyError
 from ..version import __version__
 from . import launch
@@ -335,10 +337,16 @@ def show_store(parser, args) -> int:
             stores.remove(store, args.remove)
             print(f"removed the entries of settings {args.remove} from {store.root}")
             return 0
-        if args.verify:
-            return verify_store(store, read_only)
-        if args.prune:
-            return prune_store(store, args.keep, args.apply)
+        # What a live run or call writes, its kept pieces included, is held from maintenance
+        # by its settings key: every key is taken before anything is read (a store that
+        # cannot be written is changed by no one: nothing to hold).
+        if args.verify or args.prune:
+            doing = "verify" if args.verify else "prune"
+            held = storelock.exclusive(store.root, store.settings_keys(), doing)
+            with contextlib.nullcontext() if read_only else held:
+                if args.verify:
+                    return verify_store(store, read_only)
+                return prune_store(store, args.keep, args.apply)
     except (KeyError, ValueError, StoreBusyError) as err:
         parser.exit(1, f"esmshard store: {err.args[0]}\n")
     except OSError as err:  # e.g. a part another user owns: no traceback for a path
@@ -394,6 +402,6 @@ def prune_store(store, keep, apply: bool) -> int:
         print(f"{len(files)} files, {total}, are used by none of {len(keep)} outdirs; "
               "nothing removed (add --apply to remove them)")  # fmt: skip
         return 0
-    stores.prune(store, files)
+    stores.prune(files)
     print(f"removed {len(files)} files, {total}")
     return 0

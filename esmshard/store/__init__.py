@@ -375,7 +375,7 @@ def remove(store: Store, key: str) -> None:
         raise KeyError(
             f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them"
         )
-    with storelock.exclusive(store.root, key, "remove"):
+    with storelock.exclusive(store.root, [key], "remove"):
         shutil.rmtree(store.folder(key))
 
 
@@ -541,15 +541,11 @@ def tree_bytes(path) -> int:
     return sum(f.lstat().st_size for f in path.rglob("*") if f.is_symlink() or f.is_file())
 
 
-def prune(store: Store, files: list[Unused]) -> None:
-    """Remove `files` (from `unused`), each key's under its exclusive lock."""
-    for key in sorted({Path(f.path).parent.name for f in files}):
-        with storelock.exclusive(store.root, key, "prune"):
-            for f in files:
-                path = Path(f.path)
-                if path.parent.name != key:
-                    continue
-                if path.is_dir() and not path.is_symlink():  # a folder set aside as a part
-                    shutil.rmtree(path)
-                else:
-                    path.unlink(missing_ok=True)
+def prune(files: list[Unused]) -> None:
+    """Remove `files` (from `unused`, listed under the store's exclusive lock, still held)."""
+    for f in files:
+        path = Path(f.path)
+        if path.is_dir() and not path.is_symlink():  # kept pieces, or a folder set aside as a part
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)

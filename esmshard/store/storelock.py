@@ -12,7 +12,7 @@ import fcntl
 import json
 import os
 import socket
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from .runlock import describe, this_process
@@ -107,16 +107,21 @@ def holders(store_root, key: str) -> list[dict]:
 
 
 @contextmanager
-def exclusive(store_root, key: str, doing: str):
-    """Hold `key` exclusively for the block, or raise StoreBusyError naming the runs using it."""
+def exclusive(store_root, keys, doing: str):
+    """Hold every key of `keys` exclusively for the block, or raise StoreBusyError naming the
+    runs using one: maintenance takes them all before it reads what it would change, so that
+    nothing a live run (or `esmshard.embed` call) writes, its kept pieces included, is listed,
+    set aside or removed."""
     folder = _made_folder(store_root)
-    with open(folder / f"{key}.lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            runs = "; ".join(describe(h) for h in holders(store_root, key)) or "another run"
-            raise StoreBusyError(
-                f"cannot {doing} settings {key} of {store_root}: in use by {runs}. Run it again "
-                "once that run has finished (or stop the run)"
-            ) from None
+    with ExitStack() as stack:
+        for key in sorted(set(keys)):
+            lock = stack.enter_context(open(folder / f"{key}.lock", "a"))
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                runs = "; ".join(describe(h) for h in holders(store_root, key)) or "another run"
+                raise StoreBusyError(
+                    f"cannot {doing} settings {key} of {store_root}: in use by {runs}. Run it "
+                    "again once that run has finished (or stop the run); nothing was changed"
+                ) from None
         yield

@@ -184,8 +184,9 @@ SLOWER = "random:esm2_t12_35M_UR50D"  # long enough a call to act beside
 
 
 def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(tmp_path):
-    """`esmshard store --remove` and `--prune --apply` while an esmshard.embed call uses the
-    store: each refused in one line naming the call; the call's numbers are right."""
+    """`esmshard store --remove`, `--prune` (with and without --apply) and `--verify` while an
+    esmshard.embed call writes its pieces into the store: each refused in one line naming the
+    call, before it lists or touches anything; the call's numbers are right."""
     store = tmp_path / "store"
     snakemake(tmp_path, {}, *config(PROTEINS, tmp_path / "kept", "shards=1"))  # an outdir to keep
     some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:12])
@@ -199,20 +200,26 @@ def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(t
     call = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "mean.npy")],
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline = time.monotonic() + 120
-    while not list(store.glob("*/*.h5")) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the call holds its key and has written a part of four
+    while not (list(store.glob("*/*.h5")) and list(store.glob("*/.pieces/*"))):
+        assert call.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)  # the call holds its key, has written a part and writes its pieces
     (key,) = {p.name.split(".")[0] for p in store.glob(".locks/*.json")}
+    kept = {p: p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file()}
     esmshard_cli = [str(Path(sys.executable).parent / "esmshard"), "store", str(store)]
     for args, doing in ((["--remove", key], "remove"),
-                        (["--prune", "--keep", str(tmp_path / "kept"), "--apply"], "prune")):  # fmt: skip
+                        (["--prune", "--keep", str(tmp_path / "kept"), "--apply"], "prune"),
+                        (["--prune", "--keep", str(tmp_path / "kept")], "prune"),
+                        (["--verify"], "verify")):  # fmt: skip
         done = subprocess.run([*esmshard_cli, *args], capture_output=True, text=True)
         assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
         assert done.stderr.startswith(f"esmshard store: cannot {doing} settings {key} of {store}")
-        assert "esmshard.embed in" in done.stderr
+        assert "esmshard.embed in" in done.stderr and "nothing was changed" in done.stderr
+        assert done.stdout == ""  # refused before it lists anything: the call's pieces neither
     assert call.wait(timeout=300) == 0, call.stderr.read()
     alone = esmshard.embed(some, SLOWER)
     assert np.abs(np.load(tmp_path / "mean.npy") - alone.array("mean")).max() <= 1e-5
     assert not list(store.glob(".locks/*.json"))  # released with the call
+    assert {p: p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file()} == kept
 
 
 def test_a_killed_call_leaves_nothing_that_the_next_call_does_not_clean(tmp_path):
