@@ -242,10 +242,14 @@ def main(argv=None):
         from .deploy import deploy as deploy_clone
 
         try:
-            snakefile = deploy_clone(args.clone, args.folder, args.tag)
+            deployed = deploy_clone(args.clone, args.folder, args.tag)
         except DeployError as err:
             parser.exit(1, f"esmshard deploy: {err}\n")
-        print(f"esmshard deploy: wrote {snakefile}; edit {args.folder}/config/config.yaml")
+        for yours, new in deployed.kept:
+            print(f"esmshard deploy: kept your {yours}; esmshard's is beside it: {new}")
+        print(
+            f"esmshard deploy: wrote {deployed.snakefile}; edit {args.folder}/config/config.yaml"
+        )
         return 0
     if args.command == "gpu-check":
         from .gpucheck import main as gpu_check_main
