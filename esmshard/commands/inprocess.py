@@ -12,6 +12,7 @@ keys and defaults (config/config.yaml), validated by the same schema.
 
 import contextlib
 import io
+import numbers
 import os
 import re
 import sys
@@ -31,9 +32,9 @@ from ..input.fasta import (
     not_a_file,
     printable,
 )
-from ..input.sizing import ModelSize
+from ..input.sizing import ModelSize, cpu_memory_problem, host_memory_bytes
 from ..layout import Layout
-from ..models import attention_values, ensure_available, parse_spec
+from ..models import ModelError, attention_values, ensure_available, parse_spec
 from ..outputs.reader import Embeddings, read_failed
 from ..steps.checks import check_config, defaults
 from ..steps.embed import run_shard
@@ -50,6 +51,8 @@ Sequences = Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[str] | str 
 SEQUENCE_TEXT = re.compile(r"[A-Za-z*\s-]+")
 # What a path has and a sequence has not: a folder, or an extension.
 PATH_LIKE = re.compile(r"[/\\]|\.[A-Za-z0-9]+$|^~")
+# A table's columns of IDs and of sequences (pairs_of), by the names people give them.
+TABLE_COLUMNS = (("id", "name"), ("sequence", "seq"))
 
 
 def schema() -> dict:
@@ -76,18 +79,22 @@ def settings_of(options: dict, model) -> dict:
 
 
 def pairs_of(sequences) -> Iterable[tuple[str, str]]:
-    """(ID, sequence) pairs of a mapping (a pandas Series by its index), of pairs, or of
-    sequences alone (IDs "0", "1", ...)."""
+    """(ID, sequence) pairs of a mapping (a pandas Series by its index), of a table (a pandas
+    DataFrame's ID and sequence columns), of pairs, or of sequences alone (IDs "0", "1", ...)."""
+    if getattr(sequences, "ndim", None) == 2 and hasattr(sequences, "columns"):
+        ids, texts = table_columns(sequences)
+        return list(zip(map(named_id, ids), texts))
     if (
         isinstance(sequences, Mapping)
         or getattr(sequences, "ndim", None) == 1
         and hasattr(sequences, "index")
     ):  # a Series is no Mapping, but its index holds the IDs
-        return [(id_ if isinstance(id_, str) else str(id_), s) for id_, s in sequences.items()]
+        return [(named_id(id_), s) for id_, s in sequences.items()]
     if not isinstance(sequences, Iterable) or isinstance(sequences, (bytes, bytearray)):
         raise TypeError(
             f"sequences: {type(sequences).__name__} is not sequences; give a FASTA path, a "
-            "sequence, a list of sequences, a mapping of ID to sequence, or (ID, sequence) pairs"
+            "sequence, a list of sequences, a mapping of ID to sequence, (ID, sequence) pairs, "
+            "or a DataFrame with id and sequence columns"
         )
     items = list(sequences)
     texts = [isinstance(item, str) for item in items]
@@ -106,6 +113,41 @@ def pairs_of(sequences) -> Iterable[tuple[str, str]]:
                 "pair like the first item"
             )
     return items
+
+
+def table_columns(table) -> tuple[list, list]:
+    """A DataFrame's IDs and sequences: its columns named as people name them (`id`, `ID` or
+    `name`; `sequence` or `seq`, in any case), else ValueError naming its columns."""
+    by_name = {str(column).lower(): column for column in table.columns}
+    found = [next((by_name[n] for n in names if n in by_name), None) for names in TABLE_COLUMNS]
+    if None in found:
+        columns = ", ".join(printable(str(c)) for c in table.columns) or "none"
+        raise ValueError(
+            f"sequences: a table with the columns {columns:.200}: esmshard takes a DataFrame with "
+            "an ID column (id or name) and a sequence column (sequence or seq); rename them, or "
+            "pass dict(zip(ids, sequences))"
+        )
+    return [table[column].tolist() for column in found]
+
+
+def named_id(id_):
+    """A mapping's key or a table's ID as an ID: a number (a Series' default index) as text;
+    text and bytes (decoded by text_id) as they are."""
+    return str(id_) if isinstance(id_, numbers.Integral) else id_
+
+
+def text_id(id_, n: int):
+    """An ID as text: bytes decoded as UTF-8 (ValueError naming item `n` where they are not);
+    anything else as given, checked by the caller."""
+    if not isinstance(id_, (bytes, bytearray)):
+        return id_
+    try:
+        return bytes(id_).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"sequences: item {n}'s ID {bytes(id_)!r:.60} is bytes that are not UTF-8; give IDs "
+            "as text"
+        ) from None
 
 
 def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path:
@@ -140,6 +182,7 @@ def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path
                     f"sequences: item {n} is neither a sequence nor an (ID, sequence) pair: "
                     f"{pair!r:.60}"
                 ) from None
+            id_ = text_id(id_, n)
             if not isinstance(id_, str) or not id_ or any(c.isspace() for c in id_):
                 raise ValueError(f"sequences: item {n}'s ID {id_!r:.60} is not one word of text")
             if id_ in seen:
@@ -190,7 +233,9 @@ def embed(
         emb["P1"].mean[33], emb.array("mean"), emb.ids(), emb.failed
 
     sequences: a FASTA file's path; one sequence as a string (ID "0"); a list of sequences (IDs
-        "0", "1", ... in their order); a mapping of ID to sequence; or (ID, sequence) pairs.
+        "0", "1", ... in their order); a mapping of ID to sequence (bytes IDs read as UTF-8);
+        (ID, sequence) pairs; or a pandas DataFrame with an ID column (id, ID or name) and a
+        sequence column (sequence or seq).
         A string that names no file and is made only of letters is a sequence.
     model: a fair-esm ESM-2 name, hf:<owner>/<name>, a model folder or checkpoint file, or
         random:<name> (seeded random weights of a published shape, offline).
@@ -234,6 +279,10 @@ def embed(
         options |= {"input": [str(tmp / "sequences.fasta")], "outdir": str(tmp / "out")}
         config = settings_of(options, spec)
         fasta = fasta_of(sequences, tmp, config["nucleotide_check"])
+        if not torch.cuda.is_available():  # as a run's start refuses it (say_no_usable_gpu)
+            too_large = cpu_memory_problem(spec.name, spec.params, host_memory_bytes())
+            if too_large:
+                raise ModelError(too_large.replace("an embed job needs", "it needs"))
         ensure_available(spec)
         run = Layout(config["outdir"])
         store = Store(config["store"] or str(tmp / "store"))

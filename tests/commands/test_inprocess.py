@@ -15,7 +15,8 @@ from conftest import MODEL, PROTEINS, PROTEOME, REPO, TINY_MODEL, config, read_r
 import esmshard
 from esmshard.config import ConfigError
 from esmshard.input.fasta import FastaError
-from esmshard.models import ModelError
+from esmshard.input.sizing import cpu_memory_problem, host_memory_bytes
+from esmshard.models import ModelError, parse_spec
 
 RECORDS = {header[1:].split()[0]: sequence for header, sequence in read_records(PROTEINS)}
 
@@ -153,6 +154,55 @@ def test_a_pandas_series_keeps_its_index_as_the_ids():
     assert got.ids() == ["P1", "P2"]
 
 
+@pytest.mark.parametrize("names", [("id", "sequence"), ("ID", "seq"), ("name", "Sequence")])
+def test_a_dataframe_of_ids_and_sequences_is_embedded_by_its_columns(names):
+    """A notebook's table: its rows embedded under their IDs, the columns never as proteins,
+    the numbers those of the same mapping."""
+    import pandas as pd
+
+    some = dict(list(RECORDS.items())[:3])
+    table = pd.DataFrame({names[0]: list(some), names[1]: list(some.values()), "organism": "x"})
+    got = esmshard.embed(table, MODEL)
+    assert got.ids() == list(some)
+    assert np.abs(got.array("mean") - esmshard.embed(some, MODEL).array("mean")).max() <= 1e-5
+
+
+def test_a_table_without_id_and_sequence_columns_or_bytes_not_utf8_are_refused():
+    import pandas as pd
+
+    table = pd.DataFrame({"protein": ["P1"], "aa": ["MKTAYIAKQR"]})
+    with pytest.raises(ValueError) as raised:
+        esmshard.embed(table, MODEL)
+    assert str(raised.value) == (
+        "sequences: a table with the columns protein, aa: esmshard takes a DataFrame with an ID "
+        "column (id or name) and a sequence column (sequence or seq); rename them, or pass "
+        "dict(zip(ids, sequences))"
+    )
+    with pytest.raises(ValueError, match=r"^sequences: item 1's ID b'P\\xff' is bytes that are "):
+        esmshard.embed({b"P\xff": "MKTAYIAKQR"}, MODEL)
+
+
+def test_bytes_ids_are_decoded_as_utf8():
+    got = esmshard.embed({b"P1": "MKTAYIAKQR", "P\u00e9".encode(): "MSHHWGYGKH"}, MODEL)
+    assert got.ids() == ["P1", "P\u00e9"]
+    assert esmshard.embed([(b"P3", "MKTAYIAKQR")], MODEL).ids() == ["P3"]
+
+
+def test_a_model_too_large_for_this_machines_memory_is_refused_before_it_is_built():
+    """ESM C 6B (fp32 weights alone 24 GB) on a CPU machine of 24 GiB, as a run's start
+    refuses it: one line, before any weight is made (the call returns in seconds)."""
+    spec = parse_spec("random:esmc_6b")
+    if cpu_memory_problem(spec.name, spec.params, host_memory_bytes()) is None:
+        pytest.skip("this machine has the memory for ESM C 6B on its CPU")
+    started = time.monotonic()
+    with pytest.raises(ModelError) as raised:
+        esmshard.embed({"P1": "MKTAYIAKQR"}, "random:esmc_6b")
+    assert time.monotonic() - started < 30
+    message = str(raised.value)
+    assert message.startswith("model esmc_6b computes on the CPU here, where it needs about ")
+    assert "run it on GPUs, on a machine with more memory, or with a smaller model" in message
+
+
 def test_a_sequence_or_a_list_of_sequences_is_embedded_with_ids_by_order():
     one, two = list(RECORDS.values())[:2]
     got = esmshard.embed([one, two], MODEL)
@@ -189,12 +239,12 @@ def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(t
     call, before it lists or touches anything; the call's numbers are right."""
     store = tmp_path / "store"
     snakemake(tmp_path, {}, *config(PROTEINS, tmp_path / "kept", "shards=1"))  # an outdir to keep
-    some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:12])
+    some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:40])
     fasta = tmp_path / "some.fasta"
     fasta.write_text("".join(f">{id_}\n{sequence}\n" for id_, sequence in some.items()))
     script = (
         "import esmshard, numpy, sys\n"
-        f"emb = esmshard.embed({str(fasta)!r}, {SLOWER!r}, store={str(store)!r}, shards=4)\n"
+        f"emb = esmshard.embed({str(fasta)!r}, {SLOWER!r}, store={str(store)!r}, shards=8)\n"
         "numpy.save(sys.argv[1], emb.array('mean'))\n"
     )
     call = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "mean.npy")],
