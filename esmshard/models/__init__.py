@@ -237,13 +237,21 @@ def file_problems(spec: ModelSpec) -> list[str]:
 def contact_problems(spec: ModelSpec) -> list[str]:
     """Why a model of a family with a contact head computes no contact maps (`include:
     contacts`): a fair-esm checkpoint without its contact-regression weights (ESM-1v's)."""
-    if spec.family not in FAIR_ESM or esm2_files.has_regression(spec.name):
+    if spec.family not in FAIR_ESM:
         return []
-    if spec.kind == "local" and esm2_files.regression_path(spec.path).is_file():
+    if spec.kind == "local":  # by its files, whatever it is called
+        regression = esm2_files.regression_path(spec.path)
+        if regression.is_file():
+            return []
+        where = f" ({regression} is not beside it)"
+    elif esm2_files.has_regression(spec.name):
         return []
+    else:
+        where = ""
     return [
-        f"include: contacts: {spec.name} has no contact-regression weights (ESM-1v's checkpoints "
-        "have none), so no contact maps; remove contacts from include, or use ESM-1b or ESM-2"
+        f"include: contacts: {spec.name} has no contact-regression weights{where} (ESM-1v's "
+        "checkpoints have none), so no contact maps; remove contacts from include, or use "
+        "ESM-1b or ESM-2"
     ]
 
 

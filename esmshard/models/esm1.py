@@ -78,8 +78,10 @@ def load(spec: ModelSpec):
     ensure_available(spec)
     path = spec.path if spec.kind == "local" else hub_paths(spec.name)[0]
     regression = regression_path(path)
+    # fair-esm's loader picks its reader by the name it is given (ESM-2's for "esm2..."):
+    # the layout's own name, whatever the file is called.
     model, alphabet = load_model_and_alphabet_core(
-        path.stem,
+        ARCH,
         safe_load(path),
         safe_load(regression) if regression.is_file() else None,
     )

@@ -80,13 +80,16 @@ def regression_path(model_path: Path) -> Path:
 
 
 def file_problems(spec: ModelSpec) -> list[str]:
-    """Why a local checkpoint cannot be loaded as its files lie: fair-esm's are two files."""
+    """Why a local checkpoint cannot be loaded as its files lie: ESM-2's are two files. An
+    ESM-1b/1v checkpoint loads alone (ESM-1v's have no second file, and its contents do not
+    tell ESM-1b from ESM-1v): its contact maps ask for the second (esmshard.models.
+    contact_problems)."""
     if spec.kind != "local":
         return []
     if not spec.path.is_file():
         return [f"model checkpoint '{spec.path}' does not exist"]
     regression = regression_path(spec.path)
-    if has_regression(spec.path.stem) and not regression.is_file():
+    if spec.family.name == "esm2" and not regression.is_file():
         return [
             f"model checkpoint '{spec.path}': its contact-regression weights '{regression}' are "
             "not beside it; fair-esm's checkpoints come as these two files: put both in one folder"

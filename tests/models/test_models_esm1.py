@@ -13,6 +13,7 @@ from conftest import PROTEINS, read_records, snakemake
 import esmshard
 from esmshard.models import ESM1, parse_spec
 from esmshard.models.esm1 import build, write_checkpoint
+from esmshard.models.esm2_files import regression_path
 from esmshard.models.spec import Arch
 
 # The published width (D = 1280, 20 heads), two of the 33 layers.
@@ -153,3 +154,41 @@ def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path):
             # to -140: fp32's rounding of them alone is 1e-5, hence the relative term
             for kind, want in (("logits", logits), ("masked_marginals", masked)):
                 np.testing.assert_allclose(got[kind], want[:, columns], atol=1e-4, rtol=2e-6)
+
+
+def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(tmp_path):
+    """ESM-1b saved as `esm2_lab_model.pt` (fair-esm's loader reads a name starting `esm2` as
+    ESM-2's) and ESM-1v saved without `esm1v` in its name, with no contact-regression file (it
+    has none): both run through `snakemake` and give fair-esm's numbers of the same weights;
+    ESM-1v's contact maps are refused before any job, naming the file that is not there."""
+    import shutil
+
+    records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::16]
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    for name, renamed in (("esm1b_t33_650M_UR50S", "esm2_lab_model"),
+                          ("esm1v_t33_650M_UR90S_1", "variant_model")):  # fmt: skip
+        original = checkpoint(tmp_path / "published", name)
+        path = lab / f"{renamed}.pt"
+        shutil.copyfile(original, path)
+        if name.startswith("esm1b"):
+            shutil.copyfile(regression_path(original), regression_path(path))
+        snakemake(tmp_path / renamed, {}, "--config", f"input={fasta}", f"model={path}",
+                  "precision=fp32", "include=[mean,per_tok]")  # fmt: skip
+        want = fair_esm(original, [s for _, s in records])
+        with esmshard.open_embeddings(tmp_path / renamed / "results") as emb:
+            assert emb.h5.attrs["model_family"] == "esm1"
+            for (id_, _), rows in zip(records, want):
+                np.testing.assert_allclose(emb[id_].per_tok[2], rows, atol=1e-4, rtol=0)
+    done = snakemake(tmp_path / "contacts", {}, "--config", f"input={fasta}",
+                     f"model={lab / 'variant_model.pt'}", "include=[contacts]", check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert (
+        f"include: contacts: variant_model has no contact-regression weights "
+        f"({lab / 'variant_model-contact-regression.pt'} is not beside it) (ESM-1v's checkpoints "
+        "have none)"
+    ) in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "contacts" / "results" / "shards").exists()
