@@ -19,7 +19,7 @@ import csv
 import re
 from typing import NamedTuple
 
-from ..embeddings_h5.scores import AMINO_ACIDS, LOGITS, MASKED_MARGINALS
+from ..embeddings_h5.scores import AMINO_ACIDS, LOGITS, MASKED_MARGINALS, PLL
 from .fasta import FastaError, printable, read_raw
 
 ALL = "all"
@@ -47,6 +47,12 @@ class Variant(NamedTuple):
     mutant: str  # as the table writes it
     substitutions: tuple[Substitution, ...]
     where: str  # "file:line"
+
+
+def variant_kinds(strategies) -> list[str]:
+    """The scores that `strategies` read: the records' own (STRATEGIES), and the mutants' `pll`
+    for pseudo_ppl."""
+    return [STRATEGIES.get(name, PLL) for name in strategies if name in ORDER]
 
 
 def parse_mutant(text: str) -> tuple[Substitution, ...]:
@@ -80,7 +86,8 @@ def read_table(path) -> tuple[list[Variant], list[str]]:
     """The table's variants, and a line per problem of its own (unreadable, no `mutant`
     column, a mutant written wrong)."""
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        # utf-8-sig: the byte-order mark that Excel's "CSV UTF-8" puts before the first column
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             first = fh.readline()
             fh.seek(0)
             rows = csv.DictReader(fh, delimiter="\t" if "\t" in first else ",")

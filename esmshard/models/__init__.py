@@ -255,30 +255,36 @@ def contact_problems(spec: ModelSpec) -> list[str]:
     ]
 
 
-def score_problems(spec: ModelSpec, include, long_sequences: str) -> list[str]:
+def score_problems(
+    spec: ModelSpec, include, long_sequences: str, asked_by: str = "include"
+) -> list[str]:
     """Why the model computes none of the language-model scores in `include`: no head (its
-    family's, or its files lack it), or windows of long sequences, whose scores differ."""
+    family's, or its files lack it), or windows of long sequences, whose scores differ.
+    `asked_by` is the setting that asks for them (`variant_scoring`: the scores it reads)."""
     asked = [kind for kind in include if kind in scores.NEEDS_HEAD]
     if not asked:
         return []
-    named = ", ".join(asked)
+    named = f"{asked_by}: {', '.join(asked)}"
+    if asked_by != "include":
+        named += " (the scores it reads)"
     if not spec.family.scores:
+        remedy = "Remove them from include" if asked_by == "include" else "Leave out variants"
         return [
-            f"include: {named}: {spec.family.title} ({spec.name}) has no language-model head "
-            "that esmshard runs; scores come from ESM-2, ESM-1b/1v and ESM C models. Remove them from "
-            "include, or use one"
+            f"{named}: {spec.family.title} ({spec.name}) has no language-model head "
+            "that esmshard runs; scores come from ESM-2, ESM-1b/1v and ESM C models. "
+            f"{remedy}, or use one"
         ]
     problems = []
     if spec.kind != "random" and not has_lm_head(spec):
         saved = "EsmcForMaskedLM's" if spec.family is ESMC else "EsmForMaskedLM's"
         problems.append(
-            f"include: {named}: {spec.path} holds no language-model head (transformers' "
+            f"{named}: {spec.path} holds no language-model head (transformers' "
             f"EsmModel and EsmcModel leave it out); use {saved} files, or the model's own "
             "checkpoint"
         )
     if long_sequences == "chunk":
         problems.append(
-            f"include: {named} cannot be combined with long_sequences: chunk (a window's "
+            f"{named} cannot be combined with long_sequences: chunk (a window's "
             "scores differ from the whole sequence's); use long_sequences: truncate or skip"
         )
     return problems

@@ -20,7 +20,7 @@ from ..config import (
 )
 from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, not_a_file, printable, read_raw
-from ..input.variants import ALL, STRATEGIES
+from ..input.variants import ALL, STRATEGIES, variant_kinds
 from ..input.variants import problems as variant_problems
 from ..layout import Layout
 from ..models import (
@@ -77,6 +77,13 @@ def check_config(
         if "contacts" in config["include"]:
             problems += contact_problems(model)
         problems += score_problems(model, config["include"], config["long_sequences"])
+        if valid >= {"variants", "variant_scoring"} and config["variants"]:
+            read = [
+                k for k in variant_kinds(config["variant_scoring"]) if k not in config["include"]
+            ]
+            problems += score_problems(
+                model, read, config["long_sequences"], asked_by="variant_scoring"
+            )
         if valid >= {"attention_layers", "attention_heads"}:
             problems += attention_problems(model, config)
         problems += length_problems(model, config["truncation_seq_length"])

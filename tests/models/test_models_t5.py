@@ -291,7 +291,9 @@ def test_refusals_name_the_file_or_key_before_any_job(tmp_path):
     for include, named in (
         ("include=[mean,bos]", "include: bos: T5 encoder"),
         ("include=[mean,contacts]", "include: contacts: T5 encoder"),
-    ):
+        ("variants=all", "variant_scoring: masked_marginals (the scores it reads): T5 encoder "
+         f"({folder.name}) has no language-model head that esmshard runs"),
+    ):  # fmt: skip
         result = snakemake(tmp_path / "run", {}, *typed, include, check=False)
         assert result.returncode != 0 and named in result.stderr, result.stderr
         assert not (tmp_path / "run" / "results").exists()

@@ -154,6 +154,38 @@ def test_a_variant_that_does_not_fit_its_record_stops_the_run_before_any_job(tmp
     ]
 
 
+def test_a_table_saved_by_excel_is_read_as_the_same_table(tmp_path, run):
+    """Excel's "CSV UTF-8": a byte-order mark before `id`, lines ending CRLF; the same rows and
+    scores as the plain table, from the store (nothing computed again)."""
+    workdir, config, rows, _ = run
+    excel = tmp_path / "variants from excel.csv"
+    excel.write_bytes(b"\xef\xbb\xbf" + (workdir / "variants.csv").read_bytes().replace(
+        b"\r\n", b"\n").replace(b"\n", b"\r\n"))  # fmt: skip
+    done = snakemake(workdir, config, "--config", f"variants={excel}", "outdir=excel",
+                     "store=results/store", *SCORING)  # fmt: skip
+    assert jobs_run(done).get("embed", 0) == 0
+    want = (workdir / "results" / "variant_scores.tsv").read_text()
+    assert (workdir / "excel" / "variant_scores.tsv").read_text() == want
+
+
+def test_scores_that_cannot_be_computed_for_variants_are_refused_before_any_job(tmp_path, run):
+    """Variants with long_sequences: chunk (a window's scores are not the protein's): every
+    strategy's scores named, in one line before any job, as `include` is refused."""
+    workdir, config, *_ = run
+    done = snakemake(tmp_path, {**config, "input": str(workdir / "proteins.fasta")}, "--config",
+                     f"variants={workdir / 'variants.csv'}",
+                     "variant_scoring=[wt_marginals,masked_marginals,pseudo_ppl]",
+                     "long_sequences=chunk", check=False)  # fmt: skip
+    assert done.returncode != 0 and jobs_run(done) == {}
+    said = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
+    assert said == [
+        "esmshard: variant_scoring: logits, masked_marginals, pll (the scores it reads) cannot "
+        "be combined with long_sequences: chunk (a window's scores differ from the whole "
+        "sequence's); use long_sequences: truncate or skip"
+    ], done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
+
+
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
