@@ -12,6 +12,7 @@ mutants).
 """
 
 import csv
+import json
 import logging
 import sys
 from collections import defaultdict
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..embeddings_h5.scores import COLUMN, PLL, residue_columns
-from ..files import atomic_path
+from ..files import atomic_path, write_json
 from ..input.fasta import printable, read_raw
 from ..input.variants import (
     ALL,
@@ -37,6 +38,8 @@ from .reader import Embeddings
 
 log = logging.getLogger(__name__)
 
+# The step's counts, beside the Parquet parts (a leading _: dataset readers skip it).
+COUNTS = "_counts.json"
 ROWS_PER_PART = 1 << 22  # rows of each Parquet file (row groups of ROWS_PER_GROUP)
 ROWS_PER_GROUP = 1 << 18
 
@@ -199,6 +202,28 @@ def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter) -> in
     return missing
 
 
+def counts_line(counts: dict, tsv) -> str:
+    """What the variants step wrote (its COUNTS), as the step's log and the run's last line say
+    it: the rows, and the variants (or, of `variants: all`, the records) left without one."""
+    line = f"variants: {counts['scored']:,} scored ({', '.join(counts['strategies'])}) in {tsv}"
+    missing = counts["without_rows"]
+    if missing and counts["of"] == "records":
+        line += f"; {missing:,} records failed, and their substitutions have no rows"
+    elif missing:
+        line += (
+            f"; {missing:,} variant{'s' if missing != 1 else ''} have no row: their records failed"
+        )
+    return line + (" (failed_sequences.tsv says why)" if missing else "")
+
+
+def read_counts(folder) -> dict | None:
+    """The variants step's counts in its Parquet folder, where it has written them."""
+    try:
+        return json.loads((Path(folder) / COUNTS).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def score_variants(
     embeddings, inputs, variants, strategies, out_tsv, out_folder, mutants=None
 ) -> int:
@@ -219,7 +244,7 @@ def score_variants(
         try:
             if variants == ALL:
                 missing = _all_substitutions(emb, inputs, strategies, plls, writer)
-                left_out = f"{missing} records" if missing else ""
+                of = "records"
             else:
                 table, problems = read_table(variants)
                 if problems:  # checked before any job: the table changed since
@@ -237,12 +262,12 @@ def score_variants(
                         },
                     )
                 missing = len(table) - len(kept)
-                left_out = f"{missing} variants" if missing else ""
+                of = "variants"
         finally:
             writer.close()
-    message = f"variants: {writer.rows:,} scored ({', '.join(strategies)}) in {out_tsv}"
-    if left_out:
-        message += f"; {left_out} of records that failed have none (failed_sequences.tsv says why)"
+        counts = {"scored": writer.rows, "strategies": strategies, "without_rows": missing}
+        write_json(Path(folder) / COUNTS, {**counts, "of": of})
+    message = counts_line({**counts, "of": of}, out_tsv)
     log.info("%s", message)
     print(message, file=sys.stderr, flush=True)
     return writer.rows

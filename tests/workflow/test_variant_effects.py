@@ -168,6 +168,31 @@ def test_a_table_saved_by_excel_is_read_as_the_same_table(tmp_path, run):
     assert (workdir / "excel" / "variant_scores.tsv").read_text() == want
 
 
+def test_the_last_line_says_how_many_variants_have_no_row_and_why(tmp_path):
+    """`esmshard run` with a variants table whose records partly fail (each too large for the
+    device, provoked): its last line of esmshard's counts the variants left without a row."""
+    fasta(tmp_path / "proteins.fasta", RECORDS[:3])
+    variants_table(tmp_path / "variants.csv")
+    limit = sorted(len(SEQUENCE[id_]) for id_ in IDS[:3])[0] + 2  # the shortest alone fits
+    failing = sum(len(SEQUENCE[id_]) + 2 > limit for id_ in IDS[:3])
+    done = subprocess.run(
+        ["esmshard", "run", "proteins.fasta", "-o", "out", "--model", "random:esm2_t6_8M_UR50D",
+         "--config", "variants=variants.csv", "variant_scoring=[wt_marginals,masked_marginals]"],
+        cwd=tmp_path, capture_output=True, text=True,
+        env={**ENV, "ESMSHARD_INJECT_OOM_TOKENS": str(limit)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ours = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
+    assert ours[-1] == (
+        f"esmshard: variants: {2 * (3 - failing)} scored (wt_marginals, masked_marginals) in "
+        f"out/variant_scores.tsv; {2 * failing} variants have no row: their records failed "
+        "(failed_sequences.tsv says why)"
+    )
+    assert done.stderr.splitlines()[-1].startswith("esmshard run: Snakemake's whole output is in")
+    rows = (tmp_path / "out" / "variant_scores.tsv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * (3 - failing)
+
+
 def test_scores_that_cannot_be_computed_for_variants_are_refused_before_any_job(tmp_path, run):
     """Variants with long_sequences: chunk (a window's scores are not the protein's): every
     strategy's scores named, in one line before any job, as `include` is refused."""

@@ -93,6 +93,7 @@ from esmshard.embeddings_h5.scores import PLL
 from esmshard.input.variants import ALL as VARIANTS_ALL
 from esmshard.input.variants import PSEUDO_PPL, mutants_work
 from esmshard.models import attention_values
+from esmshard.outputs.variants import counts_line, read_counts
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import made_by_of, mixed_precisions
@@ -328,6 +329,9 @@ def report_run():
     outputs = [RUN.embeddings, RUN.failed, RUN.run_json, RUN.scaling_html]
     outputs += [RUN.variant_scores] if config["variants"] else []
     logger.info(f"esmshard: outputs: {', '.join(outputs)}")
+    counts = read_counts(RUN.variant_scores_parquet) if config["variants"] else None
+    if counts:
+        logger.info(f"esmshard: {counts_line(counts, RUN.variant_scores)}")
     mixed = mixed_precisions(run.get("computed_with", []))
     if mixed:
         logger.warning(f"esmshard: {mixed}")
