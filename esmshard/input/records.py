@@ -4,7 +4,8 @@ Columns: `index`, `id`, `sequence_sha256` (hex SHA-256 of the residues after the
 `shard` (the part that holds the record's embedding: a shard of this run, or one of the
 store's, esmshard.store), `length` (residues read), `n_residues` (residues embedded),
 `truncated`, `n_replaced` (letters turned into X), `file` and `line` (where the header is) and
-`description` (the header after the ID). Parquet, written streaming in row groups: pandas,
+`description` (the header after the ID and the one space after it; a tab
+between them is kept, so that the ID and the description are the header again). Parquet, written streaming in row groups: pandas,
 polars and pyarrow read it (`pandas.read_parquet("shards/records.parquet")`).
 """
 

@@ -225,7 +225,9 @@ def scan_piece(piece: Piece, settings: Settings, folder) -> Found:
                 spool.write(
                     b"%s\t%s\t%s\n" % (sha256.encode(), record.id.encode(), record.sequence)
                 )
-                description = record.header[len(record.id) :].lstrip()
+                # The space after the ID goes; other whitespace (a tab) stays, so that the
+                # header is the ID and its description again (esmshard.steps.merge)
+                description = record.header[len(record.id) :].removeprefix(" ")
                 table.add(
                     record.id,
                     sha256,

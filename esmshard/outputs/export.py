@@ -44,6 +44,7 @@ Values are copied as embeddings.h5 holds them (float32 or float16; `pt` holds fl
 as extract's, which float16 values convert to exactly).
 """
 
+import csv
 import hashlib
 import json
 import os
@@ -384,8 +385,10 @@ def write_pt(emb, target, bar, options: Options):
     target.mkdir()
     made_by = emb.made_by
     map_layers = len(emb.attention_layers) if attentions.NAME in emb.unlayered else 0
-    with open(target / "index.tsv", "w", encoding="utf-8") as index:
-        index.write("id\tfile\n")
+    with open(target / "index.tsv", "w", encoding="utf-8", newline="") as listing:
+        # a file named by a header with a tab in it is quoted, as a TSV reader expects
+        index = csv.writer(listing, delimiter="\t", lineterminator="\n")
+        index.writerow(["id", "file"])
         for block in blocks(emb, options.kinds, emb.unlayered):
             for i, (id_, header) in enumerate(zip(block.ids, block.headers)):
                 result = {"label": header, "esmshard": made_by}
@@ -420,7 +423,7 @@ def write_pt(emb, target, bar, options: Options):
                         fh = open(target / file, "xb")
                 with fh:
                     torch.save(result, fh)
-                index.write(f"{printable(id_)}\t{printable(file)}\n")
+                index.writerow([printable(id_), file])
             bar.update(len(block.ids))
 
 

@@ -397,7 +397,11 @@ def _write_text_columns(out, records, embedded, n_embedded, add_hashes) -> None:
         ids[rows] = np.array(batch_ids, dtype=object)
         add_hashes(id_hashes(batch_ids))
         headers[rows] = np.array(
-            [f"{i} {d}" if d else i for i, d in zip(batch_ids, described)], dtype=object
+            [
+                i + (f" {d}" if d and not d[0].isspace() else d)
+                for i, d in zip(batch_ids, described)
+            ],
+            dtype=object,
         )
         truncated[rows] = taken.column("truncated").to_numpy(zero_copy_only=False)
         sha256[rows] = np.asarray(

@@ -30,7 +30,10 @@ IDS = [h[1:].split()[0] for h, _ in RECORDS]
 def run(request, tmp_path_factory):
     """A run with every representation kind at two layers, typed as users type it."""
     workdir = tmp_path_factory.mktemp(f"export-{request.param}")
-    (workdir / "proteins.fasta").write_text(PROTEINS.read_text())
+    # Two headers as some tools write them: the ID and the description apart by a tab
+    tabbed = [(h.replace(" ", "\t", 1 + n) if n in (1, 2) else h, s)
+              for n, (h, s) in enumerate(RECORDS)]  # fmt: skip
+    (workdir / "proteins.fasta").write_text("".join(f"{h}\n{s}\n" for h, s in tabbed))
     snakemake(workdir, {}, "--config", "input=proteins.fasta", "outdir=out",
               f"model={MODEL}", "repr_layers=[-1,3]", "include=[mean,per_tok,bos]",
               f"output_dtype={request.param}")  # fmt: skip
@@ -260,6 +263,12 @@ def test_pt_named_by_header_loads_with_fair_esms_own_loader(run):
         )
         found += 1
     assert found == 40 and sum("/" in h for h in headers) == 3
+    assert [h.count("\t") for h in headers[:4]] == [
+        0,
+        2,
+        3,
+        0,
+    ]  # tabs kept, as fair-esm keeps them
     index = pd.read_csv(EMB_PATH / "index.tsv", sep="\t")
     assert index["id"].tolist() == ids and index["file"].tolist() == [f"{h}.pt" for h in headers]
 
