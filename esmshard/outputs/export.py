@@ -63,6 +63,7 @@ from ..files import atomic_path, unwritable
 from ..input.fasta import printable, read_raw
 from ..input.records import iter_batches, source
 from ..layout import Layout
+from ..store import read_json_object
 from ..store.leftovers import remove_dead_temporaries_of
 from ..store.shardfile import dataset
 from .reader import Embeddings
@@ -204,9 +205,10 @@ def biotrainer_hash(sequence: bytes) -> str:
     return hashlib.sha256(sequence + b"_%d" % len(sequence)).hexdigest()
 
 
-def sequences_in_order(emb: Embeddings, records_path: str):
+def sequences_in_order(emb: Embeddings, records_path: str, workdir: str):
     """The embedded proteins' sequences, in the file's order, read again from the run's input
-    FASTA files (the record table names them) and checked against their sha256."""
+    FASTA files (the record table names them, relative to `workdir`, where the run ran) and
+    checked against their sha256."""
     files = []
     for batch in iter_batches(records_path, ["file"]):
         for name in batch.column("file").unique().to_pylist():
@@ -221,11 +223,11 @@ def sequences_in_order(emb: Embeddings, records_path: str):
         )
     )
     next_row = next(wanted, None)
-    for file in files:
+    for file in (os.path.join(workdir, name) for name in files):
         if not Path(file).is_file():
             raise ExportError(
-                f"hash keys need the run's sequences, but its input {file} is not there; run "
-                "the export where the run ran, or key the datasets by ID (--key id)"
+                f"hash keys need the run's sequences, but its input {file} is not there (moved "
+                "or removed since the run); put it back, or key the datasets by ID (--key id)"
             )
         for record in read_raw(file):
             if next_row is None:
@@ -253,6 +255,7 @@ class Options(NamedTuple):
     key: str  # per-protein-h5's dataset names: "hash" or "id"
     records: str  # the run's record table (which names its input files)
     names: str = "id"  # pt's file names: "id" (escaped) or "header" (as fair-esm's extract)
+    workdir: str = "."  # where the run ran: its input files' relative paths start there
 
 
 def warn_truncated(emb, bar, file: str) -> None:
@@ -288,7 +291,7 @@ BIOTRAINER_FILES = {"mean": "embeddings_per_protein.h5", "per_tok": "embeddings_
 
 def write_biotrainer(emb, target, bar, options: Options):
     target.mkdir()
-    sequences = sequences_in_order(emb, options.records)
+    sequences = sequences_in_order(emb, options.records, options.workdir)
     files = {kind: per_protein_file(target / name)
              for kind, name in BIOTRAINER_FILES.items() if kind in options.kinds}  # fmt: skip
     try:
@@ -314,7 +317,9 @@ def write_biotrainer(emb, target, bar, options: Options):
 def write_per_protein_h5(emb, target, bar, options: Options):
     ((kind, (layer,)),) = options.kinds.items()
     key = options.key
-    sequences = sequences_in_order(emb, options.records) if key == "hash" else None
+    sequences = (
+        sequences_in_order(emb, options.records, options.workdir) if key == "hash" else None
+    )
     with per_protein_file(target) as out:
         for block in blocks(emb, options.kinds):
             for i, id_ in enumerate(block.ids):
@@ -763,6 +768,8 @@ def export(
         bar = ProgressBar(len(emb), f"export {fmt}", stream)
         remove_dead_temporaries_of(out)  # of an export killed before
         with atomic_path(out) as target:
-            options = Options(kinds, key or "hash", layout.records, names or "id")
+            # the run's relative input paths start where it ran (run.json's workdir)
+            workdir = (read_json_object(Path(layout.run_json)) or {}).get("workdir")
+            options = Options(kinds, key or "hash", layout.records, names or "id", workdir or ".")
             FORMATS[fmt].write(emb, Path(target), bar, options)
         return len(emb)

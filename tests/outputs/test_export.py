@@ -197,10 +197,14 @@ def test_export_refuses_to_overwrite_and_names_a_missing_run(run, tmp_path):
 def test_hash_keys_refuse_an_input_changed_since_the_run(run, tmp_path):
     moved = tmp_path / "run"
     subprocess.run(["cp", "-r", str(run), str(moved)], check=True)
+    recorded = json.loads((moved / "out" / "run.json").read_text())
+    (moved / "out" / "run.json").write_text(json.dumps({**recorded, "workdir": str(moved)}))
     (moved / "proteins.fasta").write_text("".join(f"{h}\n{s[::-1]}\n" for h, s in RECORDS))
     result = export(moved, "--format", "per-protein-h5", "--out", "b.h5", check=False)
     assert result.returncode == 1
-    assert f"record '{IDS[0]}' (proteins.fasta:1) has another sequence" in result.stderr
+    assert (
+        f"record '{IDS[0]}' ({moved / 'proteins.fasta'}:1) has another sequence" in result.stderr
+    )
     assert not (moved / "b.h5").exists()
 
 
@@ -356,3 +360,18 @@ def test_the_biotrainer_export_is_found_whole_by_biotrainers_reader(run):
     # three proteins of over 1022 residues: fewer rows than residues, said in one line
     (warning,) = [line for line in done.stderr.splitlines() if "warning" in line]
     assert warning.startswith("esmshard export: warning: 3 records were truncated")
+
+
+def test_an_export_from_another_folder_reads_the_runs_own_inputs(run, tmp_path):
+    """The run read `proteins.fasta` in its own folder; an export typed in another folder, one
+    that holds another `proteins.fasta`, reads the run's (its relative path starts where the run
+    ran), and gives the keys an export beside the run gives."""
+    (tmp_path / "proteins.fasta").write_text("".join(f"{h}\nMKV\n" for h, _ in RECORDS))
+    mine = (tmp_path / "proteins.fasta").read_bytes()
+    done = subprocess.run([ESMSHARD, "export", str(run / "out"), "--format", "per-protein-h5",
+                           "--out", "elsewhere.h5"], cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    export(run, "--format", "per-protein-h5", "--out", "beside.h5")
+    with h5py.File(tmp_path / "elsewhere.h5") as got, h5py.File(run / "beside.h5") as want:
+        assert sorted(got) == sorted(want) and len(got) == 40
+    assert (tmp_path / "proteins.fasta").read_bytes() == mine
