@@ -91,8 +91,13 @@ def has_id_index(h5: h5py.File) -> bool:
 
 
 def find_row(h5: h5py.File, id_: str) -> int | None:
-    """The row of `id_` through the index (a file that has one), or None if it is not there."""
-    hashes, target = h5[HASHES], np.uint64(id_hash(id_))
+    """The row of `id_` through the index (a file that has one), or None if it is not there
+    (an ID that is not UTF-8, such as `os.fsdecode` makes of other bytes, never is)."""
+    try:
+        target = np.uint64(id_hash(id_))
+    except UnicodeEncodeError:
+        return None
+    hashes = h5[HASHES]
     low, high = 0, len(hashes)
     while low < high:  # the first hash not below the target, reading one value per step
         middle = (low + high) // 2

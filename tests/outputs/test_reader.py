@@ -1,5 +1,7 @@
 """esmshard.open_embeddings on a run made through the `snakemake` command line."""
 
+import os
+
 import h5py
 import numpy as np
 import pytest
@@ -43,6 +45,11 @@ def test_a_protein_by_id_holds_every_kind_and_layer(outdir, stored):
         assert protein.contacts is None and IDS[0] in emb and "nope" not in emb
         with pytest.raises(KeyError, match="'nope' is not in"):
             emb["nope"]
+        # an ID read from bytes that are not UTF-8 (os.fsdecode's lone surrogates) is not there
+        lone = os.fsdecode(b"sp|P\xff|X")
+        assert lone not in emb
+        with pytest.raises(KeyError, match="is not in"):
+            emb[lone]
 
 
 def test_a_layer_is_memory_mapped_and_named_as_in_fair_esm(outdir, stored):
