@@ -114,10 +114,15 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
         start_new_session=True,
     )
     lines: queue.Queue = queue.Queue()
+    unlogged = []  # why Snakemake's output could not all be logged (a full disk)
 
     def read():
         for line in child.stdout:
-            log.write(line)
+            if not unlogged:
+                try:
+                    log.write(line)
+                except OSError as err:  # the run goes on; the user is told at its end
+                    unlogged.append(err)
             lines.put(line.rstrip("\n"))
         lines.put(None)
 
@@ -164,7 +169,10 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
         console.progress()
     status = child.wait()
     console.progress(final=True)
-    log.close()
+    try:
+        log.close()
+    except OSError as err:
+        unlogged.append(err)
     for path in dict.fromkeys([] if interrupted else failed_logs):  # stopped by Ctrl-C
         reason, *more = job_reason(path)
         console.say(f"esmshard run: a job failed (its log: {path}): {reason}")
@@ -175,17 +183,28 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
         for line in last:
             if not SNAKEMAKE_PREAMBLE.match(line):
                 console.say(f"  {line}")
-    kept = keep_log(log.name, outdir)
+    kept = None
+    try:
+        kept = keep_log(log.name, outdir)
+    except OSError as err:
+        unlogged.append(err)
     if interrupted:
         console.say("esmshard run: interrupted; the same command goes on where this one stopped")
-    if kept:
+    if unlogged:
+        why = unlogged[0].strerror or unlogged[0]
+        console.say(
+            f"esmshard run: Snakemake's output could not all be kept ({why}): what it said of "
+            f"each job is in {Path(outdir) / 'logs'}"
+        )
+    elif kept:
         console.say(f"esmshard run: Snakemake's whole output is in {kept}")
     return 128 + signal.SIGINT if interrupted else status
 
 
 def keep_log(temporary: str, outdir: str) -> str | None:
     """Append the run's Snakemake output to outdir/logs/esmshard-run.log, where the run made its
-    outdir (a run refused before any job writes nothing there); the path, or None."""
+    outdir (a run refused before any job writes nothing there); the path, or None. The
+    temporary file goes, whatever happens (OSError: a full disk)."""
     logs = Path(outdir) / "logs"
     try:
         if not logs.is_dir():
