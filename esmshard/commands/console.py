@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..layout import Layout
 from ..steps.progress import slot_key
+from ..store.runlock import LAUNCHER_ENV
 from . import guard
 from .status import progress_line, read_state
 
@@ -109,7 +110,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**env, guard.PARENT_ENV: str(os.getpid())},
+        env={**env, guard.PARENT_ENV: str(os.getpid()), LAUNCHER_ENV: str(os.getpid())},
         bufsize=1,
         start_new_session=True,
     )

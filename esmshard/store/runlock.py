@@ -63,17 +63,52 @@ def active_run(holder: dict, lock_path, outdir) -> str:
     )
 
 
-def active_run_problem(lock_path, outdir) -> str | None:
+def active_run_problem(lock_path, outdir, say=log.info) -> str | None:
     """`active_run`'s line where a run holds the outdir's lock now, before this run tries to
-    take it; else None."""
+    take it; else None. A run whose `esmshard run` is gone is ending: waited for, which `say`
+    tells the user."""
     if not run_active(lock_path):
         return None
     with open(lock_path) as fh:
-        return active_run(_holder(fh), lock_path, outdir)
+        holder = _holder(fh)
+    if ending(holder) and released(lock_path, say):
+        return None
+    return active_run(holder, lock_path, outdir)
 
 
-def hold(lock_path, outdir) -> None:
-    """Take the outdir's run lock for the life of this process, or raise RunActiveError."""
+def ending(holder: dict) -> bool:
+    """Whether the run holding a lock is ending: the `esmshard run` that started it, on this
+    host, is gone (killed with -9, its terminal closed), and its guard stops the workflow within
+    ENDING_SECONDS (esmshard.commands.guard)."""
+    launcher = holder.get("launcher_pid")
+    return (
+        isinstance(launcher, int)
+        and holder.get("host") == socket.gethostname()
+        and not process_alive(launcher)
+    )
+
+
+def released(lock_path, say, fh=None) -> bool:
+    """Whether the outdir's lock is released within ENDING_SECONDS (taken on `fh`, where given);
+    the wait is said once, by `say`."""
+    say("esmshard: the run stopped in this outdir is still ending; waiting for it to end")
+    deadline = time.monotonic() + ENDING_SECONDS
+    while time.monotonic() < deadline:
+        if fh is None and not run_active(lock_path):
+            return True
+        if fh is not None:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                pass
+        time.sleep(0.1)
+    return False
+
+
+def hold(lock_path, outdir, say=log.info) -> None:
+    """Take the outdir's run lock for the life of this process, or raise RunActiveError (a run
+    that is ending is waited for, as active_run_problem does)."""
     lock_path = Path(lock_path)
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     fh = open(lock_path, "a+")
@@ -81,8 +116,9 @@ def hold(lock_path, outdir) -> None:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(fh)
-        fh.close()
-        raise RunActiveError(active_run(holder, lock_path, outdir)) from None
+        if not (ending(holder) and released(lock_path, say, fh)):
+            fh.close()
+            raise RunActiveError(active_run(holder, lock_path, outdir)) from None
     except OSError as err:  # a filesystem without file locks (e.g. Lustre mounted without flock)
         log.warning(
             "cannot lock %s (%s): this filesystem has no file locks, so a second run started in "
@@ -111,8 +147,12 @@ def run_active(lock_path) -> bool:
     return False
 
 
-# What `esmshard run` sets for the Snakemake it starts: the command as the user typed it.
+# What `esmshard run` sets for the Snakemake it starts: the command as the user typed it, and
+# its own process (a run whose command is gone is ending: `ending`).
 TYPED_COMMAND_ENV = "ESMSHARD_TYPED_COMMAND"
+LAUNCHER_ENV = "ESMSHARD_RUN_PID"
+# How long a run whose `esmshard run` is gone may take to end: its guard's grace, and a margin.
+ENDING_SECONDS = 15
 
 
 def this_process() -> dict:
@@ -125,6 +165,7 @@ def this_process() -> dict:
         "command": " ".join(sys.argv),
         # the command the user typed, where `esmshard run` started this Snakemake
         "typed_command": os.environ.get(TYPED_COMMAND_ENV),
+        "launcher_pid": int(os.environ[LAUNCHER_ENV]) if LAUNCHER_ENV in os.environ else None,
     }
 
 

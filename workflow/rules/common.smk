@@ -347,7 +347,7 @@ def refuse_an_active_run():
     runs started at the same moment are told apart there)."""
     if workflow.dryrun or workflow.remote_exec or "--lint" in sys.argv:
         return
-    problem = active_run_problem(RUN.run_lock, config["outdir"])
+    problem = active_run_problem(RUN.run_lock, config["outdir"], logger.info)
     if problem:
         stop(problem)
 
@@ -475,7 +475,7 @@ def hold_run_lock():
     the store key shared, so that no maintenance changes it under the run (esmshard.store.storelock);
     then remove what killed runs left in the outdir and the store (esmshard.store.leftovers)."""
     try:
-        hold(RUN.run_lock, config["outdir"])
+        hold(RUN.run_lock, config["outdir"], logger.info)
     except RunActiveError as err:
         raise WorkflowError(str(err))
     if STORE_UNWRITABLE:
