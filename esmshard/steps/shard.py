@@ -216,8 +216,6 @@ def write_shards(
                 "write (a copy of this one keeps what it holds), or make this one writable"
             )
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
-        if attention_values[0]:
-            _attention_size(attention_values, embedded, new, store, shard_dir.parent)
         masked = any(kind in MASKED for kind in settings.get("include", ()))
         costs = record_costs(
             lengths[new], truncation_seq_length, long_sequences, model_size.dim, masked
@@ -235,6 +233,11 @@ def write_shards(
         names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
         shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
         plan = _plan(names, shard_of, new_residues, costs)
+        if attention_values[0]:
+            pairs = new_residues.astype(np.int64) ** 2
+            shard_pairs = np.bincount(shard_of, weights=pairs, minlength=n_shards).astype(np.int64)
+            _attention_size(attention_values, embedded, new, shard_pairs, slots or 1, store,
+                            shard_dir.parent)  # fmt: skip
         del costs, new_residues
         part_of = _part_of(match, shard_of, len(parts))
         _deal_out(
@@ -286,16 +289,18 @@ def write_shards(
     return {**summary, "shards": plan}
 
 
-def _attention_size(attention_values, embedded, new, store: Store, outdir: Path) -> None:
+def _attention_size(
+    attention_values, embedded, new, shard_pairs, slots: int, store: Store, outdir: Path
+) -> None:
     """Say what the attention maps will take (L² values of each protein: they dwarf the rest),
-    and refuse them where the disks cannot hold them."""
+    and refuse them where the disks cannot hold them at their peak: every shard's part, and
+    while a job makes its part of its kept pieces, both (for the `slots` largest shards, the
+    jobs that run at once; `shard_pairs`: each shard's residue pairs)."""
     width, itemsize = attention_values
-
-    def pairs(records) -> int:
-        return int((embedded(records)[0].astype(np.int64) ** 2).sum())
-
-    in_store = 4 * width * pairs(new)  # float32, as computed
-    in_output = itemsize * width * pairs(slice(None))  # every record, contacts_dtype
+    in_store = 4 * width * int(shard_pairs.sum())  # float32, as computed
+    largest = np.sort(shard_pairs)[::-1][:slots]
+    in_pieces = 4 * width * int(largest.sum())  # kept pieces beside their part, at once
+    in_output = itemsize * width * int((embedded(slice(None))[0].astype(np.int64) ** 2).sum())
     log.warning(
         "attention maps: %s in the store (float32) for the %s to compute, about %s in "
         "embeddings.h5",
@@ -306,16 +311,26 @@ def _attention_size(attention_values, embedded, new, store: Store, outdir: Path)
     same_disk = (
         os.stat(nearest_existing(store.root)).st_dev == os.stat(nearest_existing(outdir)).st_dev
     )
+    # merge writes embeddings.h5 once every job has ended, its pieces removed
     needs = (
-        [(store.root, in_store + in_output)]
+        [(store.root, in_store + max(in_pieces, in_output))]
         if same_disk
-        else [(store.root, in_store), (str(outdir), in_output)]
+        else [(store.root, in_store + in_pieces), (str(outdir), in_output)]
     )
     for folder, needed in needs:
         free = free_bytes(folder)
         if needed > free:
+            if folder == store.root:
+                more = needed - in_store
+                to_merge = same_disk and in_output >= in_pieces
+                what = "embeddings.h5" if to_merge else "kept pieces beside their parts"
+                needed_as = (
+                    f" (the store's {human_bytes(in_store)}, then {human_bytes(more)} of {what})"
+                )
+            else:
+                needed_as = " (embeddings.h5)"
             raise DiskFullError(
-                f"the attention maps need {human_bytes(needed)} at {folder}, where "
+                f"the attention maps need {human_bytes(needed)} at {folder}{needed_as}, where "
                 f"{human_bytes(free)} is free: keep fewer layers (attention_layers), their mean "
                 "(attention_heads: mean), or fewer or shorter proteins; or give the store and "
                 "outdir a larger disk"

@@ -46,4 +46,26 @@ def test_maps_the_disk_cannot_hold_are_refused_before_any_embed_job(tmp_path, ch
         done = snakemake(tmp_path, config, "--config", *MAPS, check=False)
     assert done.returncode != 0 and "embed" not in jobs_run(done)
     refused = [line for line in done.stderr.splitlines() if "the attention maps need" in line]
-    assert refused and f"at {disk}, where" in refused[0] and "attention_heads: mean" in refused[0]
+    assert refused and f"at {disk} (the store's " in refused[0]
+    assert "attention_heads: mean" in refused[0]
+
+
+def test_the_disk_check_counts_the_pieces_kept_beside_a_part_while_it_is_made(
+    tmp_path, checkpoint
+):
+    """A store disk of 1.5x the maps' size: the maps fit, but not a shard's kept pieces beside
+    the part made of them (2x): refused before any embed job, naming both, nothing written."""
+    fasta(tmp_path / "proteins.fasta", RECORDS)
+    in_store = 4 * 2 * 20 * sum(len(s) ** 2 for _, s in RECORDS)  # two layers, 20 heads
+    megabytes = -(-3 * in_store // 2 // 2**20)  # 1.5x, rounded up to whole MB
+    assert megabytes * 2**20 < 2 * in_store
+    with small_disk(tmp_path / "disk", megabytes) as disk:
+        config = {"input": "proteins.fasta", "model": str(checkpoint), "store": str(disk)}
+        done = snakemake(tmp_path, config, "--config", *MAPS, "shards=1", check=False)
+        left = sorted(p.name for p in disk.rglob("*") if p.is_file())
+    assert done.returncode != 0 and "embed" not in jobs_run(done)
+    (refused,) = [line for line in done.stderr.splitlines() if "the attention maps need" in line]
+    assert (
+        f"at {disk} (the store's " in refused and "of kept pieces beside their parts)" in refused
+    )
+    assert "Traceback" not in done.stderr and not [n for n in left if n.endswith(".h5")]
