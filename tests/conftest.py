@@ -439,3 +439,11 @@ def run_lock_holder(lock) -> subprocess.Popen:
     )  # fmt: skip
     assert proc.stdout.readline().strip() == "held"
     return proc
+
+
+def refused_before_any_job(result) -> str:
+    """The one line of esmshard's that refused a run before any job, with no stack lines."""
+    assert result.returncode != 0 and jobs_run(result) == {}, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    return line

@@ -202,6 +202,26 @@ def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path
     return path
 
 
+def given_by_item(step, fasta: Path, tmp: Path):
+    """`step` (the shard step), whose errors name the records of the FASTA file that `fasta_of`
+    wrote into `tmp` (a temporary path) by the place the caller gave them: item N."""
+    if fasta.parent != tmp:  # the caller's own file: named as it is
+        return step
+
+    def named(*args, **kwargs):
+        try:
+            return step(*args, **kwargs)
+        except FastaError as err:  # each record is two lines, its header first
+            text = re.sub(
+                re.escape(str(fasta)) + r":(\d+)",
+                lambda found: f"item {(int(found[1]) + 1) // 2}",
+                str(err),
+            ).replace("then run the same command again", "then call esmshard.embed again")
+            raise FastaError(text) from None
+
+    return named
+
+
 def embed(
     sequences: Sequences,
     model: str = "esm2_t33_650M_UR50D",
@@ -294,7 +314,7 @@ def embed(
         with held if kept else contextlib.nullcontext(), contextlib.ExitStack() as stack:
             if kept:  # what killed calls and runs left in the store, as a run's start removes
                 remove_leftovers(run.outdir, store)
-            plan = write_shards(
+            plan = given_by_item(write_shards, fasta, tmp)(
                 [fasta],
                 run.shard_dir,
                 config["shards"],

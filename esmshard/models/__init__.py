@@ -9,14 +9,17 @@ Nothing here imports torch: the Snakefile and the jobs that run no model (shard,
 read the model without a second spent importing it.
 """
 
+import hashlib
 import re
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 from ..embeddings_h5 import attentions, scores
 from ..embeddings_h5.representations import absolute_layers
+from ..version import __version__
 from . import archs, bert_files, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
-from .spec import Arch, Family, ModelError, ModelSpec
+from .spec import Arch, Family, ModelError, ModelSpec, shape_named
 from .weights import (
     CHECKPOINT_SUFFIXES,
     checkpoint_contents,
@@ -24,6 +27,7 @@ from .weights import (
     hf_snapshot,
     read_config,
     safetensors_files,
+    shapes_only,
 )
 
 ESM2 = Family(
@@ -125,12 +129,16 @@ def recognise(path: Path) -> Weights:
             return Weights(ESMC, shape.arch, path, files, shape.params)
         if t5_files.is_hf_config(config):
             shape = t5_files.shape_of(path)
-            t5_tokenizer.alphabet(path, shape.variant)  # its tokens, checked before any job
+            # its tokens, checked before any job
+            t5_tokenizer.alphabet(path, shape.variant).check_fits(
+                t5_files.tokenizer_file(path), shape.vocab
+            )
             files = (t5_files.tokenizer_file(path), *folder_weight_files(path))
             return Weights(T5, shape.arch, path, (path / "config.json", *files), shape.params)
         if bert_files.is_hf_config(config):
             shape = bert_files.shape_of(path)
-            bert_files.alphabet(path)  # its tokens, checked before any job
+            # its tokens, checked before any job
+            bert_files.alphabet(path).check_fits(bert_files.vocabulary_file(path), shape.vocab)
             if shape.positions - 2 < BERT.max_residues:
                 raise ModelError(
                     f"{path / 'config.json'}: max_position_embeddings is {shape.positions}, "
@@ -232,6 +240,65 @@ def parse_spec(model: str) -> ModelSpec:
 def file_problems(spec: ModelSpec) -> list[str]:
     """Why the model's files cannot be loaded as they lie, found without reading them."""
     return esm2_files.file_problems(spec) if spec.family in FAIR_ESM else []
+
+
+# torch's words for a tensor whose shape is not the model's (load_state_dict)
+SIZE_MISMATCH = re.compile(
+    r"size mismatch for (?P<name>\S+): copying a param with shape torch\.Size\((?P<found>\[[^]]*\])\) "
+    r"from checkpoint, the shape in current model is torch\.Size\((?P<wanted>\[[^]]*\])\)"
+)
+
+
+def fit_problems(spec: ModelSpec) -> list[str]:
+    """Why the model's files cannot be loaded: tensors missing, or of other shapes than its
+    config says; found before any job by the family's own loader, run on the files' headers
+    alone (esmshard.models.weights.shapes_only: no weight is read). Random weights and fair-esm's
+    hub names are not read here."""
+    if spec.kind in ("random", "hub"):
+        return []
+    checked = checked_marker(spec)
+    if checked.exists():  # these files, as they are now, were found to fit
+        return []
+    try:
+        # fair-esm warns of ESM-1v's missing contact regression: said where it matters
+        with shapes_only(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            load(spec)
+    except ModelError as err:
+        return [str(err)]
+    except (RuntimeError, ValueError, IndexError, AssertionError) as err:  # torch's, fair-esm's
+        where = spec.path or spec.name
+        shape = shape_named(spec.family.title, spec.arch)
+        found = SIZE_MISMATCH.search(str(err))
+        if found:
+            return [
+                f"{where}: tensor {found['name']} is {found['found']} in the weights, where the "
+                f"{shape} that its config says has {found['wanted']}: the config and the weights "
+                "disagree (is one of them another model's?)"
+            ]
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return [
+            f"{where}: the weights cannot be loaded as the {shape} that its config says ({reason})"
+        ]
+    try:
+        checked.parent.mkdir(parents=True, exist_ok=True)
+        checked.touch()
+    except OSError:
+        pass  # checked again next time
+    return []
+
+
+def checked_marker(spec: ModelSpec) -> Path:
+    """Where this user's cache marks the model's files, as they are now (each file's path, size
+    and modification time), as found to fit (`fit_problems`): the check imports torch, a second
+    or two, once per version of the files."""
+    path = Path(spec.path)
+    files = sorted(path.iterdir()) if path.is_dir() else [path, esm2_files.regression_path(path)]
+    seen = [
+        (str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()
+    ]
+    key = hashlib.sha256(repr((__version__, spec.family.name, seen)).encode()).hexdigest()
+    return Path.home() / ".cache" / "esmshard" / "weights-fit" / key[:32]
 
 
 def contact_problems(spec: ModelSpec) -> list[str]:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .bert_files import Shape, alphabet, read_weights, shape_of
 from .layers import FastForward, Products
-from .spec import ModelError, ModelSpec
+from .spec import ModelSpec, take_weights
 
 
 class Block(torch.nn.Module):
@@ -91,10 +91,5 @@ def load(spec: ModelSpec):
     residues = alphabet(spec.path)
     with torch.device("meta"):
         model = ProtBert(shape, residues.padding_idx)
-    missing, unexpected = model.load_state_dict(read_weights(spec.path), strict=False, assign=True)
-    if missing or unexpected:
-        raise ModelError(
-            f"{spec.path}: the weights do not fit a BERT encoder of {shape.arch.layers} layers "
-            f"and dimension {shape.arch.dim}: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+    take_weights(model, read_weights(spec.path), spec.path, "BERT encoder", shape.arch)
     return model.eval(), residues

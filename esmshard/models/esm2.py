@@ -30,7 +30,7 @@ from .layers import (
     rotary,
     rotate_half,
 )
-from .spec import RANDOM_SEED, ModelError, ModelSpec
+from .spec import RANDOM_SEED, Arch, ModelSpec, take_weights
 from .weights import safe_load
 
 
@@ -81,12 +81,13 @@ def load_checkpoint(path: Path):
             alphabet=esm.data.Alphabet.from_architecture("ESM-1b"),
             token_dropout=cfg.token_dropout,
         )
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise ModelError(
-            f"{path}: the tensors do not fit ESM-2 of {cfg.encoder_layers} layers and dimension "
-            f"{cfg.encoder_embed_dim}: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+    take_weights(
+        model,
+        state,
+        path,
+        "ESM-2",
+        Arch(cfg.encoder_layers, cfg.encoder_embed_dim, cfg.encoder_attention_heads),
+    )
     return model
 
 

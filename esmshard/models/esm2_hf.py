@@ -12,7 +12,13 @@ import re
 from pathlib import Path
 
 from .spec import Arch, ModelError
-from .weights import read_config, renamed, safetensors_files, safetensors_tensors
+from .weights import (
+    mapped_tensors,
+    read_config,
+    renamed,
+    safetensors_files,
+    safetensors_tensors,
+)
 
 # transformers' name (after the "esm." prefix of the *ForMaskedLM classes) -> fair-esm's.
 RENAMES = [
@@ -93,7 +99,6 @@ def esm2_from_transformers(folder: Path):
     """fair-esm's ESM2 (eval mode, CPU) with the weights of a folder saved by transformers."""
     import torch
     from esm.model.esm2 import ESM2
-    from safetensors.torch import load_file
 
     config = checked_config(folder)
     layers, dim, heads = arch_of(config)
@@ -108,7 +113,7 @@ def esm2_from_transformers(folder: Path):
         )
     state = {}
     for path in safetensors_files(folder):
-        for name, tensor in load_file(str(path)).items():
+        for name, tensor in mapped_tensors(path).items():
             try:
                 target = fair_esm_name(name)
             except KeyError:

@@ -27,7 +27,7 @@ from .layers import (
     rotary,
     rotate_half,
 )
-from .spec import RANDOM_SEED, Alphabet, ModelError, ModelSpec
+from .spec import RANDOM_SEED, Alphabet, ModelSpec, take_weights
 
 VOCABULARY = (
     "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - | <mask>"
@@ -187,10 +187,5 @@ def load(spec: ModelSpec):
     shape, split, state = read_weights(spec.path)
     with torch.device("meta"):
         model = ESMC(shape, split, head=any(name.startswith("lm_head.") for name in state))
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise ModelError(
-            f"{spec.path}: the weights do not fit ESM C of {shape.arch.layers} layers and "
-            f"dimension {shape.arch.dim}: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+    take_weights(model, state, spec.path, "ESM C", shape.arch)
     return model.eval(), ALPHABET

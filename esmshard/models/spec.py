@@ -42,6 +42,48 @@ class Alphabet(NamedTuple):
     mask_idx: int | None
     prepend_bos: bool = True
 
+    def check_fits(self, path, vocab: int) -> "Alphabet":
+        """This alphabet, or ModelError naming the tokenizer file `path` where it numbers a token
+        that the model, of `vocab` embeddings (its config's vocab_size), has none for."""
+        named = {**self.tok_to_idx, "padding": self.padding_idx, "end": self.eos_idx,
+                 "start": self.cls_idx, "mask": self.mask_idx}  # fmt: skip
+        token, number = max(
+            ((t, n) for t, n in named.items() if n is not None), key=lambda x: x[1]
+        )
+        if number >= vocab:
+            raise ModelError(
+                f"{path}: the tokenizer numbers the {token} token {number}, beyond the model's "
+                f"{vocab} token embeddings (config.json's vocab_size): it is another model's "
+                "tokenizer; use the one saved with these weights"
+            )
+        return self
+
+
+def shape_named(title: str, arch: Arch) -> str:
+    """A model's shape as the errors name it: 'ESM-2 of 6 layers and dimension 320'."""
+    return f"{title} of {arch.layers} layers and dimension {arch.dim}"
+
+
+def take_weights(model, state: dict, path, title: str, arch: Arch) -> None:
+    """`model` (built without storage) takes the tensors of `state` as its own; ModelError naming
+    the weights `path` and the tensors missing, or of no place in the model of `title` and
+    `arch` that its config says (torch's RuntimeError for a tensor of another shape:
+    esmshard.models.fit_problems)."""
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+
+    def named(names) -> str:
+        listed = ", ".join(names[:3]) + (" …" if len(names) > 3 else "")
+        return f"{len(names)} tensor{'s' if len(names) != 1 else ''} ({listed})"
+
+    said = ([f"they lack {named(missing)}"] if missing else []) + (
+        [f"they have {named(unexpected)} of no place in it"] if unexpected else []
+    )
+    if said:
+        raise ModelError(
+            f"{path}: the weights do not fit the {shape_named(title, arch)} that its config says: "
+            f"{'; '.join(said)} (a file cut short, or the config of another model?)"
+        )
+
 
 @dataclass(frozen=True)
 class Family:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .layers import FastForward
-from .spec import ModelError, ModelSpec
+from .spec import ModelSpec, take_weights
 from .t5_files import Shape, read_weights, shape_of
 from .t5_tokenizer import alphabet
 
@@ -139,10 +139,5 @@ def load(spec: ModelSpec):
     state = read_weights(spec.path, shape)
     with torch.device("meta"):
         model = T5Encoder(shape, residues.padding_idx)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise ModelError(
-            f"{spec.path}: the weights do not fit a T5 encoder of {shape.arch.layers} layers and "
-            f"dimension {shape.arch.dim}: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+    take_weights(model, state, spec.path, "T5 encoder", shape.arch)
     return model.eval(), residues

@@ -6,6 +6,8 @@ every family shares: torch checkpoints, unpickling nothing but tensors, and the 
 
 import argparse
 import collections
+import contextlib
+import contextvars
 import json
 import pickle
 import re
@@ -74,9 +76,46 @@ def folder_weight_files(folder: Path) -> list[Path]:
     return files
 
 
+# Set inside `shapes_only`: the readers below give tensors of torch's meta device.
+_SHAPES_ONLY = contextvars.ContextVar("esmshard_shapes_only", default=False)
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Inside the block, `mapped_tensors` and `safe_load` give each tensor as one of torch's meta
+    device, of the file's shape, read from the file's header (no weight is read), and models
+    are built there: a family's own loader runs whole, its names, shapes and checks included,
+    in a second and no memory (esmshard.models.fit_problems)."""
+    import torch
+
+    token = _SHAPES_ONLY.set(True)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        _SHAPES_ONLY.reset(token)
+
+
+def _on_meta(value):
+    """`value` (checkpoint_contents') with each Tensor(shape) a meta tensor of that shape."""
+    import torch
+
+    if isinstance(value, Tensor):
+        return torch.empty(value.shape, device="meta")
+    if isinstance(value, dict):
+        return {k: _on_meta(v) for k, v in value.items()}
+    return value
+
+
 def mapped_tensors(path: Path) -> dict:
     """The tensors of a .safetensors file or a torch checkpoint, memory-mapped from the file
-    (nothing is read until used), in its dtypes."""
+    (nothing is read until used), in its dtypes; inside `shapes_only`, their shapes alone."""
+    if _SHAPES_ONLY.get():
+        return _on_meta(
+            safetensors_tensors([path])
+            if path.suffix == ".safetensors"
+            else checkpoint_contents(path)
+        )
     if path.suffix == ".safetensors":
         from safetensors import safe_open
 
@@ -201,7 +240,10 @@ def _tensor_shapes(value, tensor_type):
 def safe_load(path: Path, mmap: bool = False) -> dict:
     """torch.load that unpickles tensors and fair-esm's argparse.Namespace config, nothing else.
     `mmap`: the tensors stay in the file, memory-mapped, read as they are used (a file in torch's
-    format before 1.6 cannot be mapped: it is read whole)."""
+    format before 1.6 cannot be mapped: it is read whole). Inside `shapes_only`, the tensors'
+    shapes alone."""
+    if _SHAPES_ONLY.get():
+        return _on_meta(checkpoint_contents(path))
     import torch
 
     try:

@@ -28,6 +28,7 @@ from ..models import (
     attention_problems,
     contact_problems,
     file_problems,
+    fit_problems,
     length_problems,
     parse_spec,
     score_problems,
@@ -70,8 +71,8 @@ def check_config(
             model = parse_spec(config["model"])
         except ModelError as err:
             problems.append(str(err))
-        else:
-            problems += file_problems(model)
+    if model is not None:  # its files, as they lie, and as its loader reads them
+        problems += file_problems(model) or fit_problems(model)
     if model is not None and valid >= {"include", "truncation_seq_length", "long_sequences"}:
         problems += family_problems(config, model.family)
         if "contacts" in config["include"]:

@@ -289,3 +289,16 @@ def test_a_killed_call_leaves_nothing_that_the_next_call_does_not_clean(tmp_path
     esmshard.embed(["MKTAYIAKQRQISFVKSHFSRQ"], f"random:{TINY_MODEL}", store=store)
     left = [p for p in store.rglob("*") if p.name.endswith(".tmp") or p.name == ".pieces"]
     assert left == []
+
+
+def test_a_problem_the_shard_step_finds_names_the_item_not_a_temporary_file():
+    """long_sequences: fail over sequences given in memory: the record by its ID and place in
+    the call, never the temporary FASTA file they were written to."""
+    long_id, long_sequence = max(RECORDS.items(), key=lambda item: len(item[1]))
+    given = {"P1": "MKTAYIAKQR", long_id: long_sequence}
+    with pytest.raises(FastaError) as raised:
+        esmshard.embed(given, MODEL, long_sequences="fail")
+    message = str(raised.value)
+    assert f"{long_id} ({len(long_sequence)} residues > 1022, item 2)" in message, message
+    assert "esmshard-embed-" not in message and "sequences.fasta" not in message
+    assert "then call esmshard.embed again" in message

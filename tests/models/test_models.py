@@ -1,13 +1,17 @@
 import os
+import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_MODEL
+from conftest import PROTEINS, TINY_MODEL, refused_before_any_job, snakemake
 
+import esmshard
 from esmshard import models
+from esmshard.config import ConfigError
 from esmshard.models import esm2, esm2_files, weights
 
 
@@ -125,3 +129,36 @@ def test_every_list_of_models_names_every_family_of_the_one_table():
     ]
     for text in (str(refused.value), *(" ".join(h.split()) for h in helped)):
         assert all(name in text for name in named), text
+
+
+def broken_esm2(folder: Path, change: str) -> Path:
+    """fair-esm's ESM-2 files (the tiny shape) with `change` made: a tensor of another shape,
+    or one left out; its contact-regression file beside it."""
+    path = esm2.write_checkpoint(esm2.random_model(TINY_MODEL), folder, "lab_model")
+    data = torch.load(path, weights_only=False)
+    name = next(k for k in data["model"] if k.endswith("layers.1.fc1.weight"))
+    if change == "shape":
+        data["model"][name] = data["model"][name][:, :100].clone()
+    else:
+        del data["model"][name]
+    torch.save(data, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [("shape", "tensor layers.1.fc1.weight is [1280, 100] in the weights, where the ESM-2 of 6 "
+               "layers and dimension 320 that its config says has [1280, 320]: the config and "
+               "the weights disagree"),
+     ("missing", "the weights do not fit the ESM-2 of 6 layers and dimension 320 that its "
+                 "config says: they lack 1 tensor (layers.1.fc1.weight) (a file cut short, or the "
+                 "config of another model?)")],
+)  # fmt: skip
+def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_one_line_before_any_job(
+    tmp_path, change, said
+):
+    path = broken_esm2(tmp_path / "weights", change)
+    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(path)}, check=False)
+    assert refused_before_any_job(result).startswith(f"esmshard: {path}: {said}")
+    with pytest.raises(ConfigError, match=re.escape(said)):  # the model is a setting
+        esmshard.embed(["MKTAYIAKQR"], str(path))

@@ -2,12 +2,21 @@
 residues prepared as ProtBert's authors prepare them, through `snakemake` as users type it; its
 refusals."""
 
+import json
 import re
 
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEOME, hub_cache, jobs_run, read_records, snakemake, write_subset
+from conftest import (
+    PROTEOME,
+    hub_cache,
+    jobs_run,
+    read_records,
+    refused_before_any_job,
+    snakemake,
+    write_subset,
+)
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -147,3 +156,17 @@ def test_contacts_and_lengths_beyond_its_positions_are_refused_and_bos_is_cls(tm
     assert "truncation_seq_length 50000 is beyond the 39998 residues that bert's positions" in line
     result = snakemake(tmp_path / "run", {}, *typed, "truncation_seq_length=39998", "-n")
     assert "embed" in result.stdout + result.stderr
+
+
+def test_a_vocabulary_numbering_tokens_past_the_models_is_one_line_before_any_job(tmp_path):
+    folder = saved_bert(tmp_path / "bert", Arch(1, 32, 2), 64, 1)
+    # another model's vocabulary: one letter more before the residues, so the last is numbered
+    # past the 30 embeddings of these weights
+    (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in [*SPECIALS, "J", *RESIDUES]))
+    assert json.loads((folder / "config.json").read_text())["vocab_size"] == 30
+    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(folder)}, check=False)
+    assert refused_before_any_job(result) == (
+        f"esmshard: {folder / 'vocab.txt'}: the tokenizer numbers the A token 30, beyond the "
+        "model's 30 token embeddings (config.json's vocab_size): it is another model's "
+        "tokenizer; use the one saved with these weights"
+    )

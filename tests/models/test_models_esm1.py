@@ -8,7 +8,7 @@ import esm
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, read_records, snakemake
+from conftest import PROTEINS, read_records, refused_before_any_job, snakemake
 
 import esmshard
 from esmshard.models import ESM1, parse_spec
@@ -192,3 +192,15 @@ def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(
     ) in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "contacts" / "results" / "shards").exists()
+
+
+def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_one_line_before_any_job(tmp_path):
+    path = checkpoint(tmp_path / "weights", "esm1b_t33_650M_UR50S")
+    data = torch.load(path, weights_only=False)
+    data["args"].encoder_embed_dim = 960  # its tensors are 1280 wide
+    torch.save(data, path)
+    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(path)}, check=False)
+    assert refused_before_any_job(result).startswith(
+        f"esmshard: {path}: tensor embed_tokens.weight is [33, 1280] in the weights, where the "
+        "ESM-1b/1v of 2 layers and dimension 960 that its config says has [33, 960]"
+    )

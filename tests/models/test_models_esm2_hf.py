@@ -7,7 +7,14 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, hub_cache, read_records, snakemake
+from conftest import (
+    PROTEINS,
+    TINY_MODEL,
+    hub_cache,
+    read_records,
+    refused_before_any_job,
+    snakemake,
+)
 
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
@@ -153,3 +160,16 @@ def test_scores_of_a_masked_lm_folder_are_transformers_own_and_a_headless_one_is
         headless = esm2_from_transformers(tmp_path / "headless")
         Embedder(headless, headless.alphabet, [6], torch.device("cpu"), PRECISIONS["fp32"],
                  kinds=["logits"])  # fmt: skip
+
+
+def test_a_folder_whose_config_says_more_layers_than_its_weights_is_one_line_before_any_job(
+    tmp_path,
+):
+    folder = saved_from_fair_esm(random_model(TINY_MODEL), tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 7}))
+    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(folder)}, check=False)
+    assert refused_before_any_job(result).startswith(
+        f"esmshard: {folder}: tensor contact_head.regression.weight is [1, 120] in the weights, "
+        "where the ESM-2 of 7 layers and dimension 320 that its config says has [1, 140]"
+    )

@@ -3,6 +3,7 @@ hold, through the `snakemake` command line as users type it; its limit, its stor
 refusals."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from conftest import (
     hub_cache,
     jobs_run,
     read_records,
+    refused_before_any_job,
     snakemake,
     write_subset,
 )
@@ -452,3 +454,21 @@ def test_scores_equal_transformers_masked_lm_and_headless_files_are_refused(
     assert len({n for n in fused if "lm_head" in n}) == 6 and has_lm_head(pth)
     (refused,) = score_problems(parse_spec(str(small_folder)), ["pll"], "truncate")
     assert "holds no language-model head" in refused and "EsmcForMaskedLM's files" in refused
+
+
+def test_a_folder_whose_config_disagrees_with_its_weights_is_one_line_before_any_job(
+    tmp_path, small_folder
+):
+    folder = tmp_path / "esmc"
+    shutil.copytree(small_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 256}))
+    result = snakemake(tmp_path, {"input": str(LONG), "model": str(folder)}, check=False)
+    line = refused_before_any_job(result)
+    assert (
+        line.startswith(f"esmshard: {folder}: tensor layers.0.")
+        and (
+            "in the weights, where the ESM C of 3 layers and dimension 64 that its config says has"
+        )
+        in line
+    )

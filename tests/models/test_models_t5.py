@@ -14,7 +14,15 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEOME, hub_cache, jobs_run, read_records, snakemake, write_subset
+from conftest import (
+    PROTEOME,
+    hub_cache,
+    jobs_run,
+    read_records,
+    refused_before_any_job,
+    snakemake,
+    write_subset,
+)
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -352,3 +360,26 @@ def test_bf16_autocast_runs_the_same_path_within_bf16s_precision(tmp_path):
     assert np.isfinite(means["bf16"]).all()
     scale = np.abs(means["fp32"]).max()
     np.testing.assert_allclose(means["bf16"], means["fp32"], atol=0.03 * scale, rtol=0)
+
+
+def test_weights_or_a_tokenizer_that_do_not_fit_the_config_are_one_line_before_any_job(tmp_path):
+    """A config whose d_ff is not its weights' (a file of another model's beside it), and a
+    tokenizer that numbers residues past the config's vocab_size (another model's tokenizer):
+    refused before any job, naming the file, where the embed job crashed."""
+    folder = saved_model(tmp_path / "ffn", "ankh", SMALL["ankh"], 1)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "d_ff": config["d_ff"] * 2}))
+    result = snakemake(tmp_path / "ffn-run", {"input": str(PROTEINS), "model": str(folder)},
+                       check=False)  # fmt: skip
+    line = refused_before_any_job(result)
+    assert (
+        line.startswith(f"esmshard: {folder}: tensor layers.0.")
+        and "in the weights, where the T5 encoder of 1 layers" in line
+    )
+
+    folder = saved_model(tmp_path / "vocab", "ankh", SMALL["ankh"], 1, vocab_size=10)
+    result = snakemake(tmp_path / "vocab-run", {"input": str(PROTEINS), "model": str(folder)},
+                       check=False)  # fmt: skip
+    line = refused_before_any_job(result)
+    assert line.startswith(f"esmshard: {folder / 'tokenizer.json'}: the tokenizer numbers the ")
+    assert "beyond the model's 10 token embeddings (config.json's vocab_size)" in line
