@@ -89,21 +89,24 @@ def ending(holder: dict) -> bool:
 
 
 def released(lock_path, say, fh=None) -> bool:
-    """Whether the outdir's lock is released within ENDING_SECONDS (taken on `fh`, where given);
-    the wait is said once, by `say`."""
+    """Whether the outdir's lock is released within ENDING_SECONDS (and taken on `fh`, where
+    given); the wait is said once, by `say`."""
     say("esmshard: the run stopped in this outdir is still ending; waiting for it to end")
     deadline = time.monotonic() + ENDING_SECONDS
     while time.monotonic() < deadline:
-        if fh is None and not run_active(lock_path):
+        if (not run_active(lock_path)) if fh is None else taken(fh):
             return True
-        if fh is not None:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                pass
         time.sleep(0.1)
     return False
+
+
+def taken(fh) -> bool:
+    """Whether the lock on the open lock file `fh` is taken now, without waiting."""
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def hold(lock_path, outdir, say=log.info) -> None:

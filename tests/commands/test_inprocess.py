@@ -1,6 +1,7 @@
 """`esmshard.embed`: the workflow's numbers in the calling process, its errors in one line."""
 
 import inspect
+import os
 import subprocess
 import sys
 import time
@@ -230,25 +231,26 @@ def test_in_memory_results_say_what_they_cannot_do():
         got.dataset()
 
 
-SLOWER = "random:esm2_t12_35M_UR50D"  # long enough a call to act beside
-
-
 def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(tmp_path):
     """`esmshard store --remove`, `--prune` (with and without --apply) and `--verify` while an
     esmshard.embed call writes its pieces into the store: each refused in one line naming the
     call, before it lists or touches anything; the call's numbers are right."""
     store = tmp_path / "store"
     snakemake(tmp_path, {}, *config(PROTEINS, tmp_path / "kept", "shards=1"))  # an outdir to keep
-    some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:40])
+    some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:12])
     fasta = tmp_path / "some.fasta"
     fasta.write_text("".join(f">{id_}\n{sequence}\n" for id_, sequence in some.items()))
     script = (
         "import esmshard, numpy, sys\n"
-        f"emb = esmshard.embed({str(fasta)!r}, {SLOWER!r}, store={str(store)!r}, shards=8)\n"
+        f"emb = esmshard.embed({str(fasta)!r}, {MODEL!r}, store={str(store)!r}, shards=4,\n"
+        "                     toks_per_batch=100)\n"
         "numpy.save(sys.argv[1], emb.array('mean'))\n"
     )
+    # slow batches: the call writes its pieces long enough to act beside it, however busy
+    # the machine
+    slow = {**os.environ, "ESMSHARD_TEST_SECONDS_PER_BATCH": "1"}
     call = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "mean.npy")],
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, env=slow)  # fmt: skip
     deadline = time.monotonic() + 120
     while not (list(store.glob("*/*.h5")) and list(store.glob("*/.pieces/*"))):
         assert call.poll() is None and time.monotonic() < deadline
@@ -266,7 +268,7 @@ def test_store_maintenance_beside_a_live_call_is_refused_and_the_call_finishes(t
         assert "esmshard.embed in" in done.stderr and "nothing was changed" in done.stderr
         assert done.stdout == ""  # refused before it lists anything: the call's pieces neither
     assert call.wait(timeout=300) == 0, call.stderr.read()
-    alone = esmshard.embed(some, SLOWER)
+    alone = esmshard.embed(some, MODEL)
     assert np.abs(np.load(tmp_path / "mean.npy") - alone.array("mean")).max() <= 1e-5
     assert not list(store.glob(".locks/*.json"))  # released with the call
     assert {p: p.read_bytes() for p in (tmp_path / "kept").rglob("*") if p.is_file()} == kept

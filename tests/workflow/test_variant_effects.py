@@ -154,18 +154,20 @@ def test_a_variant_that_does_not_fit_its_record_stops_the_run_before_any_job(tmp
     ]
 
 
-def test_a_table_saved_by_excel_is_read_as_the_same_table(tmp_path, run):
+def test_a_table_saved_by_excel_is_read_as_the_same_table(tmp_path, checkpoint):
     """Excel's "CSV UTF-8": a byte-order mark before `id`, lines ending CRLF; the same rows and
     scores as the plain table, from the store (nothing computed again)."""
-    workdir, config, rows, _ = run
+    fasta(tmp_path / "proteins.fasta", RECORDS[:3])
+    variants_table(tmp_path / "variants.csv")
     excel = tmp_path / "variants from excel.csv"
-    excel.write_bytes(b"\xef\xbb\xbf" + (workdir / "variants.csv").read_bytes().replace(
+    excel.write_bytes(b"\xef\xbb\xbf" + (tmp_path / "variants.csv").read_bytes().replace(
         b"\r\n", b"\n").replace(b"\n", b"\r\n"))  # fmt: skip
-    done = snakemake(workdir, config, "--config", f"variants={excel}", "outdir=excel",
-                     "store=results/store", *SCORING)  # fmt: skip
+    config = {"input": "proteins.fasta", "model": str(checkpoint), "store": "store"}
+    snakemake(tmp_path, config, "--config", "variants=variants.csv", "outdir=plain", *SCORING)
+    done = snakemake(tmp_path, config, "--config", f"variants={excel}", "outdir=excel", *SCORING)
     assert jobs_run(done).get("embed", 0) == 0
-    want = (workdir / "results" / "variant_scores.tsv").read_text()
-    assert (workdir / "excel" / "variant_scores.tsv").read_text() == want
+    want = (tmp_path / "plain" / "variant_scores.tsv").read_text()
+    assert (tmp_path / "excel" / "variant_scores.tsv").read_text() == want
 
 
 def test_the_last_line_says_how_many_variants_have_no_row_and_why(tmp_path):
