@@ -5,8 +5,9 @@ tensor names), never from its name; fair-esm's hub names and `random:<name>` are
 families' tables of published shapes. A new family is one module (its forward pass and loading,
 see Family), its weight readers, and one row here.
 
-Nothing here imports torch: the Snakefile and the jobs that run no model (shard, merge, report)
-read the model without a second spent importing it.
+Nothing here imports torch when imported: the Snakefile and the jobs that run no model (shard,
+merge, report) read the model without a second spent importing it. `fit_problems` does, once
+per version of a model's files (remembered in this user's cache).
 """
 
 import hashlib
