@@ -401,7 +401,7 @@ def run_shard(
     )
     # the plan this shard belongs to: the records' or the mutants' (pseudo_ppl), whose run
     # holds its progress file
-    done, total = shards_done(Layout(str(Path(progress_json).parent.parent)))
+    done, total = shards_done(Layout(str(Path(progress_json).parent.parent)), metrics)
     console(
         f"shard {done}/{total} done on {device}: {shard}, {rate(metrics['residues_per_second'])} residues/s"
         + (f", {len(failed)} failed" if failed else "")

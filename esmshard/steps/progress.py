@@ -183,7 +183,16 @@ def finished(layout: Layout, plan: list[dict]) -> Finished:
     return Finished(shards, [m for m in done if m["shard"] in shards])
 
 
-def shards_done(layout: Layout) -> tuple[int, int]:
-    """(finished shards, shards) of the current plan."""
+def shards_done(layout: Layout, this: dict) -> tuple[int, int]:
+    """(this shard's place among the current plan's finished shards, shards): the shards
+    finished by the time it finished (its metrics `this`), by their metrics' finished_at, then
+    name; two jobs that end at once each count the other only if it finished first."""
     plan = read_tsv(layout.plan)
-    return len(finished(layout, plan).shards), len(plan)
+    found = finished(layout, plan)
+    own = (this["finished_at"], this["shard"])
+    later = {
+        m["shard"]
+        for m in found.metrics
+        if m["shard"] != this["shard"] and (m["finished_at"], m["shard"]) > own
+    }
+    return len(found.shards - later), len(plan)

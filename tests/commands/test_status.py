@@ -155,7 +155,7 @@ def test_files_of_an_earlier_sharding_count_for_nothing(run_in_progress):
     state = status.read_state(run_in_progress, now=120.0)
     assert (state["shards_done"], state["shards_total"]) == (1, 2)
     assert state["residues_done"] == 2000 and state["eta_seconds"] == 20.0
-    assert shards_done(Layout(str(run_in_progress))) == (1, 2)
+    assert shards_done(Layout(str(run_in_progress)), json.loads(metrics.read_text())) == (1, 2)
 
 
 def test_a_job_that_died_shows_stale(tmp_path):
