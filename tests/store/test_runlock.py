@@ -2,6 +2,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import run_lock_holder as holder
@@ -54,12 +55,13 @@ def test_a_run_whose_esmshard_run_is_gone_is_waited_for_while_it_ends(tmp_path, 
         stdout=subprocess.PIPE, text=True, env={**os.environ, runlock.LAUNCHER_ENV: str(launcher.pid)},
     )  # fmt: skip
     assert ending.stdout.readline().strip() == "held"
-    said = []
+    said, started = [], time.monotonic()
     if check == "at onstart":
         runlock.hold(lock, "results", said.append)
     else:
         assert runlock.active_run_problem(lock, "results", said.append) is None
-    assert ending.poll() is not None  # it waited for the run to end
+    assert time.monotonic() - started > 1  # it waited for the run to end (3 s), not refused
+    ending.wait(timeout=30)
     assert said == [
         "esmshard: the run stopped in this outdir is still ending; waiting for it to end"
     ]
