@@ -12,7 +12,6 @@ mutants).
 """
 
 import csv
-import json
 import logging
 import sys
 from collections import defaultdict
@@ -34,6 +33,7 @@ from ..input.variants import (
     single_substitutions,
     substitution_name,
 )
+from ..store import read_json_object
 from .reader import Embeddings
 
 log = logging.getLogger(__name__)
@@ -218,10 +218,7 @@ def counts_line(counts: dict, tsv) -> str:
 
 def read_counts(folder) -> dict | None:
     """The variants step's counts in its Parquet folder, where it has written them."""
-    try:
-        return json.loads((Path(folder) / COUNTS).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json_object(Path(folder) / COUNTS)
 
 
 def score_variants(
@@ -265,9 +262,14 @@ def score_variants(
                 of = "variants"
         finally:
             writer.close()
-        counts = {"scored": writer.rows, "strategies": strategies, "without_rows": missing}
-        write_json(Path(folder) / COUNTS, {**counts, "of": of})
-    message = counts_line({**counts, "of": of}, out_tsv)
+        counts = {
+            "scored": writer.rows,
+            "strategies": strategies,
+            "without_rows": missing,
+            "of": of,
+        }
+        write_json(Path(folder) / COUNTS, counts)
+    message = counts_line(counts, out_tsv)
     log.info("%s", message)
     print(message, file=sys.stderr, flush=True)
     return writer.rows
