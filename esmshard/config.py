@@ -201,6 +201,12 @@ def for_family(config: dict, family) -> dict:
     return {**config, "truncation_seq_length": family.max_residues if limit == "auto" else limit}
 
 
+def windowed_logits(config: dict) -> bool:
+    """Whether long proteins' logits come from `score_windows`' recipe
+    (esmshard.input.score_windows)."""
+    return config["long_sequences"] == "chunk" and "logits" in config["include"]
+
+
 def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
     """The settings an embedding was computed with, as embed jobs record them and merge checks them.
 
@@ -210,6 +216,8 @@ def embedding_settings(config: dict, family: str, checkpoint: str) -> dict:
         **{key: config[key] for key in EMBEDDING_KEYS},
         # what the attention maps keep, where there are any (the other runs' keys unchanged)
         **{key: config[key] for key in ATTENTION_KEYS if "attentions" in config["include"]},
+        # the windows of long proteins' logits, where there are any
+        **({"score_windows": config["score_windows"]} if windowed_logits(config) else {}),
         "checkpoint": checkpoint,
         "family": family,
         "numerics": NUMERICS_VERSION,

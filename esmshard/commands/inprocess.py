@@ -231,6 +231,7 @@ def embed(
     store: str | os.PathLike | None = None,
     precision: str = "auto",
     long_sequences: str = "truncate",
+    score_windows: str = "weighted",
     truncation_seq_length: int | str = "auto",
     toks_per_batch: int | str = "auto",
     gpus: str | Iterable[int] = "auto",
@@ -269,6 +270,8 @@ def embed(
         computes everything and keeps nothing.
     precision: "auto" (bf16 on GPUs that have it, else fp32), "fp32", "bf16" or "fp16".
     long_sequences: beyond truncation_seq_length: "truncate", "chunk", "skip" or "fail".
+    score_windows: with "chunk", the windows of a longer protein's logits: "weighted"
+        (esm-variants) or "overlapping" (ProteinGym).
     truncation_seq_length: residues kept per sequence, or "auto" (the model family's limit).
     toks_per_batch: tokens per forward pass, or "auto" (sized to the device's free memory).
     gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.

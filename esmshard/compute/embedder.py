@@ -17,6 +17,7 @@ from ..input.long_sequences import chunk_spans
 from ..models.esm2 import FastESM2
 from ..models.layers import FastForward, Packed
 from ..store.shardfile import Failure
+from . import windowed
 from .batching import CPU_TOKENS_PER_BATCH
 from .precision import Precision, autocast
 
@@ -102,6 +103,7 @@ class Embedder:
         packed=False,
         budget=CPU_TOKENS_PER_BATCH,
         attentions: attention_maps.Asked | None = None,
+        score_windows: str = "weighted",
     ):
         # Contact maps need the attention maps, and attention maps are kept only by fair-esm's
         # own forward pass. A family whose model is a fast forward pass itself (ESM C) has no
@@ -138,6 +140,8 @@ class Embedder:
             if self.head is None or not getattr(self.model, "has_lm_head", True):
                 raise ValueError("language-model scores need a model with its language-model head")
             self.columns = torch.tensor(scores.column_tokens(alphabet.tok_to_idx), device=device)
+        # a long sequence's one-pass scores: esmshard.input.score_windows' recipe
+        self.score_windows = score_windows
         self.num_layers = model.num_layers
         self.net_layers = sorted(set(self.layers) | ({self.num_layers} if self.scores else set()))
         self.budget = budget  # tokens per masked-marginal pass: a number, or of the longest
@@ -292,6 +296,15 @@ class Embedder:
         with autocast(self.precision, self.device):
             logits = self.head(torch.index_select(last, 0, rows))
         return torch.log_softmax(logits.float(), dim=-1)
+
+    def window_log_probs(self, toks: np.ndarray, flat: np.ndarray) -> torch.Tensor:
+        """The log-softmax over the whole vocabulary, in fp32, at the flat positions `flat` of
+        token rows `toks` (windows × width, no padding) passed as they are: a long protein's
+        windows (esmshard.compute.windowed), whose slices may lack BOS or EOS."""
+        with torch.inference_mode():
+            out, _ = self.run(toks, None, [self.num_layers])
+            last = out["representations"][self.num_layers]
+            return self.log_probs(last.reshape(-1, last.shape[-1]), self.to_device(flat))
 
     def masked(self, sequences: list[str], kinds) -> dict[str, torch.Tensor]:
         """Masked marginals (residues × 20) and pseudo-log-likelihoods (B × 2) of the batch:
@@ -504,7 +517,8 @@ class Embedder:
         """One long sequence through overlapping windows, stitched; None (and `failed` noted) if a window fails.
 
         The windows' residue rows come back whatever `kinds` says: the mean is over the whole
-        sequence, taken once they are stitched.
+        sequence, taken once they are stitched. Its scores come from windows of their own
+        (esmshard.compute.windowed).
         """
         spans = chunk_spans(len(sequence), window)
         pieces, window_failures = {}, []
@@ -516,6 +530,18 @@ class Embedder:
             k, reason = window_failures[0]
             failed.append(Failure(index, f"window {k + 1} of {len(spans)} failed: {reason}"))
             return None
+        scored = {}
+        if self.scores:
+            try:
+                scored = windowed.chunked_scores(
+                    self, sequence, window, self.scores, self.score_windows
+                )
+            except torch.OutOfMemoryError as err:
+                failed.append(Failure(index, f"out of memory even on one score window: {err}"))
+                return None
+            if not all(np.isfinite(values).all() for values in scored.values()):
+                failed.append(Failure(index, "non-finite values in the scores of its windows"))
+                return None
         return {
             layer: Representation.from_per_tok(
                 np.concatenate(
@@ -527,6 +553,6 @@ class Embedder:
                     ]
                 ),
                 pieces[0][layer].bos,
-            )
+            )._replace(**scored)
             for layer in pieces[0]
         }

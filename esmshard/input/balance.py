@@ -5,7 +5,9 @@ A new balancing rule is a change here alone.
 
 import numpy as np
 
+from ..embeddings_h5.scores import MASKED
 from .long_sequences import chunk_spans, embedded_residues
+from .score_windows import Pass, score_passes
 
 # Records placed per step of `assign` (whole rounds of one record per shard).
 RECORDS_PER_STEP = 8192
@@ -18,17 +20,29 @@ def estimated_cost(n_residues, embed_dim: int):
     return tokens * (1.0 + tokens / (6.0 * embed_dim))
 
 
+def chunked_passes(length: int, window: int, include=(), recipe: str = "weighted") -> list[Pass]:
+    """The forward passes over a record of `length` residues, longer than `window`, under
+    `long_sequences: chunk`: its embedding's windows, and its scores' (esmshard.input.score_windows)."""
+    spans = [Pass(1, span.end - span.start + 2) for span in chunk_spans(length, window)]
+    return spans + score_passes(length, window, include, recipe)
+
+
 def record_cost(
-    length: int, truncation_seq_length: int, long_sequences: str, embed_dim: int
+    length: int,
+    truncation_seq_length: int,
+    long_sequences: str,
+    embed_dim: int,
+    include=(),
+    recipe: str = "weighted",
 ) -> float:
     if length > truncation_seq_length and long_sequences == "chunk":
         return sum(
-            estimated_cost(span.end - span.start, embed_dim)
-            for span in chunk_spans(length, truncation_seq_length)
+            p.count * estimated_cost(p.tokens - 2, embed_dim)
+            for p in chunked_passes(length, truncation_seq_length, include, recipe)
         )
-    return estimated_cost(
-        embedded_residues(length, truncation_seq_length, long_sequences), embed_dim
-    )
+    kept = embedded_residues(length, truncation_seq_length, long_sequences)
+    masked = any(kind in MASKED for kind in include)
+    return estimated_cost(kept, embed_dim) * int(forward_passes(np.array([kept]), masked)[0])
 
 
 def embedded_residue_counts(
@@ -42,9 +56,17 @@ def embedded_residue_counts(
 
 
 def forward_passes(kept: np.ndarray, masked: bool) -> np.ndarray:
-    """The forward passes over each record of `kept` residues: one, and with masked marginals
-    (`include: masked_marginals` or `pll`) one more per residue, its copy with it masked."""
+    """The forward passes over each record of `kept` residues (not chunked): one, and with
+    masked marginals (`include: masked_marginals` or `pll`) one more per residue, its copy with
+    it masked."""
     return kept.astype(np.int64) + 1 if masked else np.ones(kept.shape, dtype=np.int64)
+
+
+def chunked(lengths: np.ndarray, truncation_seq_length: int, long_sequences: str) -> np.ndarray:
+    """Which of the records of `lengths` go through windows."""
+    if long_sequences != "chunk":
+        return np.zeros(lengths.shape, dtype=bool)
+    return lengths > truncation_seq_length
 
 
 def record_costs(
@@ -52,16 +74,38 @@ def record_costs(
     truncation_seq_length: int,
     long_sequences: str,
     embed_dim: int,
-    masked: bool = False,
+    include=(),
+    recipe: str = "weighted",
 ) -> np.ndarray:
-    """`record_cost` of every record at once, as float32, times its forward passes."""
+    """`record_cost` of every record at once, as float32."""
     kept = embedded_residue_counts(lengths, truncation_seq_length, long_sequences)
     costs = estimated_cost(kept.astype(np.float32), embed_dim).astype(np.float32)
-    costs *= forward_passes(kept, masked)
-    if long_sequences == "chunk":
-        for i in np.flatnonzero(lengths > truncation_seq_length):
-            costs[i] = record_cost(int(lengths[i]), truncation_seq_length, "chunk", embed_dim)
+    costs *= forward_passes(kept, any(kind in MASKED for kind in include))
+    for i in np.flatnonzero(chunked(lengths, truncation_seq_length, long_sequences)):
+        costs[i] = record_cost(
+            int(lengths[i]), truncation_seq_length, "chunk", embed_dim, include, recipe
+        )
     return costs
+
+
+def forward_tokens(
+    lengths: np.ndarray,
+    truncation_seq_length: int,
+    long_sequences: str,
+    include=(),
+    recipe: str = "weighted",
+) -> int:
+    """The tokens of every forward pass over records of `lengths`, BOS and EOS included: with
+    masked marginals each residue's masked copy too, and a chunked record's every window."""
+    kept = embedded_residue_counts(lengths, truncation_seq_length, long_sequences)
+    windowed = chunked(lengths, truncation_seq_length, long_sequences)
+    whole = kept[~windowed].astype(np.int64)
+    masked = any(kind in MASKED for kind in include)
+    tokens = int(((whole + 2) * forward_passes(whole, masked)).sum())
+    for length in lengths[windowed]:
+        passes = chunked_passes(int(length), truncation_seq_length, include, recipe)
+        tokens += sum(p.count * p.tokens for p in passes)
+    return tokens
 
 
 def assign(costs, n_shards: int) -> np.ndarray:

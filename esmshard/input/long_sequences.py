@@ -46,6 +46,12 @@ def embedded_residues(length: int, truncation_seq_length: int, long_sequences: s
     return truncation_seq_length if long_sequences == "truncate" else 0
 
 
+def scored_limit(truncation_seq_length: int, long_sequences: str) -> int | None:
+    """The residues of a record that its scores reach (a variant's positions): all of them
+    (None) where long sequences are chunked, else at most `truncation_seq_length`."""
+    return None if long_sequences == "chunk" else truncation_seq_length
+
+
 def skip_reason(length: int, limit: int, long_sequences: str) -> str:
     return (
         f"longer than truncation_seq_length ({length} > {limit} residues); "

@@ -3,7 +3,8 @@
 
 A CSV or TSV file (a tab in its first line makes it TSV) with a `mutant` column: `H24C` (wild
 type, 1-based position in the record's sequence, mutant), several substitutions joined by `:`
-(`H24C:G45D`), and an `id` column naming the record (optional where the input has one record).
+(`H24C:G45D`), a stop-gain on its own (`K17*`: scored as esm-variants' `get_minLLR`, the least
+score of any substitution from the stop to the protein's end), and an `id` column naming the record (optional where the input has one record).
 Other columns are left alone. `variants: all` stands for every single substitution of every
 record instead: its residues' 19 others each, in the order of AMINO_ACIDS.
 
@@ -28,7 +29,8 @@ ALL = "all"
 STRATEGIES = {"wt_marginals": LOGITS, "masked_marginals": MASKED_MARGINALS}
 PSEUDO_PPL = "pseudo_ppl"  # the mutant sequences' own pseudo-log-likelihoods
 ORDER = [*STRATEGIES, PSEUDO_PPL]  # the output's columns, in this order
-SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z])")
+SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z*])")
+STOP = "*"  # a stop-gain's mutant: K17*
 SHOWN = 5  # problems named one by one; the rest counted
 
 
@@ -47,6 +49,12 @@ class Variant(NamedTuple):
     mutant: str  # as the table writes it
     substitutions: tuple[Substitution, ...]
     where: str  # "file:line"
+
+    @property
+    def stop(self) -> int | None:
+        """A stop-gain's 1-based position (its one substitution's), else None."""
+        first = self.substitutions[0]
+        return first.position if first.mutant == STOP else None
 
 
 def variant_kinds(strategies) -> list[str]:
@@ -71,11 +79,15 @@ def parse_mutant(text: str) -> tuple[Substitution, ...]:
             match.group(3).upper(),
         )
         for letter in (wild, mutant):
-            if letter not in AMINO_ACIDS:
+            if letter not in AMINO_ACIDS and letter != STOP:
                 raise ValueError(f"mutant {text!r}: {letter} is not one of the 20 amino acids")
         if position < 1:
             raise ValueError(f"mutant {text!r}: positions count from 1")
         found.append(Substitution(wild, position, mutant))
+    if len(found) > 1 and any(s.mutant == STOP for s in found):
+        raise ValueError(
+            f"mutant {text!r}: a stop-gain (K17*) ends the protein: write it on a line of its own"
+        )
     positions = [s.position for s in found]
     if len(set(positions)) < len(positions):
         raise ValueError(f"mutant {text!r} changes one position twice")
@@ -151,10 +163,10 @@ class Mutants(NamedTuple):
     passes: int
 
 
-def mutants_of(inputs, variants, limit: int):
+def mutants_of(inputs, variants, limit: int | None):
     """(mutant ID, mutant sequence) of each variant of `variants` (a table's path, or "all")
-    over the input FASTA files, each sequence truncated at `limit` residues as the records are;
-    each ID once."""
+    over the input FASTA files, each sequence truncated at `limit` residues as the records are
+    (None: whole, esmshard.input.long_sequences.scored_limit); each ID once."""
     seen = set()
     if variants == ALL:
         for path in inputs:
@@ -169,6 +181,8 @@ def mutants_of(inputs, variants, limit: int):
     sequences = sequences_of(inputs, None if None in ids else ids)
     only = next(iter(sequences), "")
     for variant in table:
+        if variant.stop:  # no mutant sequence: pseudo_ppl leaves its row empty
+            continue
         record_id = variant.id if variant.id is not None else only
         name = mutant_id(record_id, variant.mutant)
         if name not in seen and record_id in sequences:
@@ -176,7 +190,7 @@ def mutants_of(inputs, variants, limit: int):
             yield name, mutated(sequences[record_id], variant.substitutions)[:limit]
 
 
-def write_mutants(inputs, variants, limit: int, out_fasta) -> Mutants:
+def write_mutants(inputs, variants, limit: int | None, out_fasta) -> Mutants:
     """The mutant sequences of `variants` as a FASTA file (`mutants_of`), written atomically."""
     from ..files import atomic_path
 
@@ -189,7 +203,7 @@ def write_mutants(inputs, variants, limit: int, out_fasta) -> Mutants:
     return Mutants(count, passes)
 
 
-def mutants_work(inputs, variants, limit: int) -> Mutants:
+def mutants_work(inputs, variants, limit: int | None) -> Mutants:
     """What `write_mutants` would write, counted without writing it: said before the run."""
     count = passes = 0
     if variants == ALL:  # counted from the records: their mutants may be many millions
@@ -219,9 +233,10 @@ def sequences_of(inputs, ids: set[str] | None) -> dict[str, str]:
     return found
 
 
-def problems(path, inputs, limit: int) -> list[str]:
+def problems(path, inputs, limit: int | None) -> list[str]:
     """Why the table at `path` cannot be scored against the input FASTA files `inputs`, whose
-    records are embedded up to `limit` residues: one line each, naming the table's line."""
+    records are scored up to `limit` residues (None: whole): one line each, naming the table's
+    line."""
     variants, found = read_table(path)
     if variants:
         found += _record_problems(path, variants, inputs, limit)
@@ -230,7 +245,7 @@ def problems(path, inputs, limit: int) -> list[str]:
     return found
 
 
-def _record_problems(path, variants: list[Variant], inputs, limit: int) -> list[str]:
+def _record_problems(path, variants: list[Variant], inputs, limit: int | None) -> list[str]:
     """Why variants do not fit their records: no such record, a position beyond it, another
     wild type."""
     found = []
@@ -251,7 +266,7 @@ def _record_problems(path, variants: list[Variant], inputs, limit: int) -> list[
             found.append(f"variants: {variant.where}: no input record has the ID "
                          f"'{printable(variant.id)}'")  # fmt: skip
             continue
-        embedded = min(len(sequence), limit)
+        embedded = len(sequence) if limit is None else min(len(sequence), limit)
         for s in variant.substitutions:
             if s.position > embedded:
                 beyond = (

@@ -323,12 +323,9 @@ def contact_problems(spec: ModelSpec) -> list[str]:
     ]
 
 
-def score_problems(
-    spec: ModelSpec, include, long_sequences: str, asked_by: str = "include"
-) -> list[str]:
+def score_problems(spec: ModelSpec, include, asked_by: str = "include") -> list[str]:
     """Why the model computes none of the language-model scores in `include`: no head (its
-    family's, or its files lack it), or windows of long sequences, whose scores differ.
-    `asked_by` is the setting that asks for them (`variant_scoring`: the scores it reads)."""
+    family's, or its files lack it). `asked_by` is the setting that asks for them (`variant_scoring`: the scores it reads)."""
     asked = [kind for kind in include if kind in scores.NEEDS_HEAD]
     if not asked:
         return []
@@ -349,11 +346,6 @@ def score_problems(
             f"{named}: {spec.path} holds no language-model head (transformers' "
             f"EsmModel and EsmcModel leave it out); use {saved} files, or the model's own "
             "checkpoint"
-        )
-    if long_sequences == "chunk":
-        problems.append(
-            f"{named} cannot be combined with long_sequences: chunk (a window's "
-            "scores differ from the whole sequence's); use long_sequences: truncate or skip"
         )
     return problems
 

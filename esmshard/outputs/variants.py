@@ -30,6 +30,7 @@ from ..input.variants import (
     STRATEGIES,
     mutant_id,
     read_table,
+    sequences_of,
     single_substitutions,
     substitution_name,
 )
@@ -62,12 +63,16 @@ class ScoreWriter:
         )
         self.pending, self.parquet, self.in_part, self.parts = [], None, 0, 0
         self.rows = 0
+        self.empty = dict.fromkeys(self.strategies, 0)  # rows a strategy could not score
 
     def write(self, ids: list[str], mutants: list[str], scores: dict[str, np.ndarray]) -> None:
         columns = [scores[name] for name in self.strategies]
         self.tsv.writerows(
-            [i, m, *(f"{v:.7g}" for v in values)] for i, m, *values in zip(ids, mutants, *columns)
+            [i, m, *(f"{v:.7g}" if v == v else "" for v in values)]  # NaN: left empty
+            for i, m, *values in zip(ids, mutants, *columns)
         )
+        for name, values in zip(self.strategies, columns):
+            self.empty[name] += int(np.isnan(values).sum())
         self.pending.append((ids, mutants, columns))
         self.rows += len(ids)
         if sum(len(p[0]) for p in self.pending) >= ROWS_PER_GROUP:
@@ -93,7 +98,11 @@ class ScoreWriter:
             self.parquet = pq.ParquetWriter(path, self.schema)
             self.in_part, self.parts = 0, self.parts + 1
         table = pa.Table.from_arrays(
-            [pa.array(ids, pa.string()), pa.array(mutants, pa.string()), *columns],
+            [
+                pa.array(ids, pa.string()),
+                pa.array(mutants, pa.string()),
+                *(pa.array(c, pa.float32(), mask=np.isnan(c)) for c in columns),
+            ],
             schema=self.schema,
         )
         self.parquet.write_table(table)
@@ -133,11 +142,22 @@ def pseudo_ppls(mutants: Embeddings | None) -> dict[str, float]:
     return dict(zip(mutants.ids(), mutants.array(PLL)[:, 0].astype(np.float64).tolist()))
 
 
+def least_from(matrix: np.ndarray, wild: np.ndarray) -> np.ndarray:
+    """Per 0-based position p of one protein's log-probabilities (residues × 20, `wild` each
+    residue's column, -1 for none of the 20): the least log p(a) − log p(wild type) over the 20
+    amino acids at p and every position after it. A stop-gain at p scores this, as esm-variants'
+    `get_minLLR` does; positions holding X and the like count for none."""
+    at = np.arange(len(wild))
+    lowest = np.where(wild >= 0, matrix.min(1) - matrix[at, np.maximum(wild, 0)], np.inf)
+    return np.minimum.accumulate(lowest[::-1])[::-1]
+
+
 def _table_scores(
-    emb, variants, strategies, plls, only: str
+    emb, variants, strategies, plls, only: str, sequences: dict[str, str]
 ) -> tuple[list[int], dict[str, np.ndarray]]:
     """The variants' scores, a protein at a time (each variant the sum over its
-    substitutions; a variant without an ID is of `only`, the input's one record); the
+    substitutions, a stop-gain `least_from` its position; a variant without an ID is of
+    `only`, the input's one record, and `sequences` holds the records of stop-gains); the
     variants whose record has no embedding (failed) left out of the returned indices."""
     by_protein = defaultdict(list)
     for k, variant in enumerate(variants):
@@ -155,8 +175,10 @@ def _table_scores(
             scores[PSEUDO_PPL][members] = [
                 plls.get(mutant_id(record, variants[k].mutant), np.nan) for k in members
             ]
-        substitutions = [s for k in members for s in variants[k].substitutions]
-        variant_of = np.repeat(members, [len(variants[k].substitutions) for k in members])
+        stops = [k for k in members if variants[k].stop]
+        changes = [k for k in members if not variants[k].stop]
+        substitutions = [s for k in changes for s in variants[k].substitutions]
+        variant_of = np.repeat(changes, [len(variants[k].substitutions) for k in changes])
         positions = np.array([s.position - 1 for s in substitutions])
         wild = np.array([COLUMN[s.wild] for s in substitutions])
         mutant = np.array([COLUMN[s.mutant] for s in substitutions])
@@ -166,7 +188,10 @@ def _table_scores(
                 differences(matrix, positions, wild, mutant),
                 minlength=len(variants),
             )
-            scores[name][members] = summed[members]
+            scores[name][changes] = summed[changes]
+            if stops:
+                least = least_from(matrix, residue_columns(sequences[record]))
+                scores[name][stops] = least[[variants[k].stop - 1 for k in stops]]
         scored[members] = True
     kept = np.flatnonzero(scored)
     return kept.tolist(), {name: values[kept] for name, values in scores.items()}
@@ -213,7 +238,13 @@ def counts_line(counts: dict, tsv) -> str:
         line += (
             f"; {missing:,} variant{'s' if missing != 1 else ''} have no row: their records failed"
         )
-    return line + (" (failed_sequences.tsv says why)" if missing else "")
+    if missing:
+        line += " (failed_sequences.tsv says why)"
+    empty = {name: n for name, n in counts.get("empty", {}).items() if n}
+    if empty:
+        each = ", ".join(f"{name} {n:,}" for name, n in empty.items())
+        line += f"; left empty where a strategy cannot score the row: {each}"
+    return line
 
 
 def read_counts(folder) -> dict | None:
@@ -247,7 +278,9 @@ def score_variants(
                 if problems:  # checked before any job: the table changed since
                     raise ValueError("; ".join(problems))
                 only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
-                kept, scores = _table_scores(emb, table, strategies, plls, only)
+                stopped = {v.id or only for v in table if v.stop}
+                sequences = sequences_of(inputs, stopped) if stopped else {}
+                kept, scores = _table_scores(emb, table, strategies, plls, only, sequences)
                 for start in range(0, len(kept), ROWS_PER_GROUP):
                     chosen = kept[start : start + ROWS_PER_GROUP]
                     writer.write(
@@ -267,6 +300,7 @@ def score_variants(
             "strategies": strategies,
             "without_rows": missing,
             "of": of,
+            "empty": writer.empty,  # per strategy: rows it could not score (stop-gains' pseudo_ppl)
         }
         write_json(Path(folder) / COUNTS, counts)
     message = counts_line(counts, out_tsv)

@@ -20,6 +20,7 @@ from ..config import (
 )
 from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, not_a_file, printable, read_raw
+from ..input.long_sequences import scored_limit
 from ..input.variants import ALL, STRATEGIES, variant_kinds
 from ..input.variants import problems as variant_problems
 from ..layout import Layout
@@ -77,14 +78,12 @@ def check_config(
         problems += family_problems(config, model.family)
         if "contacts" in config["include"]:
             problems += contact_problems(model)
-        problems += score_problems(model, config["include"], config["long_sequences"])
+        problems += score_problems(model, config["include"])
         if valid >= {"variants", "variant_scoring"} and config["variants"]:
             read = [
                 k for k in variant_kinds(config["variant_scoring"]) if k not in config["include"]
             ]
-            problems += score_problems(
-                model, read, config["long_sequences"], asked_by="variant_scoring"
-            )
+            problems += score_problems(model, read, asked_by="variant_scoring")
         if valid >= {"attention_layers", "attention_heads"}:
             problems += attention_problems(model, config)
         problems += length_problems(model, config["truncation_seq_length"])
@@ -109,9 +108,8 @@ def check_config(
     if not problems:
         config = for_family(config, model.family)
         if inputs and config["variants"] not in ("", ALL):
-            problems += variant_problems(
-                config["variants"], config["input"], config["truncation_seq_length"]
-            )
+            limit = scored_limit(config["truncation_seq_length"], config["long_sequences"])
+            problems += variant_problems(config["variants"], config["input"], limit)
     return Checked(config, model, problems)
 
 

@@ -26,7 +26,7 @@ from ..embeddings_h5.contacts import NAME as CONTACTS
 from ..embeddings_h5.representations import absolute_layers
 from ..embeddings_h5.scores import MASKED
 from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
-from ..input.balance import forward_passes
+from ..input.balance import forward_tokens
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
@@ -119,6 +119,7 @@ def run_shard(
     is a finished job whatever happens to the run.
     """
     model, repr_layers, include = settings["model"], settings["repr_layers"], settings["include"]
+    recipe = settings.get("score_windows", "weighted")  # long proteins' logits
     long_sequences, precision = settings["long_sequences"], settings["precision"]
     limit = settings["truncation_seq_length"]
     keys, ids, shard_sequences = read_shard(shard_tsv)
@@ -195,6 +196,7 @@ def run_shard(
                 packed=batching != "padded",
                 budget=budget,
                 attentions=maps,
+                score_windows=recipe,
             )
             # What earlier jobs of this shard kept is not computed again; the rest is batched as
             # an uninterrupted job batches it (whole batches were kept, the longest first).
@@ -370,7 +372,7 @@ def run_shard(
             else None,
             # the tokens of every forward pass this job ran, BOS and EOS included: with masked
             # marginals, each residue's masked copy too (what the device's time went on)
-            "forward_tokens": int(((computed + 2) * forward_passes(computed, masked)).sum()),
+            "forward_tokens": forward_tokens(computed, limit, long_sequences, include, recipe),
             "device": str(device),
             "device_name": device_name,
             "gpu_slot": slot.index,

@@ -25,7 +25,6 @@ import pyarrow.parquet as pq
 
 from ..compute.telemetry import peak_memory_mb
 from ..embeddings_h5.id_index import id_hashes
-from ..embeddings_h5.scores import MASKED
 from ..files import (
     Buckets,
     DiskFullError,
@@ -39,7 +38,7 @@ from ..files import (
     write_json,
     write_tsv,
 )
-from ..input.balance import assign, embedded_residue_counts, forward_passes, record_costs
+from ..input.balance import assign, embedded_residue_counts, forward_tokens, record_costs
 from ..input.input_problems import InputProblems
 from ..input.records import source, write_table
 from ..input.scan import DIGESTS, HASHES, LENGTHS, SEQUENCES, TABLE, Found, Settings, scan
@@ -216,13 +215,17 @@ def write_shards(
                 "write (a copy of this one keeps what it holds), or make this one writable"
             )
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
-        masked = any(kind in MASKED for kind in settings.get("include", ()))
+        # what the records cost: a pass per residue with masked marginals, a chunked record's
+        # windows each
+        include = settings.get("include", ())
+        recipe = settings.get("score_windows", "weighted")
         costs = record_costs(
-            lengths[new], truncation_seq_length, long_sequences, model_size.dim, masked
+            lengths[new], truncation_seq_length, long_sequences, model_size.dim, include, recipe
         )
         new_residues = embedded(new)[0]
-        # the tokens of every forward pass: residues, times the passes with masked marginals
-        tokens = int((new_residues * forward_passes(new_residues, masked)).sum())
+        tokens = forward_tokens(
+            lengths[new], truncation_seq_length, long_sequences, include, recipe
+        )
         n_shards = min(
             new.size,
             auto_shard_count(tokens, model_size.params, slots or 1, bool(cluster))

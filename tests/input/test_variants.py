@@ -13,6 +13,7 @@ ID, SEQUENCE = RECORDS[0][0][1:].split()[0], RECORDS[0][1]
 def test_a_mutant_is_its_substitutions():
     assert parse_mutant("H24C") == (Substitution("H", 24, "C"),)
     assert parse_mutant(" h24c:G45D ") == (Substitution("H", 24, "C"), Substitution("G", 45, "D"))
+    assert parse_mutant("K17*") == (Substitution("K", 17, "*"),)  # a stop-gain
 
 
 @pytest.mark.parametrize(
@@ -25,6 +26,8 @@ def test_a_mutant_is_its_substitutions():
         ("X3A", "X is not one of the 20"),
         ("H0C", "count from 1"),
         ("H24C:H24D", "changes one position twice"),
+        ("K17*:G45D", "a stop-gain \\(K17\\*\\) ends the protein: write it on a line of its own"),
+        ("*17K", "not written as"),
     ],
 )
 def test_a_mutant_written_wrong_is_named(text, said):

@@ -151,10 +151,10 @@ def test_scores_of_a_masked_lm_folder_are_transformers_own_and_a_headless_one_is
     for row, rep in enumerate(embedder.forward(SEQUENCES)):
         n = len(SEQUENCES[row])
         np.testing.assert_allclose(rep[6].logits, want[row, 1 : n + 1, columns], atol=1e-4)
-    assert score_problems(parse_spec(str(tmp_path / "masked")), ["logits"], "truncate") == []
+    assert score_problems(parse_spec(str(tmp_path / "masked")), ["logits"]) == []
 
     transformers.EsmModel(esm2_config()).save_pretrained(tmp_path / "headless")
-    (refused,) = score_problems(parse_spec(str(tmp_path / "headless")), ["logits"], "truncate")
+    (refused,) = score_problems(parse_spec(str(tmp_path / "headless")), ["logits"])
     assert "holds no language-model head" in refused and "EsmForMaskedLM" in refused
     with pytest.raises(ValueError, match="language-model head"):
         headless = esm2_from_transformers(tmp_path / "headless")

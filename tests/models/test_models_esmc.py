@@ -426,7 +426,7 @@ def test_scores_equal_transformers_masked_lm_and_headless_files_are_refused(
     hf = transformers.EsmcForMaskedLM(esmc_config((3, 64, 4), 128, attn_implementation="sdpa"))
     hf.eval().save_pretrained(tmp_path / "masked")
     spec = parse_spec(str(tmp_path / "masked"))
-    assert score_problems(spec, ["logits"], "truncate") == []
+    assert score_problems(spec, ["logits"]) == []
     model, alphabet = load(spec)
     sequences = [s for _, s in sequences_of(SHORT) if len(s) <= 80][:3]
     tokenizer = transformers.EsmcTokenizer()
@@ -452,7 +452,7 @@ def test_scores_equal_transformers_masked_lm_and_headless_files_are_refused(
     fused = {n for n in model.state_dict() if ".attn_in." not in n and ".ffn_in." not in n}
     assert {n for n in names if "lm_head" in n} == {n for n in fused if "lm_head" in n}
     assert len({n for n in fused if "lm_head" in n}) == 6 and has_lm_head(pth)
-    (refused,) = score_problems(parse_spec(str(small_folder)), ["pll"], "truncate")
+    (refused,) = score_problems(parse_spec(str(small_folder)), ["pll"])
     assert "holds no language-model head" in refused and "EsmcForMaskedLM's files" in refused
 
 

@@ -195,22 +195,37 @@ def test_the_last_line_says_how_many_variants_have_no_row_and_why(tmp_path):
     assert len(rows) == 1 + 2 * (3 - failing)
 
 
-def test_scores_that_cannot_be_computed_for_variants_are_refused_before_any_job(tmp_path, run):
-    """Variants with long_sequences: chunk (a window's scores are not the protein's): every
-    strategy's scores named, in one line before any job, as `include` is refused."""
+def test_a_stop_gain_is_the_least_score_from_its_position_to_the_end(tmp_path, run, fair_esm):
+    """`K17*` (esm-variants' `get_minLLR`, written here from its recipe and checked once against
+    its code: the least log p(a) − log p(wild type) over the 20 amino acids at every position
+    from the stop's to the end), under both strategies; pseudo_ppl, which has no mutant
+    sequence for it, leaves its cell empty and the last line counts it."""
     workdir, config, *_ = run
-    done = snakemake(tmp_path, {**config, "input": str(workdir / "proteins.fasta")}, "--config",
-                     f"variants={workdir / 'variants.csv'}",
-                     "variant_scoring=[wt_marginals,masked_marginals,pseudo_ppl]",
-                     "long_sequences=chunk", check=False)  # fmt: skip
-    assert done.returncode != 0 and jobs_run(done) == {}
-    said = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
-    assert said == [
-        "esmshard: variant_scoring: logits, masked_marginals, pll (the scores it reads) cannot "
-        "be combined with long_sequences: chunk (a window's scores differ from the whole "
-        "sequence's); use long_sequences: truncate or skip"
-    ], done.stderr
-    assert "Traceback" not in done.stderr and not (tmp_path / "results").exists()
+    alphabet, reference = fair_esm
+    columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
+    id_ = IDS[1]
+    sequence = SEQUENCE[id_]
+    stop = f"{sequence[16]}17*"
+    table = tmp_path / "stops.csv"
+    table.write_text(
+        f"id,mutant\n{id_},{stop}\n{id_},{sequence[2]}3{'A' if sequence[2] != 'A' else 'C'}\n"
+    )
+    done = snakemake(workdir, {**config, "outdir": str(tmp_path / "out")}, "--config",
+                     f"variants={table}", "include=[mean,pll]",
+                     "variant_scoring=[wt_marginals,masked_marginals,pseudo_ppl]")  # fmt: skip
+    with open(tmp_path / "out" / "variant_scores.tsv", newline="") as fh:
+        got = list(csv.DictReader(fh, delimiter="\t"))
+    assert [r["mutant"] for r in got] == [stop, got[1]["mutant"]]
+    for name, matrix in zip(["wt_marginals", "masked_marginals"], reference[id_]):
+        logp = matrix[1 : len(sequence) + 1][:, columns]
+        wild = logp[np.arange(len(sequence)), [AMINO_ACIDS.index(a) for a in sequence]]
+        want = (logp - wild[:, None])[16:].min()
+        assert abs(float(got[0][name]) - want) <= 1e-4, (name, got[0][name], want)
+    assert got[0]["pseudo_ppl"] == "" and got[1]["pseudo_ppl"] != ""
+    parquet = pq.read_table(tmp_path / "out" / "variant_scores").to_pylist()
+    assert parquet[0]["pseudo_ppl"] is None and parquet[1]["pseudo_ppl"] is not None
+    ours = [line for line in done.stderr.splitlines() if line.startswith("esmshard: variants")]
+    assert ours[-1].endswith("; left empty where a strategy cannot score the row: pseudo_ppl 1")
 
 
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}

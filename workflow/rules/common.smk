@@ -91,6 +91,7 @@ from esmshard.input.sizing import (
 )
 from esmshard.embeddings_h5.scores import PLL
 from esmshard.input.variants import ALL as VARIANTS_ALL
+from esmshard.input.long_sequences import scored_limit
 from esmshard.input.variants import PSEUDO_PPL, mutants_work
 from esmshard.models import attention_values
 from esmshard.outputs.variants import counts_line, read_counts
@@ -140,6 +141,8 @@ KEY = settings_key(EMBEDDING_PARAMS)
 # `pseudo_ppl`: the variants' mutant sequences, embedded as a run of their own under
 # <outdir>/mutants/ with their pseudo-log-likelihoods alone (esmshard.input.variants).
 MUTANTS = RUN.mutants
+# The residues of a record that the variants' positions reach (None: whole, chunked).
+SCORED_LIMIT = scored_limit(config["truncation_seq_length"], config["long_sequences"])
 PSEUDO_PPL_WANTED = bool(config["variants"]) and PSEUDO_PPL in config["variant_scoring"]
 MUTANT_PARAMS = embedding_settings({**config, "include": [PLL]}, FAMILY.name, CHECKPOINT)
 MUTANT_KEY = settings_key(MUTANT_PARAMS)
@@ -428,7 +431,7 @@ def say_pseudo_ppl_work():
     """One line before any job: what `pseudo_ppl` computes, a pass per residue of each mutant."""
     if not PSEUDO_PPL_WANTED or workflow.remote_exec or "--lint" in sys.argv:
         return
-    work = mutants_work(INPUTS, config["variants"], config["truncation_seq_length"])
+    work = mutants_work(INPUTS, config["variants"], SCORED_LIMIT)
     logger.info(
         f"esmshard: pseudo_ppl: {work.sequences:,} mutant sequences, {work.passes:,} forward "
         f"passes (one per residue of each, and one unmasked), embedded in {MUTANTS.outdir}"

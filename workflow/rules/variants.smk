@@ -32,7 +32,7 @@ rule mutant_sequences:
         runtime=io_runtime,
     params:
         variants=config["variants"],
-        truncation_seq_length=config["truncation_seq_length"],
+        limit=SCORED_LIMIT,
     script:
         "../scripts/mutant_sequences.py"
 

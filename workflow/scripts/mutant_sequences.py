@@ -5,6 +5,6 @@ run_step(
     "esmshard.input.variants:write_mutants",
     inputs=list(snakemake.input.inputs),
     variants=snakemake.params.variants,
-    limit=snakemake.params.truncation_seq_length,
+    limit=snakemake.params.limit,
     out_fasta=snakemake.output[0],
 )

@@ -1,0 +1,198 @@
+"""Long proteins' scores through `snakemake` (`long_sequences: chunk`), against the published
+recipes of the two references, written here from their papers' and repositories' descriptions
+and checked once against the reference code itself (esm-variants' `esm_variants_utils.py`
+`get_wt_LLR` and `get_intervals_and_weights`; ProteinGym's `compute_fitness.py` with
+`scoring_window` `overlapping` and `optimal`, and `get_optimal_window`): the same windows and
+weights, to 1e-12.
+
+Real proteins: E. coli's, and slices of SARS-CoV-2's replicase polyprotein (7,096 residues) for
+the longer ones; random weights of a micro ESM-2 (D = 32; 1 layer for the masked marginals, a pass of 1,024 tokens per
+residue), fair-esm's own forward pass as the reference: the windows' arithmetic is what is
+tested here (each family's forward pass has its own tests).
+"""
+
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from conftest import LONG_PROTEIN, MODEL, PROTEOME, fair_esm_model, fasta, read_records, snakemake
+
+import esmshard
+from esmshard.embeddings_h5.scores import AMINO_ACIDS
+
+WINDOW = 1022  # ESM-2's residues per window; 1,024 tokens with BOS and EOS
+ECOLI = {h[1:].split()[0]: s for h, s in read_records(PROTEOME)}
+POLYPROTEIN = read_records(LONG_PROTEIN)[0][1]
+# 1,023 residues (a real protein's first), ~1,500, ~2,700 and ~4,700
+PROTEINS = {
+    "A2MG_first_1023": ECOLI["sp|P76578|A2MG_ECOLI"][:1023],
+    "LHR_ECOLI": ECOLI["sp|P30015|LHR_ECOLI"],
+    "R1AB_first_2700": POLYPROTEIN[:2700],
+    "R1AB_last_4700": POLYPROTEIN[-4700:],
+}
+
+
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def esm_variants_log_probs(net, alphabet, sequence):
+    """esm-variants' weighted windows: windows of 1,022 residues, one flush with each end, then
+    pairs moving inwards 510 residues at a time while more than 1,022 lie between them, and a
+    window on the middle of what is left if the last pair overlaps by fewer than 513; each
+    window's log-softmax weighted by a ramp of 256 sigmoid steps (s = 20) at each end (not at
+    the protein's own ends), the weights normalised per residue."""
+    n, convert = len(sequence), alphabet.get_batch_converter()
+    windows = []
+    positions = np.arange(n)
+    while len(positions) > WINDOW:
+        windows += [positions[:WINDOW], positions[-WINDOW:]]
+        positions = positions[510:-510]
+    if windows[-2][-1] - windows[-1][0] < 512:
+        middle = positions[len(positions) // 2]
+        windows.append(np.arange(middle - 511, middle + 511))
+    windows.sort(key=lambda w: w[0])
+    up = np.array([sigmoid((t - 128) / 20) for t in range(256)])
+    down = np.array([sigmoid(-(t - 128) / 20) for t in range(256)])
+    total, weights = np.zeros((n, len(alphabet))), np.zeros(n)
+    for k, window in enumerate(windows):
+        weight = np.ones(WINDOW)
+        if k > 0:
+            weight[:256] = up
+        if k < len(windows) - 1:
+            weight[-256:] = down
+        _, _, toks = convert([("w", sequence[window[0] : window[-1] + 1])])
+        with torch.no_grad():
+            logp = torch.log_softmax(net(toks)["logits"], -1)[0, 1:-1].double().numpy()
+        total[window] += weight[:, None] * logp
+        weights[window] += weight
+    return total / weights[:, None]
+
+
+def proteingym_log_probs(net, alphabet, sequence):
+    """ProteinGym's overlapping slices of 1,024 tokens of [BOS, residues, EOS]: one from each
+    end, moving inwards 511 tokens at a time until they cross, one more centred on the middle
+    token if the last two overlap by fewer than 511; each weighted 1 but for sigmoid ramps
+    (s = 16) over tokens 1-256 and 766-1,022, the weights normalised per token."""
+    _, _, toks = alphabet.get_batch_converter()([("p", sequence)])
+    size = toks.shape[1]
+    weight = np.ones(1024)
+    for i in range(1, 257):
+        weight[i] = sigmoid((i - 128) / 16)
+    for i in range(766, 1023):
+        weight[i] = sigmoid(-(i - 1022 + 128) / 16)
+    starts, left, right = [], 0, size - 1024
+    while True:
+        starts += [left, right]
+        if left + 1023 > right:
+            break
+        left, right = left + 511, right - 511
+    if left + 1023 - right + 1 < 511:
+        starts.append(size // 2 - 512)
+    total, weights = np.zeros((size, len(alphabet))), np.zeros(size)
+    for start in starts:
+        with torch.no_grad():
+            logp = torch.log_softmax(net(toks[:, start : start + 1024])["logits"], -1)[0]
+        total[start : start + 1024] += weight[:, None] * logp.double().numpy()
+        weights[start : start + 1024] += weight
+    return (total / weights[:, None])[1:-1]
+
+
+@pytest.mark.parametrize("recipe", ["weighted", "overlapping"])
+def test_every_substitution_of_long_proteins_equals_its_recipe(tmp_path, recipe):
+    """`variants: all` over proteins of 1,023 to 4,700 residues: every row is the recipe's
+    log-probability of the mutant minus the wild type's at its position (after averaging, as
+    both references take it), within 1e-4; the logits kept are the recipe's."""
+    fasta(tmp_path / "long.fasta", [(f">{name}", s) for name, s in PROTEINS.items()])
+    config = {"input": "long.fasta", "model": MODEL, "outdir": "results"}
+    snakemake(tmp_path, config, "--config", "long_sequences=chunk", f"score_windows={recipe}",
+              "variants=all", "variant_scoring=[wt_marginals]", "fast_path=false")  # fmt: skip
+    net, alphabet = fair_esm_model(MODEL)
+    columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
+    of_recipe = esm_variants_log_probs if recipe == "weighted" else proteingym_log_probs
+    rows = pq.read_table(tmp_path / "results" / "variant_scores").to_pandas()
+    with esmshard.open_embeddings(tmp_path / "results" / "embeddings.h5") as emb:
+        for name, sequence in PROTEINS.items():
+            want = of_recipe(net, alphabet, sequence)[:, columns]
+            np.testing.assert_allclose(emb[name].scores["logits"], want, atol=1e-4, rtol=0)
+            mine = rows[rows["id"] == name]
+            assert len(mine) == 19 * len(sequence)
+            position = mine["mutant"].str[1:-1].astype(int).to_numpy() - 1
+            mutant = [AMINO_ACIDS.index(m[-1]) for m in mine["mutant"]]
+            wild = [AMINO_ACIDS.index(sequence[p]) for p in position]
+            np.testing.assert_allclose(
+                mine["wt_marginals"], want[position, mutant] - want[position, wild], atol=1e-4
+            )
+
+
+def micro_one_layer(folder):
+    """A 1-layer micro ESM-2 (D = 32) with seeded random weights in fair-esm's format: a pass of
+    1,024 tokens per residue stays cheap on a CPU."""
+    from esm.model.esm2 import ESM2
+
+    from esmshard.models.esm2 import write_checkpoint
+
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        model = ESM2(num_layers=1, embed_dim=32, attention_heads=4, alphabet="ESM-1b").eval()
+    return write_checkpoint(model, folder, "esm2_t1_micro")
+
+
+def proteingym_masked(net, alphabet, sequence, residues):
+    """ProteinGym's masked marginals with `scoring_window` `optimal`: each token of [BOS,
+    residues, EOS] masked in turn, the model given the 1,024 tokens centred on it (starting
+    512 before it), or the first or last 1,024 where it lies within 512 of an end; the
+    log-softmax at the masked token. Returned for the `residues` (0-based) asked."""
+    _, _, toks = alphabet.get_batch_converter()([("p", sequence)])
+    size = toks.shape[1]
+    rows = []
+    for i in residues + 1:
+        start = 0 if i < 512 else size - 1024 if i >= size - 512 else i - 512
+        window = toks[0, start : start + 1024].clone()
+        window[i - start] = alphabet.mask_idx
+        rows.append((window, i - start))
+    found = []
+    for first in range(0, len(rows), 64):
+        batch = rows[first : first + 64]
+        with torch.no_grad():
+            logp = torch.log_softmax(net(torch.stack([w for w, _ in batch]))["logits"], -1)
+        found += [logp[k, at].double().numpy() for k, (_, at) in enumerate(batch)]
+    return np.array(found)
+
+
+def test_masked_marginals_of_a_long_protein_take_each_residues_optimal_window(tmp_path):
+    """Masked marginals and the PLL of a 1,107-residue protein under `long_sequences: chunk`,
+    and its variants' masked-marginal scores: ProteinGym's optimal window, within 1e-4."""
+    name, sequence = "MSCM_ECOLI", ECOLI["sp|P39285|MSCM_ECOLI"]
+    model = micro_one_layer(tmp_path / "weights")
+    fasta(tmp_path / "long.fasta", [(f">{name}", sequence)])
+    config = {"input": "long.fasta", "model": str(model), "outdir": "results"}
+    snakemake(tmp_path, config, "--config", "long_sequences=chunk", "variants=all",
+              "variant_scoring=[masked_marginals]", "include=[mean,pll]")  # fmt: skip
+    # every ninth residue, and those on either side of where the window stops being flush
+    # with an end (ProteinGym's three cases); the reference's passes cost a minute for all
+    n = len(sequence)
+    edges = [0, 509, 510, 511, 512, n - 513, n - 512, n - 511, n - 510, n - 1]
+    residues = np.array(sorted(set(range(0, n, 9)) | set(edges)))
+    net, alphabet = fair_esm_model(model)
+    want = proteingym_masked(net, alphabet, sequence, residues)
+    want = want[:, [alphabet.get_idx(a) for a in AMINO_ACIDS]]
+    with esmshard.open_embeddings(tmp_path / "results" / "embeddings.h5") as emb:
+        scores = emb[name].scores
+    np.testing.assert_allclose(scores["masked_marginals"][residues], want, atol=1e-4, rtol=0)
+    assert set(sequence) <= set(AMINO_ACIDS)
+    wild = [AMINO_ACIDS.index(a) for a in sequence]
+    own = scores["masked_marginals"][np.arange(n), wild]
+    np.testing.assert_allclose(scores["pll"], [own.sum(), own.mean()], rtol=1e-5)
+    rows = pq.read_table(tmp_path / "results" / "variant_scores").to_pandas()
+    assert len(rows) == 19 * n
+    rows = rows[rows["mutant"].str[1:-1].astype(int).isin(residues + 1)]
+    at = np.searchsorted(residues, rows["mutant"].str[1:-1].astype(int).to_numpy() - 1)
+    mutant = [AMINO_ACIDS.index(m[-1]) for m in rows["mutant"]]
+    np.testing.assert_allclose(
+        rows["masked_marginals"],
+        want[at, mutant] - want[at, [wild[residues[k]] for k in at]],
+        atol=1e-4,
+    )
