@@ -32,6 +32,9 @@ ORDER = [*STRATEGIES, PSEUDO_PPL]  # the output's columns, in this order
 SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z*])")
 STOP = "*"  # a stop-gain's mutant: K17*
 SHOWN = 5  # problems named one by one; the rest counted
+# Substitutions that a table needs before one other variant_offset fitting them all is said:
+# the wild type of a single one is found at many places of its record.
+MIN_FITTED = 3
 
 
 class VariantsError(ValueError):
@@ -47,8 +50,9 @@ class Substitution(NamedTuple):
 class Variant(NamedTuple):
     id: str | None  # None: the input's one record
     mutant: str  # as the table writes it
-    substitutions: tuple[Substitution, ...]
+    substitutions: tuple[Substitution, ...]  # positions in the record, from 1
     where: str  # "file:line"
+    cells: tuple[str, ...] = ()  # the table's line, a cell per column, as written
 
     @property
     def stop(self) -> int | None:
@@ -94,37 +98,61 @@ def parse_mutant(text: str) -> tuple[Substitution, ...]:
     return tuple(found)
 
 
-def read_table(path) -> tuple[list[Variant], list[str]]:
-    """The table's variants, and a line per problem of its own (unreadable, no `mutant`
-    column, a mutant written wrong)."""
+class Table(NamedTuple):
+    columns: list[str]  # as the table names them, in its order
+    variants: list[Variant]
+
+
+def read_table(path, offset: int = 1) -> tuple[Table, list[str]]:
+    """The table's variants, their positions made the record's (the table numbers the first
+    residue `offset`: fair-esm predict.py's `--offset-idx`), and a line per problem of its own
+    (unreadable, no `mutant` column, a column named as a strategy, a mutant written wrong)."""
+    table = Table([], [])
     try:
         # utf-8-sig: the byte-order mark that Excel's "CSV UTF-8" puts before the first column
         with open(path, newline="", encoding="utf-8-sig") as fh:
             first = fh.readline()
             fh.seek(0)
             rows = csv.DictReader(fh, delimiter="\t" if "\t" in first else ",")
-            if not rows.fieldnames or "mutant" not in rows.fieldnames:
-                return [], [
+            columns = list(rows.fieldnames or [])
+            if "mutant" not in columns:
+                return table, [
                     f"variants: {path} has no `mutant` column (its columns: "
-                    f"{', '.join(rows.fieldnames or []) or 'none'}); give a CSV or TSV with "
+                    f"{', '.join(columns) or 'none'}); give a CSV or TSV with "
                     "`mutant` (H24C) and `id` columns"
                 ]
-            with_ids = "id" in rows.fieldnames
-            variants, problems = [], []
+            taken = [name for name in columns if name in ORDER]
+            if taken:  # variant_scores.tsv gives each strategy a column of that name
+                return table, [
+                    f"variants: {path} has a column named as a strategy's scores "
+                    f"({', '.join(taken)}); rename it"
+                ]
+            table = Table(columns, [])
+            problems = []
             for line, row in enumerate(rows, start=2):
                 where = f"{path}:{line}"
                 try:
-                    substitutions = parse_mutant(row["mutant"] or "")
+                    written = parse_mutant(row["mutant"] or "")
                 except ValueError as err:
                     problems.append(f"variants: {where}: {err}")
                     continue
-                id_ = (row["id"] or "").strip() if with_ids else None
-                variants.append(Variant(id_, row["mutant"].strip(), substitutions, where))
+                substitutions = tuple(
+                    s._replace(position=s.position - offset + 1) for s in written
+                )
+                before = [w.position for w, s in zip(written, substitutions) if s.position < 1]
+                if before:
+                    problems.append(f"variants: {where}: position {before[0]} is before the "
+                                    f"record's first residue, {offset} (variant_offset)")  # fmt: skip
+                    continue
+                id_ = (row["id"] or "").strip() if "id" in columns else None
+                cells = tuple(row[name] or "" for name in columns)
+                variant = Variant(id_, row["mutant"].strip(), substitutions, where, cells)
+                table.variants.append(variant)
     except (OSError, UnicodeDecodeError, csv.Error) as err:
-        return [], [f"variants: {path} cannot be read as a CSV or TSV table ({err})"]
-    if not variants and not problems:
+        return table, [f"variants: {path} cannot be read as a CSV or TSV table ({err})"]
+    if not table.variants and not problems:
         problems.append(f"variants: {path} holds no variant; give one per line under `mutant`")
-    return variants, problems
+    return table, problems
 
 
 def mutant_id(record_id: str, mutant: str) -> str:
@@ -149,10 +177,10 @@ def single_substitutions(sequence: str) -> list[tuple[int, str]]:
     ]  # fmt: skip
 
 
-def substitution_name(sequence: str, position: int, mutant: str) -> str:
-    """A single substitution as the table's `mutant` column writes it (0-based `position`):
-    `H24C`."""
-    return f"{sequence[position]}{position + 1}{mutant}"
+def substitution_name(sequence: str, position: int, mutant: str, offset: int = 1) -> str:
+    """A single substitution as the table's `mutant` column writes it (0-based `position`,
+    numbered from `offset`): `H24C`."""
+    return f"{sequence[position]}{position + offset}{mutant}"
 
 
 class Mutants(NamedTuple):
@@ -163,20 +191,21 @@ class Mutants(NamedTuple):
     passes: int
 
 
-def mutants_of(inputs, variants, limit: int | None):
-    """(mutant ID, mutant sequence) of each variant of `variants` (a table's path, or "all")
-    over the input FASTA files, each sequence truncated at `limit` residues as the records are
-    (None: whole, esmshard.input.long_sequences.scored_limit); each ID once."""
+def mutants_of(inputs, variants, limit: int | None, offset: int = 1):
+    """(mutant ID, mutant sequence) of each variant of `variants` (a table's path numbering
+    residues from `offset`, or "all") over the input FASTA files, each sequence truncated at
+    `limit` residues as the records are (None: whole,
+    esmshard.input.long_sequences.scored_limit); each ID once."""
     seen = set()
     if variants == ALL:
         for path in inputs:
             for record in read_raw(str(path)):
                 sequence = record.sequence.decode("ascii")[:limit]
                 for p, a in single_substitutions(sequence):
-                    name = mutant_id(record.id, substitution_name(sequence, p, a))
+                    name = mutant_id(record.id, substitution_name(sequence, p, a, offset))
                     yield name, f"{sequence[:p]}{a}{sequence[p + 1 :]}"
         return
-    table, _ = read_table(variants)
+    table = read_table(variants, offset)[0].variants
     ids = {v.id for v in table}
     sequences = sequences_of(inputs, None if None in ids else ids)
     only = next(iter(sequences), "")
@@ -190,20 +219,20 @@ def mutants_of(inputs, variants, limit: int | None):
             yield name, mutated(sequences[record_id], variant.substitutions)[:limit]
 
 
-def write_mutants(inputs, variants, limit: int | None, out_fasta) -> Mutants:
+def write_mutants(inputs, variants, limit: int | None, out_fasta, offset: int = 1) -> Mutants:
     """The mutant sequences of `variants` as a FASTA file (`mutants_of`), written atomically."""
     from ..files import atomic_path
 
     count = passes = 0
     with atomic_path(out_fasta) as tmp, open(tmp, "w", encoding="ascii") as fh:
-        for name, sequence in mutants_of(inputs, variants, limit):
+        for name, sequence in mutants_of(inputs, variants, limit, offset):
             fh.write(f">{name}\n{sequence}\n")
             count += 1
             passes += len(sequence) + 1
     return Mutants(count, passes)
 
 
-def mutants_work(inputs, variants, limit: int | None) -> Mutants:
+def mutants_work(inputs, variants, limit: int | None, offset: int = 1) -> Mutants:
     """What `write_mutants` would write, counted without writing it: said before the run."""
     count = passes = 0
     if variants == ALL:  # counted from the records: their mutants may be many millions
@@ -214,7 +243,7 @@ def mutants_work(inputs, variants, limit: int | None) -> Mutants:
                 count += mutants
                 passes += mutants * (len(sequence) + 1)
         return Mutants(count, passes)
-    for _, sequence in mutants_of(inputs, variants, limit):
+    for _, sequence in mutants_of(inputs, variants, limit, offset):
         count += 1
         passes += len(sequence) + 1
     return Mutants(count, passes)
@@ -233,21 +262,23 @@ def sequences_of(inputs, ids: set[str] | None) -> dict[str, str]:
     return found
 
 
-def problems(path, inputs, limit: int | None) -> list[str]:
-    """Why the table at `path` cannot be scored against the input FASTA files `inputs`, whose
-    records are scored up to `limit` residues (None: whole): one line each, naming the table's
-    line."""
-    variants, found = read_table(path)
-    if variants:
-        found += _record_problems(path, variants, inputs, limit)
+def problems(path, inputs, limit: int | None, offset: int = 1) -> list[str]:
+    """Why the table at `path` (numbering residues from `offset`) cannot be scored against the
+    input FASTA files `inputs`, whose records are scored up to `limit` residues (None: whole):
+    one line each, naming the table's line."""
+    table, found = read_table(path, offset)
+    if table.variants:
+        found += _record_problems(path, table.variants, inputs, limit, offset)
     if len(found) > SHOWN:
         found = found[:SHOWN] + [f"variants: and {len(found) - SHOWN} more lines of {path}"]
     return found
 
 
-def _record_problems(path, variants: list[Variant], inputs, limit: int | None) -> list[str]:
+def _record_problems(
+    path, variants: list[Variant], inputs, limit: int | None, offset: int
+) -> list[str]:
     """Why variants do not fit their records: no such record, a position beyond it, another
-    wild type."""
+    wild type; where every wild type fits at one other `variant_offset`, one line saying so."""
     found = []
     ids = {v.id for v in variants}
     try:
@@ -260,6 +291,7 @@ def _record_problems(path, variants: list[Variant], inputs, limit: int | None) -
             "an `id` column naming each variant's record"
         ]
     only = next(iter(sequences.values()), "")
+    misplaced = 0  # variants whose wild type is not where the table puts it
     for variant in variants:
         sequence = only if variant.id is None else sequences.get(variant.id)
         if sequence is None:
@@ -275,13 +307,43 @@ def _record_problems(path, variants: list[Variant], inputs, limit: int | None) -
                     else f"the {limit} residues embedded (truncation_seq_length)"
                 )
                 found.append(f"variants: {variant.where}: {variant.mutant}: position "
-                             f"{s.position} is beyond {beyond}")  # fmt: skip
+                             f"{s.position + offset - 1} is beyond {beyond}")  # fmt: skip
+                misplaced += s.position > len(sequence)
                 break
             if sequence[s.position - 1] != s.wild:
                 found.append(
                     f"variants: {variant.where}: {variant.mutant}: the record has "
-                    f"{sequence[s.position - 1]} at {s.position}, not {s.wild}; positions count "
-                    "from 1 in the record's sequence"
+                    f"{sequence[s.position - 1]} at {s.position + offset - 1}, not {s.wild}; "
+                    f"positions count from {offset} in the record's sequence (variant_offset)"
                 )
+                misplaced += 1
                 break
+    if misplaced and misplaced == len(found):
+        fits = _fitting_offset(variants, sequences, only, offset)
+        if fits is not None:
+            return [
+                f"variants: {path}: {misplaced:,} of its {len(variants):,} variants' wild types "
+                f"are not at the positions written, and every one is with variant_offset={fits} "
+                f"(the table numbers the record's first residue {fits}); set variant_offset={fits}"
+            ]
     return found
+
+
+def _fitting_offset(variants, sequences: dict[str, str], only: str, offset: int) -> int | None:
+    """The one `variant_offset` at which every substitution's wild type is its record's
+    residue, if there is one and the table has the MIN_FITTED substitutions that tell it."""
+    if sum(len(v.substitutions) for v in variants) < MIN_FITTED:
+        return None
+    shifts = None  # what may be added to every position
+    for variant in variants:
+        sequence = only if variant.id is None else sequences[variant.id]
+        for s in variant.substitutions:
+            at = s.position - 1
+            if shifts is None:
+                shifts = {i - at for i, letter in enumerate(sequence) if letter == s.wild}
+            shifts = {
+                d for d in shifts if 0 <= at + d < len(sequence) and sequence[at + d] == s.wild
+            }
+            if not shifts:
+                return None
+    return offset - shifts.pop() if len(shifts) == 1 else None

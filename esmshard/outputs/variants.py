@@ -12,10 +12,11 @@ mutants).
 """
 
 import csv
+import json
 import logging
 import sys
 from collections import defaultdict
-from itertools import zip_longest
+from itertools import takewhile, zip_longest
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +29,14 @@ from ..input.variants import (
     ORDER,
     PSEUDO_PPL,
     STRATEGIES,
+    Table,
     mutant_id,
     read_table,
     sequences_of,
     single_substitutions,
     substitution_name,
 )
+from ..steps.provenance import made_by_of
 from ..store import read_json_object
 from .reader import Embeddings
 
@@ -41,40 +44,47 @@ log = logging.getLogger(__name__)
 
 # The step's counts, beside the Parquet parts (a leading _: dataset readers skip it).
 COUNTS = "_counts.json"
+MADE_BY = "_made_by.json"  # what made the scores: the model, its weights, the settings key
 ROWS_PER_PART = 1 << 22  # rows of each Parquet file (row groups of ROWS_PER_GROUP)
 ROWS_PER_GROUP = 1 << 18
 
 
 class ScoreWriter:
-    """The TSV and the Parquet dataset, written a block of rows at a time."""
+    """The TSV and the Parquet dataset, written a block of rows at a time: the table's own
+    columns (`columns`, each of `types`: pyarrow's string or float64), then each strategy's;
+    `made_by` (what made the scores) in the Parquet files' metadata and `_made_by.json`."""
 
-    def __init__(self, tsv: Path, folder: Path, strategies):
+    def __init__(self, tsv: Path, folder: Path, columns, types, strategies, made_by: dict):
         import pyarrow as pa
 
+        self.columns, self.types = list(columns), list(types)
         self.strategies = list(strategies)
         self.fh = open(tsv, "w", newline="", encoding="utf-8")
         self.tsv = csv.writer(self.fh, delimiter="\t", lineterminator="\n")
-        self.tsv.writerow(["id", "mutant", *self.strategies])
+        self.tsv.writerow([*self.columns, *self.strategies])
         self.folder = folder
         self.folder.mkdir()
+        write_json(folder / MADE_BY, made_by)
         self.schema = pa.schema(
-            [("id", pa.string()), ("mutant", pa.string())]
-            + [(name, pa.float32()) for name in self.strategies]
+            [*zip(self.columns, self.types), *((name, pa.float32()) for name in self.strategies)],
+            metadata={"esmshard": json.dumps(made_by)},
         )
         self.pending, self.parquet, self.in_part, self.parts = [], None, 0, 0
         self.rows = 0
         self.empty = dict.fromkeys(self.strategies, 0)  # rows a strategy could not score
 
-    def write(self, ids: list[str], mutants: list[str], scores: dict[str, np.ndarray]) -> None:
+    def write(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
+        """Rows of the table's own `cells` (a tuple per row, a cell per column) and their
+        `scores` (per strategy, NaN where it has none)."""
         columns = [scores[name] for name in self.strategies]
         self.tsv.writerows(
-            [i, m, *(f"{v:.7g}" if v == v else "" for v in values)]  # NaN: left empty
-            for i, m, *values in zip(ids, mutants, *columns)
+            [*row, *(f"{v:.7g}" if v == v else "" for v in values)]  # NaN: left empty
+            for row, *values in zip(cells, *columns)
         )
         for name, values in zip(self.strategies, columns):
             self.empty[name] += int(np.isnan(values).sum())
-        self.pending.append((ids, mutants, columns))
-        self.rows += len(ids)
+        self.pending.append((cells, columns))
+        self.rows += len(cells)
         if sum(len(p[0]) for p in self.pending) >= ROWS_PER_GROUP:
             self._flush()
 
@@ -84,10 +94,9 @@ class ScoreWriter:
 
         if not self.pending:
             return
-        ids = [i for p in self.pending for i in p[0]]
-        mutants = [m for p in self.pending for m in p[1]]
-        columns = [
-            np.concatenate([p[2][k] for p in self.pending]).astype(np.float32)
+        cells = [row for p in self.pending for row in p[0]]
+        scores = [
+            np.concatenate([p[1][k] for p in self.pending]).astype(np.float32)
             for k in range(len(self.strategies))
         ]
         self.pending = []
@@ -97,16 +106,18 @@ class ScoreWriter:
             path = self.folder / f"part-{self.parts:05d}.parquet"
             self.parquet = pq.ParquetWriter(path, self.schema)
             self.in_part, self.parts = 0, self.parts + 1
+        own = [
+            pa.array([row[k] for row in cells], pa.string())
+            if kind == pa.string()
+            else pa.array([float(row[k]) if row[k].strip() else None for row in cells], kind)
+            for k, kind in enumerate(self.types)
+        ]
         table = pa.Table.from_arrays(
-            [
-                pa.array(ids, pa.string()),
-                pa.array(mutants, pa.string()),
-                *(pa.array(c, pa.float32(), mask=np.isnan(c)) for c in columns),
-            ],
+            [*own, *(pa.array(c, pa.float32(), mask=np.isnan(c)) for c in scores)],
             schema=self.schema,
         )
         self.parquet.write_table(table)
-        self.in_part += len(ids)
+        self.in_part += len(cells)
 
     def close(self) -> None:
         import pyarrow.parquet as pq
@@ -117,6 +128,26 @@ class ScoreWriter:
         else:  # no variant: the columns alone
             pq.write_table(self.schema.empty_table(), self.folder / "part-00000.parquet")
         self.fh.close()
+
+
+def column_types(columns: list[str], rows: list[tuple]) -> list:
+    """pyarrow's type of each of the table's own columns in the Parquet dataset: float64 where
+    every cell is a number or empty (DMS_score), else string (id and mutant always)."""
+    import pyarrow as pa
+
+    def number(cell: str) -> bool:
+        try:
+            float(cell)
+        except ValueError:
+            return not cell.strip()
+        return True
+
+    return [
+        pa.float64()
+        if name not in ("id", "mutant") and all(number(row[k]) for row in rows)
+        else pa.string()
+        for k, name in enumerate(columns)
+    ]
 
 
 def _matrices(emb: Embeddings, protein, strategies) -> dict[str, np.ndarray]:
@@ -197,9 +228,9 @@ def _table_scores(
     return kept.tolist(), {name: values[kept] for name, values in scores.items()}
 
 
-def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter) -> int:
-    """Every single substitution of every embedded record, in input order; the records not
-    embedded (failed) counted."""
+def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter, offset: int) -> int:
+    """Every single substitution of every embedded record, in input order, named with its
+    residues numbered from `offset`; the records not embedded (failed) counted."""
     missing = 0
     lengths = emb.h5["lengths"]
     for path in inputs:
@@ -214,7 +245,7 @@ def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter) -> in
             positions = np.array([p for p, _ in substitutions], dtype=np.int64)
             column = np.array([COLUMN[a] for _, a in substitutions], dtype=np.int64)
             wild = residue_columns(sequence)[positions]
-            mutants = [substitution_name(sequence, p, a) for p, a in substitutions]
+            mutants = [substitution_name(sequence, p, a, offset) for p, a in substitutions]
             scores = {
                 name: differences(matrix, positions, wild, column)
                 for name, matrix in _matrices(emb, row, strategies).items()
@@ -223,8 +254,17 @@ def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter) -> in
                 scores[PSEUDO_PPL] = np.array(
                     [plls.get(mutant_id(record.id, m), np.nan) for m in mutants]
                 )
-            writer.write([record.id] * len(mutants), mutants, scores)
+            writer.write([(record.id, mutant) for mutant in mutants], scores)
     return missing
+
+
+def _cells(variant, columns: list[str], only: str) -> tuple[str, ...]:
+    """A variant's row of the output's own columns: the table's cells, its record's ID first
+    where the table has no `id` column (or in it, where the cell is empty)."""
+    if "id" not in columns:
+        return (only, *variant.cells)
+    at = columns.index("id")
+    return (*variant.cells[:at], variant.id or only, *variant.cells[at + 1 :])
 
 
 def counts_line(counts: dict, tsv) -> str:
@@ -253,11 +293,21 @@ def read_counts(folder) -> dict | None:
 
 
 def score_variants(
-    embeddings, inputs, variants, strategies, out_tsv, out_folder, mutants=None
+    embeddings, inputs, variants, strategies, out_tsv, out_folder, mutants=None, offset=1
 ) -> int:
-    """Score `variants` (a table's path, or "all") with `strategies` from `embeddings` (and
-    `pseudo_ppl` from the mutants' embeddings.h5, `mutants`); returns the rows written."""
+    """Score `variants` (a table's path numbering residues from `offset`, or "all") with
+    `strategies` from `embeddings` (and `pseudo_ppl` from the mutants' embeddings.h5,
+    `mutants`); returns the rows written. The table's own columns are kept, in its order (with
+    `id` first where it has none), the strategies' after them."""
     strategies = [name for name in ORDER if name in strategies]
+    made_by = {**(made_by_of(embeddings) or {}), "variant_offset": offset}
+    if variants == ALL:
+        table, problems = Table(["id", "mutant"], []), []
+    else:
+        table, problems = read_table(variants, offset)
+    if problems:  # checked before any job: the table changed since
+        raise ValueError("; ".join(problems))
+    columns = table.columns if "id" in table.columns else ["id", *table.columns]
     with (
         Embeddings(embeddings) as emb,
         atomic_path(out_tsv) as tsv,
@@ -268,30 +318,29 @@ def score_variants(
                 plls = pseudo_ppls(mutant_emb)
         else:
             plls = {}
-        writer = ScoreWriter(Path(tsv), Path(folder), strategies)
+        only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
+        rows = [_cells(v, table.columns, only) for v in table.variants]
+        types = column_types(columns, rows)
+        writer = ScoreWriter(Path(tsv), Path(folder), columns, types, strategies, made_by)
         try:
             if variants == ALL:
-                missing = _all_substitutions(emb, inputs, strategies, plls, writer)
+                missing = _all_substitutions(emb, inputs, strategies, plls, writer, offset)
                 of = "records"
             else:
-                table, problems = read_table(variants)
-                if problems:  # checked before any job: the table changed since
-                    raise ValueError("; ".join(problems))
-                only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
-                stopped = {v.id or only for v in table if v.stop}
+                found = table.variants
+                stopped = {v.id or only for v in found if v.stop}
                 sequences = sequences_of(inputs, stopped) if stopped else {}
-                kept, scores = _table_scores(emb, table, strategies, plls, only, sequences)
+                kept, scores = _table_scores(emb, found, strategies, plls, only, sequences)
                 for start in range(0, len(kept), ROWS_PER_GROUP):
                     chosen = kept[start : start + ROWS_PER_GROUP]
                     writer.write(
-                        [table[k].id or only for k in chosen],
-                        [table[k].mutant for k in chosen],
+                        [rows[k] for k in chosen],
                         {
                             name: values[start : start + len(chosen)]
                             for name, values in scores.items()
                         },
                     )
-                missing = len(table) - len(kept)
+                missing = len(found) - len(kept)
                 of = "variants"
         finally:
             writer.close()
@@ -317,35 +366,34 @@ def average_scores(tables, out) -> int:
     try:
         readers = [csv.reader(fh, delimiter="\t") for fh in handles]
         headers = [next(reader, None) for reader in readers]
-        if (
-            any(h != headers[0] for h in headers)
-            or not headers[0]
-            or headers[0][:2]
-            != [
-                "id",
-                "mutant",
-            ]
-        ):
+        header = headers[0] or []
+        # the strategies' columns end the header; the table's own columns lead
+        own = len(header) - len(list(takewhile(lambda name: name in ORDER, header[::-1])))
+        if any(h != header for h in headers) or not {"id", "mutant"} <= set(header[:own]):
             raise ValueError(
                 "the tables' columns differ, or one is not a variant_scores.tsv: "
                 + "; ".join(f"{t}: {', '.join(h or [])}" for t, h in zip(tables, headers))
             )
+        key = [header.index("id"), header.index("mutant")]
         rows = 0
         with atomic_path(out) as tmp, open(tmp, "w", newline="", encoding="utf-8") as fh:
             writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
-            writer.writerow(headers[0])
+            writer.writerow(header)
             for line, group in enumerate(zip_longest(*readers), start=2):
                 if any(row is None for row in group):
                     short = [t for t, row in zip(tables, group) if row is None]
                     raise ValueError(f"{', '.join(short)} holds fewer variants than the others")
-                if any(row[:2] != group[0][:2] for row in group):
-                    differ = ", ".join(f"{t}: {' '.join(r[:2])}" for t, r in zip(tables, group))
+                if any(row[:own] != group[0][:own] for row in group):
+                    differ = ", ".join(
+                        f"{t}: {' '.join(r[k] for k in key)}" for t, r in zip(tables, group)
+                    )
                     raise ValueError(
                         f"line {line}: the tables list other variants ({printable(differ)}); "
                         "score the same variants table in each run"
                     )
-                values = np.array([[float(v) for v in row[2:]] for row in group]).mean(0)
-                writer.writerow([*group[0][:2], *(f"{v:.7g}" for v in values)])
+                scores = np.array([[float(v) if v else np.nan for v in r[own:]] for r in group])
+                mean = scores.mean(0)
+                writer.writerow([*group[0][:own], *(f"{v:.7g}" if v == v else "" for v in mean)])
                 rows += 1
         return rows
     finally:

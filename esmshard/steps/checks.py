@@ -109,7 +109,9 @@ def check_config(
         config = for_family(config, model.family)
         if inputs and config["variants"] not in ("", ALL):
             limit = scored_limit(config["truncation_seq_length"], config["long_sequences"])
-            problems += variant_problems(config["variants"], config["input"], limit)
+            problems += variant_problems(
+                config["variants"], config["input"], limit, config["variant_offset"]
+            )
     return Checked(config, model, problems)
 
 

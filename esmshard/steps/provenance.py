@@ -145,10 +145,11 @@ def made_by(settings: dict, key: str, precision: str, checksum_cache) -> dict:
 
 
 def made_by_of(embeddings) -> dict | None:
-    """What made an existing embeddings.h5 (its `MADE_BY` attributes), or None where there is
-    no readable file."""
+    """What made an existing embeddings.h5 (its `MADE_BY` attributes, as Python values), or
+    None where there is no readable file."""
     try:
         with h5py.File(embeddings, "r") as h5:
-            return {name: h5.attrs[name] for name in MADE_BY if name in h5.attrs}
+            found = {name: h5.attrs[name] for name in MADE_BY if name in h5.attrs}
+            return {name: getattr(v, "item", lambda v=v: v)() for name, v in found.items()}
     except (OSError, KeyError):
         return None

@@ -41,11 +41,14 @@ def table(tmp_path, text, name="variants.csv"):
     return path
 
 
-def test_csv_and_tsv_tables_are_read_with_their_other_columns_left_alone(tmp_path):
+def test_csv_and_tsv_tables_are_read_with_their_other_columns_kept(tmp_path):
     for name, sep in (("v.csv", ","), ("v.tsv", "\t")):
         path = table(tmp_path, f"id{sep}mutant{sep}DMS_score\nP1{sep}M1A{sep}0.5\n", name)
-        (variant,), found = read_table(path)
+        table_read, found = read_table(path)
+        (variant,) = table_read.variants
         assert found == [] and variant.id == "P1" and variant.mutant == "M1A"
+        assert table_read.columns == ["id", "mutant", "DMS_score"]
+        assert variant.cells == ("P1", "M1A", "0.5")
         assert variant.where == f"{path}:2"
 
 
@@ -127,3 +130,37 @@ def test_pseudo_ppls_mutants_are_each_variants_sequence_once_and_counted_before_
     got = list(read_fasta(tmp_path / "all.fasta"))
     assert said == written == (len(got), len(got) * (limit + 1)) and len(got) == 2 * 19 * limit
     assert all(len(r.sequence) == limit for r in got) and len({r.id for r in got}) == len(got)
+
+
+def test_a_table_numbered_from_another_residue_is_read_with_its_offset_or_named_in_one_line(
+    tmp_path,
+):
+    """A table whose residues are numbered from 3 (as TEM-1's Ambler numbering is): read with
+    variant_offset=3; with the default, one line naming the offset at which all fit."""
+    positions = range(5, min(len(SEQUENCE), 120), 13)  # 0-based, in the record
+    rows = "".join(f"{ID},{SEQUENCE[p]}{p + 3}{'A' if SEQUENCE[p] != 'A' else 'C'}\n"
+                   for p in positions)  # fmt: skip
+    path = table(tmp_path, "id,mutant\n" + rows)
+    assert problems(path, [PROTEINS], 1022, offset=3) == []
+    (line,) = problems(path, [PROTEINS], 1022)
+    n = len(positions)
+    assert line == (
+        f"variants: {path}: {n} of its {n} variants' wild types are not at the positions "
+        "written, and every one is with variant_offset=3 (the table numbers the record's first "
+        "residue 3); set variant_offset=3"
+    )
+    read, found = read_table(path, offset=3)
+    assert found == [] and read.variants[0].substitutions[0].position == positions[0] + 1
+
+
+def test_a_column_named_as_a_strategy_and_a_position_before_the_first_residue_are_named(
+    tmp_path,
+):
+    (line,) = problems(table(tmp_path, "id,mutant,wt_marginals\nP1,M1A,0.1\n"), [PROTEINS], 1022)
+    assert "has a column named as a strategy's scores (wt_marginals); rename it" in line
+    path = table(tmp_path, f"id,mutant\n{ID},{SEQUENCE[0]}2A\n", "early.csv")
+    (line,) = problems(path, [PROTEINS], 1022, offset=3)
+    assert (
+        line
+        == f"variants: {path}:2: position 2 is before the record's first residue, 3 (variant_offset)"
+    )

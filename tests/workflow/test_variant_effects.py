@@ -13,7 +13,15 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import PROTEOME, fair_esm_model, fasta, jobs_run, read_records, snakemake
+from conftest import (
+    PROTEOME,
+    doc_block,
+    fair_esm_model,
+    fasta,
+    jobs_run,
+    read_records,
+    snakemake,
+)
 
 import esmshard
 from esmshard.embeddings_h5.scores import AMINO_ACIDS
@@ -87,7 +95,9 @@ def test_variant_scores_are_predict_py_label_row(run, fair_esm):
     with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
         got = list(csv.DictReader(fh, delimiter="\t"))
     assert [(r["id"], r["mutant"]) for r in got] == rows
-    assert list(got[0]) == ["id", "mutant", "wt_marginals", "masked_marginals"]
+    # the table's own columns kept, in its order, the strategies' after them
+    assert list(got[0]) == ["id", "mutant", "DMS_score", "wt_marginals", "masked_marginals"]
+    assert {r["DMS_score"] for r in got} == {"0.5"}
     for r in got:
         logits, masked = reference[r["id"]]
         sequence = SEQUENCE[r["id"]]
@@ -150,7 +160,8 @@ def test_a_variant_that_does_not_fit_its_record_stops_the_run_before_any_job(tmp
     said = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
     assert said == [
         f"esmshard: variants: {tmp_path / 'bad.tsv'}:2: {wrong}7A: the record has "
-        f"{sequence[6]} at 7, not {wrong}; positions count from 1 in the record's sequence"
+        f"{sequence[6]} at 7, not {wrong}; positions count from 1 in the record's sequence "
+        "(variant_offset)"
     ]
 
 
@@ -228,6 +239,59 @@ def test_a_stop_gain_is_the_least_score_from_its_position_to_the_end(tmp_path, r
     assert ours[-1].endswith("; left empty where a strategy cannot score the row: pseudo_ppl 1")
 
 
+def test_a_dms_table_numbered_from_another_residue_comes_back_whole_with_its_model_named(
+    tmp_path, run, checkpoint
+):
+    """A ProteinGym-style table whose positions count from 3 (`variant_offset=3`, predict.py's
+    `--offset-idx 3`): its own columns come back in its order, its scores equal the table's
+    numbered from 1, and the Parquet dataset and `_made_by.json` name the model. With the
+    default offset, one line before any job names the offset at which it fits."""
+    workdir, config, rows, _ = run
+    table = tmp_path / "ambler.csv"
+    with open(table, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["mutant", "DMS_score", "DMS_score_bin", "id"])
+        for k, (id_, mutant) in enumerate(rows):
+            shifted = ":".join(f"{m[0]}{int(m[1:-1]) + 2}{m[-1]}" for m in mutant.split(":"))
+            writer.writerow([shifted, f"{k / 10}", k % 2, id_])
+    refused = snakemake(workdir, config, "--config", f"variants={table}", *SCORING, check=False)
+    said = [line for line in refused.stderr.splitlines() if line.startswith("esmshard:")]
+    assert (
+        refused.returncode != 0 and len(said) == 1 and said[0].endswith("set variant_offset=3")
+    ), refused.stderr
+    outdir = tmp_path / "out"
+    store = str(workdir / "results" / "store")  # the first run's: nothing computed again
+    done = snakemake(workdir, {**config, "outdir": str(outdir), "store": store}, "--config",
+                     f"variants={table}", "variant_offset=3", *SCORING)  # fmt: skip
+    assert jobs_run(done).get("embed", 0) == 0
+    with open(outdir / "variant_scores.tsv", newline="") as fh:
+        got = list(csv.DictReader(fh, delimiter="\t"))
+    with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
+        numbered_from_1 = list(csv.DictReader(fh, delimiter="\t"))
+    assert list(got[0]) == ["mutant", "DMS_score", "DMS_score_bin", "id", "wt_marginals",
+                            "masked_marginals"]  # fmt: skip
+    for mine, plain in zip(got, numbered_from_1, strict=True):
+        assert mine["id"] == plain["id"]
+        for name in ("wt_marginals", "masked_marginals"):
+            assert mine[name] == plain[name]
+    parquet = pq.read_table(outdir / "variant_scores")
+    assert parquet.schema.field("DMS_score").type == "double"
+    made_by = json.loads(parquet.schema.metadata[b"esmshard"])
+    assert made_by["model"] == str(checkpoint) and made_by["variant_offset"] == 3
+    assert made_by["weights_sha256"] and made_by["settings_key"]
+    assert json.loads((outdir / "variant_scores" / "_made_by.json").read_text()) == made_by
+    assert parquet.column("DMS_score").to_pylist()[:2] == [0.0, 0.1]
+    # the docs' Spearman correlation against the table's own scores, typed as they show it
+    code = doc_block("docs/outputs.md", "a Spearman correlation", "```python\n")
+    shown = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    ranks = [
+        np.argsort(np.argsort([float(r[column]) for r in got]))
+        for column in ("masked_marginals", "DMS_score")
+    ]
+    assert abs(float(shown.stdout) - np.corrcoef(*ranks)[0, 1]) < 1e-9
+
+
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 
 
@@ -243,8 +307,9 @@ def test_an_ensemble_is_the_mean_of_its_runs(tmp_path, run):
         lines = fh.read().splitlines()
         out.write(lines[0] + "\n")
         for line in lines[1:]:
-            id_, mutant, *values = line.split("\t")
-            out.write("\t".join([id_, mutant, *(str(3 * float(v)) for v in values)]) + "\n")
+            id_, mutant, dms, *values = line.split("\t")
+            tripled = (str(3 * float(v)) for v in values)
+            out.write("\t".join([id_, mutant, dms, *tripled]) + "\n")
     done = subprocess.run(
         ["esmshard", "ensemble", str(results), str(doubled), "--out", str(tmp_path / "mean.tsv")],
         capture_output=True,
@@ -254,10 +319,10 @@ def test_an_ensemble_is_the_mean_of_its_runs(tmp_path, run):
     assert done.returncode == 0, done.stderr
     mean = [line.split("\t") for line in (tmp_path / "mean.tsv").read_text().splitlines()]
     first = [line.split("\t") for line in lines]
-    assert [m[:2] for m in mean] == [f[:2] for f in first]
+    assert [m[:3] for m in mean] == [f[:3] for f in first]  # id, mutant, DMS_score
     for m, f in zip(mean[1:], first[1:]):
         np.testing.assert_allclose(
-            [float(v) for v in m[2:]], [2 * float(v) for v in f[2:]], rtol=1e-6
+            [float(v) for v in m[3:]], [2 * float(v) for v in f[3:]], rtol=1e-6
         )
     lines[1] = lines[1].replace(lines[1].split("\t")[1], "A1C")
     (doubled / "variant_scores.tsv").write_text("\n".join(lines) + "\n")
@@ -307,7 +372,9 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     assert {"mutant_sequences", "shard_mutants", "merge_mutants", "variants"} <= set(jobs)
     with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
         got = list(csv.DictReader(fh, delimiter="\t"))
-    assert list(got[0]) == ["id", "mutant", "wt_marginals", "masked_marginals", "pseudo_ppl"]
+    assert list(got[0]) == [
+        "id", "mutant", "DMS_score", "wt_marginals", "masked_marginals", "pseudo_ppl"
+    ]  # fmt: skip
     assert [(r["id"], r["mutant"]) for r in got] == rows
     net, alphabet = fair_esm_model(checkpoint)
     for r in got:

@@ -431,7 +431,7 @@ def say_pseudo_ppl_work():
     """One line before any job: what `pseudo_ppl` computes, a pass per residue of each mutant."""
     if not PSEUDO_PPL_WANTED or workflow.remote_exec or "--lint" in sys.argv:
         return
-    work = mutants_work(INPUTS, config["variants"], SCORED_LIMIT)
+    work = mutants_work(INPUTS, config["variants"], SCORED_LIMIT, config["variant_offset"])
     logger.info(
         f"esmshard: pseudo_ppl: {work.sequences:,} mutant sequences, {work.passes:,} forward "
         f"passes (one per residue of each, and one unmasked), embedded in {MUTANTS.outdir}"

@@ -13,6 +13,7 @@ rule variants:
     params:
         variants=config["variants"],
         strategies=config["variant_scoring"],
+        offset=config["variant_offset"],
     script:
         "../scripts/variants.py"
 
@@ -33,6 +34,7 @@ rule mutant_sequences:
     params:
         variants=config["variants"],
         limit=SCORED_LIMIT,
+        offset=config["variant_offset"],
     script:
         "../scripts/mutant_sequences.py"
 

@@ -6,5 +6,6 @@ run_step(
     inputs=list(snakemake.input.inputs),
     variants=snakemake.params.variants,
     limit=snakemake.params.limit,
+    offset=snakemake.params.offset,
     out_fasta=snakemake.output[0],
 )

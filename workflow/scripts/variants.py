@@ -10,4 +10,5 @@ run_step(
     out_tsv=snakemake.output.tsv,
     out_folder=snakemake.output.parquet,
     mutants=snakemake.input.get("mutants"),
+    offset=snakemake.params.offset,
 )
