@@ -28,7 +28,16 @@ ALL = "all"
 # whose values it reads
 STRATEGIES = {"wt_marginals": LOGITS, "masked_marginals": MASKED_MARGINALS}
 PSEUDO_PPL = "pseudo_ppl"  # the mutant sequences' own pseudo-log-likelihoods
-ORDER = [*STRATEGIES, PSEUDO_PPL]  # the output's columns, in this order
+ORDER = [*STRATEGIES, PSEUDO_PPL]  # the strategies' columns of the output, in this order
+WILD_TYPE_PLL = "pseudo_ppl_wild_type"  # beside pseudo_ppl: the wild type's own PLL
+SCORES = [*ORDER, WILD_TYPE_PLL]  # every column of scores the output may have
+
+
+def score_columns(strategies) -> list[str]:
+    """The output's columns of scores for `strategies` (in ORDER)."""
+    return [*strategies, *([WILD_TYPE_PLL] if PSEUDO_PPL in strategies else [])]
+
+
 SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z*])")
 STOP = "*"  # a stop-gain's mutant: K17*
 SHOWN = 5  # problems named one by one; the rest counted
@@ -121,7 +130,7 @@ def read_table(path, offset: int = 1) -> tuple[Table, list[str]]:
                     f"{', '.join(columns) or 'none'}); give a CSV or TSV with "
                     "`mutant` (H24C) and `id` columns"
                 ]
-            taken = [name for name in columns if name in ORDER]
+            taken = [name for name in columns if name in SCORES]
             if taken:  # variant_scores.tsv gives each strategy a column of that name
                 return table, [
                     f"variants: {path} has a column named as a strategy's scores "
@@ -158,6 +167,12 @@ def read_table(path, offset: int = 1) -> tuple[Table, list[str]]:
 def mutant_id(record_id: str, mutant: str) -> str:
     """The ID of a variant's mutant sequence among the mutants (`write_mutants`)."""
     return f"{record_id}/{mutant}"
+
+
+def wild_type_id(record_id: str) -> str:
+    """The ID of a record's own sequence among the mutants: `pseudo_ppl` is each mutant's PLL
+    minus its wild type's. (No mutant is written `wild_type`.)"""
+    return mutant_id(record_id, "wild_type")
 
 
 def mutated(sequence: str, substitutions) -> str:
@@ -201,6 +216,7 @@ def mutants_of(inputs, variants, limit: int | None, offset: int = 1):
         for path in inputs:
             for record in read_raw(str(path)):
                 sequence = record.sequence.decode("ascii")[:limit]
+                yield wild_type_id(record.id), sequence
                 for p, a in single_substitutions(sequence):
                     name = mutant_id(record.id, substitution_name(sequence, p, a, offset))
                     yield name, f"{sequence[:p]}{a}{sequence[p + 1 :]}"
@@ -213,8 +229,13 @@ def mutants_of(inputs, variants, limit: int | None, offset: int = 1):
         if variant.stop:  # no mutant sequence: pseudo_ppl leaves its row empty
             continue
         record_id = variant.id if variant.id is not None else only
-        name = mutant_id(record_id, variant.mutant)
-        if name not in seen and record_id in sequences:
+        if record_id not in sequences:
+            continue
+        name, wild = mutant_id(record_id, variant.mutant), wild_type_id(record_id)
+        if wild not in seen:
+            seen.add(wild)
+            yield wild, sequences[record_id][:limit]
+        if name not in seen:
             seen.add(name)
             yield name, mutated(sequences[record_id], variant.substitutions)[:limit]
 
@@ -239,7 +260,8 @@ def mutants_work(inputs, variants, limit: int | None, offset: int = 1) -> Mutant
         for path in inputs:
             for record in read_raw(str(path)):
                 sequence = record.sequence.decode("ascii")[:limit]
-                mutants = (len(AMINO_ACIDS) - 1) * sum(sequence.count(a) for a in AMINO_ACIDS)
+                # its substitutions, and the record itself (its wild type)
+                mutants = (len(AMINO_ACIDS) - 1) * sum(sequence.count(a) for a in AMINO_ACIDS) + 1
                 count += mutants
                 passes += mutants * (len(sequence) + 1)
         return Mutants(count, passes)

@@ -28,13 +28,17 @@ from ..input.variants import (
     ALL,
     ORDER,
     PSEUDO_PPL,
+    SCORES,
     STRATEGIES,
+    WILD_TYPE_PLL,
     Table,
     mutant_id,
     read_table,
+    score_columns,
     sequences_of,
     single_substitutions,
     substitution_name,
+    wild_type_id,
 )
 from ..steps.provenance import made_by_of
 from ..store import read_json_object
@@ -51,7 +55,8 @@ ROWS_PER_GROUP = 1 << 18
 
 class ScoreWriter:
     """The TSV and the Parquet dataset, written a block of rows at a time: the table's own
-    columns (`columns`, each of `types`: pyarrow's string or float64), then each strategy's;
+    columns (`columns`, each of `types`: pyarrow's string or float64), then the scores' (each
+    strategy's, esmshard.input.variants.score_columns);
     `made_by` (what made the scores) in the Parquet files' metadata and `_made_by.json`."""
 
     def __init__(self, tsv: Path, folder: Path, columns, types, strategies, made_by: dict):
@@ -173,6 +178,15 @@ def pseudo_ppls(mutants: Embeddings | None) -> dict[str, float]:
     return dict(zip(mutants.ids(), mutants.array(PLL)[:, 0].astype(np.float64).tolist()))
 
 
+def relative_plls(record: str, mutants: list[str], plls: dict) -> dict[str, np.ndarray]:
+    """`pseudo_ppl` of a record's variants (`mutants`, as the table writes them): each mutant
+    sequence's pseudo-log-likelihood minus its wild type's, a log-ratio where higher is fitter
+    as the other strategies' are; and the wild type's own (NaN where there is none)."""
+    wild = plls.get(wild_type_id(record), np.nan)
+    own = np.array([plls.get(mutant_id(record, m), np.nan) for m in mutants], dtype=np.float64)
+    return {PSEUDO_PPL: own - wild, WILD_TYPE_PLL: np.full(len(mutants), wild)}
+
+
 def least_from(matrix: np.ndarray, wild: np.ndarray) -> np.ndarray:
     """Per 0-based position p of one protein's log-probabilities (residues × 20, `wild` each
     residue's column, -1 for none of the 20): the least log p(a) − log p(wild type) over the 20
@@ -193,7 +207,7 @@ def _table_scores(
     by_protein = defaultdict(list)
     for k, variant in enumerate(variants):
         by_protein[variant.id].append(k)
-    scores = {name: np.full(len(variants), np.nan) for name in strategies}
+    scores = {name: np.full(len(variants), np.nan) for name in score_columns(strategies)}
     scored = np.zeros(len(variants), dtype=bool)
     for id_, members in by_protein.items():
         record = only if id_ is None else id_
@@ -203,9 +217,9 @@ def _table_scores(
             continue  # failed: failed_sequences.tsv says why
         matrices = _matrices(emb, row, strategies)
         if PSEUDO_PPL in strategies:
-            scores[PSEUDO_PPL][members] = [
-                plls.get(mutant_id(record, variants[k].mutant), np.nan) for k in members
-            ]
+            relative = relative_plls(record, [variants[k].mutant for k in members], plls)
+            for name, values in relative.items():
+                scores[name][members] = values
         stops = [k for k in members if variants[k].stop]
         changes = [k for k in members if not variants[k].stop]
         substitutions = [s for k in changes for s in variants[k].substitutions]
@@ -251,9 +265,7 @@ def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter, offse
                 for name, matrix in _matrices(emb, row, strategies).items()
             }
             if PSEUDO_PPL in strategies:
-                scores[PSEUDO_PPL] = np.array(
-                    [plls.get(mutant_id(record.id, m), np.nan) for m in mutants]
-                )
+                scores.update(relative_plls(record.id, mutants, plls))
             writer.write([(record.id, mutant) for mutant in mutants], scores)
     return missing
 
@@ -321,7 +333,9 @@ def score_variants(
         only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
         rows = [_cells(v, table.columns, only) for v in table.variants]
         types = column_types(columns, rows)
-        writer = ScoreWriter(Path(tsv), Path(folder), columns, types, strategies, made_by)
+        writer = ScoreWriter(
+            Path(tsv), Path(folder), columns, types, score_columns(strategies), made_by
+        )
         try:
             if variants == ALL:
                 missing = _all_substitutions(emb, inputs, strategies, plls, writer, offset)
@@ -368,7 +382,7 @@ def average_scores(tables, out) -> int:
         headers = [next(reader, None) for reader in readers]
         header = headers[0] or []
         # the strategies' columns end the header; the table's own columns lead
-        own = len(header) - len(list(takewhile(lambda name: name in ORDER, header[::-1])))
+        own = len(header) - len(list(takewhile(lambda name: name in SCORES, header[::-1])))
         if any(h != header for h in headers) or not {"id", "mutant"} <= set(header[:own]):
             raise ValueError(
                 "the tables' columns differ, or one is not a variant_scores.tsv: "

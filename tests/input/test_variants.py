@@ -118,17 +118,23 @@ def test_pseudo_ppls_mutants_are_each_variants_sequence_once_and_counted_before_
     said = mutants_work([fasta], table, 5000)  # no truncation
     written = write_mutants([fasta], table, 5000, tmp_path / "m.fasta")
     got = [(r.id, r.sequence) for r in read_fasta(tmp_path / "m.fasta")]
-    assert got == [
-        (f"{first}/{s1[0]}1A", "A" + s1[1:]),
-        (f"{second}/{s2[2]}3W:{s2[4]}5G", s2[:2] + "W" + s2[3] + "G" + s2[5:]),
-    ]  # the repeated line once
-    assert said == written == (2, len(s1) + 1 + len(s2) + 1)
+    assert (
+        got
+        == [
+            (f"{first}/wild_type", s1),  # what pseudo_ppl subtracts
+            (f"{first}/{s1[0]}1A", "A" + s1[1:]),
+            (f"{second}/wild_type", s2),
+            (f"{second}/{s2[2]}3W:{s2[4]}5G", s2[:2] + "W" + s2[3] + "G" + s2[5:]),
+        ]
+    )  # the repeated line once
+    assert said == written == (4, 2 * (len(s1) + 1 + len(s2) + 1))
     # every single substitution, truncated as the records are: counted without writing them
     limit = 40
     said = mutants_work([fasta], ALL, limit)
     written = write_mutants([fasta], ALL, limit, tmp_path / "all.fasta")
     got = list(read_fasta(tmp_path / "all.fasta"))
-    assert said == written == (len(got), len(got) * (limit + 1)) and len(got) == 2 * 19 * limit
+    assert said == written == (len(got), len(got) * (limit + 1))
+    assert len(got) == 2 * (19 * limit + 1)  # each record's substitutions, and itself
     assert all(len(r.sequence) == limit for r in got) and len({r.id for r in got}) == len(got)
 
 

@@ -266,7 +266,12 @@ def test_a_dms_table_numbered_from_another_residue_comes_back_whole_with_its_mod
     assert jobs_run(done).get("embed", 0) == 0
     with open(outdir / "variant_scores.tsv", newline="") as fh:
         got = list(csv.DictReader(fh, delimiter="\t"))
-    with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
+    # the module's table, numbered from 1, scored from the same store (later tests rewrite
+    # the module's own results)
+    plain = tmp_path / "plain"
+    snakemake(workdir, {**config, "outdir": str(plain), "store": store}, "--config",
+              "variants=variants.csv", *SCORING)  # fmt: skip
+    with open(plain / "variant_scores.tsv", newline="") as fh:
         numbered_from_1 = list(csv.DictReader(fh, delimiter="\t"))
     assert list(got[0]) == ["mutant", "DMS_score", "DMS_score_bin", "id", "wt_marginals",
                             "masked_marginals"]  # fmt: skip
@@ -360,9 +365,15 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     # the module's run's `include`: its records' scores come from the store
     scoring = ["variant_scoring=[wt_marginals,masked_marginals,pseudo_ppl]", "include=[mean,pll]"]
     done = snakemake(workdir, config, "--config", "variants=variants.csv", *scoring)
-    # said before any job: the mutants and their passes (a pass per residue, and one unmasked)
+    # said before any job: the mutants and their wild types, and their passes (a pass per
+    # residue, and one unmasked)
+    records = {id_ for id_, _ in rows}
     passes = sum(len(SEQUENCE[id_]) + 1 for id_, _ in rows)
-    said = f"esmshard: pseudo_ppl: {len(rows)} mutant sequences, {passes:,} forward passes"
+    passes += sum(len(SEQUENCE[id_]) + 1 for id_ in records)
+    said = (
+        f"esmshard: pseudo_ppl: {len(rows) + len(records)} mutant sequences, {passes:,} forward "
+        "passes"
+    )
     lines = done.stderr.splitlines()
     at = next(k for k, line in enumerate(lines) if line.startswith(said))
     assert not any(line.startswith(("rule ", "localrule ")) for line in lines[:at])
@@ -372,14 +383,16 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     assert {"mutant_sequences", "shard_mutants", "merge_mutants", "variants"} <= set(jobs)
     with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
         got = list(csv.DictReader(fh, delimiter="\t"))
-    assert list(got[0]) == [
-        "id", "mutant", "DMS_score", "wt_marginals", "masked_marginals", "pseudo_ppl"
-    ]  # fmt: skip
+    assert list(got[0]) == ["id", "mutant", "DMS_score", "wt_marginals", "masked_marginals",
+                            "pseudo_ppl", "pseudo_ppl_wild_type"]  # fmt: skip
     assert [(r["id"], r["mutant"]) for r in got] == rows
     net, alphabet = fair_esm_model(checkpoint)
+    wild = {id_: pseudo_log_likelihood(net, alphabet, SEQUENCE[id_]) for id_ in records}
     for r in got:
+        # the mutant's PLL minus the wild type's: a log-ratio, higher fitter, as the others
         want = pseudo_log_likelihood(net, alphabet, mutated(SEQUENCE[r["id"]], r["mutant"]))
-        assert abs(float(r["pseudo_ppl"]) - want) <= 1e-3, (r, want)
+        assert abs(float(r["pseudo_ppl"]) - (want - wild[r["id"]])) <= 1e-3, (r, want)
+        assert abs(float(r["pseudo_ppl_wild_type"]) - wild[r["id"]]) <= 1e-3
     # a table with one more mutant computes that mutant alone
     sequence = SEQUENCE[IDS[3]]
     extra = (IDS[3], f"{sequence[1]}2{'K' if sequence[1] != 'K' else 'R'}")
@@ -388,9 +401,11 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     done = snakemake(workdir, config, "--config", "variants=more.csv", *scoring)
     assert jobs_run(done)["embed_mutants"] == 1
     run_json = json.loads((workdir / "results" / "mutants" / "run.json").read_text())
-    assert run_json["computed"] == 1 and run_json["from_store"] == len(rows)
+    # the new mutant and its record's wild type; the others from the store
+    assert run_json["computed"] == 2 and run_json["from_store"] == len(rows) + len(records)
     with open(workdir / "results" / "variant_scores.tsv", newline="") as fh:
         last = list(csv.DictReader(fh, delimiter="\t"))[-1]
     want = pseudo_log_likelihood(net, alphabet, mutated(sequence, extra[1]))
+    want -= pseudo_log_likelihood(net, alphabet, sequence)
     assert (last["id"], last["mutant"]) == extra
     assert abs(float(last["pseudo_ppl"]) - want) <= 1e-3
