@@ -31,6 +31,7 @@ RUN_BY = {
     "esmshard status": "test_readme.py::test_esmshard_run_and_status_as_the_readme_types_them",
     "esmshard export": "test_readme.py::test_reading_and_exporting_as_the_docs_show",
     "esmshard ensemble": "workflow/test_variant_effects.py::test_an_ensemble_is_the_mean_of_its_runs",
+    "esmshard heatmap": "workflow/test_long_proteins.py::test_every_substitution_of_long_proteins_equals_its_recipe",
     "pip install esmshard-": "test_install.py::test_the_wheel_runs_from_an_empty_folder_as_snake",
     "pip install esmshard snakedeploy": "test_install.py::test_a_deployed_workflow_runs_with_the",
     "pip install --config-settings editable_mode=compat -e": "../.ci/run",  # make installs so

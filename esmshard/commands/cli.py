@@ -193,6 +193,22 @@ def main(argv=None):
     )
     ensemble.add_argument("outdirs", nargs="+", type=Path, metavar="OUTDIR", help="the runs")
     ensemble.add_argument("--out", required=True, type=Path, help="the TSV to write")
+    heatmap = commands.add_parser(
+        "heatmap",
+        help="draw a protein's substitution scores (position × 20 amino acids) as a PNG or SVG",
+        description="Draw each position's log p(amino acid) − log p(wild type) of protein ID "
+        "in the run in OUTDIR, as the esm-variants portal shows them: a diverging scale centred "
+        "on 0, the wild type black, long proteins in numbered rows of 250 positions.",
+    )
+    heatmap.add_argument("outdir", type=Path, help="the run's outdir")
+    heatmap.add_argument("id", help="the protein's ID, as in the input")
+    heatmap.add_argument("-o", "--out", required=True, type=Path, help="FILE.png or FILE.svg")
+    heatmap.add_argument(
+        "--scores",
+        choices=["logits", "masked_marginals"],
+        help="which log-probabilities: logits (wt_marginals) or masked_marginals; default: the "
+        "first of them the run has",
+    )
     deploy = commands.add_parser(
         "deploy",
         help="deploy the workflow from a local clone, as the workflow catalog does",
@@ -261,6 +277,15 @@ def main(argv=None):
         if args.prune and not args.keep:
             parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
         return show_store(parser, args)
+    if args.command == "heatmap":
+        from ..outputs.heatmap import HeatmapError
+        from ..outputs.heatmap import heatmap as draw_heatmap
+
+        try:
+            print(f"wrote {draw_heatmap(args.outdir, args.id, args.out, args.scores)}")
+        except (HeatmapError, DamagedFileError, FastaError, OSError) as err:
+            parser.exit(1, f"esmshard heatmap: {err}\n")
+        return 0
     if args.command == "ensemble":
         return average_variant_scores(parser, args.outdirs, args.out)
     if args.command == "export":

@@ -12,12 +12,23 @@ tested here (each family's forward pass has its own tests).
 """
 
 import math
+import shlex
+import subprocess
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import LONG_PROTEIN, MODEL, PROTEOME, fair_esm_model, fasta, read_records, snakemake
+from conftest import (
+    LONG_PROTEIN,
+    MODEL,
+    PROTEOME,
+    doc_block,
+    fair_esm_model,
+    fasta,
+    read_records,
+    snakemake,
+)
 
 import esmshard
 from esmshard.embeddings_h5.scores import AMINO_ACIDS
@@ -28,7 +39,7 @@ POLYPROTEIN = read_records(LONG_PROTEIN)[0][1]
 # 1,023 residues (a real protein's first), ~1,500, ~2,700 and ~4,700
 PROTEINS = {
     "A2MG_first_1023": ECOLI["sp|P76578|A2MG_ECOLI"][:1023],
-    "LHR_ECOLI": ECOLI["sp|P30015|LHR_ECOLI"],
+    "sp|P30015|LHR_ECOLI": ECOLI["sp|P30015|LHR_ECOLI"],
     "R1AB_first_2700": POLYPROTEIN[:2700],
     "R1AB_last_4700": POLYPROTEIN[-4700:],
 }
@@ -106,14 +117,14 @@ def test_every_substitution_of_long_proteins_equals_its_recipe(tmp_path, recipe)
     log-probability of the mutant minus the wild type's at its position (after averaging, as
     both references take it), within 1e-4; the logits kept are the recipe's."""
     fasta(tmp_path / "long.fasta", [(f">{name}", s) for name, s in PROTEINS.items()])
-    config = {"input": "long.fasta", "model": MODEL, "outdir": "results"}
+    config = {"input": "long.fasta", "model": MODEL, "outdir": "scan"}
     snakemake(tmp_path, config, "--config", "long_sequences=chunk", f"score_windows={recipe}",
               "variants=all", "variant_scoring=[wt_marginals]", "fast_path=false")  # fmt: skip
     net, alphabet = fair_esm_model(MODEL)
     columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
     of_recipe = esm_variants_log_probs if recipe == "weighted" else proteingym_log_probs
-    rows = pq.read_table(tmp_path / "results" / "variant_scores").to_pandas()
-    with esmshard.open_embeddings(tmp_path / "results" / "embeddings.h5") as emb:
+    rows = pq.read_table(tmp_path / "scan" / "variant_scores").to_pandas()
+    with esmshard.open_embeddings(tmp_path / "scan" / "embeddings.h5") as emb:
         for name, sequence in PROTEINS.items():
             want = of_recipe(net, alphabet, sequence)[:, columns]
             np.testing.assert_allclose(emb[name].scores["logits"], want, atol=1e-4, rtol=0)
@@ -125,6 +136,42 @@ def test_every_substitution_of_long_proteins_equals_its_recipe(tmp_path, recipe)
             np.testing.assert_allclose(
                 mine["wt_marginals"], want[position, mutant] - want[position, wild], atol=1e-4
             )
+    if recipe == "weighted":
+        looked_at_as_a_heatmap(tmp_path, "scan", "R1AB_last_4700")
+        # the docs' command, as they show it
+        (line,) = doc_block("docs/outputs.md", "esmshard heatmap OUTDIR ID").splitlines()
+        subprocess.run(shlex.split(line), cwd=tmp_path, check=True, capture_output=True)
+        assert (tmp_path / "lhr.png").stat().st_size > 0
+
+
+def looked_at_as_a_heatmap(workdir, outdir, name):
+    """`esmshard heatmap` of a 4,700-residue protein, the picture looked at: its size (19
+    numbered rows of 250 positions), both ends of the diverging scale, the wild type's black
+    cell in each position (one of 20 cells: about a twentieth of the coloured area, the
+    letters and numbers beside it), and one line for what it cannot draw."""
+    import matplotlib.image as mpimg
+
+    def heatmap(*args):
+        return subprocess.run(["esmshard", "heatmap", *args], cwd=workdir, capture_output=True,
+                              text=True)  # fmt: skip
+
+    done = heatmap(outdir, name, "-o", "heat.png")
+    assert done.returncode == 0 and done.stdout == "wrote heat.png\n", done.stderr
+    image = mpimg.imread(workdir / "heat.png")[..., :3]
+    assert image.shape == (round(100 * (2.2 * 19 + 0.6)), 1500, 3)
+    red = (image[..., 0] > 0.6) & (image[..., 2] < 0.45)
+    blue = (image[..., 2] > 0.6) & (image[..., 0] < 0.45)
+    coloured = (image.max(-1) - image.min(-1)) > 0.08
+    black = image.max(-1) < 0.1
+    assert red.sum() > 0.02 * coloured.sum() and blue.sum() > 0.02 * coloured.sum()
+    assert 0.04 < black.sum() / coloured.sum() < 0.15
+    for args, said in (
+        ((outdir, "nosuch", "-o", "x.png"), "holds no protein 'nosuch'"),
+        ((outdir, name, "-o", "x.jpg"), "x.jpg: give a file name ending .png or .svg"),
+    ):
+        done = heatmap(*args)
+        assert done.returncode == 1 and len(done.stderr.splitlines()) == 1, done.stderr
+        assert said in done.stderr and not (workdir / args[-1]).exists()
 
 
 def micro_one_layer(folder):
