@@ -80,7 +80,11 @@ class ScoreWriter:
 
     def write(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
         """Rows of the table's own `cells` (a tuple per row, a cell per column) and their
-        `scores` (per strategy, NaN where it has none)."""
+        `scores` (per strategy, NaN where it has none), into both files."""
+        self.write_tsv(cells, scores)
+        self.write_parquet(cells, scores)
+
+    def write_tsv(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
         columns = [scores[name] for name in self.strategies]
         self.tsv.writerows(
             [*row, *(f"{v:.7g}" if v == v else "" for v in values)]  # NaN: left empty
@@ -88,8 +92,13 @@ class ScoreWriter:
         )
         for name, values in zip(self.strategies, columns):
             self.empty[name] += int(np.isnan(values).sum())
-        self.pending.append((cells, columns))
         self.rows += len(cells)
+
+    def write_parquet(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
+        """Rows into the Parquet dataset, whose row groups each hold ROWS_PER_GROUP rows or a
+        little more: given in order of their `id`, each group's statistics bound the IDs it
+        holds."""
+        self.pending.append((cells, [scores[name] for name in self.strategies]))
         if sum(len(p[0]) for p in self.pending) >= ROWS_PER_GROUP:
             self._flush()
 
@@ -243,30 +252,31 @@ def _table_scores(
 
 
 def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter, offset: int) -> int:
-    """Every single substitution of every embedded record, in input order, named with its
-    residues numbered from `offset`; the records not embedded (failed) counted."""
+    """Every single substitution of every embedded record, the records in order of their IDs
+    (one protein's rows in a few row groups of the Parquet dataset, found by their statistics),
+    named with its residues numbered from `offset`; the records not embedded (failed) counted."""
     missing = 0
     lengths = emb.h5["lengths"]
-    for path in inputs:
-        for record in read_raw(str(path)):
-            try:
-                row = emb.row(record.id)
-            except KeyError:
-                missing += 1
-                continue
-            sequence = record.sequence[: int(lengths[row])].decode("ascii")
-            substitutions = single_substitutions(sequence)  # X and the like have no score
-            positions = np.array([p for p, _ in substitutions], dtype=np.int64)
-            column = np.array([COLUMN[a] for _, a in substitutions], dtype=np.int64)
-            wild = residue_columns(sequence)[positions]
-            mutants = [substitution_name(sequence, p, a, offset) for p, a in substitutions]
-            scores = {
-                name: differences(matrix, positions, wild, column)
-                for name, matrix in _matrices(emb, row, strategies).items()
-            }
-            if PSEUDO_PPL in strategies:
-                scores.update(relative_plls(record.id, mutants, plls))
-            writer.write([(record.id, mutant) for mutant in mutants], scores)
+    records = {r.id: r.sequence for path in inputs for r in read_raw(str(path))}
+    for id_ in sorted(records):
+        try:
+            row = emb.row(id_)
+        except KeyError:
+            missing += 1
+            continue
+        sequence = records.pop(id_)[: int(lengths[row])].decode("ascii")
+        substitutions = single_substitutions(sequence)  # X and the like have no score
+        positions = np.array([p for p, _ in substitutions], dtype=np.int64)
+        column = np.array([COLUMN[a] for _, a in substitutions], dtype=np.int64)
+        wild = residue_columns(sequence)[positions]
+        mutants = [substitution_name(sequence, p, a, offset) for p, a in substitutions]
+        scores = {
+            name: differences(matrix, positions, wild, column)
+            for name, matrix in _matrices(emb, row, strategies).items()
+        }
+        if PSEUDO_PPL in strategies:
+            scores.update(relative_plls(id_, mutants, plls))
+        writer.write([(id_, mutant) for mutant in mutants], scores)
     return missing
 
 
@@ -345,15 +355,17 @@ def score_variants(
                 stopped = {v.id or only for v in found if v.stop}
                 sequences = sequences_of(inputs, stopped) if stopped else {}
                 kept, scores = _table_scores(emb, found, strategies, plls, only, sequences)
-                for start in range(0, len(kept), ROWS_PER_GROUP):
-                    chosen = kept[start : start + ROWS_PER_GROUP]
-                    writer.write(
-                        [rows[k] for k in chosen],
-                        {
-                            name: values[start : start + len(chosen)]
-                            for name, values in scores.items()
-                        },
-                    )
+                # the TSV in the table's order, the Parquet dataset in its IDs' (stable)
+                by_id = sorted(range(len(kept)), key=lambda k: found[kept[k]].id or only)
+                for order, write in ((range(len(kept)), writer.write_tsv),
+                                     (by_id, writer.write_parquet)):  # fmt: skip
+                    order = np.asarray(order, dtype=np.int64)
+                    for start in range(0, len(order), ROWS_PER_GROUP):
+                        chosen = order[start : start + ROWS_PER_GROUP]
+                        write(
+                            [rows[kept[k]] for k in chosen],
+                            {name: values[chosen] for name, values in scores.items()},
+                        )
                 missing = len(found) - len(kept)
                 of = "variants"
         finally:
