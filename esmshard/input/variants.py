@@ -4,9 +4,11 @@
 A CSV or TSV file (a tab in its first line makes it TSV) with a `mutant` column: `H24C` (wild
 type, 1-based position in the record's sequence, mutant), several substitutions joined by `:`
 (`H24C:G45D`), a stop-gain on its own (`K17*`: scored as esm-variants' `get_minLLR`, the least
-score of any substitution from the stop to the protein's end), and an `id` column naming the record (optional where the input has one record).
-Other columns are left alone. `variants: all` stands for every single substitution of every
-record instead: its residues' 19 others each, in the order of AMINO_ACIDS.
+score of any substitution from the stop to the protein's end), and an `id` column naming the
+record (optional where the input has one record). Its positions count from `variant_offset`.
+Other columns are kept: the scores come back beside them. `variants: all` stands for every
+single substitution of every record instead: its residues' 19 others each, in the order of
+AMINO_ACIDS.
 
 `pseudo_ppl` scores each mutant sequence by its own pseudo-log-likelihood: the mutants are
 written as a FASTA file of their own (`write_mutants`), one record per variant named by
@@ -31,13 +33,6 @@ PSEUDO_PPL = "pseudo_ppl"  # the mutant sequences' own pseudo-log-likelihoods
 ORDER = [*STRATEGIES, PSEUDO_PPL]  # the strategies' columns of the output, in this order
 WILD_TYPE_PLL = "pseudo_ppl_wild_type"  # beside pseudo_ppl: the wild type's own PLL
 SCORES = [*ORDER, WILD_TYPE_PLL]  # every column of scores the output may have
-
-
-def score_columns(strategies) -> list[str]:
-    """The output's columns of scores for `strategies` (in ORDER)."""
-    return [*strategies, *([WILD_TYPE_PLL] if PSEUDO_PPL in strategies else [])]
-
-
 SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z*])")
 STOP = "*"  # a stop-gain's mutant: K17*
 SHOWN = 5  # problems named one by one; the rest counted
@@ -68,6 +63,11 @@ class Variant(NamedTuple):
         """A stop-gain's 1-based position (its one substitution's), else None."""
         first = self.substitutions[0]
         return first.position if first.mutant == STOP else None
+
+
+def score_columns(strategies) -> list[str]:
+    """The output's columns of scores for `strategies` (in ORDER)."""
+    return [*strategies, *([WILD_TYPE_PLL] if PSEUDO_PPL in strategies else [])]
 
 
 def variant_kinds(strategies) -> list[str]:

@@ -4,11 +4,12 @@ written to `variant_scores.tsv` and the same rows as a Parquet dataset (`variant
 A strategy's score of a variant is fair-esm's `predict.py` `label_row` arithmetic, as ProteinGym
 computes it: the sum over its substitutions of log p(mutant) − log p(wild type) at the
 substitution's position, from the one-pass logits (`wt_marginals`) or from the position masked
-(`masked_marginals`). `pseudo_ppl` is the mutant sequence's own pseudo-log-likelihood (the sum
-over its residues of each one's log-probability with it masked), read from the mutants' run
-(esmshard.input.variants.write_mutants). Nothing runs on a GPU here: a new table over proteins
-already embedded re-runs this step alone (with `pseudo_ppl`, the mutants' run computes the new
-mutants).
+(`masked_marginals`); a stop-gain's, the least such score from its position to the end
+(esm-variants' `get_minLLR`). `pseudo_ppl` is the mutant sequence's pseudo-log-likelihood (the
+sum over its residues of each one's log-probability with it masked) minus its wild type's, both
+read from the mutants' run (esmshard.input.variants.write_mutants). Nothing runs on a GPU
+here: a new table over proteins already embedded re-runs this step alone (with `pseudo_ppl`,
+the mutants' run computes the new mutants).
 """
 
 import csv
@@ -56,8 +57,8 @@ ROWS_PER_GROUP = 1 << 18
 class ScoreWriter:
     """The TSV and the Parquet dataset, written a block of rows at a time: the table's own
     columns (`columns`, each of `types`: pyarrow's string or float64), then the scores' (each
-    strategy's, esmshard.input.variants.score_columns);
-    `made_by` (what made the scores) in the Parquet files' metadata and `_made_by.json`."""
+    strategy's, esmshard.input.variants.score_columns); `made_by` (what made the scores) in the
+    Parquet files' metadata and `_made_by.json`."""
 
     def __init__(self, tsv: Path, folder: Path, columns, types, strategies, made_by: dict):
         import pyarrow as pa
