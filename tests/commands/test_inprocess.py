@@ -135,7 +135,7 @@ def test_the_signature_names_every_setting_with_the_workflows_defaults():
     keywords = dict(inspect.signature(esmshard.embed).parameters)
     # keep_every is for runs: a call plans anew, and keeps no pieces for a later one; variant
     # effects are a run's variant_scores.tsv (a call returns the scores they come from)
-    runs_only = {"input", "outdir", "keep_every", "variants", "variant_scoring"}
+    runs_only = {"input", "outdir", "keep_every", "variants", "variant_scoring", "variant_offset"}
     assert set(keywords) == set(schema["properties"]) - runs_only | {"sequences"}
     for name, parameter in keywords.items():
         if name not in ("sequences", "store"):
