@@ -23,6 +23,7 @@ import re
 from typing import NamedTuple
 
 from ..embeddings_h5.scores import AMINO_ACIDS, LOGITS, MASKED_MARGINALS, PLL
+from .changes import Change, crop, first_difference
 from .fasta import FastaError, printable, read_raw
 
 ALL = "all"
@@ -30,11 +31,15 @@ ALL = "all"
 # whose values it reads
 STRATEGIES = {"wt_marginals": LOGITS, "masked_marginals": MASKED_MARGINALS}
 PSEUDO_PPL = "pseudo_ppl"  # the mutant sequences' own pseudo-log-likelihoods
-ORDER = [*STRATEGIES, PSEUDO_PPL]  # the strategies' columns of the output, in this order
+PLLR = "pllr"  # esm-variants' get_PLLR: one-pass PLLs, cropped around the change
+# the strategies whose sequences are a run of their own (the mutants'), and the kind each reads
+MUTANT_KINDS = {PSEUDO_PPL: PLL, PLLR: LOGITS}
+ORDER = [*STRATEGIES, PSEUDO_PPL, PLLR]  # the strategies' columns of the output, in this order
 WILD_TYPE_PLL = "pseudo_ppl_wild_type"  # beside pseudo_ppl: the wild type's own PLL
 SCORES = [*ORDER, WILD_TYPE_PLL]  # every column of scores the output may have
 SUBSTITUTION = re.compile(r"([A-Za-z])(\d+)([A-Za-z*])")
 STOP = "*"  # a stop-gain's mutant: K17*
+MUTATED, START = "mutated_sequence", "start_pos"  # a change given whole (ProteinGym's indels)
 SHOWN = 5  # problems named one by one; the rest counted
 # Substitutions that a table needs before one other variant_offset fitting them all is said:
 # the wild type of a single one is found at many places of its record.
@@ -57,12 +62,21 @@ class Variant(NamedTuple):
     substitutions: tuple[Substitution, ...]  # positions in the record, from 1
     where: str  # "file:line"
     cells: tuple[str, ...] = ()  # the table's line, a cell per column, as written
+    mutated: str | None = None  # its `mutated_sequence`: the whole mutant sequence
+    start: int | None = None  # its `start_pos`, where the change starts in the record
 
     @property
     def stop(self) -> int | None:
         """A stop-gain's 1-based position (its one substitution's), else None."""
+        if not self.substitutions:
+            return None
         first = self.substitutions[0]
         return first.position if first.mutant == STOP else None
+
+    @property
+    def label(self) -> str:
+        """What names it among the mutants: its `mutant`, else its line of the table."""
+        return self.mutant or f"line{self.where.rsplit(':', 1)[1]}"
 
 
 def score_columns(strategies) -> list[str]:
@@ -71,9 +85,14 @@ def score_columns(strategies) -> list[str]:
 
 
 def variant_kinds(strategies) -> list[str]:
-    """The scores that `strategies` read: the records' own (STRATEGIES), and the mutants' `pll`
-    for pseudo_ppl."""
-    return [STRATEGIES.get(name, PLL) for name in strategies if name in ORDER]
+    """The scores that `strategies` read: the records' own (STRATEGIES), and the mutants'
+    (MUTANT_KINDS)."""
+    return [STRATEGIES.get(name) or MUTANT_KINDS[name] for name in strategies if name in ORDER]
+
+
+def mutant_kinds(strategies) -> list[str]:
+    """What the mutants' run computes for `strategies` (none: no mutants' run)."""
+    return sorted({MUTANT_KINDS[name] for name in strategies if name in MUTANT_KINDS})
 
 
 def parse_mutant(text: str) -> tuple[Substitution, ...]:
@@ -124,11 +143,11 @@ def read_table(path, offset: int = 1) -> tuple[Table, list[str]]:
             fh.seek(0)
             rows = csv.DictReader(fh, delimiter="\t" if "\t" in first else ",")
             columns = list(rows.fieldnames or [])
-            if "mutant" not in columns:
+            if "mutant" not in columns and MUTATED not in columns:
                 return table, [
                     f"variants: {path} has no `mutant` column (its columns: "
                     f"{', '.join(columns) or 'none'}); give a CSV or TSV with "
-                    "`mutant` (H24C) and `id` columns"
+                    "`mutant` (H24C) and `id` columns, or `mutated_sequence`"
                 ]
             taken = [name for name in columns if name in SCORES]
             if taken:  # variant_scores.tsv gives each strategy a column of that name
@@ -140,8 +159,15 @@ def read_table(path, offset: int = 1) -> tuple[Table, list[str]]:
             problems = []
             for line, row in enumerate(rows, start=2):
                 where = f"{path}:{line}"
+                text = (row.get("mutant") or "").strip()
+                mutated = (row.get(MUTATED) or "").strip().upper() or None
                 try:
-                    written = parse_mutant(row["mutant"] or "")
+                    written = parse_mutant(text) if text or not mutated else ()
+                    start = _start(row.get(START) or "", offset)
+                    if mutated and set(mutated) - set(AMINO_ACIDS):
+                        wrong = sorted(set(mutated) - set(AMINO_ACIDS))[0]
+                        raise ValueError(f"mutated_sequence holds {wrong}, which is not one of "
+                                         "the 20 amino acids")  # fmt: skip
                 except ValueError as err:
                     problems.append(f"variants: {where}: {err}")
                     continue
@@ -155,13 +181,35 @@ def read_table(path, offset: int = 1) -> tuple[Table, list[str]]:
                     continue
                 id_ = (row["id"] or "").strip() if "id" in columns else None
                 cells = tuple(row[name] or "" for name in columns)
-                variant = Variant(id_, row["mutant"].strip(), substitutions, where, cells)
+                variant = Variant(id_, text, substitutions, where, cells, mutated, start)
                 table.variants.append(variant)
     except (OSError, UnicodeDecodeError, csv.Error) as err:
         return table, [f"variants: {path} cannot be read as a CSV or TSV table ({err})"]
     if not table.variants and not problems:
         problems.append(f"variants: {path} holds no variant; give one per line under `mutant`")
     return table, problems
+
+
+def _start(cell: str, offset: int) -> int | None:
+    """A `start_pos` cell as the record's 1-based position (None: empty)."""
+    if not cell.strip():
+        return None
+    if not cell.strip().isdigit() or int(cell) - offset + 1 < 1:
+        raise ValueError(f"start_pos {cell.strip()!r} is not a residue's number (from {offset})")
+    return int(cell) - offset + 1
+
+
+def change_of(variant: Variant, sequence: str) -> Change | None:
+    """What a variant changes in its record's `sequence` as `pllr` scores it: its
+    `mutated_sequence` (starting at `start_pos`, else where it first differs), or its
+    substitutions made; None for a stop-gain."""
+    if variant.mutated:
+        start = variant.start or first_difference(sequence, variant.mutated) or 1
+        return Change(sequence, variant.mutated, start)
+    if variant.stop:
+        return None
+    first = min(s.position for s in variant.substitutions)
+    return Change(sequence, mutated(sequence, variant.substitutions), first)
 
 
 def mutant_id(record_id: str, mutant: str) -> str:
@@ -199,20 +247,29 @@ def substitution_name(sequence: str, position: int, mutant: str, offset: int = 1
 
 
 class Mutants(NamedTuple):
-    """What `pseudo_ppl` computes: its mutant sequences and their forward passes (a pass per
-    residue and one unmasked, as for a record's masked marginals)."""
+    """What the mutants' run computes (`pseudo_ppl`, `pllr`): its sequences and their forward
+    passes (with `pseudo_ppl`, a pass per residue and one unmasked, as for a record's masked
+    marginals; with `pllr` alone, one each)."""
 
     sequences: int
     passes: int
 
 
-def mutants_of(inputs, variants, limit: int | None, offset: int = 1):
-    """(mutant ID, mutant sequence) of each variant of `variants` (a table's path numbering
-    residues from `offset`, or "all") over the input FASTA files, each sequence truncated at
-    `limit` residues as the records are (None: whole,
-    esmshard.input.long_sequences.scored_limit); each ID once."""
+def pllr_id(record_id: str, label: str, part: str) -> str:
+    """The ID of a `pllr` sequence cropped around a change: its wild type's or its mutant's."""
+    return f"{record_id}/{label}/pllr_{part}"
+
+
+def mutants_of(inputs, variants, limit, offset=1, strategies=(PSEUDO_PPL,), window=None):
+    """(ID, sequence) of each sequence that `strategies` read from the mutants' run, for the
+    variants of `variants` (a table's path numbering residues from `offset`, or "all") over the
+    input FASTA files, each ID once: with `pseudo_ppl`, each record's own and each variant's
+    mutant, truncated at `limit` residues as the records are (None: whole,
+    esmshard.input.long_sequences.scored_limit); with `pllr` (a table's), each variant's wild
+    type and mutant cropped to `window` residues around the change (esmshard.input.changes),
+    named as pseudo_ppl's where they are whole."""
     seen = set()
-    if variants == ALL:
+    if variants == ALL:  # pllr scores a table's rows alone (esmshard.steps.checks)
         for path in inputs:
             for record in read_raw(str(path)):
                 sequence = record.sequence.decode("ascii")[:limit]
@@ -221,39 +278,68 @@ def mutants_of(inputs, variants, limit: int | None, offset: int = 1):
                     name = mutant_id(record.id, substitution_name(sequence, p, a, offset))
                     yield name, f"{sequence[:p]}{a}{sequence[p + 1 :]}"
         return
+
+    def once(name, sequence):
+        if name not in seen:
+            seen.add(name)
+            yield name, sequence
+
     table = read_table(variants, offset)[0].variants
     ids = {v.id for v in table}
     sequences = sequences_of(inputs, None if None in ids else ids)
     only = next(iter(sequences), "")
     for variant in table:
-        if variant.stop:  # no mutant sequence: pseudo_ppl leaves its row empty
-            continue
         record_id = variant.id if variant.id is not None else only
         if record_id not in sequences:
             continue
-        name, wild = mutant_id(record_id, variant.mutant), wild_type_id(record_id)
-        if wild not in seen:
-            seen.add(wild)
-            yield wild, sequences[record_id][:limit]
-        if name not in seen:
-            seen.add(name)
-            yield name, mutated(sequences[record_id], variant.substitutions)[:limit]
+        sequence = sequences[record_id]
+        change = change_of(variant, sequence)
+        if change is None:  # a stop-gain: no mutant sequence, its cells left empty
+            continue
+        if PSEUDO_PPL in strategies:
+            yield from once(wild_type_id(record_id), sequence[:limit])
+            yield from once(mutant_id(record_id, variant.label), change.mutant[:limit])
+        if PLLR in strategies:
+            for name, cropped in pllr_sequences(record_id, variant, change, window):
+                yield from once(name, cropped)
 
 
-def write_mutants(inputs, variants, limit: int | None, out_fasta, offset: int = 1) -> Mutants:
-    """The mutant sequences of `variants` as a FASTA file (`mutants_of`), written atomically."""
+def pllr_sequences(record_id: str, variant: Variant, change: Change, window: int):
+    """(ID, sequence) of the wild type and the mutant that `pllr` scores a variant's `change`
+    with, cropped to `window` residues around it; whole ones named as pseudo_ppl's."""
+    wild, mutant = crop(change, window)
+    whole = (wild_type_id(record_id), mutant_id(record_id, variant.label))
+    return [
+        (whole[k] if cropped == full else pllr_id(record_id, variant.label, part), cropped)
+        for k, (part, cropped, full) in enumerate(
+            (("wild_type", wild, change.wild), ("mutant", mutant, change.mutant))
+        )
+    ]
+
+
+def passes_of(sequence: str, strategies) -> int:
+    """The forward passes of one of the mutants' run's sequences."""
+    return len(sequence) + 1 if PSEUDO_PPL in strategies else 1
+
+
+def write_mutants(
+    inputs, variants, limit, out_fasta, offset=1, strategies=(PSEUDO_PPL,), window=None
+) -> Mutants:
+    """The sequences of the mutants' run (`mutants_of`) as a FASTA file, written atomically."""
     from ..files import atomic_path
 
     count = passes = 0
     with atomic_path(out_fasta) as tmp, open(tmp, "w", encoding="ascii") as fh:
-        for name, sequence in mutants_of(inputs, variants, limit, offset):
+        for name, sequence in mutants_of(inputs, variants, limit, offset, strategies, window):
             fh.write(f">{name}\n{sequence}\n")
             count += 1
-            passes += len(sequence) + 1
+            passes += passes_of(sequence, strategies)
     return Mutants(count, passes)
 
 
-def mutants_work(inputs, variants, limit: int | None, offset: int = 1) -> Mutants:
+def mutants_work(
+    inputs, variants, limit, offset=1, strategies=(PSEUDO_PPL,), window=None
+) -> Mutants:
     """What `write_mutants` would write, counted without writing it: said before the run."""
     count = passes = 0
     if variants == ALL:  # counted from the records: their mutants may be many millions
@@ -265,9 +351,9 @@ def mutants_work(inputs, variants, limit: int | None, offset: int = 1) -> Mutant
                 count += mutants
                 passes += mutants * (len(sequence) + 1)
         return Mutants(count, passes)
-    for _, sequence in mutants_of(inputs, variants, limit, offset):
+    for _, sequence in mutants_of(inputs, variants, limit, offset, strategies, window):
         count += 1
-        passes += len(sequence) + 1
+        passes += passes_of(sequence, strategies)
     return Mutants(count, passes)
 
 
@@ -340,6 +426,10 @@ def _record_problems(
                 )
                 misplaced += 1
                 break
+        else:
+            problem = _change_problem(variant, sequence, offset)
+            if problem:
+                found.append(f"variants: {variant.where}: {problem}")
     if misplaced and misplaced == len(found):
         fits = _fitting_offset(variants, sequences, only, offset)
         if fits is not None:
@@ -349,6 +439,21 @@ def _record_problems(
                 f"(the table numbers the record's first residue {fits}); set variant_offset={fits}"
             ]
     return found
+
+
+def _change_problem(variant: Variant, sequence: str, offset: int) -> str | None:
+    """Why a variant's `mutated_sequence` cannot be scored against its record's `sequence`."""
+    if not variant.mutated:
+        return None
+    if variant.start and variant.start > len(sequence) + 1:
+        return (f"start_pos {variant.start + offset - 1} is past the end of its record "
+                f"({len(sequence)} residues)")  # fmt: skip
+    if variant.mutated == sequence:
+        return "mutated_sequence is its record's own sequence: it changes nothing"
+    if variant.substitutions and mutated(sequence, variant.substitutions) != variant.mutated:
+        return (f"mutant {variant.mutant} and mutated_sequence disagree: its substitutions make "
+                "another sequence; give one of them, or both alike")  # fmt: skip
+    return None
 
 
 def _fitting_offset(variants, sequences: dict[str, str], only: str, offset: int) -> int | None:

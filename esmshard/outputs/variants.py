@@ -12,6 +12,7 @@ here: a new table over proteins already embedded re-runs this step alone (with `
 the mutants' run computes the new mutants).
 """
 
+import contextlib
 import csv
 import json
 import logging
@@ -22,18 +23,22 @@ from pathlib import Path
 
 import numpy as np
 
-from ..embeddings_h5.scores import COLUMN, PLL, residue_columns
+from ..embeddings_h5.scores import COLUMN, LOGITS, PLL, residue_columns
 from ..files import atomic_path, write_json
+from ..input.changes import one_pass_pll
 from ..input.fasta import printable, read_raw
 from ..input.variants import (
     ALL,
     ORDER,
+    PLLR,
     PSEUDO_PPL,
     SCORES,
     STRATEGIES,
     WILD_TYPE_PLL,
     Table,
+    change_of,
     mutant_id,
+    pllr_sequences,
     read_table,
     score_columns,
     sequences_of,
@@ -197,6 +202,25 @@ def relative_plls(record: str, mutants: list[str], plls: dict) -> dict[str, np.n
     return {PSEUDO_PPL: own - wild, WILD_TYPE_PLL: np.full(len(mutants), wild)}
 
 
+def pllr_of(mutants: Embeddings, window: int):
+    """`pllr` of a record's variant, from the mutants' run's logits: the one-pass PLL of its
+    mutant minus its wild type's, both cropped to `window` residues around the change
+    (esm-variants' `get_PLLR`); NaN for a stop-gain or sequences not computed."""
+
+    def pllr(record: str, variant, sequence: str) -> float:
+        change = change_of(variant, sequence)
+        if change is None:
+            return np.nan
+        (wild_id, wild), (mutant_id_, mutant) = pllr_sequences(record, variant, change, window)
+        try:
+            own = one_pass_pll(mutants.values(mutant_id_, LOGITS), mutant)
+            return own - one_pass_pll(mutants.values(wild_id, LOGITS), wild)
+        except KeyError:  # failed in the mutants' run
+            return np.nan
+
+    return pllr
+
+
 def least_from(matrix: np.ndarray, wild: np.ndarray) -> np.ndarray:
     """Per 0-based position p of one protein's log-probabilities (residues × 20, `wild` each
     residue's column, -1 for none of the 20): the least log p(a) − log p(wild type) over the 20
@@ -208,12 +232,13 @@ def least_from(matrix: np.ndarray, wild: np.ndarray) -> np.ndarray:
 
 
 def _table_scores(
-    emb, variants, strategies, plls, only: str, sequences: dict[str, str]
+    emb, variants, strategies, plls, only: str, sequences: dict[str, str], pllr=None
 ) -> tuple[list[int], dict[str, np.ndarray]]:
     """The variants' scores, a protein at a time (each variant the sum over its
-    substitutions, a stop-gain `least_from` its position; a variant without an ID is of
-    `only`, the input's one record, and `sequences` holds the records of stop-gains); the
-    variants whose record has no embedding (failed) left out of the returned indices."""
+    substitutions, a stop-gain `least_from` its position, `pllr(record, variant, sequence)`
+    its pllr; a variant without an ID is of `only`, the input's one record, and `sequences`
+    holds the records of stop-gains and pllr's); the variants whose record has no embedding
+    (failed) left out of the returned indices."""
     by_protein = defaultdict(list)
     for k, variant in enumerate(variants):
         by_protein[variant.id].append(k)
@@ -227,16 +252,21 @@ def _table_scores(
             continue  # failed: failed_sequences.tsv says why
         matrices = _matrices(emb, row, strategies)
         if PSEUDO_PPL in strategies:
-            relative = relative_plls(record, [variants[k].mutant for k in members], plls)
+            relative = relative_plls(record, [variants[k].label for k in members], plls)
             for name, values in relative.items():
                 scores[name][members] = values
+        if PLLR in strategies:
+            scores[PLLR][members] = [pllr(record, variants[k], sequences[record]) for k in members]
         stops = [k for k in members if variants[k].stop]
-        changes = [k for k in members if not variants[k].stop]
+        # the records' own scores: of substitutions (a mutated_sequence alone has none)
+        changes = [k for k in members if not variants[k].stop and variants[k].substitutions]
         substitutions = [s for k in changes for s in variants[k].substitutions]
-        variant_of = np.repeat(changes, [len(variants[k].substitutions) for k in changes])
-        positions = np.array([s.position - 1 for s in substitutions])
-        wild = np.array([COLUMN[s.wild] for s in substitutions])
-        mutant = np.array([COLUMN[s.mutant] for s in substitutions])
+        variant_of = np.repeat(
+            np.array(changes, dtype=np.int64), [len(variants[k].substitutions) for k in changes]
+        )
+        positions = np.array([s.position - 1 for s in substitutions], dtype=np.int64)
+        wild = np.array([COLUMN[s.wild] for s in substitutions], dtype=np.int64)
+        mutant = np.array([COLUMN[s.mutant] for s in substitutions], dtype=np.int64)
         for name, matrix in matrices.items():
             summed = np.bincount(
                 variant_of,
@@ -316,12 +346,21 @@ def read_counts(folder) -> dict | None:
 
 
 def score_variants(
-    embeddings, inputs, variants, strategies, out_tsv, out_folder, mutants=None, offset=1
+    embeddings,
+    inputs,
+    variants,
+    strategies,
+    out_tsv,
+    out_folder,
+    mutants=None,
+    offset=1,
+    window=1022,
 ) -> int:
     """Score `variants` (a table's path numbering residues from `offset`, or "all") with
-    `strategies` from `embeddings` (and `pseudo_ppl` from the mutants' embeddings.h5,
-    `mutants`); returns the rows written. The table's own columns are kept, in its order (with
-    `id` first where it has none), the strategies' after them."""
+    `strategies` from `embeddings` (and `pseudo_ppl` and `pllr` from the mutants'
+    embeddings.h5, `mutants`; pllr's crops of `window` residues); returns the rows written.
+    The table's own columns are kept, in its order (with `id` first where it has none), the
+    strategies' after them."""
     strategies = [name for name in ORDER if name in strategies]
     made_by = {**(made_by_of(embeddings) or {}), "variant_offset": offset}
     if variants == ALL:
@@ -333,14 +372,12 @@ def score_variants(
     columns = table.columns if "id" in table.columns else ["id", *table.columns]
     with (
         Embeddings(embeddings) as emb,
+        Embeddings(mutants) if mutants else contextlib.nullcontext() as mutant_emb,
         atomic_path(out_tsv) as tsv,
         atomic_path(out_folder) as folder,
     ):
-        if PSEUDO_PPL in strategies:
-            with Embeddings(mutants) as mutant_emb:
-                plls = pseudo_ppls(mutant_emb)
-        else:
-            plls = {}
+        plls = pseudo_ppls(mutant_emb) if PSEUDO_PPL in strategies else {}
+        pllr = pllr_of(mutant_emb, window) if PLLR in strategies else None
         only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
         rows = [_cells(v, table.columns, only) for v in table.variants]
         types = column_types(columns, rows)
@@ -353,9 +390,9 @@ def score_variants(
                 of = "records"
             else:
                 found = table.variants
-                stopped = {v.id or only for v in found if v.stop}
-                sequences = sequences_of(inputs, stopped) if stopped else {}
-                kept, scores = _table_scores(emb, found, strategies, plls, only, sequences)
+                wanted = {v.id or only for v in found if v.stop or pllr}
+                sequences = sequences_of(inputs, wanted) if wanted else {}
+                kept, scores = _table_scores(emb, found, strategies, plls, only, sequences, pllr)
                 # the TSV in the table's order, the Parquet dataset in its IDs' (stable)
                 by_id = sorted(range(len(kept)), key=lambda k: found[kept[k]].id or only)
                 for order, write in ((range(len(kept)), writer.write_tsv),

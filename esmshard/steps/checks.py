@@ -21,7 +21,7 @@ from ..config import (
 from ..files import unwritable
 from ..input.fasta import FastaError, looks_nucleotide, not_a_file, printable, read_raw
 from ..input.long_sequences import scored_limit
-from ..input.variants import ALL, STRATEGIES, variant_kinds
+from ..input.variants import ALL, PLLR, STRATEGIES, variant_kinds
 from ..input.variants import problems as variant_problems
 from ..layout import Layout
 from ..models import (
@@ -105,6 +105,13 @@ def check_config(
             *config["include"],
             *(k for k in needed if k not in config["include"]),
         ]
+    if valid >= {"variants", "variant_scoring"} and config["variants"] == ALL:
+        if PLLR in config["variant_scoring"]:
+            problems.append(
+                "variant_scoring: pllr scores a variants table's rows (indels, multi-residue "
+                "changes); variants: all is every single substitution, which wt_marginals "
+                "scores as the catalogues do: leave out pllr, or give a table"
+            )
     if not problems:
         config = for_family(config, model.family)
         if inputs and config["variants"] not in ("", ALL):

@@ -412,3 +412,121 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     want -= pseudo_log_likelihood(net, alphabet, sequence)
     assert (last["id"], last["mutant"]) == extra
     assert abs(float(last["pseudo_ppl"]) - want) <= 1e-3
+
+
+def crop_like_esm_variants(wild, mutant, start):
+    """esm-variants' `crop_indel` recipe (written here from its description, checked once
+    against its code): both cut to 1,022 residues around the change's 1-based `start`, 511
+    before it; the shorter of the two ends earlier by the difference of their lengths; moved
+    left where the window would run past the end."""
+    if max(len(wild), len(mutant)) <= 1022:
+        return wild, mutant
+    left, shorter_by = start - 1, len(wild) - len(mutant)
+    begin = int(left - 511)
+    end_wild = left + 511 - min(begin, 0) + min(shorter_by, 0)
+    end_mutant = left + 511 - min(begin, 0) - max(shorter_by, 0)
+    begin = max(begin, 0)
+    end_wild, end_mutant = min(end_wild, len(wild)), min(end_mutant, len(mutant))
+    if begin > 0 and max(end_wild, end_mutant) - begin < 1022:
+        begin = max(0, max(end_wild, end_mutant) - 1022)
+    return wild[begin:end_wild], mutant[begin:end_mutant]
+
+
+def test_indels_and_multi_residue_changes_are_scored_by_pllr_as_esm_variants_does(
+    tmp_path, checkpoint
+):
+    """`pllr` (esm-variants' `get_PLLR`): a deletion, an insertion with `start_pos`, a delins,
+    a double substitution and a change near residue 2,000 of a 3,000-residue protein (cropped
+    to one window): the unmasked one-pass PLL of the mutant minus the wild type's, within 1e-4;
+    the stop-gain's and the other strategies' cells of rows they cannot score left empty."""
+    from conftest import LONG_PROTEIN
+
+    short_id, short = IDS[0], SEQUENCE[IDS[0]]
+    long_id, long = "R1AB_first_3000", read_records(LONG_PROTEIN)[0][1][:3000]
+    fasta(tmp_path / "proteins.fasta", [(f">{short_id}", short), (f">{long_id}", long)])
+    double = f"{short[2]}3{'A' if short[2] != 'A' else 'C'}:{short[6]}7W"
+    rows = [  # id, mutant, mutated_sequence, start_pos
+        (short_id, "", short[:9] + short[12:], ""),  # deletion of residues 10-12
+        (short_id, "", short[:4] + "GSG" + short[4:], "5"),  # insertion before residue 5
+        (short_id, "", short[:19] + "PW" + short[22:], ""),  # delins
+        (short_id, double, "", ""),  # a double substitution
+        (short_id, f"{short[16]}17*", "", ""),  # a stop-gain: pllr has no score for it
+        (long_id, "", long[:1999] + long[2009:], ""),  # deletion in a long protein
+    ]
+    table = tmp_path / "changes.csv"
+    with open(table, "w", newline="") as fh:
+        csv.writer(fh).writerows([("id", "mutant", "mutated_sequence", "start_pos"), *rows])
+    config = {"input": "proteins.fasta", "model": str(checkpoint), "outdir": "out"}
+    # fair-esm's own forward pass: a PLL sums a window's 1,022 log-probabilities, whose fp32
+    # rounding the fast path's other order of operations adds up past 1e-4 (its own parity is
+    # tested per value)
+    done = snakemake(tmp_path, config, "--config", f"variants={table}",
+                     "variant_scoring=[wt_marginals,pllr]", "fast_path=false")  # fmt: skip
+    said = [line for line in done.stderr.splitlines() if line.startswith("esmshard: pllr:")]
+    assert said and "forward passes (one each, unmasked)" in said[0], done.stderr
+    with open(tmp_path / "out" / "variant_scores.tsv", newline="") as fh:
+        got = list(csv.DictReader(fh, delimiter="\t"))
+    assert list(got[0]) == ["id", "mutant", "mutated_sequence", "start_pos", "wt_marginals",
+                            "pllr"]  # fmt: skip
+    net, alphabet = fair_esm_model(checkpoint)
+
+    def one_pass_pll(sequence):
+        _, _, toks = alphabet.get_batch_converter()([("s", sequence)])
+        with torch.no_grad():
+            logp = torch.log_softmax(net(toks)["logits"], -1)[0].double()
+        return float(sum(logp[1 + i, alphabet.get_idx(a)] for i, a in enumerate(sequence)))
+
+    for (id_, mutant, mutated_sequence, start), r in zip(rows, got, strict=True):
+        wild = short if id_ == short_id else long
+        if mutant.endswith("*"):
+            assert r["pllr"] == "" and r["wt_marginals"] != ""
+            continue
+        if mutant:  # the substitutions made
+            mutated_sequence = list(wild)
+            for part in mutant.split(":"):
+                mutated_sequence[int(part[1:-1]) - 1] = part[-1]
+            mutated_sequence = "".join(mutated_sequence)
+        first = (
+            int(start)
+            if start
+            else next(k + 1 for k, (a, b) in enumerate(zip(wild, mutated_sequence)) if a != b)
+        )
+        cropped_wild, cropped_mutant = crop_like_esm_variants(wild, mutated_sequence, first)
+        want = one_pass_pll(cropped_mutant) - one_pass_pll(cropped_wild)
+        assert abs(float(r["pllr"]) - want) <= 1e-4, (r, want)
+        assert (r["wt_marginals"] == "") == (not mutant)  # a mutated_sequence alone has none
+    ours = [line for line in done.stderr.splitlines() if line.startswith("esmshard: variants")]
+    assert ours[-1].endswith("left empty where a strategy cannot score the row: wt_marginals 4, "
+                             "pllr 1"), ours  # fmt: skip
+
+
+def test_a_change_that_cannot_be_scored_is_one_line_before_any_job(tmp_path, checkpoint):
+    short_id, short = IDS[0], SEQUENCE[IDS[0]]
+    fasta(tmp_path / "proteins.fasta", [(f">{short_id}", short)])
+    wrong = f"{'A' if short[2] != 'A' else 'C'}3W"
+    cases = [
+        (
+            (short_id, "", short[:5] + "J" + short[6:], ""),
+            "mutated_sequence holds J, which is not one of the 20 amino acids",
+        ),
+        (
+            (short_id, "", short[:5] + short[6:], str(len(short) + 5)),
+            f"start_pos {len(short) + 5} is past the end of its record ({len(short)} residues)",
+        ),
+        (
+            (short_id, f"{short[2]}3W", short[:4] + "W" + short[5:], ""),
+            f"mutant {short[2]}3W and mutated_sequence disagree",
+        ),
+        ((short_id, f"{short[len(short) - 1]}{len(short) + 3}*", "", ""), "is beyond the"),
+        ((short_id, wrong, "", ""), "the record has"),
+    ]
+    config = {"input": "proteins.fasta", "model": str(checkpoint), "outdir": "out"}
+    for k, (row, said) in enumerate(cases):
+        table = tmp_path / f"bad{k}.csv"
+        with open(table, "w", newline="") as fh:
+            csv.writer(fh).writerows([("id", "mutant", "mutated_sequence", "start_pos"), row])
+        done = snakemake(tmp_path, config, "--config", f"variants={table}",
+                         "variant_scoring=[pllr]", check=False)  # fmt: skip
+        ours = [line for line in done.stderr.splitlines() if line.startswith("esmshard:")]
+        assert done.returncode != 0 and jobs_run(done) == {} and len(ours) == 1, done.stderr
+        assert f"{table}:2:" in ours[0] and said in ours[0], ours

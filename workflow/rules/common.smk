@@ -92,7 +92,7 @@ from esmshard.input.sizing import (
 from esmshard.embeddings_h5.scores import PLL
 from esmshard.input.variants import ALL as VARIANTS_ALL
 from esmshard.input.long_sequences import scored_limit
-from esmshard.input.variants import PSEUDO_PPL, mutants_work
+from esmshard.input.variants import MUTANT_KINDS, PSEUDO_PPL, mutant_kinds, mutants_work
 from esmshard.models import attention_values
 from esmshard.outputs.variants import counts_line, read_counts
 from esmshard.layout import Layout
@@ -143,8 +143,12 @@ KEY = settings_key(EMBEDDING_PARAMS)
 MUTANTS = RUN.mutants
 # The residues of a record that the variants' positions reach (None: whole, chunked).
 SCORED_LIMIT = scored_limit(config["truncation_seq_length"], config["long_sequences"])
-PSEUDO_PPL_WANTED = bool(config["variants"]) and PSEUDO_PPL in config["variant_scoring"]
-MUTANT_PARAMS = embedding_settings({**config, "include": [PLL]}, FAMILY.name, CHECKPOINT)
+# pseudo_ppl and pllr read the mutants' run: its pll, its logits (MUTANT_KINDS)
+MUTANT_INCLUDE = mutant_kinds(config["variant_scoring"]) if config["variants"] else []
+MUTANTS_WANTED = bool(MUTANT_INCLUDE)
+MUTANT_PARAMS = embedding_settings(
+    {**config, "include": MUTANT_INCLUDE or [PLL]}, FAMILY.name, CHECKPOINT
+)
 MUTANT_KEY = settings_key(MUTANT_PARAMS)
 
 
@@ -263,7 +267,7 @@ def variant_table_inputs(wildcards):
 def variants_inputs(wildcards):
     """`variant_table_inputs`, embeddings.h5, and with `pseudo_ppl` the mutants' embeddings.h5."""
     found = {"embeddings": RUN.embeddings, **variant_table_inputs(wildcards)}
-    if PSEUDO_PPL_WANTED:
+    if MUTANTS_WANTED:
         found["mutants"] = MUTANTS.embeddings
     return found
 
@@ -429,12 +433,19 @@ say_what_is_replaced()
 
 def say_pseudo_ppl_work():
     """One line before any job: what `pseudo_ppl` computes, a pass per residue of each mutant."""
-    if not PSEUDO_PPL_WANTED or workflow.remote_exec or "--lint" in sys.argv:
+    if not MUTANTS_WANTED or workflow.remote_exec or "--lint" in sys.argv:
         return
-    work = mutants_work(INPUTS, config["variants"], SCORED_LIMIT, config["variant_offset"])
+    strategies = [s for s in config["variant_scoring"] if s in MUTANT_KINDS]
+    work = mutants_work(INPUTS, config["variants"], SCORED_LIMIT, config["variant_offset"],
+                        strategies, config["truncation_seq_length"])  # fmt: skip
+    each = (
+        "one per residue of each, and one unmasked"
+        if PSEUDO_PPL in strategies
+        else "one each, unmasked"
+    )
     logger.info(
-        f"esmshard: pseudo_ppl: {work.sequences:,} mutant sequences, {work.passes:,} forward "
-        f"passes (one per residue of each, and one unmasked), embedded in {MUTANTS.outdir}"
+        f"esmshard: {', '.join(strategies)}: {work.sequences:,} mutant sequences, "
+        f"{work.passes:,} forward passes ({each}), embedded in {MUTANTS.outdir}"
     )
 
 
@@ -485,7 +496,7 @@ def hold_run_lock():
         logger.info(f"esmshard: reusing a store that cannot be written ({STORE_UNWRITABLE})")
     else:
         hold_shared(STORE.root, KEY)
-        if PSEUDO_PPL_WANTED:
+        if MUTANTS_WANTED:
             hold_shared(STORE.root, MUTANT_KEY)
     removed = remove_leftovers(config["outdir"], None if STORE_UNWRITABLE else STORE)
     if removed:

@@ -14,6 +14,7 @@ rule variants:
         variants=config["variants"],
         strategies=config["variant_scoring"],
         offset=config["variant_offset"],
+        window=config["truncation_seq_length"],
     script:
         "../scripts/variants.py"
 
@@ -35,6 +36,8 @@ rule mutant_sequences:
         variants=config["variants"],
         limit=SCORED_LIMIT,
         offset=config["variant_offset"],
+        strategies=config["variant_scoring"],
+        window=config["truncation_seq_length"],
     script:
         "../scripts/mutant_sequences.py"
 

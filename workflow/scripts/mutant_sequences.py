@@ -7,5 +7,7 @@ run_step(
     variants=snakemake.params.variants,
     limit=snakemake.params.limit,
     offset=snakemake.params.offset,
+    strategies=list(snakemake.params.strategies),
+    window=snakemake.params.window,
     out_fasta=snakemake.output[0],
 )

@@ -11,4 +11,5 @@ run_step(
     out_folder=snakemake.output.parquet,
     mutants=snakemake.input.get("mutants"),
     offset=snakemake.params.offset,
+    window=snakemake.params.window,
 )
