@@ -3,6 +3,7 @@ weights in fair-esm's on-disk format, fair-esm's own forward pass and predict.py
 arithmetic as the reference."""
 
 import csv
+import gzip
 import json
 import os
 import subprocess
@@ -297,6 +298,18 @@ def test_a_dms_table_numbered_from_another_residue_comes_back_whole_with_its_mod
         np.argsort(np.argsort([float(r[column]) for r in got]))
         for column in ("masked_marginals", "DMS_score")
     ]
+    assert abs(float(shown.stdout) - np.corrcoef(*ranks)[0, 1]) < 1e-9
+    # the docs' join with an AlphaMissense-style table (its own comment lines first), as shown
+    catalogue = [(r["id"].split("|")[1], r["mutant"], k / 7) for k, r in enumerate(got)]
+    with gzip.open(tmp_path / "AlphaMissense_aa_substitutions.tsv.gz", "wt") as fh:
+        fh.write("# Copyright notice, as the real file opens\n")
+        fh.write("uniprot_id\tprotein_variant\tam_pathogenicity\tam_class\n")
+        fh.writelines(f"{u}\t{v}\t{p}\tambiguous\n" for u, v, p in catalogue)
+    code = doc_block("docs/outputs.md", "AlphaMissense's", "```python\n")
+    shown = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                           text=True, check=True)  # fmt: skip
+    ranks = [np.argsort(np.argsort(v)) for v in ([float(r["masked_marginals"]) for r in got],
+                                                 [p for *_, p in catalogue])]  # fmt: skip
     assert abs(float(shown.stdout) - np.corrcoef(*ranks)[0, 1]) < 1e-9
 
 
