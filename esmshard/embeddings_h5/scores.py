@@ -18,6 +18,8 @@ PLL_COLUMNS = ("pll", "pll_per_residue")
 NEEDS_HEAD = (LOGITS, MASKED_MARGINALS, PLL)
 MASKED = (MASKED_MARGINALS, PLL)
 COLUMN = {letter: k for k, letter in enumerate(AMINO_ACIDS)}
+_BYTE_COLUMN = np.full(256, -1, dtype=np.int64)  # each byte's column in AMINO_ACIDS, or -1
+_BYTE_COLUMN[[ord(letter) for letter in AMINO_ACIDS]] = np.arange(len(AMINO_ACIDS))
 
 
 def column_tokens(tok_to_idx: dict) -> list[int]:
@@ -25,6 +27,8 @@ def column_tokens(tok_to_idx: dict) -> list[int]:
     return [tok_to_idx[letter] for letter in AMINO_ACIDS]
 
 
-def residue_columns(sequence: str) -> np.ndarray:
+def residue_columns(sequence: str | bytes) -> np.ndarray:
     """Each residue's column in AMINO_ACIDS (-1: a letter that is not one of them)."""
-    return np.array([COLUMN.get(letter, -1) for letter in sequence], dtype=np.int64)
+    if isinstance(sequence, str):  # a letter beyond Latin-1 is one `?`: none of them
+        sequence = sequence.encode("latin-1", errors="replace")
+    return _BYTE_COLUMN[np.frombuffer(sequence, dtype=np.uint8)]

@@ -258,13 +258,29 @@ class Embeddings:
         """One layer of one kind, every protein (per-residue kinds: every residue, see
         `offsets`): memory-mapped when the dataset is stored whole and uncompressed in a file, as
         esmshard writes it unless per_residue_compression is set; read into memory otherwise."""
+        data = self._sliceable(kind, layer)
+        return data if isinstance(data, np.memmap) else data[:]
+
+    def _sliceable(self, kind: str, layer: int | None = None):
+        """One layer of one kind as an array to slice: memory-mapped where the file stores it
+        whole and uncompressed, else the dataset (or the store's parts) read a slice at a time."""
         data = self.stored(self._dataset(kind, layer))
         if isinstance(data, PlacedValues):
-            return data[:]
+            return data
         offset = data.id.get_offset()
         if offset is None or data.compression or data.chunks or self.path is None:
-            return data[:]
+            return data
         return np.memmap(self.path, data.dtype, "r", offset=offset, shape=data.shape)
+
+    def slices(self, kind: str, layer: int | None = None) -> tuple[object, np.ndarray]:
+        """A per-residue kind's values of every protein and where each protein's start (its
+        offsets, one more than the proteins): protein k's values are `values[offsets[k] :
+        offsets[k + 1]]`, read without holding the others (memory-mapped, or a slice of the
+        dataset): for reading every protein in turn."""
+        offsets = self._offsets(kind)
+        if offsets is None:
+            raise KeyError(f"{kind!r} holds a row per protein, not slices of residues")
+        return self._sliceable(kind, layer), offsets[:]
 
     @property
     def offsets(self) -> np.ndarray:

@@ -14,16 +14,19 @@ the mutants' run computes the new mutants).
 
 import contextlib
 import csv
+import io
 import json
 import logging
 import sys
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from itertools import takewhile, zip_longest
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-from ..embeddings_h5.scores import COLUMN, LOGITS, PLL, residue_columns
+from ..embeddings_h5.scores import AMINO_ACIDS, COLUMN, LOGITS, PLL, residue_columns
 from ..files import atomic_path, write_json
 from ..input.changes import one_pass_pll
 from ..input.fasta import printable, read_raw
@@ -42,8 +45,6 @@ from ..input.variants import (
     read_table,
     score_columns,
     sequences_of,
-    single_substitutions,
-    substitution_name,
     wild_type_id,
 )
 from ..steps.provenance import made_by_of
@@ -59,20 +60,48 @@ ROWS_PER_PART = 1 << 22  # rows of each Parquet file (row groups of ROWS_PER_GRO
 ROWS_PER_GROUP = 1 << 18
 
 
+class InTurn:
+    """Tasks run one after another in a thread of their own, one at a time: the caller builds
+    the next block of rows while pyarrow (which releases the GIL) writes the last."""
+
+    def __init__(self):
+        self.pool, self.running = ThreadPoolExecutor(1), None
+
+    def submit(self, task, *args) -> None:
+        self.wait()
+        self.running = self.pool.submit(task, *args)
+
+    def wait(self) -> None:
+        if self.running is not None:
+            running, self.running = self.running, None
+            running.result()  # raises what the task raised
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown()
+
+
 class ScoreWriter:
     """The TSV and the Parquet dataset, written a block of rows at a time: the table's own
     columns (`columns`, each of `types`: pyarrow's string or float64), then the scores' (each
     strategy's, esmshard.input.variants.score_columns); `made_by` (what made the scores) in the
-    Parquet files' metadata and `_made_by.json`."""
+    Parquet files' metadata and `_made_by.json`. Both files are written by pyarrow, each in a
+    thread of its own (InTurn): the scores as float32, in the TSV with the fewest digits that
+    give the same float32 back (the Parquet's values), empty where a strategy has none."""
 
     def __init__(self, tsv: Path, folder: Path, columns, types, strategies, made_by: dict):
         import pyarrow as pa
 
         self.columns, self.types = list(columns), list(types)
         self.strategies = list(strategies)
-        self.fh = open(tsv, "w", newline="", encoding="utf-8")
-        self.tsv = csv.writer(self.fh, delimiter="\t", lineterminator="\n")
-        self.tsv.writerow([*self.columns, *self.strategies])
+        self.fh = pa.OSFile(str(tsv), "wb")
+        header = io.StringIO()
+        csv.writer(header, delimiter="\t", lineterminator="\n").writerow(
+            [*self.columns, *self.strategies]
+        )
+        self.fh.write(header.getvalue().encode("utf-8"))
         self.folder = folder
         self.folder.mkdir()
         write_json(folder / MADE_BY, made_by)
@@ -81,102 +110,162 @@ class ScoreWriter:
             metadata={"esmshard": json.dumps(made_by)},
         )
         self.pending, self.parquet, self.in_part, self.parts = [], None, 0, 0
+        self.tsv_writes, self.parquet_writes = InTurn(), InTurn()
         self.rows = 0
         self.empty = dict.fromkeys(self.strategies, 0)  # rows a strategy could not score
 
-    def write(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
-        """Rows of the table's own `cells` (a tuple per row, a cell per column) and their
-        `scores` (per strategy, NaN where it has none), into both files."""
-        self.write_tsv(cells, scores)
-        self.write_parquet(cells, scores)
+    def write(self, own: list, scores: dict[str, np.ndarray]) -> None:
+        """Rows of the table's `own` columns (pyarrow arrays of strings, or dictionaries of
+        them) and their `scores` (per strategy, NaN where it has none), into both files."""
+        self.write_tsv(own, scores)
+        self.write_parquet(own, scores)
 
-    def write_tsv(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
-        columns = [scores[name] for name in self.strategies]
-        self.tsv.writerows(
-            [*row, *(f"{v:.7g}" if v == v else "" for v in values)]  # NaN: left empty
-            for row, *values in zip(cells, *columns)
-        )
+    def _scores(self, scores: dict[str, np.ndarray]) -> list:
+        import pyarrow as pa
+
+        return [
+            pa.array(values, pa.float32(), mask=np.isnan(values))
+            for values in (np.asarray(scores[name], dtype=np.float32) for name in self.strategies)
+        ]
+
+    def write_tsv(self, own: list, scores: dict[str, np.ndarray]) -> None:
+        import pyarrow as pa
+        import pyarrow.csv as pcsv
+
+        columns = self._scores(scores)
+        table = pa.Table.from_arrays([*own, *columns], names=[*self.columns, *self.strategies])
+        # cells quoted only in a block where one holds a tab, a quote or a line break
+        quoting = "needed" if any(needs_quotes(column) for column in own) else "none"
+        options = pcsv.WriteOptions(include_header=False, delimiter="\t", quoting_style=quoting)
+        self.tsv_writes.submit(pcsv.write_csv, table, self.fh, options)
         for name, values in zip(self.strategies, columns):
-            self.empty[name] += int(np.isnan(values).sum())
-        self.rows += len(cells)
+            self.empty[name] += values.null_count
+        self.rows += table.num_rows
 
-    def write_parquet(self, cells: list[tuple], scores: dict[str, np.ndarray]) -> None:
+    def write_parquet(self, own: list, scores: dict[str, np.ndarray]) -> None:
         """Rows into the Parquet dataset, whose row groups each hold ROWS_PER_GROUP rows or a
         little more: given in order of their `id`, each group's statistics bound the IDs it
         holds."""
-        self.pending.append((cells, [scores[name] for name in self.strategies]))
-        if sum(len(p[0]) for p in self.pending) >= ROWS_PER_GROUP:
+        self.pending.append((own, self._scores(scores)))
+        if sum(len(columns[0]) for columns, _ in self.pending) >= ROWS_PER_GROUP:
             self._flush()
 
     def _flush(self) -> None:
+        """The pending rows as one row group."""
+        if self.pending:
+            self.parquet_writes.submit(self._write_group, self.pending)
+            self.pending = []
+
+    def _write_group(self, blocks: list) -> None:
+        """Blocks of rows (each their own columns and their scores) as one row group, the
+        own columns of the dataset's types."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        if not self.pending:
-            return
-        cells = [row for p in self.pending for row in p[0]]
-        scores = [
-            np.concatenate([p[1][k] for p in self.pending]).astype(np.float32)
-            for k in range(len(self.strategies))
-        ]
-        self.pending = []
+        table = pa.concat_tables(
+            pa.Table.from_arrays(
+                [*(numbers(column) if kind == pa.float64() else column.cast(pa.string())
+                   for column, kind in zip(own, self.types)), *scores],
+                schema=self.schema,
+            )
+            for own, scores in blocks
+        )  # fmt: skip
         if self.parquet is None or self.in_part >= ROWS_PER_PART:
             if self.parquet is not None:
                 self.parquet.close()
             path = self.folder / f"part-{self.parts:05d}.parquet"
-            self.parquet = pq.ParquetWriter(path, self.schema)
+            # IDs repeat (a protein's rows): a dictionary of them; mutants hardly repeat
+            self.parquet = pq.ParquetWriter(
+                path,
+                self.schema,
+                compression="zstd",
+                use_dictionary=[name for name in self.columns if name != "mutant"],
+            )
             self.in_part, self.parts = 0, self.parts + 1
-        own = [
-            pa.array([row[k] for row in cells], pa.string())
-            if kind == pa.string()
-            else pa.array([float(row[k]) if row[k].strip() else None for row in cells], kind)
-            for k, kind in enumerate(self.types)
-        ]
-        table = pa.Table.from_arrays(
-            [*own, *(pa.array(c, pa.float32(), mask=np.isnan(c)) for c in scores)],
-            schema=self.schema,
-        )
-        self.parquet.write_table(table)
-        self.in_part += len(cells)
+        self.parquet.write_table(table, row_group_size=table.num_rows)
+        self.in_part += table.num_rows
 
     def close(self) -> None:
         import pyarrow.parquet as pq
 
-        self._flush()
-        if self.parquet is not None:
-            self.parquet.close()
-        else:  # no variant: the columns alone
+        with contextlib.ExitStack() as closing:  # each closed, the last first, whatever raises
+            closing.callback(self.fh.close)
+            closing.callback(lambda: self.parquet is not None and self.parquet.close())
+            closing.callback(self.parquet_writes.close)
+            closing.callback(self.tsv_writes.close)
+            self._flush()
+        if self.parts == 0:  # no variant: the columns alone
             pq.write_table(self.schema.empty_table(), self.folder / "part-00000.parquet")
-        self.fh.close()
 
 
-def column_types(columns: list[str], rows: list[tuple]) -> list:
-    """pyarrow's type of each of the table's own columns in the Parquet dataset: float64 where
-    every cell is a number or empty (DMS_score), else string (id and mutant always)."""
+# The bytes that a TSV cell holding them must be quoted for: tab, line feed, return, quote.
+QUOTED = np.zeros(256, dtype=bool)
+QUOTED[list(b'\t\n\r"')] = True
+
+
+def needs_quotes(column) -> bool:
+    """Whether a column of strings (or a dictionary of them) has a cell that a TSV must quote."""
     import pyarrow as pa
 
-    def number(cell: str) -> bool:
+    cells = column.dictionary if pa.types.is_dictionary(column.type) else column
+    _, offsets, data = cells.buffers()
+    if data is None:
+        return False
+    bounds = np.frombuffer(offsets, dtype=np.int32)[[cells.offset, cells.offset + len(cells)]]
+    return bool(QUOTED[np.frombuffer(data, dtype=np.uint8)[bounds[0] : bounds[1]]].any())
+
+
+def numbers(column):
+    """A string column's cells as float64, blank ones null; raises pyarrow's ArrowInvalid
+    where a cell is no number."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    trimmed = pc.utf8_trim_whitespace(column)
+    return pc.cast(pc.if_else(pc.equal(trimmed, ""), None, trimmed), pa.float64())
+
+
+def column_types(columns: list[str], own: list) -> list:
+    """pyarrow's type of each of the table's own columns (`own`, string arrays) in the Parquet
+    dataset: float64 where every cell is a number or blank (DMS_score), else string (id and
+    mutant always)."""
+    import pyarrow as pa
+
+    def is_numeric(column) -> bool:
         try:
-            float(cell)
-        except ValueError:
-            return not cell.strip()
+            numbers(column)
+        except pa.ArrowInvalid:
+            return False
         return True
 
     return [
-        pa.float64()
-        if name not in ("id", "mutant") and all(number(row[k]) for row in rows)
-        else pa.string()
-        for k, name in enumerate(columns)
+        pa.float64() if name not in ("id", "mutant") and is_numeric(column) else pa.string()
+        for name, column in zip(columns, own)
     ]
 
 
-def _matrices(emb: Embeddings, protein, strategies) -> dict[str, np.ndarray]:
-    """Each strategy's log-probabilities of one protein: residues × 20."""
-    return {
-        name: np.asarray(emb.values(protein, kind), dtype=np.float64)
-        for name, kind in STRATEGIES.items()
-        if name in strategies
-    }
+class Matrices:
+    """Each strategy's log-probabilities of a protein (residues × 20), a protein at a time, as
+    slices of the file's one array per kind (Embeddings.slices)."""
+
+    def __init__(self, emb: Embeddings, strategies):
+        self.sources = {
+            name: emb.slices(kind) for name, kind in STRATEGIES.items() if name in strategies
+        }
+
+    def of(self, row: int) -> dict[str, np.ndarray]:
+        return {
+            name: np.array(values[offsets[row] : offsets[row + 1]], dtype=np.float64)
+            for name, (values, offsets) in self.sources.items()
+        }
+
+    def release(self) -> None:
+        """Maps the files anew: the pages read through a mapping count as the process's memory
+        for as long as it lasts, so a proteome read through one would hold all of it."""
+        for name, (values, offsets) in self.sources.items():
+            if isinstance(values, np.memmap):
+                mapped = np.memmap(values.filename, values.dtype, "r", values.offset, values.shape)
+                self.sources[name] = (mapped, offsets)
 
 
 def differences(matrix: np.ndarray, positions, wild, mutant) -> np.ndarray:
@@ -233,7 +322,7 @@ def least_from(matrix: np.ndarray, wild: np.ndarray) -> np.ndarray:
 
 def _table_scores(
     emb, variants, strategies, plls, only: str, sequences: dict[str, str], pllr=None
-) -> tuple[list[int], dict[str, np.ndarray]]:
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The variants' scores, a protein at a time (each variant the sum over its
     substitutions, a stop-gain `least_from` its position, `pllr(record, variant, sequence)`
     its pllr; a variant without an ID is of `only`, the input's one record, and `sequences`
@@ -244,13 +333,13 @@ def _table_scores(
         by_protein[variant.id].append(k)
     scores = {name: np.full(len(variants), np.nan) for name in score_columns(strategies)}
     scored = np.zeros(len(variants), dtype=bool)
+    matrices = Matrices(emb, strategies)
     for id_, members in by_protein.items():
         record = only if id_ is None else id_
         try:
             row = emb.row(record)
         except KeyError:
             continue  # failed: failed_sequences.tsv says why
-        matrices = _matrices(emb, row, strategies)
         if PSEUDO_PPL in strategies:
             relative = relative_plls(record, [variants[k].label for k in members], plls)
             for name, values in relative.items():
@@ -267,7 +356,7 @@ def _table_scores(
         positions = np.array([s.position - 1 for s in substitutions], dtype=np.int64)
         wild = np.array([COLUMN[s.wild] for s in substitutions], dtype=np.int64)
         mutant = np.array([COLUMN[s.mutant] for s in substitutions], dtype=np.int64)
-        for name, matrix in matrices.items():
+        for name, matrix in matrices.of(row).items():
             summed = np.bincount(
                 variant_of,
                 differences(matrix, positions, wild, mutant),
@@ -279,35 +368,105 @@ def _table_scores(
                 scores[name][stops] = least[[variants[k].stop - 1 for k in stops]]
         scored[members] = True
     kept = np.flatnonzero(scored)
-    return kept.tolist(), {name: values[kept] for name, values in scores.items()}
+    return kept, {name: values[kept] for name, values in scores.items()}
+
+
+# Each wild type's 19 substitutions: the other amino acids' columns, in order.
+OTHERS = np.array([[a for a in range(len(COLUMN)) if a != wild] for wild in range(len(COLUMN))])
+
+
+class Substitutions(NamedTuple):
+    """Every single substitution of one protein, position-major, the amino acids in order."""
+
+    id: str
+    positions: np.ndarray  # 0-based
+    wild: np.ndarray  # the wild type's column (esmshard.embeddings_h5.scores.AMINO_ACIDS)
+    mutant: np.ndarray  # the mutant's column
+    scores: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, id_: str, sequence: bytes) -> "Substitutions":
+        """Those of `sequence`; positions holding X and the like have none (as
+        esmshard.input.variants.single_substitutions)."""
+        columns = residue_columns(sequence)
+        at = np.flatnonzero(columns >= 0)
+        positions = np.repeat(at, len(COLUMN) - 1)
+        return cls(id_, positions, columns[positions], OTHERS[columns[at]].ravel(), {})
+
+
+def substitution_names(positions: np.ndarray, wild: np.ndarray, mutant: np.ndarray, offset: int):
+    """esmshard.input.variants.substitution_name of many substitutions at once, as a pyarrow
+    string array: 0-based `positions` (those of one residue next to each other, of one wild
+    type), the amino acids by their columns. Each residue's part (`H24`) is made once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def letters(columns):
+        return pa.DictionaryArray.from_arrays(columns.astype(np.int8), pa.array(AMINO_ACIDS))
+
+    starts = np.flatnonzero(np.diff(positions, prepend=-1))
+    residues = pc.binary_join_element_wise(
+        letters(wild[starts]).cast(pa.string()),
+        pc.cast(pa.array(positions[starts] + offset), pa.string()),
+        "",
+    )
+    residue_of = np.repeat(np.arange(len(starts)), np.diff(starts, append=len(positions)))
+    return pc.binary_join_element_wise(
+        residues.take(residue_of), letters(mutant).cast(pa.string()), ""
+    )
+
+
+def _write_substitutions(writer: ScoreWriter, block: list[Substitutions], offset: int) -> None:
+    """Proteins' substitutions as rows of `id` (a dictionary of the block's IDs) and `mutant`,
+    and their scores."""
+    import pyarrow as pa
+
+    counts = [len(s.positions) for s in block]
+    ids = pa.DictionaryArray.from_arrays(
+        np.repeat(np.arange(len(block), dtype=np.int32), counts), pa.array([s.id for s in block])
+    )
+    names = substitution_names(
+        *(
+            np.concatenate([getattr(s, field) for s in block])
+            for field in ("positions", "wild", "mutant")
+        ),
+        offset,
+    )
+    scores = {name: np.concatenate([s.scores[name] for s in block]) for name in writer.strategies}
+    writer.write([ids, names], scores)
 
 
 def _all_substitutions(emb, inputs, strategies, plls, writer: ScoreWriter, offset: int) -> int:
     """Every single substitution of every embedded record, the records in order of their IDs
     (one protein's rows in a few row groups of the Parquet dataset, found by their statistics),
-    named with its residues numbered from `offset`; the records not embedded (failed) counted."""
+    named with its residues numbered from `offset`; the records not embedded (failed) counted.
+    The rows are written a block of about ROWS_PER_GROUP at a time, built by array operations:
+    a proteome's tens of millions of rows in seconds."""
     missing = 0
-    lengths = emb.h5["lengths"]
+    lengths = emb.h5["lengths"][:]
+    row_of = {id_: row for row, id_ in enumerate(emb.ids())}
+    matrices = Matrices(emb, strategies)
     records = {r.id: r.sequence for path in inputs for r in read_raw(str(path))}
+    block, held = [], 0
     for id_ in sorted(records):
-        try:
-            row = emb.row(id_)
-        except KeyError:
+        row = row_of.get(id_)
+        if row is None:
             missing += 1
             continue
-        sequence = records.pop(id_)[: int(lengths[row])].decode("ascii")
-        substitutions = single_substitutions(sequence)  # X and the like have no score
-        positions = np.array([p for p, _ in substitutions], dtype=np.int64)
-        column = np.array([COLUMN[a] for _, a in substitutions], dtype=np.int64)
-        wild = residue_columns(sequence)[positions]
-        mutants = [substitution_name(sequence, p, a, offset) for p, a in substitutions]
-        scores = {
-            name: differences(matrix, positions, wild, column)
-            for name, matrix in _matrices(emb, row, strategies).items()
-        }
+        found = Substitutions.of(id_, records.pop(id_)[: int(lengths[row])])
+        for name, matrix in matrices.of(row).items():
+            found.scores[name] = differences(matrix, found.positions, found.wild, found.mutant)
         if PSEUDO_PPL in strategies:
-            scores.update(relative_plls(id_, mutants, plls))
-        writer.write([(id_, mutant) for mutant in mutants], scores)
+            names = substitution_names(found.positions, found.wild, found.mutant, offset)
+            found.scores.update(relative_plls(id_, names.to_pylist(), plls))
+        block.append(found)
+        held += len(found.positions)
+        if held >= ROWS_PER_GROUP:
+            _write_substitutions(writer, block, offset)
+            block, held = [], 0
+            matrices.release()
+    if block:
+        _write_substitutions(writer, block, offset)
     return missing
 
 
@@ -361,6 +520,8 @@ def score_variants(
     embeddings.h5, `mutants`; pllr's crops of `window` residues); returns the rows written.
     The table's own columns are kept, in its order (with `id` first where it has none), the
     strategies' after them."""
+    import pyarrow as pa
+
     strategies = [name for name in ORDER if name in strategies]
     made_by = {**(made_by_of(embeddings) or {}), "variant_offset": offset}
     if variants == ALL:
@@ -380,7 +541,8 @@ def score_variants(
         pllr = pllr_of(mutant_emb, window) if PLLR in strategies else None
         only = emb.ids(0, 1)[0] if len(emb) else ""  # the input's one record
         rows = [_cells(v, table.columns, only) for v in table.variants]
-        types = column_types(columns, rows)
+        own = [pa.array([row[k] for row in rows], pa.string()) for k in range(len(columns))]
+        types = column_types(columns, own)
         writer = ScoreWriter(
             Path(tsv), Path(folder), columns, types, score_columns(strategies), made_by
         )
@@ -401,7 +563,7 @@ def score_variants(
                     for start in range(0, len(order), ROWS_PER_GROUP):
                         chosen = order[start : start + ROWS_PER_GROUP]
                         write(
-                            [rows[kept[k]] for k in chosen],
+                            [column.take(kept[chosen]) for column in own],
                             {name: values[chosen] for name, values in scores.items()},
                         )
                 missing = len(found) - len(kept)

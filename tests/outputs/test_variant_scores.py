@@ -1,21 +1,27 @@
-"""The variants step's Parquet dataset, read as the catalogues are: one protein's rows found by
-the row groups' statistics on `id`, without reading the others."""
+"""The variants step's files: the Parquet dataset read as the catalogues are (one protein's rows
+found by the row groups' statistics on `id`, without reading the others), the TSV as csv reads
+it, and the rows of every substitution built at once named as one at a time."""
+
+import csv
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from esmshard.embeddings_h5.scores import AMINO_ACIDS, residue_columns
+from esmshard.input.variants import single_substitutions, substitution_name
 from esmshard.outputs import variants
 
 
 def test_rows_in_order_of_id_let_one_proteins_rows_be_found_by_row_group(tmp_path, monkeypatch):
     monkeypatch.setattr(variants, "ROWS_PER_GROUP", 100)
     writer = variants.ScoreWriter(tmp_path / "v.tsv", tmp_path / "v", ["id", "mutant"],
-                                  variants.column_types(["id", "mutant"], []),
-                                  ["wt_marginals"], {"model": "m"})  # fmt: skip
+                                  [pa.string(), pa.string()], ["wt_marginals"],
+                                  {"model": "m"})  # fmt: skip
     ids = [f"P{k:05d}" for k in range(40)]
     for id_ in ids:  # in order of ID, as the step writes them; 57 rows each
-        cells = [(id_, f"A{p}C") for p in range(1, 58)]
+        cells = [pa.array([id_] * 57), pa.array([f"A{p}C" for p in range(1, 58)])]
         writer.write(cells, {"wt_marginals": np.arange(57, dtype=np.float64)})
     writer.close()
     (part,) = sorted((tmp_path / "v").glob("*.parquet"))
@@ -31,3 +37,42 @@ def test_rows_in_order_of_id_let_one_proteins_rows_be_found_by_row_group(tmp_pat
     assert [f.row_groups[0].id for f in kept] == groups  # the others are never read
     table = pq.read_table(tmp_path / "v", filters=[("id", "=", wanted)])
     assert table.num_rows == 57 and set(table.column("id").to_pylist()) == {wanted}
+
+
+def test_tsv_quotes_a_block_only_where_a_cell_needs_it_and_reads_back_the_same(tmp_path):
+    columns = ["id", "mutant", "note"]
+    writer = variants.ScoreWriter(tmp_path / "v.tsv", tmp_path / "v", columns,
+                                  [pa.string()] * 3, ["wt_marginals", "masked_marginals"],
+                                  {"model": "m"})  # fmt: skip
+    plain = [("P1", "A2C", "seen twice"), ("P1", "A2D", "")]
+    odd = [("P2", "K5E", 'a "quoted" word'), ("P2", "K5R", "tab\there")]
+    scores = {"wt_marginals": np.array([0.1, np.nan]), "masked_marginals": np.array([-2.5, 1e-7])}
+    for block in (plain, odd):
+        writer.write([pa.array(cells) for cells in zip(*block)], scores)
+    writer.close()
+    lines = (tmp_path / "v.tsv").read_text().splitlines()
+    assert lines[:3] == ["id\tmutant\tnote\twt_marginals\tmasked_marginals",
+                         "P1\tA2C\tseen twice\t0.1\t-2.5", "P1\tA2D\t\t\t1e-7"]  # fmt: skip
+    with open(tmp_path / "v.tsv", newline="") as fh:
+        rows = list(csv.reader(fh, delimiter="\t"))[1:]
+    assert [tuple(row[:3]) for row in rows] == plain + odd
+    assert [float(row[3] or "nan") for row in rows][2] == np.float32(0.1)
+    assert writer.empty == {"wt_marginals": 2, "masked_marginals": 0} and writer.rows == 4
+    assert pq.read_table(tmp_path / "v").column("note").to_pylist()[2:] == [c[2] for c in odd]
+
+
+def test_every_substitution_named_at_once_as_one_at_a_time():
+    for sequence, offset in (("MKTAYIAKQR", 1), ("MXKBTZ*A", -3), ("AC" * 60, 1000)):
+        found = variants.Substitutions.of("P", sequence.encode())
+        names = variants.substitution_names(found.positions, found.wild, found.mutant, offset)
+        expected = [substitution_name(sequence, p, a, offset)
+                    for p, a in single_substitutions(sequence)]  # fmt: skip
+        assert names.to_pylist() == expected
+        assert [AMINO_ACIDS[k] for k in found.mutant] == [
+            a for _, a in single_substitutions(sequence)
+        ]
+
+
+def test_residue_columns_of_text_and_bytes():
+    assert residue_columns("AYxé*C").tolist() == [0, 19, -1, -1, -1, 1]
+    assert residue_columns(b"AYx*C").tolist() == [0, 19, -1, -1, 1]
