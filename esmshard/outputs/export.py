@@ -499,19 +499,21 @@ def _copy_whole(data, path) -> None:
 
 def parquet_schema(emb: Embeddings, kinds: dict[str, list[int]], scores=()):
     """The Parquet dataset's columns: `id`, `sequence_sha256`, `length`, `<kind>_<layer>`
-    (list<float>, per residue list<list<float>>) and the `scores` by name, with the run's card
-    as schema metadata."""
+    (fixed_size_list<float, D>, per residue list<fixed_size_list<float, D>>) and the `scores`
+    by name, with the run's card as schema metadata."""
     import pyarrow as pa
+
+    def column(name: str, kind: str):
+        """A vector of D values as a fixed-size list (Polars reads a column of them as a 2-D
+        array); a protein's rows of them, per residue, as a list of those."""
+        stored = emb.stored(name)
+        vector = pa.list_(pa.from_numpy_dtype(stored.dtype), stored.shape[1])
+        return pa.list_(vector) if KINDS[kind].per_residue else vector
 
     fields = [("id", pa.string()), ("sequence_sha256", pa.string()), ("length", pa.int32())]
     for kind, layers in kinds.items():
-        value = pa.from_numpy_dtype(emb.stored(dataset(kind, layers[0])).dtype)
-        column = pa.list_(pa.list_(value)) if KINDS[kind].per_residue else pa.list_(value)
-        fields += [(f"{kind}_{layer}", column) for layer in layers]
-    for name in scores:
-        value = pa.from_numpy_dtype(emb.stored(KINDS[name].values).dtype)
-        column = pa.list_(pa.list_(value)) if KINDS[name].per_residue else pa.list_(value)
-        fields.append((name, column))
+        fields += [(f"{kind}_{layer}", column(dataset(kind, layer), kind)) for layer in layers]
+    fields += [(name, column(KINDS[name].values, name)) for name in scores]
     return pa.schema(fields, metadata={b"esmshard": json.dumps(emb.made_by).encode()})
 
 
@@ -520,10 +522,7 @@ def parquet_table(block: Block, schema):
     import pyarrow as pa
 
     def vectors(values: np.ndarray):
-        flat = pa.array(values.reshape(-1))
-        return pa.ListArray.from_arrays(
-            pa.array(np.arange(0, len(flat) + 1, values.shape[1], dtype=np.int32)), flat
-        )
+        return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
 
     columns = [pa.array(block.ids), pa.array(block.sha256), pa.array(block.lengths, pa.int32())]
     for kind, layers in block.values.items():
@@ -643,9 +642,13 @@ def write_h5ad(emb, target, bar, options: Options):
     with h5py.File(target, "w") as out:
         out.attrs.update(ANNDATA)
         obs = _h5ad_group(out, "obs", "dataframe")
-        obs.attrs.update({"_index": "_index",
-                          "column-order": ["length", "truncated", "sequence_sha256"]})  # fmt: skip
+        columns = ["description", "length", "truncated", "sequence_sha256"]
+        obs.attrs.update({"_index": "_index", "column-order": columns})
         index = _h5ad_dataset(obs, "_index", shape=(n,), dtype=h5py.string_dtype("utf-8"))
+        # the FASTA header after the ID
+        description = _h5ad_dataset(
+            obs, "description", shape=(n,), dtype=h5py.string_dtype("utf-8")
+        )
         _h5ad_dataset(obs, "length", emb.h5["lengths"][:].astype(np.int64))
         _h5ad_dataset(obs, "truncated", emb.h5["truncated"][:].astype(bool))
         _h5ad_dataset(obs, "sequence_sha256", emb.h5["sequence_sha256"].asstr()[:])
@@ -666,13 +669,19 @@ def write_h5ad(emb, target, bar, options: Options):
         for name in ("layers", "obsp", "varm", "varp"):
             _h5ad_group(out, name, "dict")
         uns = _h5ad_group(_h5ad_group(out, "uns", "dict"), "esmshard", "dict")
-        for key, value in emb.made_by.items():  # text, or JSON text where it is not
-            text = value if isinstance(value, str) else json.dumps(value)
-            uns.create_dataset(key, data=text, dtype=h5py.string_dtype("utf-8"))
-            uns[key].attrs.update({"encoding-type": "string", "encoding-version": "0.2.0"})
+        for key, value in emb.made_by.items():  # numbers as numbers, else text (or JSON text)
+            if isinstance(value, (int, float)):
+                uns.create_dataset(key, data=value)
+                encoding = "numeric-scalar"
+            else:
+                text = value if isinstance(value, str) else json.dumps(value)
+                uns.create_dataset(key, data=text, dtype=h5py.string_dtype("utf-8"))
+                encoding = "string"
+            uns[key].attrs.update({"encoding-type": encoding, "encoding-version": "0.2.0"})
         for block in blocks(emb, kinds, scores):
             rows = slice(block.start, block.start + len(block.ids))
             index[rows] = block.ids
+            description[rows] = [h[len(i) :].lstrip() for i, h in zip(block.ids, block.headers)]
             for kind, layers in block.values.items():
                 for layer, values in layers.items():
                     targets[(kind, layer)][rows] = values

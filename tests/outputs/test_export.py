@@ -164,6 +164,16 @@ def test_parquet_is_a_dataset_with_a_row_per_protein(run):
     names = sorted(p.name for p in (run / "table.parquet").iterdir())
     assert names == ["_made_by.json", "part-00000.parquet"]
     assert_parquet_equals_embeddings(run / "table.parquet", run)  # the card file skipped
+    # each vector a fixed-size list: Polars reads a column of them as one 2-D array
+    import polars as pl
+
+    arrays, *_ = stored(run)
+    table = pl.read_parquet(run / "table.parquet" / "part-00000.parquet")
+    for name, expected in arrays.items():
+        if name.startswith("mean"):
+            got = table[name.replace("/", "_")].to_numpy()
+            assert got.shape == expected.shape and got.dtype == expected.dtype
+            np.testing.assert_array_equal(got, expected)
     # the card beside the parts, for readers that drop the schema's metadata (HF datasets)
     card = json.loads((run / "table.parquet" / "_made_by.json").read_text())
     with h5py.File(run / "out" / "embeddings.h5") as h5:
@@ -323,6 +333,11 @@ def test_h5ad_opens_with_anndata_a_row_per_protein(run):
     with h5py.File(run / "out" / "embeddings.h5") as h5:  # the card says which model made it
         for key in ("model", "weights_sha256", "settings_key"):
             assert adata.uns["esmshard"][key] == h5.attrs[key]
+        assert adata.uns["esmshard"]["num_layers"] == h5.attrs["num_layers"] == 6  # a number
+        headers = h5["headers"].asstr()[:]
+    # the header's words after the ID (a tab after it, as one header has, is no word)
+    assert [d.split() for d in adata.obs["description"]] == [h.split()[1:] for h in headers]
+    assert any("\t" in d for d in adata.obs["description"])  # kept inside the description
 
 
 def biotrainer_read_fasta(path) -> list[tuple[str, dict, str]]:
