@@ -302,7 +302,9 @@ def embed(
         options |= {"input": [str(tmp / "sequences.fasta")], "outdir": str(tmp / "out")}
         config = settings_of(options, spec)
         fasta = fasta_of(sequences, tmp, config["nucleotide_check"])
-        if not torch.cuda.is_available():  # as a run's start refuses it (say_no_usable_gpu)
+        if (
+            not torch.cuda.is_available()
+        ):  # as a run's start refuses it (RunStart.say_no_usable_gpu)
             too_large = cpu_memory_problem(spec.name, spec.params, host_memory_bytes())
             if too_large:
                 raise ModelError(too_large.replace("an embed job needs", "it needs"))

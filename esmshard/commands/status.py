@@ -14,6 +14,8 @@ from ..layout import Layout
 from ..steps.progress import (
     METRICS_FIELDS,
     PROGRESS_FIELDS,
+    busy_seconds,
+    computed_residues,
     current_files,
     duration,
     finished,
@@ -24,7 +26,7 @@ from ..steps.progress import (
 from ..steps.shard import plan_problem
 from ..store import Store, in_place_problems, read_json_object
 from ..store.pieces import kept_residues
-from ..store.runlock import STALE_AFTER_SECONDS, process_alive
+from ..store.runlock import STALE_AFTER_SECONDS, process_alive, run_active
 
 GIB = 1 << 30
 
@@ -75,13 +77,18 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     where = read_json_object(Path(layout.plan_json)) or {}
     live = shards_finished | {r["shard"] for r in running}
     not_running = {p["shard"] for p in plan} - live
-    kept = kept_residues(Store(where["store"]), where["key"], not_running) if not_running else 0
-    done_residues += kept
-    starts = [m["started_at"] for m in done] + [r["started_at"] for r in running]
+    waiting = kept_residues(Store(where["store"]), where["key"], not_running) if not_running else 0
+    done_residues += waiting
+    # Kept work is done but no job's speed; the speed is what the jobs computed in the time
+    # that any of them ran (esmshard.steps.progress.busy_seconds), whichever command ran them.
+    kept = waiting + sum(job_kept(m) for m in done) + sum(job_kept(r) for r in running)
+    computed = sum(computed_residues(m) for m in done)
+    computed += sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
     complete = len(shards_finished) == len(plan)
-    end = max(m["finished_at"] for m in done) if complete and done else now
-    elapsed = end - min(starts) if starts else 0.0
-    speed = done_residues / elapsed if elapsed > 0 else None
+    spans = [(m["started_at"], m["finished_at"]) for m in done]
+    spans += [(r["started_at"], max(now, r["started_at"])) for r in running]
+    elapsed = busy_seconds(spans)
+    speed = computed / elapsed if computed and elapsed > 0 else None
     if complete:
         eta = 0.0
     else:
@@ -96,6 +103,7 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "residues_total": total_residues,
         "residues_done": done_residues,
         "residues_kept": kept,
+        "residues_computed": computed,
         "residues_per_second": speed,
         "elapsed_seconds": elapsed,
         "eta_seconds": eta,
@@ -104,7 +112,15 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "running": stale + running,  # a live job shows over a dead one of its slot
         "pool_slots": (read_json_object(Path(layout.plan_json)) or {}).get("slots"),
         "broken": broken,  # an in-place output's parts gone or changed
+        "run_active": run_active(layout.run_lock),  # a command of the run is on
     }
+
+
+def job_kept(job: dict) -> int:
+    """The residues that earlier, stopped jobs of a job's shard kept (its metrics' or its
+    progress file's `kept_residues`)."""
+    kept = job.get("kept_residues", 0)
+    return kept if isinstance(kept, int) else 0
 
 
 def merged(layout: Layout) -> bool:
@@ -159,6 +175,13 @@ def render(state: dict) -> str:
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(progress_line(state))
+    live = [r for r in state["running"] if not r["stale"]]
+    if not state["complete"] and not live and not state["run_active"]:
+        left = state["residues_total"] - state["residues_done"]
+        lines.append(
+            f"no job running: {state['residues_kept']:,} residues kept from stopped jobs, "
+            f"{left:,} left; the run's same command computes the rest"
+        )
     if state.get("broken"):
         more = f" and {len(state['broken']) - 1} more" if len(state["broken"]) > 1 else ""
         lines.append(
@@ -190,7 +213,7 @@ def progress_line(state: dict) -> str:
         f"shards {state['shards_done']}/{state['shards_total']} ({percent:.0f}%)  "
         f"residues {state['residues_done']:,}/{state['residues_total']:,}  "
         + (
-            f"({state['residues_kept']:,} kept by stopped jobs)  "
+            f"({state['residues_kept']:,} kept from stopped jobs)  "
             if state.get("residues_kept")
             else ""
         )

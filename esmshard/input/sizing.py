@@ -1,5 +1,6 @@
 """How many shards, and what each job asks a cluster for, from the work's size and the model."""
 
+import functools
 import math
 import os
 from typing import NamedTuple
@@ -65,6 +66,32 @@ def embed_runtime_minutes(estimated_cost: float, params: int, attempt: int = 1) 
     """
     seconds = 2 * params * estimated_cost / ASSUMED_FLOPS
     return math.ceil((10 + 2 * seconds / 60) * 2 ** (attempt - 1))
+
+
+def records_mem_mb(inputs, bytes_per_record: int) -> int:
+    """Memory for a step that keeps `bytes_per_record` per input record, and 2 GB."""
+    return 2048 + math.ceil(bytes_per_record * estimated_records(inputs) / 2**20)
+
+
+def io_runtime_minutes(size_mb: float, attempt: int = 1) -> int:
+    """Minutes for a step that streams its inputs once: 10 plus a minute per 200 MB."""
+    return math.ceil(10 + size_mb / 200) * attempt
+
+
+@functools.cache
+def _plan_costs(plan_path: str, plan_mtime_ns: int) -> dict[str, float]:
+    from ..files import read_tsv
+
+    return {row["shard"]: float(row["estimated_cost"]) for row in read_tsv(plan_path)}
+
+
+def shard_runtime_minutes(plan_path: str, shard: str, params: int, attempt: int = 1):
+    """embed_runtime_minutes of a planned shard, the plan read once per version of it (not per
+    job); None before the plan exists."""
+    if not os.path.isfile(plan_path):
+        return None
+    costs = _plan_costs(plan_path, os.stat(plan_path).st_mtime_ns)
+    return embed_runtime_minutes(costs[shard], params, attempt)
 
 
 def embed_mem_mb(params: int) -> int:

@@ -215,6 +215,17 @@ def needs_quotes(column) -> bool:
     return bool(QUOTED[np.frombuffer(data, dtype=np.uint8)[bounds[0] : bounds[1]]].any())
 
 
+def float32_cells(values: np.ndarray) -> list[str]:
+    """Scores as the TSV writes them (ScoreWriter): float32 with the fewest digits that read
+    back the same, empty for NaN."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    values = np.asarray(values, dtype=np.float32)
+    cells = pc.cast(pa.array(values, mask=np.isnan(values)), pa.string())
+    return pc.fill_null(cells, "").to_pylist()
+
+
 def numbers(column):
     """A string column's cells as float64, blank ones null; raises pyarrow's ArrowInvalid
     where a cell is no number."""
@@ -618,8 +629,7 @@ def average_scores(tables, out) -> int:
                         "score the same variants table in each run"
                     )
                 scores = np.array([[float(v) if v else np.nan for v in r[own:]] for r in group])
-                mean = scores.mean(0)
-                writer.writerow([*group[0][:own], *(f"{v:.7g}" if v == v else "" for v in mean)])
+                writer.writerow([*group[0][:own], *float32_cells(scores.mean(0))])
                 rows += 1
         return rows
     finally:

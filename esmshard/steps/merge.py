@@ -266,6 +266,10 @@ def merge(
                     else None,
                     compression=compression,
                 )  # fmt: skip
+                if kind_of(
+                    name
+                ).columns:  # a score's columns, by name (logits: the 20 amino acids)
+                    target.attrs["columns"] = list(kind_of(name).columns)
                 placement = Placement(row_of, starts.get(kind_of(name).offsets))
                 _copy_in_input_order(parts(), name, target, placement, spill_dir)
                 log.info("%s written; peak memory so far %.0f MB", name, peak_memory_mb())
@@ -302,7 +306,7 @@ def merge(
         "records": n,
         "unique_sequences": plan["unique_sequences"],
         "computed": plan["computed"],
-        "computed_by_this_command": _computed_by(metrics_files, run_id),
+        **_computed_by(metrics_files, run_id),
         "run_id": run_id,
         "from_store": plan["from_store"],
         "embedded": n_embedded,
@@ -317,6 +321,7 @@ def merge(
         "typed_command": command.get("typed_command"),
         "workdir": command.get("workdir"),
         "started_at": command.get("started_at"),
+        "planned_at": plan.get("planned_at"),  # the run's first command planned it
         "finished_at": time.time(),
         "long_records": plan.get("long_records", 0),
         "long_sequences": plan.get("long_sequences", settings["long_sequences"]),
@@ -329,22 +334,33 @@ def merge(
     }
     write_json(run_json, counts)
     log.info(
-        "%d records, %d unique sequences: %d computed (%d by this command), %d from the store; "
-        "%d records failed",
+        "%d records, %d unique sequences: %d computed (%d by this command, %d kept from stopped "
+        "jobs), %d from the store; %d records failed",
         n,
         counts["unique_sequences"],
         counts["computed"],
         counts["computed_by_this_command"],
+        counts["kept_from_stopped_jobs"],
         counts["from_store"],
         len(failures),
     )
     return counts
 
 
-def _computed_by(metrics_files, run_id) -> int:
-    """The sequences of the shards that the command `run_id` computed."""
-    metrics = map(read_metrics, metrics_files)
-    return sum(m["n_sequences"] for m in metrics if run_id and m.get("run_id") == run_id)
+def _computed_by(metrics_files, run_id) -> dict[str, int]:
+    """The sequences that the command `run_id`'s jobs computed themselves, and those that
+    stopped jobs (of any command) kept and no later job computed again (esmshard.store.pieces)."""
+    metrics = [read_metrics(path) for path in metrics_files]
+
+    def kept(m):
+        return m.get("kept_sequences", 0) if isinstance(m.get("kept_sequences"), int) else 0
+
+    return {
+        "computed_by_this_command": sum(
+            m["n_sequences"] - kept(m) for m in metrics if run_id and m.get("run_id") == run_id
+        ),
+        "kept_from_stopped_jobs": sum(kept(m) for m in metrics),
+    }
 
 
 def _set_aside_and_stop(store, key, name, reason, from_store, records) -> None:

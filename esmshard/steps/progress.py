@@ -89,6 +89,20 @@ def slot_key(m: dict) -> str:
     return f"{m['host']}:{device}"
 
 
+def busy_seconds(spans) -> float:
+    """The seconds during which at least one of `spans` ((start, end) each) ran: jobs side by
+    side count once, the time between two commands of a run not at all."""
+    total, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
 def computed_residues(m: dict) -> int:
     """The residues a finished shard's job computed: its own, less what earlier jobs of the
     shard kept (esmshard.store.pieces), which count as done but not towards its speed."""
@@ -97,7 +111,8 @@ def computed_residues(m: dict) -> int:
 
 
 def per_slot(metrics: list[dict]) -> dict[str, dict]:
-    """Finished shards grouped by device slot: what each device did, and how fast."""
+    """Finished shards grouped by device slot: what each device did, and how fast (the residues
+    its jobs computed over the time they ran, as the run's own rate is counted)."""
     slots = {}
     for m in sorted(metrics, key=lambda m: m["started_at"]):
         s = slots.setdefault(
@@ -117,6 +132,7 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
         s["shards"] += 1
         s["residues"] += computed_residues(m)
         s["compute_seconds"] += m["compute_seconds"]
+        s.setdefault("spans", []).append((m["started_at"], m["finished_at"]))
         s["memory_total_bytes"] = m.get("memory_total_bytes") or s["memory_total_bytes"]
         peaks = [
             p
@@ -124,10 +140,9 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
             if p is not None
         ]
         s["peak_memory_used_bytes"] = max(peaks) if peaks else None
-    for s in slots.values():
-        s["residues_per_second"] = (
-            s["residues"] / s["compute_seconds"] if s["compute_seconds"] > 0 else None
-        )
+    for s in slots.values():  # over the time its jobs ran, loading included, as the run's
+        busy = busy_seconds(s.pop("spans"))
+        s["residues_per_second"] = s["residues"] / busy if busy > 0 else None
     return slots
 
 
@@ -138,6 +153,12 @@ class Progress:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fields = {**fields, "residues_done": 0}
+
+    def kept(self, residues: int, sampler=None):
+        """What earlier jobs of this shard kept (esmshard.store.pieces): done, and not this
+        job's work, so not towards its speed."""
+        self.fields["kept_residues"] = residues
+        self.update(residues, sampler)
 
     def update(self, residues: int, sampler=None):
         self.fields["residues_done"] += residues

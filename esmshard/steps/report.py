@@ -20,9 +20,11 @@ from ..files import atomic_path, write_json, write_text  # noqa: E402
 from ..models import FAMILIES  # noqa: E402
 from ..version import __version__  # noqa: E402
 from .progress import (  # noqa: E402
+    busy_seconds,
     computed_residues,
     duration,
     per_slot,
+    rate,
     read_metrics,
     slot_key,
 )
@@ -105,6 +107,9 @@ def scaling(metrics: list[dict]) -> dict:
                 "guide_speedup": list(GUIDE_SPEEDUP.get(k, (1.0, 1.0))),
             }
         )
+    # the time any embed job ran: jobs side by side count once, the time between two commands
+    # of the run (a stop, then the same command) not at all; the rates are over it
+    ran = busy_seconds((m["started_at"], m["finished_at"]) for m in metrics)
     measured = busy / wall if wall > 0 else None
     for row in modelled:  # a measured figure only where the run had that many slots
         row["measured_speedup"] = measured if row["gpus"] == len(slots) else None
@@ -120,10 +125,11 @@ def scaling(metrics: list[dict]) -> dict:
         "n_failed": sum(m.get("n_failed", 0) for m in metrics),
         "wall_seconds": wall,
         "busy_seconds": busy,
-        "residues_per_second": computed / wall if wall > 0 else None,
+        "jobs_seconds": ran,
+        "residues_per_second": computed / ran if ran > 0 else None,
         # every forward pass's tokens (masked marginals: a pass per residue), by these jobs
         "forward_tokens": tokens,
-        "forward_tokens_per_second": tokens / wall if wall > 0 and tokens else None,
+        "forward_tokens_per_second": tokens / ran if ran > 0 and tokens else None,
         "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
         # compiled layers (`compile`): seconds spent compiling, and the shards whose compiled
         # code came from the store's cache
@@ -356,8 +362,10 @@ def _gib(value):
 
 
 def _fmt(value) -> str:
+    """A cell as people read it: a float to the digits that mean something (351.41 -> 351)."""
     if isinstance(value, float):
-        return f"{value:,.2f}"
+        digits = 0 if abs(value) >= 100 else 1 if abs(value) >= 10 else 2
+        return f"{value:,.{digits}f}"
     if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
     if isinstance(value, list):
@@ -432,11 +440,21 @@ def run_rows(result: dict, run: dict) -> list[dict]:
     """The run itself: when, how long, what command on which inputs, with which model."""
     started, finished = run.get("started_at"), run.get("finished_at")
     made_by = run.get("made_by") or {}
+    planned = run.get("planned_at")
+
+    def per_second(value, what):
+        return f"{rate(value)} {what}/s" if value else "–"
+
     rows = [
         ("started", _when(started)),
         ("finished", _when(finished)),
+        # a run stopped and finished by the same command again: every command's time
         (
-            "wall time, from the command's start to the merge",
+            "time to result, from the run's plan to its merge (every command of the run)",
+            duration(finished - planned) if planned and finished else "–",
+        ),
+        (
+            "this command's time, from its start to the merge",
             duration(finished - started) if started and finished else "–",
         ),
         # as the user typed it (`esmshard run`); the Snakemake command it ran is folded below
@@ -450,10 +468,12 @@ def run_rows(result: dict, run: dict) -> list[dict]:
          + (f" ({result['n_residues_kept']:,} kept by stopped jobs, computed before)"
             if result.get("n_residues_kept") else "")),
         ("failed sequences", result["n_failed"]),
-        ("wall time of the embed jobs (s)", result["wall_seconds"]),
-        ("residues/s overall", result["residues_per_second"]),
-        ("forward-pass tokens/s overall (a masked copy counts its own)",
-         result.get("forward_tokens_per_second")),
+        ("time the embed jobs ran (side by side once; stops left out)",
+         duration(result.get("jobs_seconds", result["wall_seconds"]))),
+        ("speed: residues computed by the jobs over that time",
+         per_second(result["residues_per_second"], "residues")),
+        ("forward-pass tokens over that time (a masked copy counts its own)",
+         per_second(result.get("forward_tokens_per_second"), "tokens")),
         ("load imbalance (slowest shard / mean shard)", result["load_imbalance"]),
         ("idle tail (s): the first slot out of shards waits for the last one", result["idle_tail_seconds"]),
         (
@@ -550,6 +570,18 @@ def render_html(
     else:
         device_section = "<p>No GPU telemetry: NVML was not available to the jobs.</p>"
     cap = cap_sentence(result)
+    speedup = f"""<p>{_words(measured_sentence(result["measured"]))}</p>
+<p>Modelled: the measured shard times replayed, in their start order, on that many GPUs, each
+shard on the first GPU to free up. {_words(cap)}</p>
+<p>{_words(GUIDES_SENTENCE)}</p>
+{_table(speedup_rows(result), SPEEDUP_COLUMNS)}
+{_image(shown["speedup"], "speedup")}"""
+    if len(result["devices"]) == 1 and not result["devices"][0]["device"].startswith("cuda"):
+        # one CPU slot: a model of 1 to 8 GPUs is not what its reader came for
+        speedup = (
+            "<details><summary>This run computed on one CPU slot: the model of the same "
+            f"shards on 1, 2, 4 and 8 GPUs</summary>{speedup}</details>"
+        )
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1"><title>{TITLE}</title>
@@ -559,12 +591,7 @@ def render_html(
 {_table(run_rows(result, run), ["what", "value"], text=("value",), labels=("what",))}
 {snakemake_command(run)}
 <h2>Speedup and efficiency</h2>
-<p>{_words(measured_sentence(result["measured"]))}</p>
-<p>Modelled: the measured shard times replayed, in their start order, on that many GPUs, each
-shard on the first GPU to free up. {_words(cap)}</p>
-<p>{_words(GUIDES_SENTENCE)}</p>
-{_table(speedup_rows(result), SPEEDUP_COLUMNS)}
-{_image(shown["speedup"], "speedup")}
+{speedup}
 {_image(shown["timeline"], "shard jobs per device slot")}
 {_image(shown["throughput"], "throughput per shard")}
 <h2>Devices</h2>

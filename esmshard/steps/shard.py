@@ -14,6 +14,7 @@ import logging
 import os
 import resource
 import secrets
+import time
 from array import array
 from contextlib import ExitStack
 from itertools import chain, islice
@@ -82,7 +83,7 @@ def plan_problem(layout, records=True) -> str | None:
     """What is wrong with a run's plan (shards/plan.tsv, plan.json and, with `records`, the
     record table: the shard step's outputs that the embed jobs and merge read; status reads the
     first two), if anything; None where it is whole. A run's start plans anew where it is not
-    (workflow/rules/common.smk)."""
+    (esmshard.commands.start)."""
     damaged = "the plan is damaged: "
     summary = read_json_object(Path(layout.plan_json))
     if summary is None:
@@ -260,6 +261,7 @@ def write_shards(
         write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
         summary = {
             "plan": plan_id,
+            "planned_at": time.time(),  # the run's start, whichever command finishes it
             "store": str(Path(store.root).resolve()),
             "key": key,
             "records": int(lengths.size),

@@ -52,7 +52,8 @@ def test_status_of_a_run_in_progress(run_in_progress):
     assert (
         "node7:00000000:43:00.0" in text and "shard_0001 (33%)" in text and "12.0/80.0 GiB" in text
     )
-    assert "node7:cpu0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
+    assert "node7:cpu0" in text and "idle" in text  # 1000 residues in the 10 s its job ran:
+    assert state["slots"]["node7:cpu0"]["residues_per_second"] == 100.0  # loading included
     assert "shards 1/2 (50%)" in text and "ETA 0m20s" in text and "1 failed" in text
     assert "no shard yet" not in text  # a plan of no pool (`shards` a number): its slots alone
 

@@ -273,7 +273,9 @@ def test_bf16_weights_compute_in_fp32_on_a_cpu_as_transformers_reads_them(tmp_pa
         )
 
 
-def test_the_6b_on_a_cpu_with_less_memory_is_refused_before_any_job(tmp_path):
+def test_the_6b_on_a_cpu_with_less_memory_is_refused_before_any_job_and_planned_for_a_cluster(
+    tmp_path,
+):
     from esmshard.input.sizing import embed_mem_mb, host_memory_bytes
 
     needed = embed_mem_mb(parse_spec("random:esmc_6b").params) * 2**20
@@ -285,6 +287,14 @@ def test_the_6b_on_a_cpu_with_less_memory_is_refused_before_any_job(tmp_path):
     (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
     assert "model esmc_6b computes on the CPU" in line and "GiB" in line, result.stderr
     assert not (tmp_path / "results").exists()
+    # on a login node: its jobs would run on the cluster's GPU nodes, so a dry run plans them
+    planned = snakemake(tmp_path, {}, "-n", "--profile", "profiles/slurm", "--config",
+                        f"input={SHORT}", "model=random:esmc_6b")  # fmt: skip
+    assert "checkpoint shard:" in planned.stdout and "This was a dry-run" in planned.stdout
+    said = (planned.stdout + planned.stderr).splitlines()  # a dry run logs to stdout
+    (line,) = [ln for ln in said if ln.startswith("esmshard:")]
+    assert "still hold placeholders (slurm_partition=CHANGE-ME-partition" in line, line
+    assert not (tmp_path / "results" / "shards").exists()  # planned, nothing run
 
 
 def per_tok_rows(outdir):

@@ -81,6 +81,10 @@ def test_report_from_metrics_and_header_only_telemetry(tmp_path):
     assert "This run had 3 shards: on more than 3 GPUs the others would have nothing to do" in page
     assert "stops at 2.50× (all the work over the longest shard)" in page
     assert "87.5–100% of the ideal speedup" in page and "esmshard/steps/" not in page
+    assert "<details>" not in page  # two slots: their speedup is the point
+    # one rate: the residues the jobs computed over the time any of them ran (100 s to 115 s)
+    assert result["residues_per_second"] == 3000 / 15
+    assert "200 residues/s" in page and "0m15s" in page
 
 
 def test_one_slot_is_said_as_a_busy_share_not_a_speedup(tmp_path):
@@ -94,6 +98,11 @@ def test_one_slot_is_said_as_a_busy_share_not_a_speedup(tmp_path):
                  tmp_path / "r.html", out_figures=tmp_path / "figures")  # fmt: skip
     page = (tmp_path / "r.html").read_text()
     assert "its one slot was busy computing shards 89% of the time" in page
+    # one CPU slot: the model of 1 to 8 GPUs folded away; the run's rate is its one device's
+    assert "<details><summary>This run computed on one CPU slot" in page
+    result = json.loads((tmp_path / "s.json").read_text())
+    (device,) = result["devices"]
+    assert result["residues_per_second"] == device["residues_per_second"] == 2000 / 8
     assert "0.89" not in page  # no "0.89×", which would read as a slowdown
     # the table says it too, as the busy share it is (not "–" beside a measured point)
     assert "<tr><td>1</td>" in page and "<td>89% busy</td>" in page
@@ -155,7 +164,8 @@ def test_the_report_fits_a_1280_pixel_window_in_a_real_browser(finished_run, tmp
     their own boxes), and a screenshot a person can look at."""
     report = finished_run / "out" / "report" / "scaling_report.html"
     page = report.read_text()
-    for said in ("This run", "wall time, from the command's start to the merge", "command",
+    for said in ("This run", "this command's time, from its start to the merge", "command",
+                 "time to result, from the run's plan to its merge (every command of the run)",
                  str(PROTEINS), "This run had 4 shards", "guides' range", "Measured on this run",
                  f"{MODEL} (ESM-2, pretrained weights)"):  # fmt: skip
         assert said in html.unescape(page), said

@@ -90,13 +90,15 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
     assert counts.pop("command").startswith(f"{Path(sys.executable).parent}/snakemake ")
     assert counts.pop("typed_command") is None  # snakemake typed: no `esmshard run`
     assert counts.pop("workdir") and counts.pop("inputs") == [str((work / "b.fasta").resolve())]
-    assert counts.pop("finished_at") > counts.pop("started_at")
+    finished = counts.pop("finished_at")  # after this command's start, and its new plan
+    assert finished > counts.pop("started_at") and finished > counts.pop("planned_at")
     assert (counts.pop("long_records"), counts.pop("long_said")) == (0, "")
     assert counts == {
         "records": len(B),
         "unique_sequences": unique(B),
         "computed": len(NEW),
         "computed_by_this_command": len(NEW),
+        "kept_from_stopped_jobs": 0,
         "from_store": unique(A),
         "embedded": len(B),
         "failed": 0,

@@ -21,6 +21,7 @@ from conftest import (
     snakemake_command,
 )
 
+from esmshard.commands import status
 from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.layout import Layout, every_attempt
 
@@ -54,11 +55,18 @@ def progress(outdir: Path) -> dict:
         return {}
 
 
-def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals) -> None:
+RESUMING = re.compile(
+    r"esmshard: resuming: 0 of 1 shards finished, [\d,]+ of [\d,]+ residues done \([\d,]+ "
+    r"kept from stopped jobs\); computing the rest"
+)
+
+
+def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals) -> str:
     """Run the command, and send `sig` to the embed job alone once it has done `share` of its
-    residues and kept a piece; wait for the run to end."""
-    run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)  # fmt: skip
+    residues and kept a piece; wait for the run to end; return what it printed."""
+    said = outdir.parent / f"said-{share}.txt"
+    with open(said, "w") as stderr:
+        run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.time() + 300
     while True:
         found = progress(outdir)
@@ -69,6 +77,7 @@ def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals) -> No
         time.sleep(0.02)
     os.kill(found["pid"], sig)
     assert run.wait(timeout=120) != 0
+    return said.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -88,17 +97,33 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     cmd, env = command(tmp_path, str(outdir))
     kept_before = []
     for share, sig in ((0.25, signal.SIGKILL), (0.5, signal.SIGTERM), (0.75, signal.SIGINT)):
-        kill_job_at(cmd, env, outdir, share, sig)
+        said = kill_job_at(cmd, env, outdir, share, sig)
         kept_before.append(kept_sequences(outdir))
+        if sig != signal.SIGKILL:  # stopped, not crashed: the last line says what is kept
+            last = said.strip().splitlines()[-1]
+            assert re.fullmatch(
+                r"esmshard: stopped; 0 of 1 shards finished, [\d,]+ of [\d,]+ "
+                r"residues done \([\d,]+ kept from stopped jobs\): the same "
+                r"command finishes the run: snakemake .+",
+                last,
+            ), last
+        if share > 0.25:  # each command after a stop says what it found kept, before its jobs
+            assert RESUMING.search(said), said[-2000:]
         if sig == signal.SIGKILL:  # what people read while the run is down: kept work counts
             said = esmshard(env, "status", str(outdir))
-            assert re.search(r"residues [\d,]+/[\d,]+  \([\d,]+ kept by stopped jobs\)", said)
+            assert re.search(r"residues [\d,]+/[\d,]+  \([\d,]+ kept from stopped jobs\)", said)
+            assert re.search(
+                r"no job running: [\d,]+ residues kept from stopped jobs, [\d,]+ "
+                r"left; the run's same command computes the rest",
+                said,
+            ), said
             said = esmshard(env, "store", str(outdir / "store"))
             assert f"{kept_before[-1]} sequences kept by interrupted jobs in" in said
             said = esmshard(env, "store", str(outdir / "store"), "--verify")
             assert re.search(r"0 parts and \d+ kept pieces checked, 0 damaged", said), said
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert RESUMING.search(done.stderr)
 
     # Each job after the first started from what the ones before it kept, and computed the rest.
     (log,) = Path(Layout(str(outdir)).log("embed", "x")).parent.glob("*.log")
@@ -118,6 +143,18 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     assert scaling["shards"][0]["residues_per_second"] == computed / metrics["seconds"]
     page = Path(layout.scaling_html).read_text()
     assert f"({metrics['kept_residues']:,} kept by stopped jobs, computed before)" in page
+    # one truth about the work: the last line, run.json, `esmshard status` and the report
+    run = json.loads(Path(layout.run_json).read_text())
+    kept = kept_before[-1]
+    assert run["kept_from_stopped_jobs"] == metrics["kept_sequences"] == kept
+    assert run["computed_by_this_command"] == run["computed"] - kept > 0
+    said = f"{run['computed']} computed ({run['computed'] - kept} by this command, {kept} kept"
+    assert said + " from stopped jobs)" in done.stderr, done.stderr[-2000:]
+    state = status.read_state(outdir)
+    assert state["residues_kept"] == metrics["kept_residues"]
+    assert state["residues_computed"] == computed
+    assert state["residues_per_second"] == pytest.approx(computed / metrics["seconds"])
+    assert scaling["residues_per_second"] == pytest.approx(state["residues_per_second"])
     # the pieces are in the part now; the result is the uninterrupted run's, bit for bit
     assert not list((outdir / "store").glob("*/.pieces"))
     assert_same_values(whole, every_value(outdir / "embeddings.h5"))
@@ -182,7 +219,7 @@ def test_a_killed_masked_marginal_shard_loses_no_more_than_an_embedding_shard(tm
     scaling = json.loads(Path(Layout(str(tmp_path / "whole")).scaling_json).read_text())
     assert metrics["forward_tokens"] == scaling["forward_tokens"] == passes
     page = Path(Layout(str(tmp_path / "whole")).scaling_html).read_text()
-    assert "forward-pass tokens/s overall" in page
+    assert "forward-pass tokens over that time" in page
     assert len(make_batches(lengths, 30000, packed=True)) == 1  # embeddings: one batch
 
     outdir = tmp_path / "killed"

@@ -118,6 +118,10 @@ def test_stored_scores_equal_fair_esm_forward_pass_and_the_pll_their_sum(run, fa
     columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
     with esmshard.open_embeddings(workdir / "results" / "embeddings.h5") as emb:
         assert sorted(emb.unlayered) == ["logits", "masked_marginals", "pll"]  # the strategies'
+        h5 = emb.h5  # each score's columns named where h5py alone reads them
+        assert list(h5["logits/values"].attrs["columns"]) == list(AMINO_ACIDS)
+        assert list(h5["masked_marginals/values"].attrs["columns"]) == list(AMINO_ACIDS)
+        assert list(h5["pll/values"].attrs["columns"]) == ["pll", "pll_per_residue"]
         for id_, sequence in SEQUENCE.items():
             logits, masked = reference[id_]
             n = len(sequence)

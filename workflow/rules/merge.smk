@@ -1,6 +1,6 @@
 rule merge:
     input:
-        unpack(merge_inputs),
+        unpack(lambda wildcards: merge_inputs_of("shard", RUN, KEY)),
     output:
         embeddings=RUN.embeddings,
         failed=RUN.failed,
@@ -12,7 +12,7 @@ rule merge:
     resources:
         runtime=io_runtime,
         # windows of 128 MB and 9 to 30 bytes per record (esmshard.steps.merge)
-        mem_mb=records_mem_mb(32),
+        mem_mb=lambda wildcards: records_mem_mb(INPUTS, 32),
     params:
         **EMBEDDING_PARAMS,
         store=STORE.root,

@@ -9,7 +9,7 @@ checkpoint shard:
     conda:
         "../../envs/esmshard.yaml"
     # the processes that read the inputs at once
-    threads: shard_threads()
+    threads: START.shard_threads()
     resources:
         runtime=io_runtime,
         mem_mb=shard_mem_mb,

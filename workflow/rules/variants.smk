@@ -51,7 +51,7 @@ checkpoint shard_mutants:
         MUTANTS.log("shard"),
     conda:
         "../../envs/esmshard.yaml"
-    threads: shard_threads()
+    threads: START.shard_threads()
     resources:
         runtime=io_runtime,
         mem_mb=shard_mem_mb,
@@ -79,7 +79,7 @@ use rule embed as embed_mutants with:
 
 use rule merge as merge_mutants with:
     input:
-        unpack(mutant_merge_inputs),
+        unpack(lambda wildcards: merge_inputs_of("shard_mutants", MUTANTS, MUTANT_KEY)),
     output:
         embeddings=MUTANTS.embeddings,
         failed=MUTANTS.failed,
