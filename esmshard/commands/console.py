@@ -88,12 +88,22 @@ class Console:
         if not state.get("planned"):
             return
         line = "  ".join(filter(None, (progress_line(state), slots_line(state))))
+        done = state["shards_done"]
+        mutants = state.get("mutants")
+        if mutants and mutants.get("planned"):  # pseudo_ppl's and pllr's own run
+            done = (done, mutants["shards_done"])
+            if state["complete"]:  # the records' run done: the mutants' is what goes on
+                line = "mutants: " + "  ".join(
+                    filter(None, (progress_line(mutants), slots_line(mutants)))
+                )
+            else:
+                line += f"  mutants: shards {mutants['shards_done']}/{mutants['shards_total']}"
         if self.tty:
             self.drawn = "" if final else line
             self.stream.write("\r\033[K" + line + ("\n" if final else ""))
             self.stream.flush()
-        elif state["shards_done"] != self.shards_done:
-            self.shards_done = state["shards_done"]
+        elif done != self.shards_done:
+            self.shards_done = done
             self.say(line)
 
 

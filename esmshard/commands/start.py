@@ -231,16 +231,17 @@ class RunStart:
 
     def say_what_is_replaced(self) -> None:
         """One line where the outdir holds results of other settings (another model, other
-        layers): this run writes its own over them; their numbers stay in the store."""
+        layers): this run writes its own over them once it finishes (a run that fails before,
+        offline without its weights, replaces nothing); their numbers stay in the store."""
         earlier = self.earlier
         if not self.invocation.starts_run or not earlier:
             return
         if earlier.get("settings_key") not in (None, self.key):
             self.log.warning(
                 f"esmshard: {self.run.embeddings} holds {earlier.get('model')}'s embeddings of "
-                f"other settings (key {earlier.get('settings_key')}): this run replaces it with "
-                f"{self.config['model']}'s (key {self.key}); the earlier numbers stay in the "
-                "store (`esmshard store` lists them)"
+                f"other settings (key {earlier.get('settings_key')}): once it finishes, this run "
+                f"replaces it with {self.config['model']}'s (key {self.key}); the earlier "
+                "numbers stay in the store (`esmshard store` lists them)"
             )
 
     def say_pseudo_ppl_work(self) -> None:

@@ -113,6 +113,10 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "pool_slots": (read_json_object(Path(layout.plan_json)) or {}).get("slots"),
         "broken": broken,  # an in-place output's parts gone or changed
         "run_active": run_active(layout.run_lock),  # a command of the run is on
+        # `pseudo_ppl` and `pllr`: the mutants' run of their own, under the outdir's mutants/
+        "mutants": read_state(Path(layout.mutants.outdir), now)
+        if Path(layout.mutants.plan).exists()
+        else None,
     }
 
 
@@ -175,6 +179,9 @@ def render(state: dict) -> str:
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(progress_line(state))
+    mutants = state.get("mutants")
+    if mutants and mutants.get("planned"):
+        lines.append(f"mutants ({mutants['outdir']}): {progress_line(mutants)}")
     live = [r for r in state["running"] if not r["stale"]]
     if not state["complete"] and not live and not state["run_active"]:
         left = state["residues_total"] - state["residues_done"]

@@ -6,6 +6,7 @@ import csv
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -397,6 +398,10 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     lines = done.stderr.splitlines()
     at = next(k for k, line in enumerate(lines) if line.startswith(said))
     assert not any(line.startswith(("rule ", "localrule ")) for line in lines[:at])
+    # the mutants' run is part of the run's status
+    status = subprocess.run(["esmshard", "status", str(workdir / "results")], capture_output=True,
+                            text=True, env=ENV).stdout  # fmt: skip
+    assert re.search(r"^mutants \(\S+mutants\): shards (\d+)/\1 \(100%\)", status, re.M), status
     # only the mutants are computed
     jobs = jobs_run(done)
     assert "embed" not in jobs and jobs["embed_mutants"] >= 1
