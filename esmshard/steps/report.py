@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..files import atomic_path, write_json, write_text  # noqa: E402
+from ..layout import Layout  # noqa: E402
 from ..models import FAMILIES  # noqa: E402
 from ..version import __version__  # noqa: E402
 from .progress import (  # noqa: E402
@@ -436,6 +437,24 @@ def _model(model: str, family: str | None, weights: str) -> str:
     return f"{model} ({named}{weights} weights)"
 
 
+# The line each step's job logs as it ends (esmshard.steps.job.run_step).
+STEP_DONE = re.compile(r": done in ([\d.]+) s, peak memory")
+
+
+def step_seconds(run_json) -> dict[str, float | None]:
+    """The shard and merge steps' own time, by their logs beside run.json (the latest run of
+    each; None where a log says none)."""
+    layout = Layout(str(Path(run_json).parent))
+    found = {}
+    for step in ("shard", "merge"):
+        try:
+            times = STEP_DONE.findall(Path(layout.log(step)).read_text(errors="replace"))
+        except OSError:
+            times = []
+        found[step] = float(times[-1]) if times else None
+    return found
+
+
 def run_rows(result: dict, run: dict) -> list[dict]:
     """The run itself: when, how long, what command on which inputs, with which model."""
     started, finished = run.get("started_at"), run.get("finished_at")
@@ -470,6 +489,11 @@ def run_rows(result: dict, run: dict) -> list[dict]:
         ("failed sequences", result["n_failed"]),
         ("time the embed jobs ran (side by side once; stops left out)",
          duration(result.get("jobs_seconds", result["wall_seconds"]))),
+        ("the steps' own time: shard; embed jobs; merge",
+         "; ".join(duration(t) if t is not None else "–" for t in (
+             result.get("step_seconds", {}).get("shard"),
+             result.get("jobs_seconds", result["wall_seconds"]),
+             result.get("step_seconds", {}).get("merge")))),
         ("speed: residues computed by the jobs over that time",
          per_second(result["residues_per_second"], "residues")),
         ("forward-pass tokens over that time (a masked copy counts its own)",
@@ -661,6 +685,8 @@ def write_report(
                 Path(tmp).mkdir()
         return result
     result = {**scaling(metrics), "made_by": run.get("made_by"), "esmshard_version": __version__}
+    if run_json:
+        result["step_seconds"] = step_seconds(run_json)
     write_json(out_json, result)
     shown = figures(result, read_telemetry(metrics, telemetry_files))
     if out_figures:

@@ -211,3 +211,12 @@ def test_snakemakes_own_report_holds_the_scaling_report(finished_run):
     assert done.returncode == 0, done.stderr[-3000:]
     page = (finished_run / "snakemake-report.html").read_text()
     assert "scaling_report.html" in page and "speedup.png" in page and "shards.tsv" in page
+
+
+def test_the_report_gives_each_steps_own_time(finished_run):
+    report = finished_run / "out" / "report"
+    result = json.loads((report / "scaling.json").read_text())
+    assert result["step_seconds"]["shard"] > 0 and result["step_seconds"]["merge"] > 0
+    page = html.unescape((report / "scaling_report.html").read_text())
+    assert re.search(r"the steps' own time: shard; embed jobs; merge</td><td class=text>"
+                     r"\dm\d\ds; \dm\d\ds; \dm\d\ds</td>", page), page[:3000]  # fmt: skip
