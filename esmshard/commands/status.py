@@ -16,6 +16,7 @@ from ..steps.progress import (
     PROGRESS_FIELDS,
     busy_seconds,
     computed_residues,
+    computing_span,
     current_files,
     duration,
     finished,
@@ -80,13 +81,13 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     waiting = kept_residues(Store(where["store"]), where["key"], not_running) if not_running else 0
     done_residues += waiting
     # Kept work is done but no job's speed; the speed is what the jobs computed in the time
-    # that any of them ran (esmshard.steps.progress.busy_seconds), whichever command ran them.
+    # that any of them computed (esmshard.steps.progress.busy_seconds, computing_span),
+    # whichever command ran them.
     kept = waiting + sum(job_kept(m) for m in done) + sum(job_kept(r) for r in running)
     computed = sum(computed_residues(m) for m in done)
     computed += sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
     complete = len(shards_finished) == len(plan)
-    spans = [(m["started_at"], m["finished_at"]) for m in done]
-    spans += [(r["started_at"], max(now, r["started_at"])) for r in running]
+    spans = [computing_span(job, now) for job in [*done, *running]]
     elapsed = busy_seconds(spans)
     speed = computed / elapsed if computed and elapsed > 0 else None
     if complete:

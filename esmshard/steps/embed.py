@@ -228,7 +228,7 @@ def run_shard(
                 on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
             loaded = time.time()
 
-            progress.kept(kept.residues, sampler)  # earlier jobs' work counts as done
+            progress.computing(kept.residues, loaded, sampler)  # earlier jobs' work is done
             write_seconds, keep_seconds = [], []
             # the pieces, then the part made of them
             lengths = [len(sequences[k]) for k in batched + chunked]

@@ -103,6 +103,17 @@ def busy_seconds(spans) -> float:
     return total
 
 
+def computing_span(job: dict, now: float) -> tuple[float, float]:
+    """When a job computed (a finished shard's metrics) or has computed so far (a running job's
+    progress): from its model loaded to its end, or to `now`. Every rate is of these spans:
+    the residues a job computed over the time it computed them."""
+    if "finished_at" in job:
+        return job["finished_at"] - job["compute_seconds"], job["finished_at"]
+    since = job.get("computing_since")
+    start = since if isinstance(since, (int, float)) else job["started_at"]
+    return start, max(now, start)
+
+
 def computed_residues(m: dict) -> int:
     """The residues a finished shard's job computed: its own, less what earlier jobs of the
     shard kept (esmshard.store.pieces), which count as done but not towards its speed."""
@@ -112,7 +123,7 @@ def computed_residues(m: dict) -> int:
 
 def per_slot(metrics: list[dict]) -> dict[str, dict]:
     """Finished shards grouped by device slot: what each device did, and how fast (the residues
-    its jobs computed over the time they ran, as the run's own rate is counted)."""
+    its jobs computed over the time they computed, as the run's own rate is counted)."""
     slots = {}
     for m in sorted(metrics, key=lambda m: m["started_at"]):
         s = slots.setdefault(
@@ -132,7 +143,7 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
         s["shards"] += 1
         s["residues"] += computed_residues(m)
         s["compute_seconds"] += m["compute_seconds"]
-        s.setdefault("spans", []).append((m["started_at"], m["finished_at"]))
+        s.setdefault("spans", []).append(computing_span(m, m["finished_at"]))
         s["memory_total_bytes"] = m.get("memory_total_bytes") or s["memory_total_bytes"]
         peaks = [
             p
@@ -140,7 +151,7 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
             if p is not None
         ]
         s["peak_memory_used_bytes"] = max(peaks) if peaks else None
-    for s in slots.values():  # over the time its jobs ran, loading included, as the run's
+    for s in slots.values():  # over the time its jobs computed, as the run's own rate
         busy = busy_seconds(s.pop("spans"))
         s["residues_per_second"] = s["residues"] / busy if busy > 0 else None
     return slots
@@ -154,11 +165,11 @@ class Progress:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fields = {**fields, "residues_done": 0}
 
-    def kept(self, residues: int, sampler=None):
-        """What earlier jobs of this shard kept (esmshard.store.pieces): done, and not this
-        job's work, so not towards its speed."""
-        self.fields["kept_residues"] = residues
-        self.update(residues, sampler)
+    def computing(self, kept_residues: int, since: float, sampler=None):
+        """The job computes from `since` on (its model loaded); what earlier jobs of its shard
+        kept (esmshard.store.pieces) is done, and not this job's work nor towards its speed."""
+        self.fields.update(kept_residues=kept_residues, computing_since=since)
+        self.update(kept_residues, sampler)
 
     def update(self, residues: int, sampler=None):
         self.fields["residues_done"] += residues

@@ -23,6 +23,7 @@ from ..version import __version__  # noqa: E402
 from .progress import (  # noqa: E402
     busy_seconds,
     computed_residues,
+    computing_span,
     duration,
     per_slot,
     rate,
@@ -108,9 +109,9 @@ def scaling(metrics: list[dict]) -> dict:
                 "guide_speedup": list(GUIDE_SPEEDUP.get(k, (1.0, 1.0))),
             }
         )
-    # the time any embed job ran: jobs side by side count once, the time between two commands
-    # of the run (a stop, then the same command) not at all; the rates are over it
-    ran = busy_seconds((m["started_at"], m["finished_at"]) for m in metrics)
+    # the time any embed job computed: jobs side by side count once, the time between two
+    # commands of the run (a stop, then the same command) not at all; the rates are over it
+    ran = busy_seconds(computing_span(m, m["finished_at"]) for m in metrics)
     measured = busy / wall if wall > 0 else None
     for row in modelled:  # a measured figure only where the run had that many slots
         row["measured_speedup"] = measured if row["gpus"] == len(slots) else None
@@ -165,8 +166,8 @@ def scaling(metrics: list[dict]) -> dict:
             | {
                 "compile_seconds": m.get("compile_seconds", 0.0),
                 "compile_cache": m.get("compile_cache", "off"),
-                "residues_per_second": computed_residues(m) / m["seconds"]
-                if m["seconds"] > 0
+                "residues_per_second": computed_residues(m) / m["compute_seconds"]
+                if m["compute_seconds"] > 0
                 else None,
                 "started_offset": m["started_at"] - start,
                 "slot": slot_key(m),
@@ -487,7 +488,7 @@ def run_rows(result: dict, run: dict) -> list[dict]:
          + (f" ({result['n_residues_kept']:,} kept by stopped jobs, computed before)"
             if result.get("n_residues_kept") else "")),
         ("failed sequences", result["n_failed"]),
-        ("time the embed jobs ran (side by side once; stops left out)",
+        ("time the embed jobs computed (side by side once; loading and stops left out)",
          duration(result.get("jobs_seconds", result["wall_seconds"]))),
         ("the steps' own time: shard; embed jobs; merge",
          "; ".join(duration(t) if t is not None else "–" for t in (

@@ -140,7 +140,7 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     scaling = json.loads(Path(layout.scaling_json).read_text())
     assert scaling["n_residues_kept"] == metrics["kept_residues"]
     computed = metrics["n_residues"] - metrics["kept_residues"]
-    assert scaling["shards"][0]["residues_per_second"] == computed / metrics["seconds"]
+    assert scaling["shards"][0]["residues_per_second"] == computed / metrics["compute_seconds"]
     page = Path(layout.scaling_html).read_text()
     assert f"({metrics['kept_residues']:,} kept by stopped jobs, computed before)" in page
     # one truth about the work: the last line, run.json, `esmshard status` and the report
@@ -153,7 +153,7 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     state = status.read_state(outdir)
     assert state["residues_kept"] == metrics["kept_residues"]
     assert state["residues_computed"] == computed
-    assert state["residues_per_second"] == pytest.approx(computed / metrics["seconds"])
+    assert state["residues_per_second"] == pytest.approx(computed / metrics["compute_seconds"])
     assert scaling["residues_per_second"] == pytest.approx(state["residues_per_second"])
     # the pieces are in the part now; the result is the uninterrupted run's, bit for bit
     assert not list((outdir / "store").glob("*/.pieces"))
