@@ -77,6 +77,14 @@ def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals) -> st
         time.sleep(0.02)
     os.kill(found["pid"], sig)
     assert run.wait(timeout=120) != 0
+    # the job itself gone too: it keeps its last piece as it stops
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            os.kill(found["pid"], 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
     return said.read_text()
 
 
