@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from scale import PROTEOME, REPO, cpu_model, du, jobs, memory_gib, micro_checkpoint, tile, timed
+from scale import PROTEOME, cpu_model, du, jobs, memory_gib, micro_checkpoint, tiled_run, timed
 
 STEPS = {  # the command line's target of each step, and its log
     "shard": (["--until", "shard"], "shard"),
@@ -78,17 +78,8 @@ def masked_marginal_tokens(fasta: Path) -> int:
 
 def run(residues: int, workdir: Path, config: list[str], threads: int, keep: bool) -> dict:
     folder = workdir / f"r{residues}"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    fasta = folder / "tiled.fasta"
     n_records = records_for(residues)
-    tiled = tile(PROTEOME, n_records, fasta)
-    outdir = folder / "results"
-    base = [
-        "snakemake", "-s", str(REPO / "Snakefile"), "--cores", str(threads),
-        "--resources", "gpu=1", "--quiet", "--config", f"input={fasta}", f"outdir={outdir}",
-        *config,
-    ]  # fmt: skip
+    fasta, outdir, tiled, base = tiled_run(folder, n_records, config, threads)
     steps = {}
     for step, (target, log) in STEPS.items():
         measured = timed(base[:1] + target + base[1:], folder)  # the target before --config

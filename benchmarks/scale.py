@@ -126,16 +126,10 @@ def planned(outdir: Path) -> list[str]:
     return [row["shard"] for row in read_tsv(outdir / "shards" / "plan.tsv")]
 
 
-def run(
-    n_records: int,
-    workdir: Path,
-    config: list[str],
-    threads: int,
-    keep: bool,
-    exports,
-    shard_workers=(),
-) -> dict:
-    folder = workdir / f"n{n_records}"
+def tiled_run(folder: Path, n_records: int, config: list[str], threads: int):
+    """A fresh `folder` (the benchmark's own) holding the proteome tiled to `n_records`: its
+    FASTA file, the run's outdir, the residues, and the `snakemake` command over them (a target
+    goes after its first word, before --config)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     fasta = folder / "tiled.fasta"
@@ -146,6 +140,20 @@ def run(
         "--resources", "gpu=1", "--quiet", "--config", f"input={fasta}", f"outdir={outdir}",
         *config,
     ]  # fmt: skip
+    return fasta, outdir, residues, base
+
+
+def run(
+    n_records: int,
+    workdir: Path,
+    config: list[str],
+    threads: int,
+    keep: bool,
+    exports,
+    shard_workers=(),
+) -> dict:
+    folder = workdir / f"n{n_records}"
+    fasta, outdir, residues, base = tiled_run(folder, n_records, config, threads)
     steps = {}
     outputs = {"shard": "shards", "embed": "store", "merge": "embeddings.h5", "all": "report"}
     for step in STEPS:
