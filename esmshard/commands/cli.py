@@ -38,6 +38,44 @@ def cores(text: str) -> str:
     return text
 
 
+def add_run_options(command) -> None:
+    """What a run is: `esmshard run`'s and `esmshard plan`'s options."""
+    command.add_argument(
+        "inputs", nargs="*", metavar="FASTA", help="protein FASTA files (.gz, .bz2, .xz too)"
+    )
+    command.add_argument("-o", "--outdir", help="where the run's outputs go")
+    command.add_argument(
+        "--gpus",
+        default="auto",
+        help="CUDA device indices for the GPU pool, e.g. 0,1,2,3 (default auto: every visible "
+        "device); sets --resources gpu=N",
+    )
+    command.add_argument(
+        "--model",
+        help=f"a model of {families_named()}: a fair-esm name (esm2_t33_650M_UR50D, the "
+        "default, downloads its weights once), hf:OWNER/NAME (HuggingFace), a folder saved by "
+        "transformers, a .pt or .pth checkpoint file, or random:NAME (seeded random weights of a "
+        "published shape, e.g. random:esm2_t6_8M_UR50D: runs offline, for trying esmshard out)",
+    )
+    command.add_argument(
+        "--profile",
+        help="a cluster profile esmshard ships (slurm, kubernetes, googlebatch, htcondor, lsf) "
+        "or a profile folder of your own",
+    )
+    command.add_argument(
+        "--cores", type=cores, default="all", help="CPU cores Snakemake may use (default all)"
+    )
+    command.add_argument(
+        "--config",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]' (input, "
+        "outdir, gpus and model too, the same as their options)",
+    )
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     # `esmshard run ... -- SNAKEMAKE OPTIONS`: what follows `--` goes to snakemake as it is.
@@ -57,40 +95,7 @@ def main(argv=None):
         "`snakemake` command it builds is printed first; anything after `--` is passed on to "
         "it, e.g. `esmshard run proteins.fasta -o out -- --dry-run`.",
     )
-    run.add_argument(
-        "inputs", nargs="*", metavar="FASTA", help="protein FASTA files (.gz, .bz2, .xz too)"
-    )
-    run.add_argument("-o", "--outdir", help="where the run's outputs go")
-    run.add_argument(
-        "--gpus",
-        default="auto",
-        help="CUDA device indices for the GPU pool, e.g. 0,1,2,3 (default auto: every visible "
-        "device); sets --resources gpu=N",
-    )
-    run.add_argument(
-        "--model",
-        help=f"a model of {families_named()}: a fair-esm name (esm2_t33_650M_UR50D, the "
-        "default, downloads its weights once), hf:OWNER/NAME (HuggingFace), a folder saved by "
-        "transformers, a .pt or .pth checkpoint file, or random:NAME (seeded random weights of a "
-        "published shape, e.g. random:esm2_t6_8M_UR50D: runs offline, for trying esmshard out)",
-    )
-    run.add_argument(
-        "--profile",
-        help="a cluster profile esmshard ships (slurm, kubernetes, googlebatch, htcondor, lsf) "
-        "or a profile folder of your own",
-    )
-    run.add_argument(
-        "--cores", type=cores, default="all", help="CPU cores Snakemake may use (default all)"
-    )
-    run.add_argument(
-        "--config",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=VALUE",
-        help="config keys, as after snakemake's --config, e.g. 'repr_layers=[-1,6]' (input, "
-        "outdir, gpus and model too, the same as their options)",
-    )
+    add_run_options(run)
     run.add_argument(
         "-v",
         "--verbose",
@@ -99,6 +104,15 @@ def main(argv=None):
         "the whole output goes to OUTDIR/logs/esmshard-run.log); so do Snakemake options "
         "after `--`",
     )
+    plan = commands.add_parser(
+        "plan",
+        help="plan a run here and show the jobs it will submit, with what each asks for",
+        description="Read the inputs and plan the shards as the run will (the plan is kept in "
+        "OUTDIR: the run then uses it), then show the jobs that `esmshard run` with the same "
+        "arguments submits: with a SLURM profile, each one's sbatch options; the GPU-hours "
+        "and the disk the outputs need. Nothing is submitted.",
+    )
+    add_run_options(plan)
     status = commands.add_parser(
         "status", help="dashboard of a run: per device slot, progress, ETA"
     )
@@ -234,25 +248,28 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if passed_on and args.command != "run":
         parser.error("options after `--` go with `esmshard run` only")
-    if args.command == "run":
+    if args.command in ("run", "plan"):
         # Options in any order: FASTA files typed after --config's KEY=VALUE items are inputs.
         args.inputs += [item for item in args.config if "=" not in item]
+        asked = launch.Launch(
+            inputs=args.inputs,
+            outdir=args.outdir,
+            gpus=args.gpus,
+            model=args.model,
+            profile=args.profile,
+            cores=args.cores,
+            config=[item for item in args.config if "=" in item],
+            snakemake_args=passed_on,
+            verbose=getattr(args, "verbose", False),
+        )
         try:
-            return launch.run(
-                launch.Launch(
-                    inputs=args.inputs,
-                    outdir=args.outdir,
-                    gpus=args.gpus,
-                    model=args.model,
-                    profile=args.profile,
-                    cores=args.cores,
-                    config=[item for item in args.config if "=" in item],
-                    snakemake_args=passed_on,
-                    verbose=args.verbose,
-                )
-            )
+            if args.command == "plan":
+                from .plan import plan
+
+                return plan(asked)
+            return launch.run(asked)
         except launch.LaunchError as err:
-            parser.exit(2, f"esmshard run: {err}\n")
+            parser.exit(2, f"esmshard {args.command}: {err}\n")
     if args.command == "deploy":
         from .deploy import DeployError
         from .deploy import deploy as deploy_clone

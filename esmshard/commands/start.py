@@ -25,13 +25,28 @@ from pathlib import Path
 from typing import Protocol
 
 from ..compute.pool import no_usable_gpu, pool_devices, visible_devices
-from ..input.sizing import cpu_memory_problem, host_memory_bytes
+from ..files import read_tsv
+from ..input.sizing import (
+    CPU_FLOPS,
+    DEVICE_KINDS,
+    compute_seconds,
+    cpu_memory_problem,
+    host_memory_bytes,
+)
 from ..input.variants import MUTANT_KINDS, PSEUDO_PPL, mutants_work
 from ..layout import Layout
 from ..outputs.variants import counts_line, read_counts
+from ..steps.progress import (
+    METRICS_FIELDS,
+    busy_seconds,
+    computing_span,
+    current_files,
+    duration,
+    rate,
+)
 from ..steps.provenance import mixed_precisions
 from ..steps.shard import plan_problem
-from ..store import Store, in_place_problems
+from ..store import Store, in_place_problems, read_json_object
 from ..store.leftovers import remove_leftovers
 from ..store.runlock import active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
@@ -51,6 +66,9 @@ SHARD_THREADS = 8
 # A cluster job's Snakemake is handed no value of the main process: the embed jobs that run
 # at once go in the environment, which sbatch (and bsub) pass on.
 CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
+# Set by `esmshard plan` (esmshard.commands.plan) to the executor of the run it plans, for the
+# shard step it runs on this machine: the step plans that run's shards (how many jobs at once).
+PLAN_ENV = "ESMSHARD_PLAN"
 
 
 class StartRefused(Exception):
@@ -87,7 +105,8 @@ class Invocation:
         return cls(
             dry_run=bool(args.dryrun),
             lint=bool(args.lint),
-            executor=args.executor or "local",
+            # `esmshard plan` runs the shard step here for the run on the executor it names
+            executor=os.environ.get(PLAN_ENV) or args.executor or "local",
             remote_job=remote_job,
             cores=args.cores,
             jobs=args.jobs,
@@ -258,10 +277,31 @@ class RunStart:
             if PSEUDO_PPL in strategies
             else "one each, unmasked"
         )
+        seconds, basis = self.mutants_seconds(work.tokens)
         self.log.info(
             f"esmshard: {', '.join(strategies)}: {work.sequences:,} mutant sequences, "
-            f"{work.passes:,} forward passes ({each}), embedded in {self.run.mutants.outdir}"
+            f"{work.passes:,} forward passes ({each}), embedded in {self.run.mutants.outdir}: "
+            f"about {duration(seconds)} of one device's time ({basis})"
         )
+
+    def mutants_seconds(self, tokens: int) -> tuple[float, str]:
+        """The time of the mutants' run's passes (`tokens`) on one device, and its basis: the
+        tokens/s that this run's embed jobs measured, else a rate assumed for the device they
+        compute on."""
+        planned = (read_json_object(Path(self.run.plan_json)) or {}).get("key") == self.key
+        metrics = []
+        if planned and Path(self.run.plan).is_file():  # a plan of this run's settings
+            plan = read_tsv(self.run.plan)
+            metrics = current_files(self.run, self.run.metrics, plan, METRICS_FIELDS)
+        ran = busy_seconds(computing_span(m, m["finished_at"]) for m in metrics)
+        measured = sum(m.get("forward_tokens", 0) for m in metrics) / ran if ran > 0 else 0
+        if measured > 0:
+            return tokens / measured, f"at {rate(measured)} tokens/s, as this run's jobs measured"
+        on_gpu = self.on_cluster or (
+            visible_devices() and no_usable_gpu(self.config["gpus"]) is None
+        )
+        flops, device = (DEVICE_KINDS[1].flops, "an H100") if on_gpu else (CPU_FLOPS, "a CPU")
+        return compute_seconds(tokens, self.model_params, flops), f"assumed: {device}'s rate"
 
     @property
     def scored_limit(self) -> int | None:

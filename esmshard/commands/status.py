@@ -78,22 +78,38 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     where = read_json_object(Path(layout.plan_json)) or {}
     live = shards_finished | {r["shard"] for r in running}
     not_running = {p["shard"] for p in plan} - live
-    waiting = kept_residues(Store(where["store"]), where["key"], not_running) if not_running else 0
-    done_residues += waiting
+    store = Store(where["store"]) if not_running else None
+    waiting = {s: kept_residues(store, where["key"], [s]) for s in not_running}
+    done_residues += sum(waiting.values())
     # Kept work is done but no job's speed; the speed is what the jobs computed in the time
     # that any of them computed (esmshard.steps.progress.busy_seconds, computing_span),
     # whichever command ran them.
-    kept = waiting + sum(job_kept(m) for m in done) + sum(job_kept(r) for r in running)
+    kept = (
+        sum(waiting.values()) + sum(job_kept(m) for m in done) + sum(job_kept(r) for r in running)
+    )
     computed = sum(computed_residues(m) for m in done)
     computed += sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
     complete = len(shards_finished) == len(plan)
     spans = [computing_span(job, now) for job in [*done, *running]]
     elapsed = busy_seconds(spans)
     speed = computed / elapsed if computed and elapsed > 0 else None
+    # The ETA in the shard step's cost units (esmshard.input.balance): a job computes its longest
+    # proteins first, whose residues cost more, so that residues/s would understate the rest.
+    cost_of = {p["shard"]: float(p["estimated_cost"]) for p in plan}
+    share = {p["shard"]: 1 / max(int(p["n_residues"]), 1) for p in plan}
+    done_cost = sum(cost_of[s] for s in shards_finished)
+    done_cost += sum(cost_of[s] * kept * share[s] for s, kept in waiting.items())
+    computed_cost = sum(job_cost(m, cost_of[m["shard"]], True)[1] for m in done)
+    for r in running:
+        job_done, job_computed = job_cost(r, cost_of[r["shard"]], False)
+        done_cost += job_done
+        computed_cost += job_computed
+    cost_rate = computed_cost / elapsed if computed_cost and elapsed > 0 else None
     if complete:
         eta = 0.0
     else:
-        eta = (total_residues - done_residues) / speed if speed else None
+        left = max(0.0, sum(cost_of.values()) - done_cost)
+        eta = left / cost_rate if cost_rate else None
     return {
         "outdir": str(outdir),
         "planned": True,
@@ -119,6 +135,20 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         if Path(layout.mutants.plan).exists()
         else None,
     }
+
+
+def job_cost(job: dict, shard_cost: float, finished: bool) -> tuple[float, float]:
+    """A job's work in cost units: what is done of its shard, and what the job computed itself
+    (what earlier jobs kept left out); from the job's own counts, or in proportion to its
+    residues where its file has none (a job of an earlier version)."""
+    if isinstance(job.get("cost"), (int, float)) and isinstance(
+        job.get("kept_cost"), (int, float)
+    ):
+        done = shard_cost if finished else job.get("cost_done", 0.0)
+        return done, max(0.0, (job["cost"] if finished else done) - job["kept_cost"])
+    share = shard_cost / max(job["n_residues"], 1)
+    residues = job["n_residues"] if finished else job.get("residues_done", 0)
+    return share * residues, share * max(0, residues - job_kept(job))
 
 
 def job_kept(job: dict) -> int:

@@ -23,6 +23,42 @@ COMPRESSED_EXPANSION = 2.0  # protein FASTA compresses about 2:1
 ASSUMED_FLOPS = 2.5e13  # sustained by a recent datacenter GPU in bf16 or tf32
 
 
+class DeviceKind(NamedTuple):
+    """A kind of GPU, and what an embed job sustains on it in bf16 (FLOP/s)."""
+
+    name: str
+    flops: float
+    basis: str  # where the figure comes from
+
+
+# `esmshard plan`'s GPU-hours: the H200's measured rate (esm2_t33_650M, packed and compiled, in
+# bf16: 324k tokens/s at 2·params FLOPs each, docs/benchmarks.md), and the other kinds scaled
+# from it (the H100's compute is the H200's, its memory slower: the goals take 0.9 of it).
+H200_FLOPS = 324_000 * 2 * 12 * 33 * 1280**2
+DEVICE_KINDS = (
+    DeviceKind("H200", H200_FLOPS, "measured, esm2_t33_650M"),
+    DeviceKind("H100", 0.9 * H200_FLOPS, "0.9 of the H200's"),
+    DeviceKind("A100", H200_FLOPS * 312 / 989, "the H200's by their bf16 peaks, 312/989"),
+)
+
+
+# An embed job on a CPU (its two threads): esm2_t6's shape sustains about 10¹¹ FLOP/s on this
+# project's 2-core test machine (6.9k residues/s, docs/benchmarks.md, "A resumed run's ETA").
+CPU_FLOPS = 1e11
+
+
+def compute_seconds(tokens: float, params: int, flops: float) -> float:
+    """The time of `tokens` (or cost units) at 2·params FLOPs each, on a device sustaining
+    `flops`."""
+    return 2 * params * tokens / flops
+
+
+def gpu_seconds(costs, params: int, flops: float) -> float:
+    """The GPU time of shards of these estimated costs (balance.py's units): each job's fixed
+    cost, then its compute."""
+    return len(costs) * JOB_OVERHEAD_SECONDS + compute_seconds(sum(costs), params, flops)
+
+
 class ModelSize(NamedTuple):
     """What the cost of a model's forward pass scales with."""
 

@@ -253,6 +253,13 @@ class Mutants(NamedTuple):
 
     sequences: int
     passes: int
+    tokens: int  # the passes' tokens, BOS and EOS included: what their time goes on
+
+    def plus(self, sequences: int, passes: int, length: int) -> "Mutants":
+        """With `sequences` more of `length` residues, `passes` forward passes in all."""
+        return Mutants(
+            self.sequences + sequences, self.passes + passes, self.tokens + passes * (length + 2)
+        )
 
 
 def pllr_id(record_id: str, label: str, part: str) -> str:
@@ -328,33 +335,30 @@ def write_mutants(
     """The sequences of the mutants' run (`mutants_of`) as a FASTA file, written atomically."""
     from ..files import atomic_path
 
-    count = passes = 0
+    work = Mutants(0, 0, 0)
     with atomic_path(out_fasta) as tmp, open(tmp, "w", encoding="ascii") as fh:
         for name, sequence in mutants_of(inputs, variants, limit, offset, strategies, window):
             fh.write(f">{name}\n{sequence}\n")
-            count += 1
-            passes += passes_of(sequence, strategies)
-    return Mutants(count, passes)
+            work = work.plus(1, passes_of(sequence, strategies), len(sequence))
+    return work
 
 
 def mutants_work(
     inputs, variants, limit, offset=1, strategies=(PSEUDO_PPL,), window=None
 ) -> Mutants:
     """What `write_mutants` would write, counted without writing it: said before the run."""
-    count = passes = 0
+    work = Mutants(0, 0, 0)
     if variants == ALL:  # counted from the records: their mutants may be many millions
         for path in inputs:
             for record in read_raw(str(path)):
                 sequence = record.sequence.decode("ascii")[:limit]
                 # its substitutions, and the record itself (its wild type)
                 mutants = (len(AMINO_ACIDS) - 1) * sum(sequence.count(a) for a in AMINO_ACIDS) + 1
-                count += mutants
-                passes += mutants * (len(sequence) + 1)
-        return Mutants(count, passes)
+                work = work.plus(mutants, mutants * (len(sequence) + 1), len(sequence))
+        return work
     for _, sequence in mutants_of(inputs, variants, limit, offset, strategies, window):
-        count += 1
-        passes += passes_of(sequence, strategies)
-    return Mutants(count, passes)
+        work = work.plus(1, passes_of(sequence, strategies), len(sequence))
+    return work
 
 
 def sequences_of(inputs, ids: set[str] | None) -> dict[str, str]:

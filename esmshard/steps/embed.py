@@ -26,7 +26,7 @@ from ..embeddings_h5.contacts import NAME as CONTACTS
 from ..embeddings_h5.representations import absolute_layers
 from ..embeddings_h5.scores import MASKED
 from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
-from ..input.balance import forward_tokens
+from ..input.balance import forward_tokens, record_costs
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
@@ -228,7 +228,15 @@ def run_shard(
                 on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
             loaded = time.time()
 
-            progress.computing(kept.residues, loaded, sampler)  # earlier jobs' work is done
+            # the shard step's cost of each record (esmshard.input.balance): the ETA's units,
+            # in which a long protein's residues cost more than a short one's
+            records = batched + chunked
+            costs = record_costs(np.array([len(sequences[k]) for k in records]), limit,
+                                 long_sequences, net.embed_dim, include, recipe)  # fmt: skip
+            cost_of = dict(zip(records, costs.tolist()))
+            kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
+            # earlier jobs' work is done
+            progress.computing(kept.residues, loaded, sampler, kept_cost, float(costs.sum()))
             write_seconds, keep_seconds = [], []
             # the pieces, then the part made of them
             lengths = [len(sequences[k]) for k in batched + chunked]
@@ -276,7 +284,8 @@ def run_shard(
                         # a batch is kept whole, so that a later job makes the same batches
                         done = [k for indices, _ in parts for k in indices]
                         write(members, done, [r for _, reps in parts for r in reps])
-                        progress.update(sum(len(sequences[k]) for k in members), sampler)
+                        progress.update(sum(len(sequences[k]) for k in members), sampler,
+                                        sum(cost_of[k] for k in members))  # fmt: skip
                         if writer.due(keep_every):
                             keep()
                     for k in chunked:
@@ -284,7 +293,7 @@ def run_shard(
                             continue
                         rep = embedder.embed_chunked(k, sequences[k], limit, failed)
                         write([k], [k] if rep is not None else [], [rep] if rep else [])
-                        progress.update(len(sequences[k]), sampler)
+                        progress.update(len(sequences[k]), sampler, cost_of[k])
                         if writer.due(keep_every):
                             keep()
                     keep()
@@ -367,6 +376,9 @@ def run_shard(
             "kept_pieces": len(kept.paths),
             "kept_sequences": len(kept.keys),
             "kept_residues": kept.residues,
+            # the same in the shard step's cost units: the ETA's (esmshard.commands.status)
+            "cost": float(costs.sum()),
+            "kept_cost": kept_cost,
             "residues_per_second": (n_residues - kept.residues) / (finished - loaded)
             if finished > loaded
             else None,

@@ -4,6 +4,7 @@ finished shards (read by `esmshard status` and the scaling report).
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -11,6 +12,7 @@ from typing import NamedTuple
 from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
 from ..store import Store
+from ..store.runlock import LAUNCHER_ENV
 
 
 def rate(per_second) -> str:
@@ -157,27 +159,64 @@ def per_slot(metrics: list[dict]) -> dict[str, dict]:
     return slots
 
 
+# Plain `snakemake` shows no job's progress: there an embed job says its own on its stderr (the
+# run's output) every PROGRESS_LINE_SECONDS; under `esmshard run` (LAUNCHER_ENV set) its display
+# does. The test hook sets another interval.
+PROGRESS_LINE_SECONDS = 30
+PROGRESS_LINE_ENV = "ESMSHARD_TEST_PROGRESS_LINE_SECONDS"
+
+
 class Progress:
-    """The embed job's `progress/<shard>.json`, rewritten after each batch for `esmshard status`."""
+    """The embed job's `progress/<shard>.json`, rewritten after each batch for `esmshard status`
+    (and, under plain `snakemake`, a line on the job's stderr now and then)."""
 
     def __init__(self, path, **fields):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fields = {**fields, "residues_done": 0}
+        self.fields = {**fields, "residues_done": 0, "cost_done": 0.0}
+        every = os.environ.get(PROGRESS_LINE_ENV, PROGRESS_LINE_SECONDS)
+        self.line_every = None if LAUNCHER_ENV in os.environ else float(every)
+        self.said_at = time.time()
 
-    def computing(self, kept_residues: int, since: float, sampler=None):
+    def computing(self, kept_residues: int, since: float, sampler=None, kept_cost=0.0, cost=None):
         """The job computes from `since` on (its model loaded); what earlier jobs of its shard
-        kept (esmshard.store.pieces) is done, and not this job's work nor towards its speed."""
-        self.fields.update(kept_residues=kept_residues, computing_since=since)
-        self.update(kept_residues, sampler)
+        kept (esmshard.store.pieces) is done, and not this job's work nor towards its speed.
+        `cost`: the shard's, in the shard step's units (the ETA's), `kept_cost` of it kept."""
+        self.fields.update(kept_residues=kept_residues, computing_since=since, cost=cost,
+                           kept_cost=kept_cost)  # fmt: skip
+        self.update(kept_residues, sampler, kept_cost)
 
-    def update(self, residues: int, sampler=None):
+    def update(self, residues: int, sampler=None, cost: float = 0.0):
         self.fields["residues_done"] += residues
+        self.fields["cost_done"] += cost
         self.fields["updated_at"] = time.time()
         if sampler is not None and sampler.samples:
             self.fields["memory_used_bytes"] = sampler.samples[-1]["memory_used_bytes"]
             self.fields["memory_total_bytes"] = sampler.samples[-1]["memory_total_bytes"]
         write_json(self.path, self.fields)
+        now = self.fields["updated_at"]
+        if self.line_every is not None and now - self.said_at >= self.line_every:
+            self.said_at = now
+            print(self.line(now), file=sys.stderr, flush=True)
+
+    def line(self, now: float) -> str:
+        """The shard's progress in one line: residues, their rate and the ETA (in cost units,
+        as `esmshard status` reckons it), over the time this job has computed."""
+        f = self.fields
+        done, total = f["residues_done"], f.get("n_residues", 0)
+        seconds = now - f.get("computing_since", now)
+        computed_cost = f["cost_done"] - (f.get("kept_cost") or 0.0)
+        speed = (done - f.get("kept_residues", 0)) / seconds if seconds > 0 else None
+        cost = f.get("cost")
+        eta = (
+            f"ETA {duration((cost - f['cost_done']) * seconds / computed_cost)}"
+            if cost and computed_cost > 0 and seconds > 0
+            else "ETA ?"
+        )
+        return (
+            f"esmshard: shard {f.get('shard')}: {done:,}/{total:,} residues "
+            f"({100 * done / max(total, 1):.0f}%), {rate(speed)} residues/s, {eta}"
+        )
 
     def __enter__(self):
         return self

@@ -509,6 +509,45 @@ def run_rows(result: dict, run: dict) -> list[dict]:
     return [{"what": what, "value": value} for what, value in rows]
 
 
+def mutants_summary(metric_files, run_json) -> dict | None:
+    """The mutants' run of `pseudo_ppl` and `pllr` (its own shards, under the outdir's mutants/):
+    what it computed and in what time; None without one."""
+    if not run_json:
+        return None
+    run = json.loads(Path(run_json).read_text())
+    metrics = load_metrics(metric_files)
+    found = {"outdir": str(Path(run_json).parent), "sequences": run.get("records", 0),
+             "computed": run.get("computed", 0), "from_store": run.get("from_store", 0),
+             "planned_at": run.get("planned_at"), "finished_at": run.get("finished_at")}  # fmt: skip
+    if metrics:
+        mutants = scaling(metrics)
+        found |= {key: mutants[key] for key in ("n_shards", "jobs_seconds", "forward_tokens",
+                                                 "forward_tokens_per_second", "n_failed")}  # fmt: skip
+    return found
+
+
+def mutants_rows(mutants: dict) -> list[dict]:
+    """The mutants' run, for the report's page."""
+    rows = [
+        ("where", mutants["outdir"]),
+        ("mutant sequences: computed; found in the store",
+         f"{mutants['computed']:,}; {mutants['from_store']:,}"),
+    ]  # fmt: skip
+    if "n_shards" in mutants:
+        tokens = mutants["forward_tokens_per_second"]
+        rows += [
+            ("shards", mutants["n_shards"]),
+            ("time the embed jobs computed", duration(mutants["jobs_seconds"])),
+            ("forward passes' tokens (each residue's masked copy its own)",
+             f"{mutants['forward_tokens']:,}" + (f", {rate(tokens)} tokens/s" if tokens else "")),
+            ("failed sequences", mutants["n_failed"]),
+        ]  # fmt: skip
+    planned, finished = mutants.get("planned_at"), mutants.get("finished_at")
+    if planned and finished:
+        rows.append(("time from its plan to its merge", duration(finished - planned)))
+    return [{"what": what, "value": value} for what, value in rows]
+
+
 def figures(result: dict, series: dict) -> dict[str, bytes]:
     """The report's plots, PNG bytes by name."""
     shown = dict(
@@ -624,9 +663,17 @@ shard on the first GPU to free up. {_words(cap)}</p>
 {device_section}
 <h2>Shards</h2>
 {shards_section(result, tables)}
+{mutants_section(result.get("mutants"))}
 {computed_with}
 </body></html>
 """
+
+
+def mutants_section(mutants: dict | None) -> str:
+    if not mutants:
+        return ""
+    table = _table(mutants_rows(mutants), ["what", "value"], text=("value",), labels=("what",))
+    return f"<h2>The mutants' run (pseudo_ppl, pllr)</h2>{table}"
 
 
 def computed_with_section(run: dict) -> str:
@@ -663,29 +710,41 @@ def write_figures(folder, shown: dict[str, bytes], result: dict) -> None:
 
 
 def write_report(
-    metric_files, telemetry_files, out_json, out_html, run_json=None, out_figures=None
+    metric_files,
+    telemetry_files,
+    out_json,
+    out_html,
+    run_json=None,
+    out_figures=None,
+    mutant_metric_files=(),
+    mutants_run_json=None,
 ) -> dict:
+    """The scaling report of a run's embed jobs (and of its mutants' run, `mutants_run_json`
+    and its jobs' metrics, where `pseudo_ppl` or `pllr` made one)."""
     run = json.loads(Path(run_json).read_text()) if run_json else {}
     computed_with = computed_with_section(run) if run else ""
     metrics = load_metrics(metric_files)
+    mutants = mutants_summary(mutant_metric_files, mutants_run_json)
     if not metrics:  # every sequence came from the store: no job to report on
         result = {
             "n_shards": 0,
             "n_sequences": 0,
             "note": NOTHING_COMPUTED,
             "esmshard_version": __version__,
+            "mutants": mutants,
         }
         write_json(out_json, result)
         write_text(
             out_html,
             f"<!doctype html><html><body><h1>{TITLE}</h1>"
-            f"<p>{NOTHING_COMPUTED}</p>{computed_with}</body></html>\n",
+            f"<p>{NOTHING_COMPUTED}</p>{mutants_section(mutants)}{computed_with}</body></html>\n",
         )
         if out_figures:
             with atomic_path(out_figures) as tmp:
                 Path(tmp).mkdir()
         return result
     result = {**scaling(metrics), "made_by": run.get("made_by"), "esmshard_version": __version__}
+    result["mutants"] = mutants
     if run_json:
         result["step_seconds"] = step_seconds(run_json)
     write_json(out_json, result)

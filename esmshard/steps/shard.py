@@ -16,6 +16,7 @@ import resource
 import secrets
 import time
 from array import array
+from collections.abc import Callable
 from contextlib import ExitStack
 from itertools import chain, islice
 from pathlib import Path
@@ -26,6 +27,7 @@ import pyarrow.parquet as pq
 
 from ..compute.telemetry import peak_memory_mb
 from ..embeddings_h5.id_index import id_hashes
+from ..embeddings_h5.representations import absolute_layers
 from ..files import (
     Buckets,
     DiskFullError,
@@ -57,6 +59,7 @@ from ..store import (
     set_aside,
     settings_key,
 )
+from ..store.shardfile import output_bytes
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +129,20 @@ def shard_step(settings: dict, model_size, **params):
     run before any shard work), then `write_shards`."""
     from ..models import ensure_available, parse_spec
 
-    ensure_available(parse_spec(settings["model"]))
-    return write_shards(settings=settings, model_size=ModelSize(*model_size), **params)
+    spec = parse_spec(settings["model"])
+    ensure_available(spec)
+    layers = len(absolute_layers(settings["repr_layers"], spec.num_layers))
+    width = params.get("attention_values", (0, 0))[0]
+    include, dim = settings["include"], model_size[1]
+
+    def values_bytes(lengths) -> int:
+        return output_bytes(
+            lengths, layers, include, dim, {"attentions": width} if width else None
+        )
+
+    return write_shards(
+        settings=settings, model_size=ModelSize(*model_size), values_bytes=values_bytes, **params
+    )
 
 
 def write_shards(
@@ -145,6 +160,7 @@ def write_shards(
     cluster: bool | None = None,
     workers: int = 1,
     attention_values: tuple[int, int] = (0, 0),
+    values_bytes: Callable[[np.ndarray], int] | None = None,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
@@ -158,7 +174,9 @@ def write_shards(
 
     `attention_values`: with attention maps, the values of a pair of residues and the bytes of
     one in embeddings.h5: their size is said, and refused before any embed job where the store's
-    or the outdir's disk cannot hold it.
+    or the outdir's disk cannot hold it. `values_bytes`: the float32 values of sequences of some
+    lengths, in bytes; plan.json then says what the new parts and every record's values take
+    (what `esmshard plan` says of the disk).
     """
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -277,6 +295,11 @@ def write_shards(
             "long_sequences": long_sequences,
             "long_said": scan.found.long.said(truncation_seq_length, long_sequences),
         }
+        # what `esmshard plan` says of the GPU time and the disk
+        summary["model_params"] = model_size.params
+        if values_bytes is not None:
+            summary["store_bytes"] = values_bytes(embedded(new)[0]) if new.size else 0
+            summary["values_bytes"] = values_bytes(embedded(slice(None))[0])
         write_json(building / "plan.json", summary)
         if not read_only:
             add_settings(store, key, settings)

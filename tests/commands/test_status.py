@@ -18,7 +18,8 @@ def run_in_progress(tmp_path):
     layout = Layout(str(tmp_path))
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "plan.tsv").write_text(
-        "shard\tn_sequences\tn_residues\testimated_cost\nshard_0000\t5\t1000\t1\nshard_0001\t5\t3000\t1\n"
+        "shard\tn_sequences\tn_residues\testimated_cost\nshard_0000\t5\t1000\t1000\n"
+        "shard_0001\t5\t3000\t3000\n"
     )
     store = Store(str(tmp_path / "store"))
     (tmp_path / "shards" / "plan.json").write_text(json.dumps({"store": store.root, "key": "k1"}))
@@ -40,6 +41,19 @@ def run_in_progress(tmp_path):
     progress.fields.update(memory_used_bytes=12 << 30, memory_total_bytes=80 << 30)
     progress.update(0)
     return tmp_path
+
+
+def test_the_eta_is_in_cost_units_a_long_proteins_residues_costing_more(run_in_progress):
+    """A job computes its longest proteins first: a third of its residues may be three quarters
+    of its shard's cost (what its progress counts), and the rest goes faster per residue."""
+    layout = Layout(str(run_in_progress))
+    progress = json.loads(Path(layout.progress("shard_0001")).read_text())
+    progress.update(cost=3000.0, kept_cost=0.0, cost_done=2250.0, computing_since=102.0)
+    Path(layout.progress("shard_0001")).write_text(json.dumps(progress))
+    state = status.read_state(run_in_progress, now=120.0)
+    # 1000 (shard_0000) + 2250 computed in 18 s; 750 left of 4000
+    assert state["eta_seconds"] == pytest.approx(750 / (3250 / 18))
+    assert state["residues_per_second"] == 2000 / 18  # the rate shown stays in residues
 
 
 def test_status_of_a_run_in_progress(run_in_progress):

@@ -127,13 +127,17 @@ def test_pseudo_ppls_mutants_are_each_variants_sequence_once_and_counted_before_
             (f"{second}/{s2[2]}3W:{s2[4]}5G", s2[:2] + "W" + s2[3] + "G" + s2[5:]),
         ]
     )  # the repeated line once
-    assert said == written == (4, 2 * (len(s1) + 1 + len(s2) + 1))
+    passes = (len(s1) + 1, len(s2) + 1)  # a pass per residue and one unmasked, each
+    tokens = 2 * (passes[0] * (len(s1) + 2) + passes[1] * (len(s2) + 2))
+    assert said == written == (4, 2 * sum(passes), tokens)
     # every single substitution, truncated as the records are: counted without writing them
     limit = 40
     said = mutants_work([fasta], ALL, limit)
     written = write_mutants([fasta], ALL, limit, tmp_path / "all.fasta")
     got = list(read_fasta(tmp_path / "all.fasta"))
-    assert said == written == (len(got), len(got) * (limit + 1))
+    assert (
+        said == written == (len(got), len(got) * (limit + 1), len(got) * (limit + 1) * (limit + 2))
+    )
     assert len(got) == 2 * (19 * limit + 1)  # each record's substitutions, and itself
     assert all(len(r.sequence) == limit for r in got) and len({r.id for r in got}) == len(got)
 

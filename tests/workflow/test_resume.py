@@ -24,6 +24,7 @@ from conftest import (
 from esmshard.commands import status
 from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.layout import Layout, every_attempt
+from esmshard.steps.progress import PROGRESS_LINE_ENV
 
 RECORDS = SLICE[:120]  # ~37k residues: seconds of esm2_t6 on the CPU, many batches
 SETTINGS = ["model=random:esm2_t6_8M_UR50D", "include=[mean,per_tok]", "shards=1"]
@@ -129,9 +130,15 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
             assert f"{kept_before[-1]} sequences kept by interrupted jobs in" in said
             said = esmshard(env, "store", str(outdir / "store"), "--verify")
             assert re.search(r"0 parts and \d+ kept pieces checked, 0 damaged", said), said
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    # every batch's progress line, where plain snakemake says every 30 s
+    done = subprocess.run(cmd, cwd=REPO, env={**env, PROGRESS_LINE_ENV: "0"}, capture_output=True,
+                          text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert RESUMING.search(done.stderr)
+    # plain snakemake shows no job's progress: the job (of the one shard) says its own
+    said = re.findall(r"^esmshard: shard \S+: ([\d,]+)/([\d,]+) residues \((\d+)%\), \S+ "
+                      r"residues/s, ETA (\d+m\d\ds)$", done.stderr, re.M)  # fmt: skip
+    assert len(said) >= 2 and said[-1][2] == "100" and said[-1][3] == "0m00s", done.stderr[-2000:]
 
     # Each job after the first started from what the ones before it kept, and computed the rest.
     (log,) = Path(Layout(str(outdir)).log("embed", "x")).parent.glob("*.log")
@@ -143,6 +150,7 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     (metrics,) = (outdir / "metrics").glob("*.json")
     metrics = json.loads(metrics.read_text())
     assert metrics["kept_sequences"] == kept_before[-1] and metrics["kept_residues"] > 0
+    assert int(said[0][0].replace(",", "")) > metrics["kept_residues"]  # kept, then a batch
     # the report counts the kept residues as done, and times only what the last job computed
     layout = Layout(str(outdir))
     scaling = json.loads(Path(layout.scaling_json).read_text())

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -159,37 +158,37 @@ def test_slurm_run_goes_through_sbatch_resumes_after_kill_and_matches_local(slur
     np.testing.assert_allclose(cluster_means, local_means, atol=1e-5)
 
 
-def test_slurm_dry_run_asks_one_gpu_for_embed_only(tmp_path):
-    if shutil.which("sbatch") is None:
-        ensure_slurm_installed()
+def test_esmshard_plan_shows_the_sbatch_options_that_slurm_then_receives(slurm, tmp_path):
+    """`esmshard plan`, then `esmshard run` with the same arguments: no shard job is submitted
+    (the plan is the run's), and each embed job reaches SLURM as the plan said."""
     profile = filled_profile(tmp_path)
-    cmd, env = slurm_command(tmp_path / "dry", profile, dict(os.environ))
-    # The embed jobs are known once the shard step (a checkpoint) has run: here, locally.
-    local = [c for c in cmd if c not in ("--profile", profile)] + ["--cores", "1"]
-    shard = subprocess.run(
-        [*local, "--until", "shard"], cwd=REPO, env=env, capture_output=True, text=True
-    )
-    assert shard.returncode == 0, shard.stdout + shard.stderr
-    result = subprocess.run([*cmd, "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
-    text = result.stdout + result.stderr
-    blocks = {}
-    for block in text.split("\n\n"):
-        lines = block.strip().splitlines()
-        rule = next(
-            (
-                line.split()[-1].rstrip(":")
-                for line in lines
-                if line.startswith(("rule ", "localrule ", "checkpoint ", "localcheckpoint "))
-            ),
-            None,
-        )
-        resources = next((line for line in lines if line.strip().startswith("resources:")), "")
-        if rule:
-            blocks.setdefault(rule, []).append(resources)
-    assert len(blocks["embed"]) == 3
-    assert all("gpu=1" in r and "slurm_partition=esmshard-test" in r for r in blocks["embed"])
-    assert all("gpu=" not in r for rule in ("merge", "report") for r in blocks[rule])
+    args = [str(PROTEINS), "-o", "results", "--model", MODEL, "--profile", profile,
+            "--config", "shards=3"]  # fmt: skip
+    env = {
+        **slurm,
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{slurm['PATH']}",
+        "ESMSHARD_POOL_DIR": str(tmp_path / "gpu-pool"),
+    }
+    plan = subprocess.run(["esmshard", "plan", *args], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    (embed,) = [line for line in plan.stdout.splitlines() if line.startswith("  3 embed jobs: ")]
+    options = embed.removeprefix("  3 embed jobs: sbatch ").split()
+    assert options[:2] == ["-p", "esmshard-test"] and options[2] == "-t", embed
+    minutes, mem_mb = int(options[3]), int(options[options.index("--mem") + 1])
+    assert options[-2:] == ["--cpus-per-task=2", "--gpus=1"], embed
+
+    run = subprocess.run(["esmshard", "run", *args], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    mine = [job for job in slurm_cluster.jobs(slurm) if job.get("WorkDir") == str(tmp_path)]
+    rules = [job["Comment"].split("_wildcards_")[0].removeprefix("rule_") for job in mine]
+    assert sorted(rules) == ["embed"] * 3 + ["merge", "report"], rules
+    for job in (job for job, rule in zip(mine, rules) if rule == "embed"):
+        assert job["Partition"] == "esmshard-test"
+        assert job["TimeLimit"] == f"{minutes // 60:02d}:{minutes % 60:02d}:00"
+        assert job["MinMemoryNode"] == f"{mem_mb}M" and job["CPUs/Task"] == "2"
+        assert "gpu:1" in job["TresPerJob"]
 
 
 def test_on_slurm_the_shard_job_is_given_the_profiles_jobs_for_shards_auto(slurm, tmp_path):

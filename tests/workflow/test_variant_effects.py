@@ -398,10 +398,22 @@ def test_pseudo_ppl_is_each_mutant_sequences_own_pseudo_log_likelihood(run, chec
     lines = done.stderr.splitlines()
     at = next(k for k, line in enumerate(lines) if line.startswith(said))
     assert not any(line.startswith(("rule ", "localrule ")) for line in lines[:at])
-    # the mutants' run is part of the run's status
+    # with their time: at the rate this run's jobs measured (the records' run computed them)
+    assert re.search(r": about (\d+h\d\dm|\d+m\d\ds) of one device's time \(at [\d.]+k? tokens/s, as this "
+                     r"run's jobs measured\)$", lines[at]), lines[at]  # fmt: skip
+    # the mutants' run is part of the run's status and its report
     status = subprocess.run(["esmshard", "status", str(workdir / "results")], capture_output=True,
                             text=True, env=ENV).stdout  # fmt: skip
     assert re.search(r"^mutants \(\S+mutants\): shards (\d+)/\1 \(100%\)", status, re.M), status
+    report = json.loads((workdir / "results" / "report" / "scaling.json").read_text())
+    mutants = report["mutants"]
+    assert mutants["computed"] == len(rows) + len(records) and mutants["n_shards"] >= 1
+    assert mutants["forward_tokens"] == sum(
+        (len(SEQUENCE[id_]) + 1) * (len(SEQUENCE[id_]) + 2)
+        for id_ in [i for i, _ in rows] + list(records)
+    )
+    page = (workdir / "results" / "report" / "scaling_report.html").read_text()
+    assert "<h2>The mutants' run (pseudo_ppl, pllr)</h2>" in page
     # only the mutants are computed
     jobs = jobs_run(done)
     assert "embed" not in jobs and jobs["embed_mutants"] >= 1

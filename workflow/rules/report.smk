@@ -3,6 +3,13 @@ rule report:
         metrics=lambda wildcards: [RUN.metrics(shard) for shard in planned_shards()],
         telemetry=lambda wildcards: [RUN.telemetry(shard) for shard in planned_shards()],
         run=RUN.run_json,
+        # `pseudo_ppl`, `pllr`: the mutants' run, reported beside the records'
+        mutant_metrics=lambda wildcards: (
+            [MUTANTS.metrics(s) for s in planned_shards(None, "shard_mutants", MUTANTS)]
+            if MUTANTS_WANTED
+            else []
+        ),
+        mutants_run=[MUTANTS.run_json] if MUTANTS_WANTED else [],
     output:
         json=RUN.scaling_json,
         html=report(

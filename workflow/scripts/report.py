@@ -9,4 +9,6 @@ run_step(
     out_html=snakemake.output.html,
     run_json=snakemake.input.run,
     out_figures=snakemake.output.figures,
+    mutant_metric_files=list(snakemake.input.mutant_metrics),
+    mutants_run_json=snakemake.input.mutants_run[0] if snakemake.input.mutants_run else None,
 )

@@ -1,0 +1,160 @@
+"""`esmshard plan`: the run's shards planned here and the jobs it will submit, before any job (the
+jobs a real SLURM then receives: tests/workflow/test_slurm.py)."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import yaml
+from conftest import MODEL, PROTEINS, REPO, clone_of_workflow, doc_block
+
+from esmshard.commands.plan import PlannedJob, dry_run_jobs, sbatch_options
+from esmshard.input.sizing import embed_mem_mb
+from esmshard.models import parse_spec
+
+
+def esmshard(*args, cwd):
+    env = {
+        **os.environ,
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+    }
+    return subprocess.run(["esmshard", *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def filled_profile(folder, **set_resources):
+    """profiles/slurm with its placeholders filled, as a user edits a copy of it."""
+    profile = yaml.safe_load((REPO / "profiles" / "slurm" / "config.yaml").read_text())
+    profile["default-resources"] |= {"slurm_partition": "gpu", "slurm_account": "lab"}
+    if set_resources:
+        profile["set-resources"] = {"embed": set_resources}
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+def test_a_slurm_plan_of_esmc_6b_on_a_small_machine_shows_each_jobs_sbatch_options(tmp_path):
+    """On a login node without GPUs and with less memory than the model needs: planned, not
+    refused, as its jobs run on GPU nodes; the run then uses the plan."""
+    filled_profile(tmp_path / "lab-slurm", gpu_model="a100")
+    args = [str(PROTEINS), "-o", "out", "--model", "random:esmc_6b", "--profile", "lab-slurm",
+            "--config", "shards=3"]  # fmt: skip
+    done = esmshard("plan", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert re.fullmatch(
+        r"esmshard plan: 40 records, 40 unique sequences: 0 found in the store, 40 to compute "
+        r"\([\d,]+ residues\) in 3 shards, planned in out/shards",
+        lines[0],
+    ), lines[0]
+    assert lines[1] == "the jobs the run submits to SLURM, as each will ask:"
+    (embed,) = [line for line in lines if line.startswith("  3 embed jobs: sbatch ")]
+    mem_mb = embed_mem_mb(parse_spec("random:esmc_6b").params)
+    assert f" --mem {mem_mb} " in embed and mem_mb > 24_000  # more than this machine has
+    assert " -A lab -p gpu " in embed and embed.endswith(" --cpus-per-task=2 --gpus=a100:1")
+    (merge,) = [line for line in lines if line.startswith("  1 merge job: sbatch ")]
+    assert "--gpus" not in merge and merge.endswith("(runtime: from its inputs, once they exist)")
+    assert "shard job" not in done.stdout  # it ran here: the plan
+    hours = [line for line in lines if "GPU-hours on H200s" in line]
+    assert len(hours) == 1 and float(hours[0].split()[0]) > 0
+    assert any(line.startswith("disk: the store gains about ") for line in lines)
+    assert lines[-1] == f"nothing was submitted; esmshard run {' '.join(args)} runs this plan"
+    assert not (tmp_path / "out" / "store" / "esmc").exists() and not any(
+        (tmp_path / "out" / "logs").glob("embed*")
+    )
+
+    # The run's dry run (Snakemake's own account of its jobs) uses the plan and asks the same.
+    dry = esmshard("run", *args, "--", "--dry-run", "--cores", "64", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    stats = dry.stdout[dry.stdout.index("Job stats") :]
+    assert "shard" not in stats.split("\n\n")[0] and re.search(r"embed\s+3", stats)
+    jobs = [job for job in dry_run_jobs(dry.stdout) if job.rule == "embed"]
+    assert len(jobs) == 3
+    longest = max(job.resources["runtime"] for job in jobs)
+    assert f" -t {longest} " in embed
+    assert all(job.resources["mem_mb"] == mem_mb and job.resources["gpu"] == 1 for job in jobs)
+
+
+def test_a_profile_still_holding_change_me_is_refused_by_name_and_nothing_is_planned(tmp_path):
+    done = esmshard("plan", str(PROTEINS), "-o", "out", "--model", MODEL, "--profile", "slurm",
+                    cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "slurm_partition=CHANGE-ME-partition" in done.stderr
+    assert str(REPO / "profiles" / "slurm" / "config.yaml") in done.stderr
+    assert "nothing was submitted" in done.stderr
+    assert not (tmp_path / "out" / "shards").exists()
+
+
+def test_a_local_plan_of_a_model_too_large_for_this_machines_cpu_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    done = esmshard("plan", str(PROTEINS), "-o", "out", "--model", "random:esmc_6b", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "computes on the CPU here" in done.stderr and "GiB" in done.stderr
+    assert not (tmp_path / "out" / "shards").exists()
+
+
+DRY_RUN = """\
+[Fri Nov 27 22:54:24 2026]
+rule embed:
+    input: out/shards/a-0000.tsv, out/shards/plan.json
+    output: out/store/x/a-0000.h5
+    jobid: 4
+    wildcards: shard=a-0000
+    threads: 2
+    resources: tmpdir=/tmp, mem_mb=4097, mem=4.10 GB, gpu=1, runtime=11, slurm_extra='--qos=a, b'
+Shell command: None
+
+[Fri Nov 27 22:54:24 2026]
+localrule all:
+    input: out/embeddings.h5
+    jobid: 0
+"""
+
+
+def test_the_dry_runs_jobs_are_read_with_their_threads_and_resources():
+    embed, everything = dry_run_jobs(DRY_RUN)
+    assert embed == PlannedJob(
+        "embed", "shard=a-0000", 2,
+        {"mem_mb": 4097, "gpu": 1, "runtime": 11, "slurm_extra": "'--qos=a, b'"},
+    )  # fmt: skip
+    assert everything == PlannedJob("all", "", 1, {})
+
+
+def test_sbatch_options_are_the_slurm_plugins_own():
+    job = PlannedJob("embed", "", 4, {"mem_mb": 8000, "runtime": 90, "gpu": 2,
+                                      "slurm_partition": "gpu", "constraint": "h100"})  # fmt: skip
+    assert sbatch_options(job) == "-p gpu -t 90 -C h100 --mem 8000 --cpus-per-task=4 --gpus=2"
+    cpu_job = PlannedJob("merge", "", 1, {"mem_mb": 2000, "slurm_account": "lab"})
+    assert sbatch_options(cpu_job) == "-A lab --mem 2000 --ntasks=1 --cpus-per-task=1"
+
+
+def test_the_docs_plan_shows_what_they_print_and_their_run_submits_no_shard_job(tmp_path):
+    """docs/clusters.md's commands as it types them, in a clone (the 650M model's shape with
+    random weights: no download), and the output it shows."""
+    clone = clone_of_workflow(tmp_path / "clone")
+    subprocess.run(f"gzip -c {PROTEINS} > proteome.fasta.gz", shell=True, cwd=clone, check=True)
+    (clone / "profiles" / "mycluster").mkdir()
+    shipped = (clone / "profiles" / "slurm" / "config.yaml").read_text()
+    edited = shipped.replace("CHANGE-ME-partition", "gpu").replace("CHANGE-ME-account", "lab")
+    (clone / "profiles" / "mycluster" / "config.yaml").write_text(edited)
+    block = doc_block("docs/clusters.md", "## SLURM").splitlines()
+    (plan_line,) = [line for line in block if line.startswith("esmshard plan ")]
+    (run_line,) = [line for line in block if line.startswith("snakemake --profile ")]
+    model = "random:esm2_t33_650M_UR50D"
+    done = esmshard(*shlex.split(plan_line)[1:], "--model", model, cwd=clone)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = doc_block("docs/clusters.md", "**`esmshard plan` shows", "```text\n").splitlines()
+    printed = done.stdout.splitlines()
+    assert shown[-1] == "  ..." and printed[: len(shown) - 1] == shown[:-1], done.stdout
+
+    argv = shlex.split(run_line)
+    argv[argv.index("--config") + 1 : argv.index("--config") + 1] = [f"model={model}"]
+    env = {
+        **os.environ,
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+    }
+    dry = subprocess.run([*argv, "--dry-run"], cwd=clone, env=env, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    stats = dry.stdout[dry.stdout.index("Job stats") :].split("\n\n")[0]
+    assert "shard" not in stats and re.search(r"embed\s+1", stats), stats
