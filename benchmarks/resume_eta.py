@@ -79,13 +79,14 @@ def main(argv=None) -> int:
     # the same command again: its first ETA with a job computing, against the time it takes
     second = subprocess.Popen(command, cwd=folder, env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    first_eta = None
+    first_eta, etas = None, []  # etas: (when, ETA, residues done) of each reading
     while second.poll() is None:
         state = state_of(outdir)
         live = [r for r in state.get("running", []) if not r["stale"]]
-        if first_eta is None and live and state.get("eta_seconds") is not None:
+        if live and state.get("eta_seconds") is not None:
             if state["residues_done"] > state["residues_kept"]:  # this command's own work too
-                first_eta = (time.time(), state)
+                first_eta = first_eta or (time.time(), state)
+                etas.append((time.time(), state["eta_seconds"], state["residues_done"]))
         time.sleep(1.0)
     said = second.communicate()[1]
     ended = Path(Layout(str(outdir)).run_json).stat().st_mtime
@@ -104,6 +105,11 @@ def main(argv=None) -> int:
         "first_eta_line_residues_done": at_eta["residues_done"],
         "actual_seconds": round(ended - seen, 1),
         "eta_over_actual": round(at_eta["eta_seconds"] / (ended - seen), 2),
+        # every reading: seconds after the first, its ETA over the time then left, residues done
+        "etas": [
+            [round(when - seen, 1), round(eta / (ended - when), 2), done]
+            for when, eta, done in etas
+        ],
         "run_json": {
             k: run[k] for k in ("computed", "computed_by_this_command", "kept_from_stopped_jobs")
         },  # fmt: skip

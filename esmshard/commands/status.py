@@ -92,19 +92,35 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     complete = len(shards_finished) == len(plan)
     spans = [computing_span(job, now) for job in [*done, *running]]
     elapsed = busy_seconds(spans)
-    speed = computed / elapsed if computed and elapsed > 0 else None
+    # the rate over the time to each running job's last update, whose work is counted: not the
+    # batch it computes now, which would count as time without work
+    counted = busy_seconds(
+        [computing_span(m, now) for m in done]
+        + [computing_span(r, min(now, last_update(r, now))) for r in running]
+    )
+    speed = computed / counted if computed and counted > 0 else None
     # The ETA in the shard step's cost units (esmshard.input.balance): a job computes its longest
     # proteins first, whose residues cost more, so that residues/s would understate the rest.
     cost_of = {p["shard"]: float(p["estimated_cost"]) for p in plan}
     share = {p["shard"]: 1 / max(int(p["n_residues"]), 1) for p in plan}
     done_cost = sum(cost_of[s] for s in shards_finished)
     done_cost += sum(cost_of[s] * kept * share[s] for s, kept in waiting.items())
+    # Its rate leaves out a running job's first batch, which pays the job's start-up (the first
+    # allocations and kernels): from that batch's end to the job's last update.
     computed_cost = sum(job_cost(m, cost_of[m["shard"]], True)[1] for m in done)
+    cost_spans = [computing_span(m, now) for m in done]
     for r in running:
         job_done, job_computed = job_cost(r, cost_of[r["shard"]], False)
         done_cost += job_done
-        computed_cost += job_computed
-    cost_rate = computed_cost / elapsed if computed_cost and elapsed > 0 else None
+        updated, warm = min(now, last_update(r, now)), r.get("warm_at")
+        if isinstance(warm, (int, float)) and isinstance(r.get("warm_cost"), (int, float)):
+            computed_cost += max(0.0, r["cost_done"] - r["warm_cost"])
+            cost_spans.append((warm, max(warm, updated)))
+        else:  # a job of an earlier version: its whole time
+            computed_cost += job_computed
+            cost_spans.append(computing_span(r, updated))
+    ran = busy_seconds(cost_spans)
+    cost_rate = computed_cost / ran if computed_cost and ran > 0 else None
     if complete:
         eta = 0.0
     else:
@@ -135,6 +151,11 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         if Path(layout.mutants.plan).exists()
         else None,
     }
+
+
+def last_update(progress: dict, now: float) -> float:
+    updated = progress.get("updated_at")
+    return updated if isinstance(updated, (int, float)) else now
 
 
 def job_cost(job: dict, shard_cost: float, finished: bool) -> tuple[float, float]:

@@ -184,12 +184,18 @@ class Progress:
         `cost`: the shard's, in the shard step's units (the ETA's), `kept_cost` of it kept."""
         self.fields.update(kept_residues=kept_residues, computing_since=since, cost=cost,
                            kept_cost=kept_cost)  # fmt: skip
-        self.update(kept_residues, sampler, kept_cost)
+        self.fields["residues_done"] += kept_residues
+        self.fields["cost_done"] += kept_cost
+        self.update(0, sampler)
 
     def update(self, residues: int, sampler=None, cost: float = 0.0):
         self.fields["residues_done"] += residues
         self.fields["cost_done"] += cost
         self.fields["updated_at"] = time.time()
+        if residues and "computing_since" in self.fields and "warm_at" not in self.fields:
+            # the first batch's end: the job's start-up paid (the ETA's rate starts here)
+            self.fields.update(warm_at=self.fields["updated_at"],
+                               warm_cost=self.fields["cost_done"])  # fmt: skip
         if sampler is not None and sampler.samples:
             self.fields["memory_used_bytes"] = sampler.samples[-1]["memory_used_bytes"]
             self.fields["memory_total_bytes"] = sampler.samples[-1]["memory_total_bytes"]
@@ -205,12 +211,12 @@ class Progress:
         f = self.fields
         done, total = f["residues_done"], f.get("n_residues", 0)
         seconds = now - f.get("computing_since", now)
-        computed_cost = f["cost_done"] - (f.get("kept_cost") or 0.0)
         speed = (done - f.get("kept_residues", 0)) / seconds if seconds > 0 else None
-        cost = f.get("cost")
+        cost, warm = f.get("cost"), f.get("warm_at", now)
+        warm_cost = f["cost_done"] - f.get("warm_cost", f["cost_done"])  # since the first batch
         eta = (
-            f"ETA {duration((cost - f['cost_done']) * seconds / computed_cost)}"
-            if cost and computed_cost > 0 and seconds > 0
+            f"ETA {duration((cost - f['cost_done']) * (now - warm) / warm_cost)}"
+            if cost and warm_cost > 0 and now > warm
             else "ETA ?"
         )
         return (

@@ -54,6 +54,12 @@ def test_the_eta_is_in_cost_units_a_long_proteins_residues_costing_more(run_in_p
     # 1000 (shard_0000) + 2250 computed in 18 s; 750 left of 4000
     assert state["eta_seconds"] == pytest.approx(750 / (3250 / 18))
     assert state["residues_per_second"] == 2000 / 18  # the rate shown stays in residues
+    # the job's first batch, which paid its start-up, left out of the ETA's rate: 1000 + 2000
+    # over the shard's 8 s and 104 s to 120 s (the two side by side once: 18 s)
+    progress.update(warm_at=104.0, warm_cost=250.0)
+    Path(layout.progress("shard_0001")).write_text(json.dumps(progress))
+    state = status.read_state(run_in_progress, now=120.0)
+    assert state["eta_seconds"] == pytest.approx(750 / (3000 / 18))
 
 
 def test_status_of_a_run_in_progress(run_in_progress):
