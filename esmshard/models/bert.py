@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .bert_files import Shape, alphabet, read_weights, shape_of
 from .layers import FastForward, Products
 from .spec import ModelSpec, take_weights
+from .weights import on_meta
 
 
 class Block(torch.nn.Module):
@@ -89,7 +90,7 @@ def load(spec: ModelSpec):
     """(ProtBert in eval mode on the CPU, its alphabet), the files' tensors taken as mapped."""
     shape = shape_of(spec.path)
     residues = alphabet(spec.path)
-    with torch.device("meta"):
+    with on_meta():
         model = ProtBert(shape, residues.padding_idx)
     take_weights(model, read_weights(spec.path), spec.path, "BERT encoder", shape.arch)
     return model.eval(), residues

@@ -31,7 +31,7 @@ from .layers import (
     rotate_half,
 )
 from .spec import RANDOM_SEED, Arch, ModelSpec, take_weights
-from .weights import safe_load
+from .weights import on_meta, safe_load
 
 
 def random_model(name: str):
@@ -73,7 +73,7 @@ def load_checkpoint(path: Path):
         prefix = next((p for p in PREFIXES if name.startswith(p)), "")
         state[name[len(prefix) :]] = tensor
     cfg = data["cfg"]["model"]
-    with torch.device("meta"):
+    with on_meta():
         model = ESM2(
             num_layers=cfg.encoder_layers,
             embed_dim=cfg.encoder_embed_dim,

@@ -28,6 +28,7 @@ from .layers import (
     rotate_half,
 )
 from .spec import RANDOM_SEED, Alphabet, ModelSpec, take_weights
+from .weights import on_meta
 
 VOCABULARY = (
     "<cls> <pad> <eos> <unk> L A G V S E R T I D P K Q N F Y M H W C X B U Z O . - | <mask>"
@@ -185,7 +186,7 @@ def load(spec: ModelSpec):
     if spec.kind == "random":
         return random_model(spec.name).eval(), ALPHABET
     shape, split, state = read_weights(spec.path)
-    with torch.device("meta"):
+    with on_meta():
         model = ESMC(shape, split, head=any(name.startswith("lm_head.") for name in state))
     take_weights(model, state, spec.path, "ESM C", shape.arch)
     return model.eval(), ALPHABET

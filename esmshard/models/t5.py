@@ -19,6 +19,7 @@ from .layers import FastForward
 from .spec import ModelSpec, take_weights
 from .t5_files import Shape, read_weights, shape_of
 from .t5_tokenizer import alphabet
+from .weights import on_meta
 
 
 class RMSNorm(torch.nn.Module):
@@ -137,7 +138,7 @@ def load(spec: ModelSpec):
     shape = shape_of(spec.path)
     residues = alphabet(spec.path, shape.variant)
     state = read_weights(spec.path, shape)
-    with torch.device("meta"):
+    with on_meta():
         model = T5Encoder(shape, residues.padding_idx)
     take_weights(model, state, spec.path, "T5 encoder", shape.arch)
     return model.eval(), residues

@@ -80,6 +80,44 @@ def folder_weight_files(folder: Path) -> list[Path]:
 _SHAPES_ONLY = contextvars.ContextVar("esmshard_shapes_only", default=False)
 
 
+FILLS = ("normal_", "uniform_")  # nn.init's random fills (kaiming_uniform_'s too)
+
+
+@contextlib.contextmanager
+def on_meta():
+    """Parameters made inside have no storage (torch's meta device) nor their initial random
+    values: the weights come from a file. Everything else a module computes as it is built (a
+    rotary embedding's frequencies) is computed on the CPU as usual: on the meta device, an
+    operation without a meta kernel goes through torch's reference decompositions, whose first
+    use imports torch._dynamo (1.3 s of each embed job on a CPU)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class SkipFills(TorchFunctionMode):
+        """nn.init's random fills of a parameter on the meta device: nothing to fill."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            tensor = args[0] if args else kwargs.get("tensor")  # nn.init.normal_(tensor=...)
+            if getattr(func, "__name__", "") in FILLS and getattr(tensor, "is_meta", False):
+                return tensor
+            return func(*args, **kwargs)
+
+    register = torch.nn.Module.register_parameter
+
+    def register_on_meta(module, name, param):
+        if param is not None and not param.is_meta:  # made on the CPU, never filled: no pages
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        register(module, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        with SkipFills():
+            yield
+    finally:
+        torch.nn.Module.register_parameter = register
+
+
 @contextlib.contextmanager
 def shapes_only():
     """Inside the block, `mapped_tensors` and `safe_load` give each tensor as one of torch's meta
