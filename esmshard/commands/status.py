@@ -22,6 +22,7 @@ from ..steps.progress import (
     finished,
     per_slot,
     rate,
+    since_warm,
     slot_key,
 )
 from ..steps.shard import plan_problem
@@ -78,8 +79,9 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     where = read_json_object(Path(layout.plan_json)) or {}
     live = shards_finished | {r["shard"] for r in running}
     not_running = {p["shard"] for p in plan} - live
-    store = Store(where["store"]) if not_running else None
-    waiting = {s: kept_residues(store, where["key"], [s]) for s in not_running}
+    waiting = (
+        kept_residues(Store(where["store"]), where["key"], not_running) if not_running else {}
+    )
     done_residues += sum(waiting.values())
     # Kept work is done but no job's speed; the speed is what the jobs computed in the time
     # that any of them computed (esmshard.steps.progress.busy_seconds, computing_span),
@@ -112,11 +114,12 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     for r in running:
         job_done, job_computed = job_cost(r, cost_of[r["shard"]], False)
         done_cost += job_done
-        updated, warm = min(now, last_update(r, now)), r.get("warm_at")
-        if isinstance(warm, (int, float)) and isinstance(r.get("warm_cost"), (int, float)):
-            computed_cost += max(0.0, r["cost_done"] - r["warm_cost"])
-            cost_spans.append((warm, max(warm, updated)))
-        else:  # a job of an earlier version: its whole time
+        updated = min(now, last_update(r, now))
+        warmed = since_warm(r, updated)
+        if warmed:
+            computed_cost += warmed[0]
+            cost_spans.append(warmed[1])
+        else:  # in its first batch (nothing computed yet), or of an earlier version: whole
             computed_cost += job_computed
             cost_spans.append(computing_span(r, updated))
     ran = busy_seconds(cost_spans)

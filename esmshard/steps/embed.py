@@ -231,15 +231,15 @@ def run_shard(
             # the shard step's cost of each record (esmshard.input.balance): the ETA's units,
             # in which a long protein's residues cost more than a short one's
             records = batched + chunked
-            costs = record_costs(np.array([len(sequences[k]) for k in records]), limit,
-                                 long_sequences, net.embed_dim, include, recipe)  # fmt: skip
+            lengths = [len(sequences[k]) for k in records]
+            costs = record_costs(np.array(lengths), limit, long_sequences, net.embed_dim,
+                                 include, recipe)  # fmt: skip
             cost_of = dict(zip(records, costs.tolist()))
             kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
             # earlier jobs' work is done
             progress.computing(kept.residues, loaded, sampler, kept_cost, float(costs.sum()))
             write_seconds, keep_seconds = [], []
             # the pieces, then the part made of them
-            lengths = [len(sequences[k]) for k in batched + chunked]
             size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim, widths)
             writer = PieceWriter(
                 pieces,

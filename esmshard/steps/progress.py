@@ -116,6 +116,16 @@ def computing_span(job: dict, now: float) -> tuple[float, float]:
     return start, max(now, start)
 
 
+def since_warm(job: dict, until: float) -> tuple[float, tuple[float, float]] | None:
+    """A running job's work in cost units since its first batch, which paid the job's start-up
+    (the ETA's rate leaves that batch out), and that span up to `until`; None before the end
+    of its first batch (or from a job of an earlier version, which kept no such mark)."""
+    warm, warm_cost = job.get("warm_at"), job.get("warm_cost")
+    if not isinstance(warm, (int, float)) or not isinstance(warm_cost, (int, float)):
+        return None
+    return max(0.0, job["cost_done"] - warm_cost), (warm, max(warm, until))
+
+
 def computed_residues(m: dict) -> int:
     """The residues a finished shard's job computed: its own, less what earlier jobs of the
     shard kept (esmshard.store.pieces), which count as done but not towards its speed."""
@@ -212,11 +222,11 @@ class Progress:
         done, total = f["residues_done"], f.get("n_residues", 0)
         seconds = now - f.get("computing_since", now)
         speed = (done - f.get("kept_residues", 0)) / seconds if seconds > 0 else None
-        cost, warm = f.get("cost"), f.get("warm_at", now)
-        warm_cost = f["cost_done"] - f.get("warm_cost", f["cost_done"])  # since the first batch
+        cost, warmed = f.get("cost"), since_warm(f, now)
+        work, (start, end) = warmed or (0.0, (now, now))
         eta = (
-            f"ETA {duration((cost - f['cost_done']) * (now - warm) / warm_cost)}"
-            if cost and warm_cost > 0 and now > warm
+            f"ETA {duration((cost - f['cost_done']) * (end - start) / work)}"
+            if cost and work > 0 and end > start
             else "ETA ?"
         )
         return (

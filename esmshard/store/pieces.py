@@ -58,12 +58,19 @@ class Kept:
                     self.keys.add(key.decode())
 
 
-def kept_residues(store: Store, key: str, shards) -> int:
-    """The residues that the kept pieces of `shards` hold, by their manifests (a damaged one
-    counts 0: its piece is computed again)."""
+def kept_residues(store: Store, key: str, shards) -> dict[str, int]:
+    """The residues that the kept pieces of each of `shards` hold, by their manifests (a damaged
+    one counts 0: its piece is computed again)."""
     folders = store.pieces(key)
-    manifests = (m for shard in shards if shard in folders for m in folders[shard].glob("*.json"))
-    return sum(manifest_count((read_json_object(m) or {}).get("n_residues")) for m in manifests)
+    return {
+        shard: sum(
+            manifest_count((read_json_object(m) or {}).get("n_residues"))
+            for m in folders[shard].glob("*.json")
+        )
+        if shard in folders
+        else 0
+        for shard in shards
+    }
 
 
 class Pieces:
