@@ -124,11 +124,9 @@ def shapes_only():
     device, of the file's shape, read from the file's header (no weight is read), and models
     are built there: a family's own loader runs whole, its names, shapes and checks included,
     in a second and no memory (esmshard.models.fit_problems)."""
-    import torch
-
     token = _SHAPES_ONLY.set(True)
     try:
-        with torch.device("meta"):
+        with on_meta():
             yield
     finally:
         _SHAPES_ONLY.reset(token)

@@ -43,8 +43,6 @@ def run_step(log_path, step, **kwargs):
     logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
     log = logging.getLogger("esmshard")
     name = step.rpartition(":")[2] if isinstance(step, str) else step.__name__
-    log.info("%s: started on %s, process %d", name, socket.gethostname(), os.getpid())
-    started = time.monotonic()
 
     # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so that what is finished is
     # kept (esmshard.store.pieces), temporary files are removed and the GPU slot's lock is
@@ -65,12 +63,13 @@ def run_step(log_path, step, **kwargs):
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
         signal.signal(signum, stop)
-
-    # One failure, one line: h5py's noise after a failed write is dropped; the step's own
-    # errors are logged below.
-    quiet_hdf5_cleanup()
-    faulthandler.enable()  # a crash (in a library's C code) names where it happened
-    try:
+    started = time.monotonic()
+    try:  # from here on, a signal ends the job in one line, however early it comes
+        log.info("%s: started on %s, process %d", name, socket.gethostname(), os.getpid())
+        # One failure, one line: h5py's noise after a failed write is dropped; the step's own
+        # errors are logged below.
+        quiet_hdf5_cleanup()
+        faulthandler.enable()  # a crash (in a library's C code) names where it happened
         if isinstance(step, str):
             module, _, function = step.partition(":")
             step = getattr(importlib.import_module(module), function)

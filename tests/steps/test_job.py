@@ -34,3 +34,26 @@ def test_concurrent_attempts_add_to_one_log(tmp_path):
     assert (tmp_path / "attempts" / "job.log").read_text() == text
     for proc in (first, second):
         assert f"process {proc.pid}" in text
+
+
+def test_ctrl_c_as_the_job_says_it_started_ends_it_in_one_line(tmp_path):
+    # The moment `esmshard run`'s test waits for before its Ctrl-C: the signal lands while the
+    # "started" line is written, before the step is imported.
+    script = (
+        "import logging, os, signal\n"
+        "from esmshard.steps.job import run_step\n"
+        "class CtrlC(logging.Filter):\n"
+        "    def filter(self, record):\n"
+        "        if 'started' in record.getMessage():\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "        return True\n"
+        "logging.getLogger('esmshard').addFilter(CtrlC())\n"
+        f"run_step({str(tmp_path / 'job.log')!r}, 'esmshard.steps.embed:run_shard')\n"
+    )
+    stopped = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr
+    assert stopped.stderr.rstrip().endswith(
+        "run_shard: stopped by SIGINT (Ctrl-C); what it finished is kept, its incomplete "
+        "outputs are removed"
+    )
+    assert "Traceback" not in (tmp_path / "job.log").read_text()
