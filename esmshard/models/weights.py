@@ -122,8 +122,9 @@ def on_meta():
 def shapes_only():
     """Inside the block, `mapped_tensors` and `safe_load` give each tensor as one of torch's meta
     device, of the file's shape, read from the file's header (no weight is read), and models
-    are built there: a family's own loader runs whole, its names, shapes and checks included,
-    in a second and no memory (esmshard.models.fit_problems)."""
+    are built with their parameters there (`on_meta`, fair-esm's own ESM-1 loader's too): a
+    family's own loader runs whole, its names, shapes and checks included, in a second and no
+    memory (esmshard.models.fit_problems)."""
     token = _SHAPES_ONLY.set(True)
     try:
         with on_meta():
