@@ -132,17 +132,30 @@ def saved_model(folder, variant, shape, layers, cls=None, dtype=torch.float32, *
 
 def reference(folder, variant, sequences):
     """transformers' hidden states of `sequences` (fp32), tokenized by its own tokenizer class
-    from the folder's files."""
+    from the folder's files; each protein run alone (a padded batch costs the longest one's
+    length for every row), its rows zero past its tokens."""
     if variant == "prott5":
         tokenizer = transformers.T5Tokenizer.from_pretrained(folder)
     else:
         tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(folder, pad_token="<pad>")
     tokens = VARIANTS[variant][1](tokenizer, sequences)
     model = transformers.T5EncoderModel.from_pretrained(folder, dtype=torch.float32).eval()
+    ids, real = tokens["input_ids"], tokens["attention_mask"].bool()
+    hidden = None
     with torch.inference_mode():
-        out = model(**tokens, output_hidden_states=True)
-    assert torch.equal(out.hidden_states[-1], out.last_hidden_state)  # after the final norm
-    return tokens["input_ids"], out.hidden_states
+        for row in range(len(sequences)):
+            out = model(input_ids=ids[row, real[row]][None], output_hidden_states=True)
+            assert torch.equal(
+                out.hidden_states[-1], out.last_hidden_state
+            )  # after the final norm
+            if hidden is None:
+                hidden = [
+                    ids.new_zeros((*ids.shape, h.shape[-1]), dtype=h.dtype)
+                    for h in out.hidden_states
+                ]
+            for layer, h in zip(hidden, out.hidden_states):
+                layer[row, real[row]] = h[0]
+    return ids, tuple(hidden)
 
 
 SMALL = {  # the published shapes, narrower (fast), 3 layers
