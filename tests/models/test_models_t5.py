@@ -141,21 +141,15 @@ def reference(folder, variant, sequences):
     tokens = VARIANTS[variant][1](tokenizer, sequences)
     model = transformers.T5EncoderModel.from_pretrained(folder, dtype=torch.float32).eval()
     ids, real = tokens["input_ids"], tokens["attention_mask"].bool()
-    hidden = None
     with torch.inference_mode():
-        for row in range(len(sequences)):
-            out = model(input_ids=ids[row, real[row]][None], output_hidden_states=True)
-            assert torch.equal(
-                out.hidden_states[-1], out.last_hidden_state
-            )  # after the final norm
-            if hidden is None:
-                hidden = [
-                    ids.new_zeros((*ids.shape, h.shape[-1]), dtype=h.dtype)
-                    for h in out.hidden_states
-                ]
-            for layer, h in zip(hidden, out.hidden_states):
-                layer[row, real[row]] = h[0]
-    return ids, tuple(hidden)
+        outs = [model(input_ids=ids[row, real[row]][None], output_hidden_states=True)
+                for row in range(len(sequences))]  # fmt: skip
+    hidden = tuple(torch.zeros(*ids.shape, h.shape[-1]) for h in outs[0].hidden_states)
+    for row, out in enumerate(outs):
+        assert torch.equal(out.hidden_states[-1], out.last_hidden_state)  # after the final norm
+        for layer, h in zip(hidden, out.hidden_states):
+            layer[row, real[row]] = h[0]
+    return ids, hidden
 
 
 SMALL = {  # the published shapes, narrower (fast), 3 layers
