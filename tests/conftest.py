@@ -120,11 +120,28 @@ def hub_cache(root, repo, folder):
     """`folder` as the HuggingFace cache holds a download of `repo` (HF_HUB_CACHE=`root`)."""
     snapshot = root / f"models--{repo.replace('/', '--')}" / "snapshots" / ("0" * 40)
     snapshot.mkdir(parents=True)
-    for path in folder.iterdir():
-        (snapshot / path.name).write_bytes(path.read_bytes())
+    for path in folder.iterdir():  # links, as the cache's snapshots link to its blobs
+        (snapshot / path.name).symlink_to(path)
     (root / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
     (root / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
     return root
+
+
+def hidden_states_alone(model, ids, attended, **inputs) -> tuple:
+    """A transformers `model`'s hidden states of the padded batch `ids`, each row run alone on
+    its `attended` tokens (a padded batch costs the longest row's length for every row), zero
+    past them: one (rows, tokens, width) tensor per layer."""
+    import torch
+
+    with torch.inference_mode():
+        outs = [model(input_ids=ids[row, attended[row]][None], output_hidden_states=True, **inputs)
+                for row in range(len(ids))]  # fmt: skip
+    hidden = tuple(torch.zeros(*ids.shape, h.shape[-1]) for h in outs[0].hidden_states)
+    for row, out in enumerate(outs):
+        assert torch.equal(out.hidden_states[-1], out.last_hidden_state)  # after the final norm
+        for layer, h in zip(hidden, out.hidden_states):
+            layer[row, attended[row]] = h[0]
+    return hidden
 
 
 def fasta(path, records):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import (
     PROTEOME,
+    hidden_states_alone,
     hub_cache,
     jobs_run,
     read_records,
@@ -71,14 +72,14 @@ def saved_bert(folder, arch: Arch, ffn: int, layers: int, safe=True, vocabulary=
 
 def reference(folder, sequences):
     """transformers' hidden states of `sequences`, tokenized as ProtBert's authors do: residues
-    space-separated, U, Z, O and B as X, by the folder's own vocabulary."""
+    space-separated, U, Z, O and B as X, by the folder's own vocabulary; each protein run
+    alone, its rows zero past its tokens."""
     tokenizer = transformers.BertTokenizer(str(folder / "vocab.txt"), do_lower_case=False)
     words = [" ".join(re.sub("[UZOB]", "X", s)) for s in sequences]
     tokens = tokenizer(words, padding=True, return_tensors="pt")
     model = transformers.BertModel.from_pretrained(folder, add_pooling_layer=False).eval()
-    with torch.inference_mode():
-        hidden = model(**tokens, output_hidden_states=True).hidden_states
-    return tokens["input_ids"], hidden
+    attended = tokens["attention_mask"].bool()
+    return tokens["input_ids"], hidden_states_alone(model, tokens["input_ids"], attended)
 
 
 def test_every_layer_and_the_tokens_equal_transformers(tmp_path):

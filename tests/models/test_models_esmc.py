@@ -13,6 +13,7 @@ import torch
 from conftest import (
     TINY_MODEL,
     fasta,
+    hidden_states_alone,
     hub_cache,
     jobs_run,
     read_records,
@@ -164,9 +165,8 @@ def test_both_layouts_give_transformers_numbers_through_snakemake(tmp_path, name
 
     records = sequences_of(SHORT)[:6]
     sequences = [s for _, s in records]
-    with torch.inference_mode():
-        tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
-        hidden = hf(**tokens, output_hidden_states=True).hidden_states
+    tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
+    hidden = hidden_states_alone(hf, tokens["input_ids"], tokens["attention_mask"].bool())
     del hf
     subset = fasta(tmp_path / "short.fasta", [(f">{id_}", s) for id_, s in records])
     snakemake(tmp_path / run, {}, "--config", f"input={subset}", f"model={model}",
@@ -233,9 +233,8 @@ def test_the_6bs_width_by_its_hf_name_gives_transformers_numbers_through_snakema
     folder, hf = wide_6b
     records = sequences_of(SHORT)[:4]
     sequences = [s for _, s in records]
-    with torch.inference_mode():
-        tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
-        hidden = hf(**tokens, output_hidden_states=True).hidden_states
+    tokens = transformers.EsmcTokenizer()(sequences, padding=True, return_tensors="pt")
+    hidden = hidden_states_alone(hf, tokens["input_ids"], tokens["attention_mask"].bool())
     subset = fasta(tmp_path / "short.fasta", [(f">{id_}", s) for id_, s in records])
     # reached by the published repository's name, from the HuggingFace cache
     cache = hub_cache(tmp_path / "hub", "biohub/ESMC-6B", folder)
