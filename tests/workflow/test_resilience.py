@@ -51,8 +51,8 @@ def stamps(paths):
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("baseline")
-    snakemake(workdir, CONFIG, "--resources", "gpu=2")
+    workdir = tmp_path_factory.mktemp("baseline")  # two shards: the numbers are each record's
+    snakemake(workdir, {**CONFIG, "shards": 2}, "--resources", "gpu=2")
     return means(workdir / "results")
 
 
@@ -110,7 +110,8 @@ def test_corrupt_shard_is_refused_and_rebuilt_alone(tmp_path):
 
 def test_injected_out_of_memory_halves_batches_and_lists_what_cannot_fit(tmp_path, baseline):
     limit = 1000  # tokens: every multi-sequence batch fails; the 1022-residue ones fail alone
-    result = snakemake(tmp_path, CONFIG, env={"ESMSHARD_INJECT_OOM_TOKENS": str(limit)})
+    result = snakemake(tmp_path, {**CONFIG, "shards": 2},
+                       env={"ESMSHARD_INJECT_OOM_TOKENS": str(limit)})  # fmt: skip
     outdir = tmp_path / "results"
     logs = "".join(p.read_text() for p in (outdir / "logs" / "embed").glob("*.log"))
     assert "retrying as two halves" in logs
