@@ -3,6 +3,8 @@ fast forward pass, packed), against fair-esm's own loader and forward pass, one 
 as its extract script runs them."""
 
 import argparse
+import shutil
+from pathlib import Path
 
 import esm
 import numpy as np
@@ -31,6 +33,16 @@ def checkpoint(folder, name):
                 if "layer_norm" in key:
                     tensor.add_(torch.randn_like(tensor) * 0.3)
     return write_checkpoint(model, folder, name)
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> dict[str, Path]:
+    """ESM-1b's and ESM-1v's files (`checkpoint`), written once: the tests only read them."""
+    folder = tmp_path_factory.mktemp("published")
+    return {
+        name: checkpoint(folder, name)
+        for name in ("esm1b_t33_650M_UR50S", "esm1v_t33_650M_UR90S_1")
+    }
 
 
 def fair_esm(path, sequences):
@@ -79,8 +91,8 @@ def test_the_fast_path_gives_fair_esms_every_layer(batching):
 
 
 @pytest.mark.parametrize("name", ["esm1b_t33_650M_UR50S", "esm1v_t33_650M_UR90S_1"])
-def test_fair_esm_checkpoints_through_snakemake_equal_fair_esm(tmp_path, name):
-    path = checkpoint(tmp_path / "weights", name)
+def test_fair_esm_checkpoints_through_snakemake_equal_fair_esm(tmp_path, name, published):
+    path = published[name]
     spec = parse_spec(str(path))
     assert (spec.family, spec.arch) == (ESM1, ARCH)
     records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::4]
@@ -96,8 +108,10 @@ def test_fair_esm_checkpoints_through_snakemake_equal_fair_esm(tmp_path, name):
             np.testing.assert_allclose(emb[id_].mean[2], rows.mean(0), atol=1e-4, rtol=0)
 
 
-def test_esm1b_contact_maps_equal_fair_esm_and_esm1v_ones_are_refused_before_any_job(tmp_path):
-    path = checkpoint(tmp_path / "weights", "esm1b_t33_650M_UR50S")
+def test_esm1b_contact_maps_equal_fair_esm_and_esm1v_ones_are_refused_before_any_job(
+    tmp_path, published
+):
+    path = published["esm1b_t33_650M_UR50S"]
     records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::8]
     fasta = tmp_path / "proteins.fasta"
     fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
@@ -124,12 +138,12 @@ def test_esm1b_contact_maps_equal_fair_esm_and_esm1v_ones_are_refused_before_any
     assert not (tmp_path / "esm1v" / "results" / "shards").exists()
 
 
-def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path):
+def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path, published):
     """ESM-1v, the variant-effect model: its logits and masked marginals (its head over the
     fast path's last layer, packed masked copies) as fair-esm's forward pass gives them."""
     from esmshard.embeddings_h5.scores import AMINO_ACIDS
 
-    path = checkpoint(tmp_path / "weights", "esm1v_t33_650M_UR90S_1")
+    path = published["esm1v_t33_650M_UR90S_1"]
     records = [(h[1:].split()[0], s) for h, s in read_records(PROTEINS) if len(s) <= 90][:2]
     fasta = tmp_path / "proteins.fasta"
     fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
@@ -156,13 +170,13 @@ def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path):
                 np.testing.assert_allclose(got[kind], want[:, columns], atol=1e-4, rtol=2e-6)
 
 
-def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(tmp_path):
+def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(
+    tmp_path, published
+):
     """ESM-1b saved as `esm2_lab_model.pt` (fair-esm's loader reads a name starting `esm2` as
     ESM-2's) and ESM-1v saved without `esm1v` in its name, with no contact-regression file (it
     has none): both run through `snakemake` and give fair-esm's numbers of the same weights;
     ESM-1v's contact maps are refused before any job, naming the file that is not there."""
-    import shutil
-
     records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::16]
     fasta = tmp_path / "proteins.fasta"
     fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
@@ -170,7 +184,7 @@ def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(
     lab.mkdir()
     for name, renamed in (("esm1b_t33_650M_UR50S", "esm2_lab_model"),
                           ("esm1v_t33_650M_UR90S_1", "variant_model")):  # fmt: skip
-        original = checkpoint(tmp_path / "published", name)
+        original = published[name]
         path = lab / f"{renamed}.pt"
         shutil.copyfile(original, path)
         if name.startswith("esm1b"):
@@ -194,9 +208,13 @@ def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(
     assert not (tmp_path / "contacts" / "results" / "shards").exists()
 
 
-def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_one_line_before_any_job(tmp_path):
-    path = checkpoint(tmp_path / "weights", "esm1b_t33_650M_UR50S")
-    data = torch.load(path, weights_only=False)
+def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_one_line_before_any_job(
+    tmp_path, published
+):
+    original = published["esm1b_t33_650M_UR50S"]
+    path = tmp_path / original.name
+    shutil.copyfile(regression_path(original), regression_path(path))
+    data = torch.load(original, weights_only=False)
     data["args"].encoder_embed_dim = 960  # its tensors are 1280 wide
     torch.save(data, path)
     result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(path)}, check=False)
