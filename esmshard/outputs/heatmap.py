@@ -66,11 +66,8 @@ def substitution_scores(matrix: np.ndarray, sequence: str) -> np.ndarray:
 
 def draw(scores: np.ndarray, sequence: str, title: str, out, fmt: str) -> None:
     """The picture of `scores` (positions × 20) into `out`, as `fmt` (png or svg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap, Normalize
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figures
 
     order = [AMINO_ACIDS.index(a) for a in PORTAL_ORDER]
     grid = scores[:, order].T  # 20 × positions, the portal's order top to bottom
@@ -78,9 +75,8 @@ def draw(scores: np.ndarray, sequence: str, title: str, out, fmt: str) -> None:
     norm = Normalize(-(extreme or 1.0), extreme or 1.0)
     wild = np.array([[a == letter for letter in sequence] for a in PORTAL_ORDER])
     rows = -(-len(sequence) // POSITIONS_PER_ROW)
-    figure, axes = plt.subplots(
-        rows, 1, figsize=(15, ROW_INCHES * rows + 0.6), squeeze=False, layout="constrained"
-    )
+    figure = Figure(figsize=(15, ROW_INCHES * rows + 0.6), layout="constrained")
+    axes = figure.subplots(rows, 1, squeeze=False)
     for k, ax in enumerate(axes[:, 0]):
         start = k * POSITIONS_PER_ROW
         part = slice(start, min(start + POSITIONS_PER_ROW, len(sequence)))
@@ -97,7 +93,6 @@ def draw(scores: np.ndarray, sequence: str, title: str, out, fmt: str) -> None:
     figure.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.02, pad=0.01,
                     label="log p(amino acid) − log p(wild type)")  # fmt: skip
     figure.savefig(out, format=fmt, dpi=100)
-    plt.close(figure)
 
 
 def heatmap(outdir, id_: str, out, scores: str | None = None) -> Path:
