@@ -247,14 +247,19 @@ class Compiled:
             self.graphs += counters["stats"]["unique_graphs"] - graphs
         return out
 
-    def finish(self) -> None:
-        """Keep the compiler's work where it compiled kernels the entry lacked; clean up."""
+    @property
+    def compiled_anew(self) -> int:
+        """The graphs this job's compiler built rather than loaded from the entry: none after
+        a good cache hit."""
         from torch._dynamo.utils import counters
 
+        return counters["inductor"]["fxgraph_cache_miss"] - self.misses_before
+
+    def finish(self) -> None:
+        """Keep the compiler's work where it compiled kernels the entry lacked; clean up."""
         self.net.compiled_block = None
-        compiled_anew = counters["inductor"]["fxgraph_cache_miss"] > self.misses_before
         try:
-            if self.entry is not None and compiled_anew:
+            if self.entry is not None and self.compiled_anew:
                 try:
                     self.entry.write(self.key, self.local)
                 except OSError as err:  # a read-only or full store: the results still stand

@@ -356,6 +356,7 @@ def run_shard(
             "compile_seconds": layer.seconds if layer else 0.0,
             "compile_cache": ("hit" if layer.hit else "miss") if layer else "off",
             "compile_graphs": layer.graphs if layer else 0,
+            "compiled_anew": layer.compiled_anew if layer else 0,
             "token_budget": budget(batch_lengths[batches[0][0]] + 2)
             if callable(budget) and batches
             else budget,

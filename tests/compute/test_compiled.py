@@ -226,9 +226,8 @@ def test_runs_sharing_a_store_compile_once_and_give_the_eager_numbers(tmp_path):
         assert max(np.abs(got[i] - want[i]).max() for i in got) <= 1e-4
     first, second = runs
     assert (first["compile_cache"], second["compile_cache"]) == ("miss", "hit")
-    # A recompilation takes about as long as the first (ratio ~1); a hit loads the graph. The
-    # bound leaves room for the load of a busy 2-core machine (0.28 seen in a full suite).
-    assert second["compile_seconds"] <= 0.5 * first["compile_seconds"], runs
+    # the second loaded every graph the first compiled: counted, not timed
+    assert first["compiled_anew"] >= 1 and second["compiled_anew"] == 0, runs
     (entry,) = (store / ".compiled").glob("*.entry")
     report = json.loads((tmp_path / "compiled_1" / "report" / "scaling.json").read_text())
     assert report["compile_cache_hits"] == 1
