@@ -10,6 +10,7 @@ import torch
 from conftest import (
     PROTEINS,
     TINY_MODEL,
+    fasta,
     hub_cache,
     read_records,
     refused_before_any_job,
@@ -106,7 +107,11 @@ def test_folder_and_hub_id_give_the_fair_esm_checkpoints_embeddings(tmp_path):
     folder = saved_from_fair_esm(fair, tmp_path / "esm2_t6_saved")
     cache = hub_cache(tmp_path / "hub", "facebook/esm2_t6_8M_UR50D", folder)
     offline = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    typed = ["--config", f"input={PROTEINS}", "repr_layers=[-1,2]"]
+    # five records and one past 1,022 residues: the three ways in are the test
+    records = read_records(PROTEINS)
+    short, long = ([r for r in records if (len(r[1]) > 1022) == k] for k in (False, True))
+    proteins = fasta(tmp_path / "proteins.fasta", short[:5] + long[:1])
+    typed = ["--config", f"input={proteins}", "repr_layers=[-1,2]"]
     snakemake(tmp_path / "a", {}, *typed, f"model={checkpoint}")
     snakemake(tmp_path / "b", {}, *typed, f"model={folder}")
     snakemake(tmp_path / "c", {}, *typed, "model=hf:facebook/esm2_t6_8M_UR50D", env=offline)
