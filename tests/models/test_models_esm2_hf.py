@@ -109,8 +109,9 @@ def test_folder_and_hub_id_give_the_fair_esm_checkpoints_embeddings(tmp_path):
     offline = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     # five records and one past 1,022 residues: the three ways in are the test
     records = read_records(PROTEINS)
-    short, long = ([r for r in records if (len(r[1]) > 1022) == k] for k in (False, True))
-    proteins = fasta(tmp_path / "proteins.fasta", short[:5] + long[:1])
+    short = [r for r in records if len(r[1]) <= 1022][:5]
+    long = [r for r in records if len(r[1]) > 1022][:1]
+    proteins = fasta(tmp_path / "proteins.fasta", short + long)
     typed = ["--config", f"input={proteins}", "repr_layers=[-1,2]"]
     snakemake(tmp_path / "a", {}, *typed, f"model={checkpoint}")
     snakemake(tmp_path / "b", {}, *typed, f"model={folder}")

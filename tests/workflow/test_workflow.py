@@ -385,8 +385,10 @@ def test_dot_test_runs_as_the_workflow_catalog_runs_it(tmp_path):
     result = subprocess.run(["snakemake", "--cores", "2", "--directory", str(dot_test)], cwd=REPO, env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    with h5py.File(dot_test / config["outdir"] / "embeddings.h5") as h5:
+    outdir = dot_test / config["outdir"]
+    with h5py.File(outdir / "embeddings.h5") as h5:
         assert h5.attrs["weights"] == "random" and len(h5["ids"]) == len(IDS)
+    assert "Random-weight" in (outdir / "report" / "scaling_report.html").read_text()
 
 
 def test_output_options_typed_on_the_command_line_rerun_only_the_merge(tmp_path):
