@@ -12,21 +12,31 @@ import time
 from pathlib import Path
 
 import h5py
-from conftest import PROTEINS, REPO, TINY_MODEL, doc_block, read_records, snakemake
+import pytest
+from conftest import PROTEINS, REPO, TINY_MODEL, doc_block, read_records
 
 VENV = Path(sys.prefix)
 ENV = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
 
 
-def test_make_run_writes_the_example_and_runs_the_workflow(tmp_path):
-    args = f"--config model=random:{TINY_MODEL} outdir={tmp_path / 'out'}"
-    env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """`make run` with a random-weight model, its outdir `results` in the folder returned (the
+    docs read and export the results of `make run`)."""
+    folder = tmp_path_factory.mktemp("made")
+    args = f"--config model=random:{TINY_MODEL} outdir={folder / 'results'}"
+    env = {**ENV, "ESMSHARD_POOL_DIR": str(folder / "pool")}
     result = subprocess.run(["make", "-C", str(REPO), "run", f"VENV={VENV}", f"ARGS={args}"], env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return folder
+
+
+def test_make_run_writes_the_example_and_runs_the_workflow(tmp_path, made):
+    env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     example = REPO / "resources" / "ecoli_k12_example.fasta"
-    with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
+    with h5py.File(made / "results" / "embeddings.h5") as h5:
         assert h5["ids"].asstr()[:].tolist() == [
             h[1:].split()[0] for h, _ in read_records(example)
         ]
@@ -103,22 +113,19 @@ def test_embedding_from_python_as_the_readme_shows(tmp_path):
     assert len(list((tmp_path / "store").rglob("*.h5"))) == 1
 
 
-def test_reading_and_exporting_as_the_docs_show(tmp_path):
-    example = tmp_path / "example.fasta"
-    subprocess.run([sys.executable, "-m", "esmshard.input.datasets", "example", str(example)], env=ENV,
-                   check=True)  # fmt: skip
-    snakemake(tmp_path, {}, "--config", f"input={example}", f"model=random:{TINY_MODEL}")
-    read = run_python_block("docs/outputs.md", "## Reading and exporting", tmp_path)
+def test_reading_and_exporting_as_the_docs_show(made):
+    # the docs' commands run beside the results of `make run`
+    read = run_python_block("docs/outputs.md", "## Reading and exporting", made)
     assert "291 proteins; kinds and layers: {'mean': [6]}" in read.stdout
     assert "256 sp|" in read.stdout and "torch.Size([64, 320])" in read.stdout
 
     commands = doc_block("docs/outputs.md", "esmshard export OUTDIR --format FORMAT").splitlines()
     assert len(commands) == 8
     for command in commands:
-        done = subprocess.run(shlex.split(command), cwd=tmp_path, env=ENV, capture_output=True,
+        done = subprocess.run(shlex.split(command), cwd=made, env=ENV, capture_output=True,
                               text=True)  # fmt: skip
         assert done.returncode == 0 and "291/291 proteins (100%)" in done.stderr, done.stderr
-        assert (tmp_path / shlex.split(command)[-1]).exists()
-    read = run_python_block("docs/outputs.md", "The Parquet dataset is read in place", tmp_path)
+        assert (made / shlex.split(command)[-1]).exists()
+    read = run_python_block("docs/outputs.md", "The Parquet dataset is read in place", made)
     assert "291 rows; columns: ['id', 'sequence_sha256', 'length', 'mean_6']" in read.stdout
     assert "RHSB_ECOLI    1022" in read.stdout and "mean length 317.78" in read.stdout
