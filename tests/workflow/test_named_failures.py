@@ -39,7 +39,7 @@ from conftest import (
 
 RECORDS = read_records(PROTEINS)
 IDS = [h[1:].split()[0] for h, _ in RECORDS]
-CONFIG = {"input": str(PROTEINS), "model": MODEL, "shards": 3}
+CONFIG = {"input": str(PROTEINS), "model": MODEL, "shards": 2}
 
 
 def means(outdir):
@@ -49,7 +49,7 @@ def means(outdir):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """A finished run of the test proteins in 3 shards: the reference for the runs below."""
+    """A finished run of the test proteins in 2 shards: the reference for the runs below."""
     workdir = tmp_path_factory.mktemp("finished")
     snakemake(workdir, CONFIG)
     return workdir
@@ -367,12 +367,12 @@ def test_gpus_where_none_is_visible_are_one_line_before_any_job_and_status_shows
     ], result.stderr
     # the jobs' own logs still say it, each for its shard
     logs = [p.read_text() for p in (tmp_path / "results" / "logs" / "embed").glob("*.log")]
-    assert len(logs) == 3 and all("this torch cannot use CUDA" in log for log in logs)
+    assert len(logs) == 2 and all("this torch cannot use CUDA" in log for log in logs)
     status = subprocess.run(["esmshard", "status", str(tmp_path / "results")],
                             capture_output=True, text=True, env={**os.environ, **hidden})  # fmt: skip
     rows = [line.split() for line in status.stdout.splitlines()[2:-1]]
     assert rows and all(row[1] == "cpu" and row[2] == "idle" for row in rows), status.stdout
-    assert sum(int(row[3]) for row in rows) == 3, status.stdout  # no "no shard yet" slot
+    assert sum(int(row[3]) for row in rows) == 2, status.stdout  # no "no shard yet" slot
 
 
 def test_input_replaced_by_other_content_under_an_old_mtime_is_rerun(tmp_path):
