@@ -98,19 +98,24 @@ COPIES = [(f">again{k} {h[1:]}", s) for k, (h, s) in enumerate(A[: len(A) // 20]
 B = A + NEW + COPIES
 
 
+def seeded_esm2(layers: int, dim: int, seed: int = 0):
+    """fair-esm's ESM-2 of `layers` layers and width `dim` (4 heads) with random weights of
+    `seed`, in eval mode; the caller's random state is left as it was."""
+    import torch
+    from esm.model.esm2 import ESM2
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return ESM2(num_layers=layers, embed_dim=dim, attention_heads=4, alphabet="ESM-1b").eval()
+
+
 def micro_checkpoint(folder: Path) -> Path:
     """A micro ESM-2 (6 layers, so every layer number of esm2_t6 is one; D = 32) with seeded
     random weights in fair-esm's on-disk format: for the tests of the data path, where the
     model's arithmetic is not what is tested (the parity tests use the real shapes)."""
-    import torch
-    from esm.model.esm2 import ESM2
-
     from esmshard.models.esm2 import write_checkpoint
 
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = ESM2(num_layers=6, embed_dim=32, attention_heads=4, alphabet="ESM-1b").eval()
-    return write_checkpoint(model, folder, "esm2_t6_micro")
+    return write_checkpoint(seeded_esm2(6, 32), folder, "esm2_t6_micro")
 
 
 MODEL = str(micro_checkpoint(SUBSETS / "micro"))

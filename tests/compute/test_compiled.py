@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, config, read_records, snakemake, write_subset
+from conftest import PROTEINS, config, read_records, seeded_esm2, snakemake, write_subset
 
 from esmshard.compute import compiled
 from esmshard.compute.batching import make_batches
@@ -26,11 +26,7 @@ CPU = torch.device("cpu")
 def esm2():
     """A small ESM-2 (3 layers, D = 64, rotary positions) with seeded random weights: the graph
     the compiler builds is the same code at any width, and esm2_t6's compute tripled the test."""
-    from esm.model.esm2 import ESM2
-
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        model = ESM2(num_layers=3, embed_dim=64, attention_heads=4, alphabet="ESM-1b").eval()
+    model = seeded_esm2(3, 64)
     return model, model.alphabet, 3
 
 

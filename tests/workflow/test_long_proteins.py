@@ -27,6 +27,7 @@ from conftest import (
     fair_esm_model,
     fasta,
     read_records,
+    seeded_esm2,
     snakemake,
 )
 
@@ -177,14 +178,9 @@ def looked_at_as_a_heatmap(workdir, outdir, name):
 def micro_one_layer(folder):
     """A 1-layer micro ESM-2 (D = 32) with seeded random weights in fair-esm's format: a pass of
     1,024 tokens per residue stays cheap on a CPU."""
-    from esm.model.esm2 import ESM2
-
     from esmshard.models.esm2 import write_checkpoint
 
-    with torch.random.fork_rng():
-        torch.manual_seed(1)
-        model = ESM2(num_layers=1, embed_dim=32, attention_heads=4, alphabet="ESM-1b").eval()
-    return write_checkpoint(model, folder, "esm2_t1_micro")
+    return write_checkpoint(seeded_esm2(1, 32, seed=1), folder, "esm2_t1_micro")
 
 
 def proteingym_masked(net, alphabet, sequence, residues):
