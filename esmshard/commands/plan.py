@@ -1,7 +1,8 @@
 """`esmshard plan`: a run's shards and the jobs that will compute them, before any job is submitted.
 
-The plan is the run's own: the workflow's shard step runs here, planning for the profile's
-executor, so the run that follows uses the shards it wrote. A Snakemake
+The plan is the run's own: the workflow's shard steps run here (the records', and the mutants'
+where pseudo_ppl or pllr scores them), planning for the profile's executor, so the run that
+follows uses the shards they wrote. A Snakemake
 dry run of the same command then lists every job with its threads and resources as the profile
 and esmshard's derived resources give them; under a SLURM profile each is shown as the sbatch
 options that snakemake-executor-plugin-slurm submits it with. Nothing is submitted.
@@ -203,17 +204,34 @@ def where_jobs_run(executor: str) -> str:
     return f"the jobs the run submits to {scheduler}, as each will ask:"
 
 
-def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) -> list[str]:
-    """What `esmshard plan` says of the plan in `outdir` and the dry run's `jobs`."""
-    layout = Layout(outdir)
+def planned_line(layout: Layout, records: str) -> tuple[str, list[dict]]:
+    """What the shard step planned in `layout` (its `records`: records, or mutant sequences),
+    and its plan's rows."""
     summary = json.loads(Path(layout.plan_json).read_text())
     plan = read_tsv(layout.plan)
     residues = sum(int(row["n_residues"]) for row in plan)
     shards = f"{len(plan)} shard{'s' if len(plan) != 1 else ''}"
+    line = (
+        f"{summary['records']:,} {records}, {summary['unique_sequences']:,} unique sequences: "
+        f"{summary['from_store']:,} found in the store, {summary['computed']:,} to compute "
+        f"({residues:,} residues) in {shards}, planned in {layout.shard_dir}"
+    )
+    return line, plan
+
+
+def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) -> list[str]:
+    """What `esmshard plan` says of the plan in `outdir` (and of its mutants', where pseudo_ppl
+    or pllr scores them) and the dry run's `jobs`."""
+    layout = Layout(outdir)
+    summary = json.loads(Path(layout.plan_json).read_text())
+    line, plan = planned_line(layout, "records")
+    lines = [f"esmshard plan: {line}"]
+    if Path(layout.mutants.plan_json).is_file():
+        line, mutants = planned_line(layout.mutants, "mutant sequences")
+        lines.append(f"  and the mutants' run (pseudo_ppl, pllr): {line}")
+        plan = plan + mutants  # their forward passes in their costs
     return [
-        f"esmshard plan: {summary['records']:,} records, {summary['unique_sequences']:,} unique "
-        f"sequences: {summary['from_store']:,} found in the store, {summary['computed']:,} to "
-        f"compute ({residues:,} residues) in {shards}, planned in {layout.shard_dir}",
+        *lines,
         where_jobs_run(executor),
         *jobs_lines([job for job in jobs if job.rule != "shard"], slurm),
         *gpu_time_lines(plan, summary),
@@ -246,7 +264,7 @@ def plan(planned: launch.Launch, stream=sys.stdout) -> int:
     planned = launch.with_config_options(planned)
     executor = executor_of(planned.profile)
     env = {**os.environ, launch.DEFAULTS_ENV: "1"}
-    sharded = run_snakemake(cmd, ["shard", "--executor", "local"], {**env, PLAN_ENV: executor})
+    sharded = run_snakemake(cmd, ["planned", "--executor", "local"], {**env, PLAN_ENV: executor})
     if sharded.returncode != 0:
         return failed(sharded)
     dry = ["--dry-run"] + (["--cores", CLUSTER_CORES] if planned.profile else [])

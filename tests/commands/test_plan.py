@@ -8,7 +8,16 @@ import subprocess
 import sys
 
 import yaml
-from conftest import MODEL, PROTEINS, REPO, clone_of_workflow, doc_block
+from conftest import (
+    MODEL,
+    PROTEINS,
+    REPO,
+    clone_of_workflow,
+    doc_block,
+    fasta,
+    jobs_run,
+    read_records,
+)
 
 from esmshard.commands.plan import PlannedJob, dry_run_jobs, sbatch_options
 from esmshard.input.sizing import embed_mem_mb
@@ -158,3 +167,48 @@ def test_the_docs_plan_shows_what_they_print_and_their_run_submits_no_shard_job(
     assert dry.returncode == 0, dry.stdout + dry.stderr
     stats = dry.stdout[dry.stdout.index("Job stats") :].split("\n\n")[0]
     assert "shard" not in stats and re.search(r"embed\s+1", stats), stats
+
+
+def test_a_plan_with_pseudo_ppl_plans_the_mutants_run_too_and_its_run_uses_that_plan(tmp_path):
+    """pseudo_ppl's mutant sequences are a run of their own (outdir/mutants): the plan makes their
+    FASTA file and their shards, lists their embed jobs and counts their forward passes in the
+    GPU time, and the run that follows makes neither again."""
+    records = [r for r in read_records(PROTEINS) if len(r[1]) <= 1022][:3]
+    fasta(tmp_path / "proteins.fasta", records)
+    rows = [(h[1:].split()[0], f"{s[k - 1]}{k}A") for h, s in records[:2] for k in (5, 10)]
+    (tmp_path / "variants.csv").write_text(
+        "".join(f"{i},{m}\n" for i, m in [("id", "mutant"), *rows])
+    )
+    args = ["proteins.fasta", "-o", "results", "--model", MODEL, "--config",
+            "variants=variants.csv", "variant_scoring=[wt_marginals,pseudo_ppl]"]  # fmt: skip
+    without = esmshard("plan", *args[:-3], cwd=tmp_path)  # the records' plan alone first
+    assert without.returncode == 0, without.stderr
+    hours = re.compile(r"^  ([\d.]+) GPU-hours on H200s", re.M)
+    records_hours = float(hours.search(without.stdout)[1])
+
+    done = esmshard("plan", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(
+        "esmshard plan: 3 records, 3 unique sequences: 0 found in the store, 3 "
+    )
+    # the mutants and their wild types (variants.csv names two proteins)
+    residues = sum(len(s) for _, s in records[:2]) * 3
+    assert lines[1] == (
+        "  and the mutants' run (pseudo_ppl, pllr): 6 mutant sequences, 6 unique sequences: 0 "
+        f"found in the store, 6 to compute ({residues:,} residues) in 1 shard, planned in "
+        "results/mutants/shards"
+    ), done.stdout
+    assert re.search(r"^  1 embed_mutants job: threads=\d+ gpu=1 runtime=\d+ mem_mb=\d+$",
+                     done.stdout, re.M), done.stdout  # fmt: skip
+    assert float(hours.search(done.stdout)[1]) > records_hours
+
+    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+           "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}  # fmt: skip
+    run = subprocess.run(["esmshard", "run", *args], cwd=tmp_path, env=env, capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    log = (tmp_path / "results" / "logs" / "esmshard-run.log").read_text()
+    ran = jobs_run(subprocess.CompletedProcess(run.args, 0, log, ""))
+    assert set(ran) == {"embed", "merge", "report", "embed_mutants", "merge_mutants", "variants"}
+    assert "esmshard: variants: 4 scored (wt_marginals, pseudo_ppl)" in run.stderr

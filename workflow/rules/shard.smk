@@ -17,3 +17,10 @@ checkpoint shard:
         **shard_params(INPUTS, EMBEDDING_PARAMS),
     script:
         "../scripts/shard.py"
+
+
+# `esmshard plan`'s target: every shard step of the run (the mutants' too, where pseudo_ppl or
+# pllr scores them), so that its dry run lists every embed job.
+rule planned:
+    input:
+        [RUN.shard_dir, MUTANTS.shard_dir] if MUTANTS_WANTED else [RUN.shard_dir],
