@@ -204,38 +204,46 @@ def where_jobs_run(executor: str) -> str:
     return f"the jobs the run submits to {scheduler}, as each will ask:"
 
 
-def planned_line(layout: Layout, records: str) -> tuple[str, list[dict]]:
-    """What the shard step planned in `layout` (its `records`: records, or mutant sequences),
-    and its plan's rows."""
-    summary = json.loads(Path(layout.plan_json).read_text())
-    plan = read_tsv(layout.plan)
-    residues = sum(int(row["n_residues"]) for row in plan)
-    shards = f"{len(plan)} shard{'s' if len(plan) != 1 else ''}"
-    line = (
-        f"{summary['records']:,} {records}, {summary['unique_sequences']:,} unique sequences: "
-        f"{summary['from_store']:,} found in the store, {summary['computed']:,} to compute "
-        f"({residues:,} residues) in {shards}, planned in {layout.shard_dir}"
-    )
-    return line, plan
+class ShardPlan(NamedTuple):
+    """What a shard step planned: its summary (plan.json) and its shards' rows (plan.tsv)."""
+
+    summary: dict
+    rows: list[dict]
+
+    @classmethod
+    def read(cls, layout: Layout) -> "ShardPlan":
+        return cls(json.loads(Path(layout.plan_json).read_text()), read_tsv(layout.plan))
+
+    def line(self, records: str, shard_dir: str) -> str:
+        """What it planned of its `records` (records, or mutant sequences) in `shard_dir`."""
+        summary = self.summary
+        residues = sum(int(row["n_residues"]) for row in self.rows)
+        shards = f"{len(self.rows)} shard{'s' if len(self.rows) != 1 else ''}"
+        return (
+            f"{summary['records']:,} {records}, {summary['unique_sequences']:,} unique sequences: "
+            f"{summary['from_store']:,} found in the store, {summary['computed']:,} to compute "
+            f"({residues:,} residues) in {shards}, planned in {shard_dir}"
+        )
 
 
 def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) -> list[str]:
     """What `esmshard plan` says of the plan in `outdir` (and of its mutants', where pseudo_ppl
     or pllr scores them) and the dry run's `jobs`."""
     layout = Layout(outdir)
-    summary = json.loads(Path(layout.plan_json).read_text())
-    line, plan = planned_line(layout, "records")
-    lines = [f"esmshard plan: {line}"]
+    plan = ShardPlan.read(layout)
+    lines = [f"esmshard plan: {plan.line('records', layout.shard_dir)}"]
+    rows = plan.rows
     if Path(layout.mutants.plan_json).is_file():
-        line, mutants = planned_line(layout.mutants, "mutant sequences")
+        mutants = ShardPlan.read(layout.mutants)
+        line = mutants.line("mutant sequences", layout.mutants.shard_dir)
         lines.append(f"  and the mutants' run (pseudo_ppl, pllr): {line}")
-        plan = plan + mutants  # their forward passes in their costs
+        rows = rows + mutants.rows  # their forward passes in their costs
     return [
         *lines,
         where_jobs_run(executor),
         *jobs_lines([job for job in jobs if job.rule != "shard"], slurm),
-        *gpu_time_lines(plan, summary),
-        *disk_lines(summary, outdir),
+        *gpu_time_lines(rows, plan.summary),
+        *disk_lines(plan.summary, outdir),
     ]
 
 

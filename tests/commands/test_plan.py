@@ -24,10 +24,11 @@ from esmshard.input.sizing import embed_mem_mb
 from esmshard.models import parse_spec
 
 
-def esmshard(*args, cwd):
+def esmshard(*args, cwd, **env_vars):
     env = {
         **os.environ,
         "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
+        **env_vars,
     }
     return subprocess.run(["esmshard", *args], cwd=cwd, env=env, capture_output=True, text=True)
 
@@ -203,10 +204,7 @@ def test_a_plan_with_pseudo_ppl_plans_the_mutants_run_too_and_its_run_uses_that_
                      done.stdout, re.M), done.stdout  # fmt: skip
     assert float(hours.search(done.stdout)[1]) > records_hours
 
-    env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",
-           "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}  # fmt: skip
-    run = subprocess.run(["esmshard", "run", *args], cwd=tmp_path, env=env, capture_output=True,
-                         text=True)  # fmt: skip
+    run = esmshard("run", *args, cwd=tmp_path, ESMSHARD_POOL_DIR=str(tmp_path / "pool"))
     assert run.returncode == 0, run.stdout + run.stderr
     log = (tmp_path / "results" / "logs" / "esmshard-run.log").read_text()
     ran = jobs_run(subprocess.CompletedProcess(run.args, 0, log, ""))
