@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -62,6 +62,39 @@ def timed(fn, *args) -> float:
     started = time.perf_counter()
     fn(*args)
     return time.perf_counter() - started
+
+
+class WritingBehind:
+    """Each batch's results added to the open piece in a background thread while the next batch
+    computes; a piece is kept once the add before it is done."""
+
+    def __init__(self, writer: PieceWriter, background: ThreadPoolExecutor):
+        self.writer, self.background = writer, background
+        self.pending: list[Future] = []  # the add still going on, if any
+        self.write_seconds = self.keep_seconds = 0.0
+
+    def wait(self) -> None:
+        # An add leaves the list once done: a signal that lands while this waits leaves it
+        # listed, and the handler's keep() waits for it before the piece is closed and counted.
+        while self.pending:
+            self.write_seconds += self.pending[0].result()
+            self.pending.pop(0)
+
+    def add(self, keys, ids, members, reps) -> None:
+        self.wait()
+        add = self.background.submit(timed, self.writer.add, keys, ids, members, reps)
+        self.pending.append(add)
+
+    def keep(self, failed, keys, ids) -> None:
+        self.wait()
+        with uninterrupted():
+            self.keep_seconds += timed(self.writer.keep, failed, keys, ids)
+
+    def discard(self) -> None:
+        """Drop the open piece unkept (a full disk), once no add writes into it."""
+        for add in self.pending:
+            add.exception()
+        self.writer.discard()
 
 
 def part_store(out_h5) -> Store:
@@ -238,7 +271,6 @@ def run_shard(
             kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
             # earlier jobs' work is done
             progress.computing(kept.residues, loaded, sampler, kept_cost, float(costs.sum()))
-            write_seconds, keep_seconds = [], []
             # the pieces, then the part made of them
             size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim, widths)
             writer = PieceWriter(
@@ -251,29 +283,13 @@ def run_shard(
                 widths,
             )
             with progress, naming_disk_full(out_h5, size), ThreadPoolExecutor(1) as background:
-                written = []  # one batch's results are written while the next one computes
-
-                def wait_written():
-                    while written:
-                        write_seconds.append(written.pop().result())
+                behind = WritingBehind(writer, background)
 
                 def write(members, done, reps):
-                    wait_written()
-                    written.append(
-                        background.submit(
-                            timed,
-                            writer.add,
-                            [keys[k] for k in done],
-                            [ids[k] for k in done],
-                            members,
-                            reps,
-                        )
-                    )
+                    behind.add([keys[k] for k in done], [ids[k] for k in done], members, reps)
 
                 def keep():
-                    wait_written()
-                    with uninterrupted():
-                        keep_seconds.append(timed(writer.keep, failed, keys, ids))
+                    behind.keep(failed, keys, ids)
 
                 try:
                     jobs = [[todo[b] for b in batch] for batch in batches]
@@ -299,16 +315,14 @@ def run_shard(
                     keep()
                 except BaseException as err:  # a signal, an error: what is finished is kept
                     if isinstance(err, OSError):  # the disk: the open piece cannot be finished
-                        for future in written:  # not closed under a write still going on
-                            future.exception()
-                        writer.discard()
+                        behind.discard()
                         raise
                     try:
                         keep()
                         log.info("shard %s: %d pieces kept for the next job", shard,
                                  len(kept.paths) + len(writer.written))  # fmt: skip
                     except BaseException as failed_keep:  # the error above is the one to say
-                        writer.discard()
+                        behind.discard()
                         log.warning("shard %s: nothing more kept (%s)", shard, failed_keep)
                     raise
                 assembling = time.perf_counter()
@@ -367,9 +381,9 @@ def run_shard(
             # the host's own work on the batches: tokens, read-back and checks, then writing
             # (in a thread of its own, beside the next batch)
             "host_seconds": embedder.host_seconds,
-            "write_seconds": sum(write_seconds),
+            "write_seconds": behind.write_seconds,
             # keeping pieces (closing, hashing, putting in place), and making the part of them
-            "keep_seconds": sum(keep_seconds),
+            "keep_seconds": behind.keep_seconds,
             "assemble_seconds": assemble_seconds,
             "started_at": started,
             "finished_at": finished,
