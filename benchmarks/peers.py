@@ -223,6 +223,15 @@ def esmc_sides(name, sequences, args, device, folder):
 def measure(name, arch, sides, layer, sequences, args, device) -> None:
     """Time the sides, alternating, and print a line for each."""
     layers, dim, _ = arch
+    precisions = {p for _, p, _ in sides}
+
+    def peaks_now() -> dict[str, float]:
+        return {p: max(matmul_peaks(dim, p, device).values()) for p in precisions}
+
+    # The peak before the sides and after them, the better kept: on a machine that something
+    # else slows meanwhile (a CPU shared with other work), one reading can fall below what a
+    # side then reaches.
+    before = peaks_now()
     times = {(side, precision): [] for side, precision, _ in sides}
     for _ in range(args.repeats):
         for side, precision, run in sides:
@@ -230,7 +239,7 @@ def measure(name, arch, sides, layer, sequences, args, device) -> None:
     layer.finish()
     tokens = sum(len(s) + 2 for s in sequences)
     work = flops([len(s) + 2 for s in sequences], layers, dim)
-    peaks = {p: max(matmul_peaks(dim, p, device).values()) for p in {p for _, p, _ in sides}}
+    peaks = {p: max(before[p], after) for p, after in peaks_now().items()}
     baseline = statistics.median(times[sides[0][0], sides[0][1]])
     for side, precision, _ in sides:
         seconds = statistics.median(times[side, precision])
