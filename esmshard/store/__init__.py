@@ -351,7 +351,7 @@ def summary(store: Store) -> list[dict]:
         kept = [
             read_json_object(manifest) or {}
             for folder in store.pieces(key).values()
-            for manifest in folder.glob("*.json")
+            for manifest in piece_manifests(folder)
         ]
         rows.append(
             {
@@ -391,6 +391,13 @@ def piece_files(folder: Path) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted((p for p in folder.glob("*.h5") if p.stem.isdigit()), key=lambda p: int(p.stem))
+
+
+def piece_manifests(folder: Path) -> list[Path]:
+    """The manifests of the kept pieces in place in a shard's pieces folder: a piece's manifest
+    is written just before the piece is put in place, and one alone (its job killed in between)
+    stands for nothing kept."""
+    return [piece.with_suffix(".json") for piece in piece_files(folder)]
 
 
 def piece_problem(piece: Path, key: str, shard: str) -> str | None:

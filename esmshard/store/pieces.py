@@ -28,6 +28,7 @@ from . import (
     Store,
     manifest_count,
     piece_files,
+    piece_manifests,
     piece_problem,
     read_json_object,
     set_aside_file,
@@ -65,7 +66,7 @@ def kept_residues(store: Store, key: str, shards) -> dict[str, int]:
     return {
         shard: sum(
             manifest_count((read_json_object(m) or {}).get("n_residues"))
-            for m in folders[shard].glob("*.json")
+            for m in piece_manifests(folders[shard])
         )
         if shard in folders
         else 0

@@ -43,9 +43,9 @@ def esmshard(env, *args) -> str:
 
 
 def kept_sequences(outdir: Path) -> int:
-    """The sequences the store's pieces hold now, by their manifests."""
-    found = (outdir / "store").glob("*/.pieces/*/*.json")
-    return sum(json.loads(p.read_text())["n_sequences"] for p in found)
+    """The sequences the store's pieces in place hold now, by their manifests."""
+    found = (outdir / "store").glob("*/.pieces/*/*.h5")
+    return sum(json.loads(p.with_suffix(".json").read_text())["n_sequences"] for p in found)
 
 
 def progress(outdir: Path) -> dict:
@@ -62,9 +62,9 @@ RESUMING = re.compile(
 )
 
 
-def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals) -> str:
+def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals, pieces=1) -> str:
     """Run the command, and send `sig` to the embed job alone once it has done `share` of its
-    residues and kept a piece; wait for the run to end; return what it printed."""
+    residues and kept `pieces` pieces; wait for the run to end; return what it printed."""
     said = outdir.parent / f"said-{share}.txt"
     with open(said, "w") as stderr:
         run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -72,7 +72,7 @@ def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals) -> st
     while True:
         found = progress(outdir)
         done = found.get("residues_done", 0) >= share * found.get("n_residues", float("inf"))
-        if done and kept_sequences(outdir):
+        if done and len(list((outdir / "store").glob("*/.pieces/*/*.h5"))) >= pieces:
             break
         assert run.poll() is None and time.time() < deadline, "the job ended before its kill"
         time.sleep(0.02)
@@ -106,7 +106,10 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     cmd, env = command(tmp_path, str(outdir))
     kept_before = []
     for share, sig in ((0.25, signal.SIGKILL), (0.5, signal.SIGTERM), (0.75, signal.SIGINT)):
-        said = kill_job_at(cmd, env, outdir, share, sig)
+        said = kill_job_at(cmd, env, outdir, share, sig, pieces=2)
+        if sig == signal.SIGKILL:  # killed between a piece's manifest and putting it in place
+            pieces = (outdir / "store").glob("*/.pieces/*/*.h5")
+            max(pieces, key=lambda p: int(p.stem)).unlink()
         kept_before.append(kept_sequences(outdir))
         if sig != signal.SIGKILL:  # stopped, not crashed: the last line says what is kept
             last = said.strip().splitlines()[-1]
@@ -127,7 +130,7 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
                 said,
             ), said
             said = esmshard(env, "store", str(outdir / "store"))
-            assert f"{kept_before[-1]} sequences kept by interrupted jobs in" in said
+            assert f"{kept_before[-1]} sequences kept by interrupted jobs in" in said, said
             said = esmshard(env, "store", str(outdir / "store"), "--verify")
             assert re.search(r"0 parts and \d+ kept pieces checked, 0 damaged", said), said
     # every batch's progress line, where plain snakemake says every 30 s
