@@ -42,9 +42,15 @@ def esmshard(env, *args) -> str:
     return done.stdout + done.stderr
 
 
+def kept_pieces(outdir: Path) -> list[Path]:
+    """The store's pieces in place now, each shard's in the order they were written."""
+    found = (outdir / "store").glob("*/.pieces/*/*.h5")
+    return sorted(found, key=lambda p: (p.parent, int(p.stem)))
+
+
 def kept_sequences(outdir: Path) -> int:
     """The sequences the store's pieces in place hold now, by their manifests."""
-    found = (outdir / "store").glob("*/.pieces/*/*.h5")
+    found = kept_pieces(outdir)
     return sum(json.loads(p.with_suffix(".json").read_text())["n_sequences"] for p in found)
 
 
@@ -72,7 +78,7 @@ def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals, piece
     while True:
         found = progress(outdir)
         done = found.get("residues_done", 0) >= share * found.get("n_residues", float("inf"))
-        if done and len(list((outdir / "store").glob("*/.pieces/*/*.h5"))) >= pieces:
+        if done and len(kept_pieces(outdir)) >= pieces:
             break
         assert run.poll() is None and time.time() < deadline, "the job ended before its kill"
         time.sleep(0.02)
@@ -108,8 +114,7 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     for share, sig in ((0.25, signal.SIGKILL), (0.5, signal.SIGTERM), (0.75, signal.SIGINT)):
         said = kill_job_at(cmd, env, outdir, share, sig, pieces=2)
         if sig == signal.SIGKILL:  # killed between a piece's manifest and putting it in place
-            pieces = (outdir / "store").glob("*/.pieces/*/*.h5")
-            max(pieces, key=lambda p: int(p.stem)).unlink()
+            kept_pieces(outdir)[-1].unlink()  # one shard: its last piece
         kept_before.append(kept_sequences(outdir))
         if sig != signal.SIGKILL:  # stopped, not crashed: the last line says what is kept
             last = said.strip().splitlines()[-1]
@@ -187,7 +192,7 @@ def test_a_damaged_piece_is_set_aside_and_its_sequences_computed_again(tmp_path,
     # what a planned shard kept stays through a prune that keeps the outdir
     pruned = esmshard(env, "store", str(outdir / "store"), "--prune", "--keep", str(outdir))
     assert ".pieces" not in pruned and "0 files" in pruned
-    first = sorted((outdir / "store").glob("*/.pieces/*/*.h5"))[0]
+    first = kept_pieces(outdir)[0]
     lost = json.loads(first.with_suffix(".json").read_text())["n_sequences"]
     kept = kept_sequences(outdir)
     with open(first, "r+b") as fh:  # 16 bytes changed, the size kept
