@@ -25,6 +25,7 @@ from esmshard.commands import status
 from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.layout import Layout, every_attempt
 from esmshard.steps.progress import PROGRESS_LINE_ENV
+from esmshard.store import piece_files
 
 RECORDS = SLICE[:120]  # ~37k residues: seconds of esm2_t6 on the CPU, many batches
 SETTINGS = ["model=random:esm2_t6_8M_UR50D", "include=[mean,per_tok]", "shards=1"]
@@ -44,8 +45,7 @@ def esmshard(env, *args) -> str:
 
 def kept_pieces(outdir: Path) -> list[Path]:
     """The store's pieces in place now, each shard's in the order they were written."""
-    found = (outdir / "store").glob("*/.pieces/*/*.h5")
-    return sorted(found, key=lambda p: (p.parent, int(p.stem)))
+    return [p for f in sorted((outdir / "store").glob("*/.pieces/*")) for p in piece_files(f)]
 
 
 def kept_sequences(outdir: Path) -> int:
