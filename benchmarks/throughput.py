@@ -93,8 +93,8 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
         square = torch.randn(8192, 8192, device=device, dtype=dtype)
         products["8192³ matmul"] = lambda: square @ square
     # A reading times ten products on a GPU, where one ends before its launch is timed, and one
-    # on a CPU, where one takes milliseconds (ten made the CPU plan's peak readings 25 of its
-    # peers stage's 62 s); a CPU that other work shares gets more readings, the best kept.
+    # on a CPU, where one takes milliseconds (ten made the peak readings about 40% of the CPU
+    # plan's peers stage); a CPU that other work shares gets more readings, the best kept.
     readings, per_reading = (5, 10) if device.type == "cuda" else (10, 1)
     peaks = {}
     with torch.inference_mode():
