@@ -11,7 +11,11 @@ packed ones, and packed through the compiled layer (`compile: on`, compiled befo
 repetitions: its seconds are reported apart). The padded sides all take esmshard's padded
 batches for `--toks-per-batch` tokens; the packed sides its packed batches for the same budget.
 ESM C (`--esmc`): transformers' `EsmcModel` in bf16 on the padded batches, beside esmshard
-packed and packed compiled. `--big` (esm2_t36_3B's shape) adds esmshard packed for the largest
+packed and packed compiled. `--fp8` (default: where the device computes it, Hopper GPUs and
+CPUs) adds esmshard packed and packed compiled in fp8 for each ESM-2 model, their rows carrying
+FP8's error against esmshard's fp32 on the same proteins and weights: the per-residue cosine at
+the 1st percentile and the least protein's mean cosine (`cosine_p1_vs_fp32`,
+`cosine_min_per_protein_vs_fp32`). `--big` (esm2_t36_3B's shape) adds esmshard packed for the largest
 ESM-2 on one device: tokens/s and peak memory. Every side reads the mean over each sequence's
 residues back to the host; sides alternate, `--repeats` times.
 
@@ -24,6 +28,7 @@ one run each: the busiest operations and the device's busy share of the wall tim
 """
 
 import argparse
+import copy
 import importlib.util
 import json
 import statistics
@@ -31,13 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from throughput import DEFAULT_FASTA, esmc_models, flops, matmul_peaks, subset, synchronize
 
 from esmshard.compute import compiled
 from esmshard.compute.batching import make_batches
 from esmshard.compute.embedder import Embedder
-from esmshard.compute.precision import PRECISIONS
+from esmshard.compute.precision import FP8_CAPABILITY, PRECISIONS
 from esmshard.input.fasta import read_fasta
 from esmshard.models import ESM2, ESMC
 from esmshard.models.esm2 import random_model
@@ -185,7 +191,53 @@ def esm2_sides(name, sequences, args, device):
         ("esmshard packed", args.precision, esmshard_side(packed_fast, sequences, packed)),
         ("esmshard packed compiled", args.precision, run_compiled),
     ]
-    return sides, layer
+    compiled_layers = {args.precision: layer}
+    if args.fp8:
+        fp8_packed, fp8_compiled = (
+            Embedder(copy.deepcopy(fp32), net.alphabet, [layers], device, PRECISIONS["fp8"],
+                     kinds=["mean"], packed=True)
+            for _ in range(2)
+        )  # fmt: skip
+        run_fp8, compiled_layers["fp8"] = compiled_side(
+            fp8_compiled, sequences, packed, "ESM-2", "fp8"
+        )
+        sides += [
+            ("esmshard packed", "fp8", esmshard_side(fp8_packed, sequences, packed)),
+            ("esmshard packed compiled", "fp8", run_fp8),
+        ]
+    return sides, compiled_layers
+
+
+def fp8_error(name, sequences, args, device) -> dict[str, float]:
+    """FP8's error against fp32, esmshard's forward pass on the same weights and proteins (packed,
+    as the run computes): the per-residue cosine at the 1st percentile, and the least protein's
+    cosine of its means."""
+    net = random_model(name).eval()
+    layer = net.num_layers
+    outputs = []
+    for precision, model in (("fp32", copy.deepcopy(net)), ("fp8", net)):
+        embedder = Embedder(model, net.alphabet, [layer], device, PRECISIONS[precision],
+                            kinds=["mean", "per_tok"], packed=True)  # fmt: skip
+        batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
+        found = {}
+        with torch.inference_mode():
+            for batch in batches:
+                for done, reps in embedder.embed(batch, [sequences[i] for i in batch], []):
+                    found.update((i, rep[layer]) for i, rep in zip(done, reps))
+        outputs.append([found[i] for i in range(len(sequences))])
+        del embedder, model
+    want, got = outputs
+
+    def cosines(a, b):  # row by row
+        return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+    residues = cosines(np.concatenate([g.per_tok for g in got]),
+                       np.concatenate([w.per_tok for w in want]))  # fmt: skip
+    means = cosines(np.stack([g.mean for g in got]), np.stack([w.mean for w in want]))
+    return {
+        "cosine_p1_vs_fp32": float(np.percentile(residues, 1)),
+        "cosine_min_per_protein_vs_fp32": float(means.min()),
+    }
 
 
 def esmc_sides(name, sequences, args, device, folder):
@@ -217,11 +269,13 @@ def esmc_sides(name, sequences, args, device, folder):
         ("esmshard packed", args.precision, esmshard_side(packed_fast, sequences, packed)),
         ("esmshard packed compiled", args.precision, run_compiled),
     ]
-    return sides, layer
+    return sides, {args.precision: layer}
 
 
-def measure(name, arch, sides, layer, sequences, args, device) -> None:
-    """Time the sides, alternating, and print a line for each."""
+def measure(name, arch, sides, layers_of, sequences, args, device, errors=None) -> None:
+    """Time the sides, alternating, and print a line for each; `layers_of`: the compiled layer
+    of each precision, `errors`: what rows of a precision carry beside their times (FP8's
+    error)."""
     layers, dim, _ = arch
     precisions = {p for _, p, _ in sides}
 
@@ -236,7 +290,8 @@ def measure(name, arch, sides, layer, sequences, args, device) -> None:
     for _ in range(args.repeats):
         for side, precision, run in sides:
             times[side, precision].append(timed(run, device))
-    layer.finish()
+    for layer in layers_of.values():
+        layer.finish()
     tokens = sum(len(s) + 2 for s in sequences)
     work = flops([len(s) + 2 for s in sequences], layers, dim)
     peaks = {p: max(before[p], after) for p, after in peaks_now().items()}
@@ -260,7 +315,9 @@ def measure(name, arch, sides, layer, sequences, args, device) -> None:
             "speedup_vs_baseline": baseline / seconds,
         }
         if "compiled" in side:
+            layer = layers_of[precision]
             row.update(compile_seconds=layer.seconds, compiled_graphs=layer.graphs)
+        row.update((errors or {}).get(precision, {}))
         print(json.dumps(row), flush=True)
 
 
@@ -325,6 +382,8 @@ def main():
     parser.add_argument("--esmc-layers", type=int, help="ESM C: the first N layers only")
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                         help=f"{BIG}'s shape too (default: on a GPU)")  # fmt: skip
+    parser.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
+                        help="ESM-2 in fp8 too (default: where the device computes it)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--toks-per-batch", type=int, default=65536)
@@ -334,21 +393,26 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    if args.fp8 is None:
+        args.fp8 = (
+            device.type == "cpu" or torch.cuda.get_device_capability(device) >= FP8_CAPABILITY
+        )
     with tempfile.TemporaryDirectory() as tmp:
         records = list(read_fasta(subset(args.fasta, args.every, Path(tmp) / "subset.fasta")))
         for name in args.esm2:
             sequences = [r.sequence[: ESM2.max_residues] for r in records]
-            sides, layer = esm2_sides(name, sequences, args, device)
+            sides, layers_of = esm2_sides(name, sequences, args, device)
             if args.profile and name == args.esm2[0]:  # compiled already: batches alone
                 profile(name, sides, device, args.profile)
-            measure(name, ESM2.archs[name], sides, layer, sequences, args, device)
+            errors = {"fp8": fp8_error(name, sequences, args, device)} if args.fp8 else {}
+            measure(name, ESM2.archs[name], sides, layers_of, sequences, args, device, errors)
         for name in args.esmc if not skipped("ESM C's peers", "transformers") else []:
             chosen = records[: args.esmc_sequences]
             sequences = [r.sequence[: ESMC.max_residues] for r in chosen]
-            sides, layer = esmc_sides(name, sequences, args, device, Path(tmp) / name)
+            sides, layers_of = esmc_sides(name, sequences, args, device, Path(tmp) / name)
             arch = ESMC.archs[name]
             arch = arch._replace(layers=args.esmc_layers or arch.layers)
-            measure(name, arch, sides, layer, sequences, args, device)
+            measure(name, arch, sides, layers_of, sequences, args, device)
         if args.big if args.big is not None else device.type == "cuda":
             big([r.sequence[: ESM2.max_residues] for r in records], args, device)
 

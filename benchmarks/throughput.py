@@ -37,7 +37,7 @@ from esmshard.input.fasta import ALPHABET, read_fasta
 from esmshard.input.sizing import ModelSize
 from esmshard.models import ESM2, ESMC, T5, load, parse_spec
 from esmshard.models.esm2 import random_model
-from esmshard.models.layers import onednn_available, onednn_dense
+from esmshard.models.layers import FP8, fp8_dense, onednn_available, onednn_dense, to_fp8
 from esmshard.models.t5_files import SHAPES
 from esmshard.models.t5_tokenizer import write_tokenizer
 from esmshard.steps.shard import read_shard, write_shards
@@ -78,18 +78,29 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
     where it takes the precision (the fast path's library in fp32; in bf16 the faster route on
     this CI's CPU, 424 against torch's matmul's 384 GFLOP/s at D = 960, and without it a compiled
     ESM C measured 1.09 of the peak), and on a GPU of an 8192³ product (what its matrix units
-    reach at best): the device's peak is the best of them."""
+    reach at best): the device's peak is the best of them. In fp8: the fast path's FP8 product
+    (`fp8_dense`, the scaling of its rows included) and on a GPU an 8192³ FP8 product."""
     dtype = getattr(torch, PRECISIONS[precision].autocast_dtype or "float32")
     a = torch.randn(4096, dim, device=device, dtype=dtype)
     linear = torch.nn.Linear(dim, 4 * dim, bias=False).to(device, dtype)
     products = {"torch matmul": lambda: a @ linear.weight.T}
-    if device.type == "cpu" and onednn_available():
+    if PRECISIONS[precision].fp8_products:  # the fast path's FP8 product, its scaling included
+        to_fp8(linear)
+        products = {"fp8 product": lambda: fp8_dense(a, linear)}
+        if device.type == "cuda":
+            square = torch.randn(8192, 8192, device=device).to(FP8)
+            one = torch.ones((), device=device)
+            products["8192³ fp8 matmul"] = lambda: torch._scaled_mm(
+                square, square.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16
+            )
+    elif device.type == "cpu" and onednn_available():
         try:  # not every CPU's oneDNN takes half precision (fp16 here: no primitive)
             onednn_dense(a, linear)
             products["oneDNN"] = lambda: onednn_dense(a, linear)
         except RuntimeError:
             pass
-    if device.type == "cuda":  # the device's own peak: a large square product
+    if device.type == "cuda" and not PRECISIONS[precision].fp8_products:
+        # the device's own peak: a large square product
         square = torch.randn(8192, 8192, device=device, dtype=dtype)
         products["8192³ matmul"] = lambda: square @ square
     # A reading times ten products on a GPU, where one ends before its launch is timed, and one

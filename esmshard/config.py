@@ -148,6 +148,28 @@ def schema_problems(config: dict, schema: dict) -> dict[str, str]:
     return problems
 
 
+def fp8_problems(config: dict, family) -> list[str]:
+    """Why `precision: fp8` cannot run with these settings: its products are esmshard's own
+    forward pass's, of ESM-2's layers (ESM-1b/1v's too)."""
+    if not family.fp8:
+        return [
+            f"precision: fp8: {family.title} ({config['model']}) runs in fp32, bf16 or fp16 only "
+            "(FP8 products are ESM-2's and ESM-1b/1v's so far); use bf16"
+        ]
+    maps = [kind for kind in ("contacts", "attentions") if kind in config["include"]]
+    if maps:
+        return [
+            f"precision: fp8 cannot compute include: {', '.join(maps)} (those maps come from "
+            "fair-esm's own forward pass, in bf16 or fp32); remove them, or use bf16"
+        ]
+    if config.get("fast_path") is False:
+        return [
+            "precision: fp8 runs esmshard's own forward pass, and fast_path: false asks for "
+            "fair-esm's: use one or the other"
+        ]
+    return []
+
+
 def family_problems(config: dict, family) -> list[str]:
     """Why the model's family (esmshard.models.spec.Family) refuses these settings, one line
     each."""
@@ -170,6 +192,8 @@ def family_problems(config: dict, family) -> list[str]:
             "are the residues and </s>); remove bos from include, and use mean for one vector "
             "per protein"
         )
+    if config.get("precision") == "fp8":
+        problems += fp8_problems(config, family)
     if "contacts" in config["include"] and config["long_sequences"] == "chunk":
         problems.append(
             "include: contacts cannot be combined with long_sequences: chunk (a contact map "

@@ -49,7 +49,7 @@ def test_typed_forms_mean_what_a_yaml_file_means(typed, meant):
         ({"repr_layers": ["1.5"]}, "repr_layers"),
         ({"include": ["mean", "attention"]}, "include"),
         ({"shards": "many"}, "shards"),
-        ({"precision": "fp8"}, "precision"),
+        ({"precision": "fp4"}, "precision"),
         ({"fast_path": "maybe"}, "fast_path"),
         ({"compile": "sometimes"}, "compile"),
     ],

@@ -390,6 +390,7 @@ def peers_lines(peers: dict) -> list[str]:
         for r in peers["rows"]
         if "peak_memory_bytes" in r
     ]
+    lines += fp8_lines(rows)
     profiled = [r for r in peers["rows"] if "profiled_seconds" in r]
     if profiled:
         lines += ["", "Where the time goes (torch's profiler, one run each; profile.txt):", ""]
@@ -404,6 +405,33 @@ def peers_lines(peers: dict) -> list[str]:
     ]
     if peers["error"]:
         lines += ["The benchmark failed:", "```", peers["error"], "```"]
+    return lines
+
+
+# FP8's goals (`precision: fp8`): its error against fp32, and its speed against bf16's
+FP8_GOALS = {"cosine_p1_vs_fp32": 0.999, "cosine_min_per_protein_vs_fp32": 0.9997, "speedup": 1.3}
+
+
+def fp8_lines(rows: list[dict]) -> list[str]:
+    """FP8's rows of the peers table against their goals: its error, and its tokens/s over the
+    same side's in bf16."""
+    lines = []
+    for row in (r for r in rows if "cosine_p1_vs_fp32" in r and r["side"].endswith("compiled")):
+        bf16 = [r for r in rows if r["model"] == row["model"] and r["side"] == row["side"]
+                and r["precision"] == "bf16"]  # fmt: skip
+        speed = (
+            f"; {row['tokens_per_s'] / bf16[0]['tokens_per_s']:.2f}× bf16's tokens/s (goal "
+            f"{FP8_GOALS['speedup']}×)"
+            if bf16
+            else ""
+        )
+        lines.append(
+            f"\n{row['model']} in fp8 against fp32: per-residue cosine "
+            f"{row['cosine_p1_vs_fp32']:.5f} at the 1st percentile (goal "
+            f"{FP8_GOALS['cosine_p1_vs_fp32']}), least protein's "
+            f"{row['cosine_min_per_protein_vs_fp32']:.5f} (goal "
+            f"{FP8_GOALS['cosine_min_per_protein_vs_fp32']}){speed}."
+        )
     return lines
 
 

@@ -123,6 +123,13 @@ class Embedder:
             model.ready(device)
         else:
             self.net = FastESM2(model) if self.fast else model
+        if precision.fp8_products:
+            if not self.fast:  # fair-esm's own forward pass (contact or attention maps)
+                raise ValueError(
+                    "precision: fp8 runs esmshard's own forward pass, which computes no contact "
+                    "or attention maps (and fast_path: false asks for fair-esm's)"
+                )
+            self.net.use_fp8()
         # Packed batches (esmshard.models.layers.Packed) where the forward pass takes them.
         self.packed = packed and self.fast and self.net.packs
         self.alphabet = alphabet

@@ -39,6 +39,7 @@ ESM2 = Family(
     max_residues=1022,
     contacts=True,
     scores=True,
+    fp8=True,
 )
 ESM1 = Family(
     name="esm1",
@@ -48,6 +49,7 @@ ESM1 = Family(
     max_residues=1022,  # 1,024 learned positions, BOS and EOS among them
     contacts=True,  # ESM-1b's; ESM-1v's checkpoints have no contact regression (contact_problems)
     scores=True,
+    fp8=True,
 )
 ESMC = Family(
     name="esmc",

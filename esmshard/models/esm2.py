@@ -158,6 +158,13 @@ class FastESM2(FastForward):
         if self.token_dropout is None:  # ESM-1b keeps it in its config
             self.token_dropout = getattr(model.args, "token_dropout", False)
 
+    def dense_products(self) -> list[torch.nn.Linear]:
+        return [
+            linear
+            for qkv, layer in zip(self.qkv, self.model.layers)
+            for linear in (qkv, layer.self_attn.out_proj, layer.fc1, layer.fc2)
+        ]
+
     def attention(self, attn, qkv, x, cos, sin, mask, dense):
         """Self-attention `attn` on `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
         shape = x.shape

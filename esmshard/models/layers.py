@@ -1,7 +1,7 @@
 """What the families' fast forward passes share: dense layers through oneDNN on CPUs in fp32
-(see `onednn_available`) and with the GELU in the product on CUDA in half precision
-(`epilogue_gelu_dense`), rotary position embeddings, packed batches, and the mark of a fast
-forward pass.
+(see `onednn_available`), with the GELU in the product on CUDA in half precision
+(`epilogue_gelu_dense`) and in FP8 (`fp8_dense`), rotary position embeddings, packed batches,
+and the mark of a fast forward pass.
 """
 
 import functools
@@ -14,6 +14,10 @@ import torch.nn.functional as F
 
 # The half precisions a CUDA product can apply GELU in (`epilogue_gelu_dense`).
 HALF = (torch.float16, torch.bfloat16)
+FP8 = torch.float8_e4m3fn  # 3 mantissa bits, up to 448: the format of inference products
+FP8_MAX = torch.finfo(FP8).max
+# The least scale of a row (an all-zero row of activations keeps a finite scale)
+LEAST_SCALE = torch.finfo(torch.float32).tiny
 
 
 def torch_dense(x, linear, gelu=False, residual=None):
@@ -45,6 +49,44 @@ def epilogue_gelu_dense(x, linear):
         use_gelu=True,
     )
     return out.view(*x.shape[:-1], out.shape[-1])
+
+
+def fp8_rows(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`t` (rows × K) in FP8, each row scaled so that its largest magnitude is FP8's largest,
+    and the scales (rows × 1, fp32) that undo it."""
+    scale = (t.abs().amax(dim=1, keepdim=True).float() / FP8_MAX).clamp(min=LEAST_SCALE)
+    return (t.float() / scale).to(FP8), scale
+
+
+def to_fp8(linear: torch.nn.Linear) -> None:
+    """`linear`'s weight (out × in) replaced by its FP8 values, a scale per output row kept as
+    the buffer `weight_scale` (1 × out, as `torch._scaled_mm` takes it); its bias in bf16, the
+    product's output dtype."""
+    weight, scale = fp8_rows(linear.weight.detach())
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    linear.register_buffer("weight_scale", scale.t().contiguous())
+    if linear.bias is not None:
+        bias = linear.bias.detach().to(torch.bfloat16)
+        linear.bias = torch.nn.Parameter(bias, requires_grad=False)
+
+
+def fp8_dense(x, linear, gelu=False, residual=None):
+    """`torch_dense` with `linear` in FP8 (`to_fp8`): `x`'s rows in FP8 too, each with its own
+    scale (tokens differ in magnitude by orders), one `torch._scaled_mm` accumulating in fp32
+    and rounding once to bf16 with the bias added; GELU and the residual after it, as autocast
+    computes them in bf16."""
+    rows, scale = fp8_rows(x.reshape(-1, x.shape[-1]))
+    out = torch._scaled_mm(
+        rows,
+        linear.weight.t(),  # column-major, as the product takes its second operand
+        scale_a=scale,
+        scale_b=linear.weight_scale,
+        bias=linear.bias,
+        out_dtype=torch.bfloat16,
+    ).view(*x.shape[:-1], linear.weight.shape[0])
+    if gelu:
+        out = F.gelu(out)
+    return out if residual is None else residual + out
 
 
 def onednn_dense(x, linear, gelu=False, residual=None):
@@ -236,13 +278,31 @@ class FastForward(torch.nn.Module):
     packs = False
     compiles = True  # whether `block` is worth compiling (one graph for every batch's shape)
     compiled_block = None  # `block` compiled (esmshard.compute.compiled), where it is
+    fp8 = False  # whether the products of `dense_products` are in FP8 (`use_fp8`)
 
     def ready(self, device) -> None:
         """Make ready to run once the weights are on `device` (nothing, for most families)."""
 
+    def dense_products(self) -> list[torch.nn.Linear]:
+        """The dense products of the repeated layers: what FP8 computes (`use_fp8`). A family
+        without FP8 products has none."""
+        return []
+
+    def use_fp8(self) -> None:
+        """The repeated layers' dense products in FP8 from now on (`fp8_dense`); embeddings,
+        norms, attention and the language-model head stay as autocast computes them."""
+        products = self.dense_products()
+        if not products:
+            raise ValueError(f"precision: fp8 is not offered for {type(self).__name__}")
+        for linear in products:
+            to_fp8(linear)
+        self.fp8 = True
+
     def dense_for(self, x):
         """`dense_for(x)`, but torch's own product when compiled: its compiler picks the kernels
-        (it cannot trace the oneDNN call)."""
+        (it cannot trace the oneDNN call); in FP8 once `use_fp8` has made them so."""
+        if self.fp8:
+            return fp8_dense
         return torch_dense if self.compiled_block else dense_for(x)
 
     def run_block(self, *args):

@@ -106,6 +106,7 @@ class Family:
     # whether esmshard runs its language-model head (`include: logits, masked_marginals, pll`)
     scores: bool = False
     bos: bool = True  # whether its sequences start with a BOS token (`include: bos`)
+    fp8: bool = False  # whether its layers' dense products run in FP8 (`precision: fp8`)
     # Whether `max_residues` is where its positions end (a longer truncation_seq_length is
     # refused), or only esmshard's default limit (relative positions have no end).
     positions_end: bool = True

@@ -70,7 +70,7 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
         ([("P1", "MKV"), ("P1", "MKL")], MODEL, {}, ValueError, "ID P1 is given twice"),
         ({}, MODEL, {}, ValueError, "sequences: none were given"),
         ({"P1": "MKV"}, "esm3_huge", {}, ModelError, "not a model name esmshard knows"),
-        ({"P1": "MKV"}, MODEL, {"precision": "fp8"}, ConfigError, "precision: fp8 is not valid"),
+        ({"P1": "MKV"}, MODEL, {"precision": "fp4"}, ConfigError, "precision: fp4 is not valid"),
         ("no/such.fasta", MODEL, {}, FastaError, "no/such.fasta: does not exist"),
         ({"P1": "MKV"}, "random:esmc_300m", {"include": ["contacts"]}, ConfigError, "contact"),
         (None, MODEL, {}, TypeError, "sequences: NoneType is not sequences; give a FASTA"),

@@ -46,3 +46,19 @@ def test_a_model_that_cannot_be_had_leaves_the_other_keys_checked(tmp_path):
     assert done.model is None and len(done.problems) == 2
     assert done.problems[0].startswith("shards: 0 is not valid")
     assert done.problems[1].startswith("model 'random:esm3': unknown architecture")
+
+
+def test_fp8_is_refused_where_its_products_are_not_the_ones_computed(tmp_path):
+    """precision: fp8 is ESM-2's and ESM-1b/1v's dense products, in esmshard's own forward pass:
+    another family, a map from fair-esm's forward pass or fast_path: false are one line each."""
+    assert checked(tmp_path, precision="fp8").problems == []
+    assert checked(tmp_path, precision="fp8", model="random:esm1b_t33_650M_UR50S").problems == []
+    (esmc,) = checked(tmp_path, precision="fp8", model="random:esmc_300m").problems
+    assert esmc == (
+        "precision: fp8: ESM C (random:esmc_300m) runs in fp32, bf16 or fp16 only (FP8 products "
+        "are ESM-2's and ESM-1b/1v's so far); use bf16"
+    )
+    (maps,) = checked(tmp_path, precision="fp8", include=["mean", "contacts"]).problems
+    assert maps.startswith("precision: fp8 cannot compute include: contacts (those maps come")
+    (fair_esm,) = checked(tmp_path, precision="fp8", fast_path=False).problems
+    assert "fast_path: false asks for fair-esm's" in fair_esm

@@ -58,14 +58,14 @@ def test_a_mistyped_key_is_one_line_naming_the_key_meant(tmp_path):
 def test_every_mistake_of_one_command_is_named_at_once_before_any_job(tmp_path):
     done = snakemake(
         tmp_path, {}, "--config", f"input={GENE_CALLER}", "outdir=out", "model=random:esmc_300m",
-        "repr_layers=[99,-1]", "include=[mean,contacts]", "precision=fp8", "shard=4", check=False,
+        "repr_layers=[99,-1]", "include=[mean,contacts]", "precision=fp4", "shard=4", check=False,
     )  # fmt: skip
     refused(
         done,
         tmp_path,
         "repr_layers: layer 99 does not exist in esmc_300m, which has 30 layers; give 0 to 30",
         "include: contacts: ESM C (random:esmc_300m) has no contact head",
-        "precision: fp8 is not valid; give one of auto, fp32, bf16, fp16",
+        "precision: fp4 is not valid; give one of auto, fp32, bf16, fp16, fp8",
         "shard: not a config key of esmshard; did you mean shards?",
     )
     assert not list(tmp_path.glob("**/logs"))
