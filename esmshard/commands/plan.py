@@ -165,21 +165,36 @@ def hours(value: float) -> str:
     return f"{value:,.0f}" if value >= 100 else f"{value:.2g}"
 
 
-def gpu_time_lines(plan: list[dict], summary: dict) -> list[str]:
-    """The embed jobs' GPU-hours on each kind of GPU (esmshard.input.sizing.DEVICE_KINDS)."""
+def gpu_time_lines(plan: list[dict], summary: dict, precision: str | None) -> list[str]:
+    """The embed jobs' GPU-hours on each kind of GPU (esmshard.input.sizing.DEVICE_KINDS); in
+    fp8 at bf16's rate (fp8's own is not measured yet), on the kinds that compute it."""
     costs = [float(row["estimated_cost"]) for row in plan]
     params = summary.get("model_params")
     if not costs or not params:
         return ["GPU time: none, nothing to compute"]
-    each = [(hours(gpu_seconds(costs, params, kind.flops) / 3600), kind) for kind in DEVICE_KINDS]
+    fp8 = precision == "fp8"
+    kinds = [kind for kind in DEVICE_KINDS if not fp8 or kind.fp8]
+    each = [(hours(gpu_seconds(costs, params, kind.flops) / 3600), kind) for kind in kinds]
     return [
-        "GPU time of the embed jobs in bf16, loading included (estimated):",
+        "GPU time of the embed jobs in fp8, at bf16's measured rate, loading included "
+        "(estimated):" if fp8
+        else "GPU time of the embed jobs in bf16, loading included (estimated):",
         *(
             f"  {value} GPU-hours on {kind.name}s ({kind.basis})" if k == 0
             else f"  {value} on {kind.name}s ({kind.basis})"
             for k, (value, kind) in enumerate(each)
         ),
+        *(["  (not on A100s or older GPUs: fp8 needs a Hopper GPU)"] if fp8 else []),
     ]  # fmt: skip
+
+
+def planned_precision(summary: dict) -> str | None:
+    """The precision of the planned settings, as the store's settings file of their key says."""
+    try:
+        with open(os.path.join(summary["store"], summary["key"], "settings.json")) as fh:
+            return json.load(fh).get("precision")
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def disk_lines(summary: dict, outdir: str) -> list[str]:
@@ -242,7 +257,7 @@ def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) 
         *lines,
         where_jobs_run(executor),
         *jobs_lines([job for job in jobs if job.rule != "shard"], slurm),
-        *gpu_time_lines(rows, plan.summary),
+        *gpu_time_lines(rows, plan.summary, planned_precision(plan.summary)),
         *disk_lines(plan.summary, outdir),
     ]
 

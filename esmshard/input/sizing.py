@@ -29,6 +29,7 @@ class DeviceKind(NamedTuple):
     name: str
     flops: float
     basis: str  # where the figure comes from
+    fp8: bool = True  # whether it computes FP8 products (`precision: fp8`: Hopper and newer)
 
 
 # `esmshard plan`'s GPU-hours: the H200's measured rate (esm2_t33_650M, packed and compiled, in
@@ -38,7 +39,7 @@ H200_FLOPS = 324_000 * 2 * 12 * 33 * 1280**2
 DEVICE_KINDS = (
     DeviceKind("H200", H200_FLOPS, "measured, esm2_t33_650M"),
     DeviceKind("H100", 0.9 * H200_FLOPS, "0.9 of the H200's"),
-    DeviceKind("A100", H200_FLOPS * 312 / 989, "the H200's by their bf16 peaks, 312/989"),
+    DeviceKind("A100", H200_FLOPS * 312 / 989, "the H200's by their bf16 peaks, 312/989", False),
 )
 
 

@@ -19,7 +19,13 @@ from conftest import (
     read_records,
 )
 
-from esmshard.commands.plan import PlannedJob, dry_run_jobs, sbatch_options
+from esmshard.commands.plan import (
+    PlannedJob,
+    dry_run_jobs,
+    gpu_time_lines,
+    planned_precision,
+    sbatch_options,
+)
 from esmshard.input.sizing import embed_mem_mb
 from esmshard.models import parse_spec
 
@@ -210,3 +216,24 @@ def test_a_plan_with_pseudo_ppl_plans_the_mutants_run_too_and_its_run_uses_that_
     ran = jobs_run(subprocess.CompletedProcess(run.args, 0, log, ""))
     assert set(ran) == {"embed", "merge", "report", "embed_mutants", "merge_mutants", "variants"}
     assert "esmshard: variants: 4 scored (wt_marginals, pseudo_ppl)" in run.stderr
+
+
+def test_an_fp8_plans_gpu_time_is_said_at_bf16s_rate_on_the_gpus_that_compute_it(tmp_path):
+    """The plan's settings name their precision in the store (settings.json of their key): in
+    fp8 the GPU-hours are bf16's measured rate, and A100s, which have no FP8 products, are not
+    offered."""
+    (tmp_path / "k").mkdir()
+    summary = {"store": str(tmp_path), "key": "k", "model_params": 650_000_000}
+    rows = [{"estimated_cost": "2e6"}]
+    bf16 = gpu_time_lines(rows, summary, planned_precision(summary))  # no settings: as bf16
+    assert bf16[0] == "GPU time of the embed jobs in bf16, loading included (estimated):"
+    assert [line.split()[-1] for line in bf16[1:]] == ["esm2_t33_650M)", "H200's)", "312/989)"]
+    (tmp_path / "k" / "settings.json").write_text('{"precision": "fp8"}')
+    fp8 = gpu_time_lines(rows, summary, planned_precision(summary))
+    assert fp8 == [
+        "GPU time of the embed jobs in fp8, at bf16's measured rate, loading included "
+        "(estimated):",
+        bf16[1],
+        bf16[2],
+        "  (not on A100s or older GPUs: fp8 needs a Hopper GPU)",
+    ]
