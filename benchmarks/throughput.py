@@ -83,7 +83,6 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
     dtype = getattr(torch, PRECISIONS[precision].autocast_dtype or "float32")
     a = torch.randn(4096, dim, device=device, dtype=dtype)
     linear = torch.nn.Linear(dim, 4 * dim, bias=False).to(device, dtype)
-    products = {"torch matmul": lambda: a @ linear.weight.T}
     if PRECISIONS[precision].fp8_products:  # the fast path's FP8 product, its scaling included
         to_fp8(linear)
         products = {"fp8 product": lambda: fp8_dense(a, linear)}
@@ -93,16 +92,17 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
             products["8192³ fp8 matmul"] = lambda: torch._scaled_mm(
                 square, square.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16
             )
-    elif device.type == "cpu" and onednn_available():
-        try:  # not every CPU's oneDNN takes half precision (fp16 here: no primitive)
-            onednn_dense(a, linear)
-            products["oneDNN"] = lambda: onednn_dense(a, linear)
-        except RuntimeError:
-            pass
-    if device.type == "cuda" and not PRECISIONS[precision].fp8_products:
-        # the device's own peak: a large square product
-        square = torch.randn(8192, 8192, device=device, dtype=dtype)
-        products["8192³ matmul"] = lambda: square @ square
+    else:
+        products = {"torch matmul": lambda: a @ linear.weight.T}
+        if device.type == "cpu" and onednn_available():
+            try:  # not every CPU's oneDNN takes half precision (fp16 here: no primitive)
+                onednn_dense(a, linear)
+                products["oneDNN"] = lambda: onednn_dense(a, linear)
+            except RuntimeError:
+                pass
+        if device.type == "cuda":  # the device's own peak: a large square product
+            square = torch.randn(8192, 8192, device=device, dtype=dtype)
+            products["8192³ matmul"] = lambda: square @ square
     # A reading times ten products on a GPU, where one ends before its launch is timed, and one
     # on a CPU, where one takes milliseconds (ten made the peak readings about 40% of the CPU
     # plan's peers stage); a CPU that other work shares gets more readings, the best kept.

@@ -24,6 +24,7 @@ import yaml
 from ..files import free_bytes, human_bytes, nearest_existing, read_tsv
 from ..input.sizing import DEVICE_KINDS, gpu_seconds
 from ..layout import Layout
+from ..store import Store, read_json_object
 from . import launch
 from .console import OURS
 from .start import PLAN_ENV
@@ -190,11 +191,10 @@ def gpu_time_lines(plan: list[dict], summary: dict, precision: str | None) -> li
 
 def planned_precision(summary: dict) -> str | None:
     """The precision of the planned settings, as the store's settings file of their key says."""
-    try:
-        with open(os.path.join(summary["store"], summary["key"], "settings.json")) as fh:
-            return json.load(fh).get("precision")
-    except (OSError, KeyError, ValueError):
+    if "store" not in summary or "key" not in summary:
         return None
+    settings = read_json_object(Path(Store(summary["store"]).settings(summary["key"])))
+    return (settings or {}).get("precision")
 
 
 def disk_lines(summary: dict, outdir: str) -> list[str]:
