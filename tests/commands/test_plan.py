@@ -180,7 +180,7 @@ def test_a_plan_with_pseudo_ppl_plans_the_mutants_run_too_and_its_run_uses_that_
     """pseudo_ppl's mutant sequences are a run of their own (outdir/mutants): the plan makes their
     FASTA file and their shards, lists their embed jobs and counts their forward passes in the
     GPU time, and the run that follows makes neither again."""
-    records = [r for r in read_records(PROTEINS) if len(r[1]) <= 1022][:3]
+    records = [r for r in read_records(PROTEINS) if len(r[1]) <= 300][:3]
     fasta(tmp_path / "proteins.fasta", records)
     rows = [(h[1:].split()[0], f"{s[k - 1]}{k}A") for h, s in records[:2] for k in (5, 10)]
     (tmp_path / "variants.csv").write_text(
