@@ -263,14 +263,19 @@ def whole_run_lines(model: str, run: dict) -> list[str]:
     lines = ["", f"## A whole run: {model}", f"`{run['command']}`", ""]
     if "shards" not in run:
         return lines + ["The run failed:", "```", run.get("error", ""), "```"]
+    compiling = "not compiled; "  # off, or shards too short to repay it (compile: auto)
+    if run["compile_cache"] != ["off"]:
+        compiling = (
+            f"compiling {run['compile_seconds']:.1f} s (cache: "
+            f"{', '.join(run['compile_cache'])}), {run['whole_shard_tokens_per_s_compiled']:,.0f} "
+            "tokens/s once loaded and compiled; "
+        )
     lines += [
         f"{run['sequences']} sequences, {run['tokens']:,} tokens in {run['shards']} shard(s) "
         f"on {', '.join(run['devices'])} ({', '.join(run['precisions'])}); whole-shard "
         f"{run['whole_shard_tokens_per_s_with_loading']:,.0f} tokens/s with model loading "
         f"({run['load_seconds']:.1f} s), {run['whole_shard_tokens_per_s_loaded']:,.0f} tokens/s "
-        "once loaded (read-back and writing included); compiling "
-        f"{run['compile_seconds']:.1f} s (cache: {', '.join(run['compile_cache'])}), "
-        f"{run['whole_shard_tokens_per_s_compiled']:,.0f} tokens/s once loaded and compiled; "
+        f"once loaded (read-back and writing included); {compiling}"
         "the host's own work per batch (tokens, read-back, checks, writing) "
         f"{run['host_fraction']:.1%} of the batches' time; "
         f"{run['telemetry_samples']} telemetry samples, mean utilization "

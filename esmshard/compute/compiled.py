@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from ..config import NUMERICS_VERSION
 from ..files import atomic_path
+from ..input.sizing import H200_FLOPS, compute_seconds
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,35 @@ log = logging.getLogger(__name__)
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-def wanted(setting: str | bool, device) -> bool:
-    """Whether to compile on `device` (`setting` as the config has it: YAML files read a bare on
-    and off as true and false). auto: on CUDA devices only; on CPUs torch's compiled kernels ran
-    ESM-2 slower than the eager path's oneDNN products (docs/performance.md)."""
+# What compiling costs and gains on a GPU, measured on an H200 (docs/benchmarks.md, bf16): a
+# first compile of the layer took 11.3-12.4 s for esm2_t33 and 15.4 s for ESM C 600M, with the
+# device idle meanwhile; compiled, esm2_t33's packed layer then ran 1.32x the eager one's tokens/s.
+FIRST_COMPILE_SECONDS = 15.0
+COMPILED_SPEEDUP = 1.32
+
+
+def eager_seconds(cost: float, params: int) -> float:
+    """A GPU's eager time for `cost` units of work (esmshard.input.balance) of a model of
+    `params`: the H200's measured compiled rate, less what compiling gains. The fastest GPU's,
+    so that a slower one, on which compiling repays itself sooner, is not kept from it wrongly
+    for long."""
+    return compute_seconds(cost, params, H200_FLOPS) * COMPILED_SPEEDUP
+
+
+def repays(eager: float) -> bool:
+    """Whether compiling saves more of `eager` seconds than a first compile takes: a shard of
+    about a minute of eager work, or more."""
+    return eager * (1 - 1 / COMPILED_SPEEDUP) > FIRST_COMPILE_SECONDS
+
+
+def wanted(setting: str | bool, device, eager: float) -> bool:
+    """Whether to compile on `device` a shard of `eager` seconds of eager work (`setting` as the
+    config has it: YAML files read a bare on and off as true and false). auto: on CUDA devices,
+    where the compile repays itself (a proteome of a million tokens is done eagerly in less time
+    than a first compile takes); never on CPUs, where torch's compiled kernels ran ESM-2 slower
+    than the eager path's oneDNN products (docs/performance.md)."""
     if setting == "auto":
-        return device.type == "cuda"
+        return device.type == "cuda" and repays(eager)
     return setting in ("on", True)
 
 

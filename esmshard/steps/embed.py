@@ -250,17 +250,6 @@ def run_shard(
             )
             masked = any(kind in MASKED for kind in include)  # a pass per residue
             batches = make_batches(batch_lengths, budget, embedder.packed, masked)
-            layer = None
-            if compiled.wanted(compile, device) and embedder.fast and embedder.net.compiles:
-                key = compiled.CacheKey.of(
-                    device, spec.family.name, embedder.net, resolved.name, embedder.batching
-                )
-                cache = Path(part_store(out_h5).compiled)
-                layer = compiled.Compiled(embedder.net, key, cache)
-                layer.start()
-                on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
-            loaded = time.time()
-
             # the shard step's cost of each record (esmshard.input.balance): the ETA's units,
             # in which a long protein's residues cost more than a short one's
             records = batched + chunked
@@ -269,6 +258,27 @@ def run_shard(
                                  include, recipe)  # fmt: skip
             cost_of = dict(zip(records, costs.tolist()))
             kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
+            layer = None
+            params = spec.params or 12 * net.num_layers * net.embed_dim**2  # ESM's, once loaded
+            eager = compiled.eager_seconds(float(costs.sum()) - kept_cost, params)
+            if embedder.fast and embedder.net.compiles:
+                if compiled.wanted(compile, device, eager):
+                    key = compiled.CacheKey.of(
+                        device, spec.family.name, embedder.net, resolved.name, embedder.batching
+                    )
+                    cache = Path(part_store(out_h5).compiled)
+                    layer = compiled.Compiled(embedder.net, key, cache)
+                    layer.start()
+                    on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
+                elif compile == "auto" and device.type == "cuda":
+                    log.info(
+                        "shard %s: not compiled (compile: auto): its work, about %.0f s on a "
+                        "GPU, would save less than a first compile takes (%.0f s)",
+                        shard,
+                        eager,
+                        compiled.FIRST_COMPILE_SECONDS,
+                    )
+            loaded = time.time()
             # earlier jobs' work is done
             progress.computing(kept.residues, loaded, sampler, kept_cost, float(costs.sum()))
             # the pieces, then the part made of them

@@ -14,6 +14,7 @@ from esmshard.compute import compiled
 from esmshard.compute.batching import make_batches
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
+from esmshard.input import sizing
 from esmshard.models.archs import Arch
 from esmshard.models.esm1 import build
 from esmshard.models.esmc import ALPHABET, ESMC, ffn_size
@@ -46,20 +47,36 @@ def esm1():
 
 
 @pytest.mark.parametrize(
-    "setting, device, expected",
+    "setting, device, eager, expected",
     [
-        ("auto", "cuda", True),
-        ("auto", "cpu", False),
-        ("on", "cpu", True),
-        (True, "cpu", True),  # a YAML file's bare `on`
-        ("off", "cuda", False),
-        (False, "cuda", False),
+        ("auto", "cuda", 600.0, True),
+        ("auto", "cuda", 5.5, False),  # shorter than a first compile
+        ("auto", "cpu", 600.0, False),
+        ("on", "cpu", 0.1, True),
+        (True, "cuda", 0.1, True),  # a YAML file's bare `on`
+        ("off", "cuda", 600.0, False),
+        (False, "cuda", 600.0, False),
     ],
 )
-def test_auto_compiles_on_cuda_devices_only_and_on_off_mean_what_they_say(
-    setting, device, expected
+def test_auto_compiles_on_cuda_devices_where_it_repays_and_on_off_mean_what_they_say(
+    setting, device, eager, expected
 ):
-    assert compiled.wanted(setting, torch.device(device)) is expected
+    assert compiled.wanted(setting, torch.device(device), eager) is expected
+
+
+def test_a_proteome_of_a_million_tokens_runs_eagerly_and_a_cluster_shard_compiled():
+    # E. coli's proteome through esm2_t33 on an H200 (docs/benchmarks.md): 12.4 s of compiling
+    # for 4.2 s of compiled work, where the eager path takes about 5.5 s for all of it.
+    t33 = 12 * 33 * 1280**2
+    proteome = compiled.eager_seconds(1_346_422, t33)
+    assert 5 < proteome < 6 and not compiled.repays(proteome)
+    # a shard as `shards: auto` sizes them where there is more work: 800 s of a fast GPU's
+    fast_tokens_per_s = sizing.FAST_GPU_FLOPS / (2 * t33)
+    shard = sizing.JOB_OVERHEAD_SECONDS / sizing.TARGET_OVERHEAD_FRACTION * fast_tokens_per_s
+    assert compiled.repays(compiled.eager_seconds(shard, t33))
+    # the break-even: a quarter of the eager time saved, against one first compile
+    least = compiled.FIRST_COMPILE_SECONDS / (1 - 1 / compiled.COMPILED_SPEEDUP)
+    assert not compiled.repays(least * 0.99) and compiled.repays(least * 1.01)
 
 
 def key(net, batching="packed", **changes) -> compiled.CacheKey:
