@@ -74,8 +74,12 @@ def placed(model, device, precision: Precision | None) -> None:
 
 
 def _moved(tensor, device, dtype):
-    """`tensor` on `device` in `dtype` (None: its own), a parameter still one."""
-    data = tensor.detach().to(device, dtype)
+    """`tensor` on `device` in `dtype` (None: its own), a parameter still one. Its dtype changes
+    once it is there: torch converts a blocking host-to-GPU copy on the host, through the CPU's
+    threads, where a GPU converts a tensor in microseconds (one fp32 tensor at a time on it)."""
+    data = tensor.detach().to(device)
+    if dtype is not None:
+        data = data.to(dtype)
     if isinstance(tensor, torch.nn.Parameter):
         return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
     return data
