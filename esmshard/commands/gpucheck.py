@@ -259,6 +259,22 @@ def run_benchmark(out: Path, script: str, args: list[str], plan: dict) -> dict:
     }
 
 
+# The whole run's goal, with loading (esm2_t33 on the E. coli proteome, one GPU): tokens/s.
+WHOLE_RUN_GOALS = {"H200": 150_000, "H100": 135_000}
+
+
+def whole_run_goal_lines(model: str, run: dict) -> list[str]:
+    """The GPU plan's whole run against its goal on the GPUs that have one."""
+    if model != GPU_PLAN["model"]:
+        return []
+    return [
+        f"With loading on an {kind}: {run['whole_shard_tokens_per_s_with_loading']:,.0f} "
+        f"tokens/s (goal {goal:,}).\n"
+        for kind, goal in WHOLE_RUN_GOALS.items()
+        if any(kind in device for device in run["devices"])
+    ]
+
+
 def whole_run_lines(model: str, run: dict) -> list[str]:
     lines = ["", f"## A whole run: {model}", f"`{run['command']}`", ""]
     if "shards" not in run:
@@ -282,6 +298,7 @@ def whole_run_lines(model: str, run: dict) -> list[str]:
         f"{run['mean_utilization_percent'] or 0:.0f}%.",
         "",
     ]
+    lines += whole_run_goal_lines(model, run)
     return lines + [f"- [{'x' if ok else ' '}] {name}" for name, ok in run["checks"].items()]
 
 

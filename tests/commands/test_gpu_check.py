@@ -181,3 +181,23 @@ def test_the_peers_eager_side_stays_eager_where_the_model_is_its_own_forward_pas
     run_compiled()
     assert compiled_blocks and all(compiled_blocks)
     layer.finish()
+
+
+def test_the_gpu_plans_whole_run_is_set_against_its_goal_on_the_gpus_that_have_one():
+    run = {
+        "command": "snakemake ...", "shards": 1, "sequences": 4403, "tokens": 1_346_422,
+        "devices": ["NVIDIA H200"], "precisions": ["bf16"], "load_seconds": 6.8,
+        "whole_shard_tokens_per_s_with_loading": 112_345.6,
+        "whole_shard_tokens_per_s_loaded": 240_000.0, "compile_seconds": 0.0,
+        "compile_cache": ["off"], "whole_shard_tokens_per_s_compiled": 240_000.0,
+        "host_fraction": 0.05, "telemetry_samples": 30, "mean_utilization_percent": 80.0,
+        "checks": {"esmshard status shows the finished run": True},
+    }  # fmt: skip
+    page = "\n".join(gpucheck.whole_run_lines(gpucheck.GPU_PLAN["model"], run))
+    assert (
+        "on NVIDIA H200 (bf16)" in page
+        and "once loaded (read-back and writing included); not compiled; " in page
+    )
+    assert "\nWith loading on an H200: 112,346 tokens/s (goal 150,000).\n\n- [x] esmshard" in page
+    cpu = {**run, "devices": ["cpu"]}  # the CPU plan's small model has no goal
+    assert "goal" not in "\n".join(gpucheck.whole_run_lines(gpucheck.CPU_PLAN["model"], cpu))
