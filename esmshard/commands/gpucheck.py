@@ -267,12 +267,12 @@ def whole_run_goal_lines(model: str, run: dict) -> list[str]:
     """The GPU plan's whole run against its goal on the GPUs that have one."""
     if model != GPU_PLAN["model"]:
         return []
-    return [
-        f"With loading on an {kind}: {run['whole_shard_tokens_per_s_with_loading']:,.0f} "
-        f"tokens/s (goal {goal:,}).\n"
-        for kind, goal in WHOLE_RUN_GOALS.items()
-        if any(kind in device for device in run["devices"])
-    ]
+    lines = []
+    for kind, goal in WHOLE_RUN_GOALS.items():
+        if any(kind in device for device in run["devices"]):
+            speed = run["whole_shard_tokens_per_s_with_loading"]
+            lines += [f"With loading on an {kind}: {speed:,.0f} tokens/s (goal {goal:,}).", ""]
+    return lines
 
 
 def whole_run_lines(model: str, run: dict) -> list[str]:

@@ -6,6 +6,7 @@ waits for a GPU holds no torch (~0.5 GB) and no CUDA context meanwhile.
 
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -258,9 +259,9 @@ def run_shard(
                                  include, recipe)  # fmt: skip
             cost_of = dict(zip(records, costs.tolist()))
             kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
+            total_cost = float(costs.sum())
             layer = None
-            params = spec.params or 12 * net.num_layers * net.embed_dim**2  # ESM's, once loaded
-            eager = compiled.eager_seconds(float(costs.sum()) - kept_cost, params)
+            eager = compiled.eager_seconds(total_cost - kept_cost, spec.params)
             if embedder.fast and embedder.net.compiles:
                 if compiled.wanted(compile, device, eager):
                     key = compiled.CacheKey.of(
@@ -270,7 +271,7 @@ def run_shard(
                     layer = compiled.Compiled(embedder.net, key, cache)
                     layer.start()
                     on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
-                elif compile == "auto" and device.type == "cuda":
+                elif compiled.wanted(compile, device, math.inf):  # auto, on a GPU: too short
                     log.info(
                         "shard %s: not compiled (compile: auto): its work, about %.0f s on a "
                         "GPU, would save less than a first compile takes (%.0f s)",
@@ -280,7 +281,7 @@ def run_shard(
                     )
             loaded = time.time()
             # earlier jobs' work is done
-            progress.computing(kept.residues, loaded, sampler, kept_cost, float(costs.sum()))
+            progress.computing(kept.residues, loaded, sampler, kept_cost, total_cost)
             # the pieces, then the part made of them
             size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim, widths)
             writer = PieceWriter(
@@ -402,7 +403,7 @@ def run_shard(
             "kept_sequences": len(kept.keys),
             "kept_residues": kept.residues,
             # the same in the shard step's cost units: the ETA's (esmshard.commands.status)
-            "cost": float(costs.sum()),
+            "cost": total_cost,
             "kept_cost": kept_cost,
             "residues_per_second": (n_residues - kept.residues) / (finished - loaded)
             if finished > loaded
