@@ -13,6 +13,10 @@ PIP = $(BIN)/python -m pip install --quiet
 # The clone's own folder on the path, not setuptools' import hook: with the hook, a notebook
 # in the folder above a clone named esmshard/ imports that folder as an empty namespace package.
 EDITABLE = --config-settings editable_mode=compat -e
+# The clone's package byte-compiled once: pip compiles what it installs, but not an editable
+# install's folder, and where PYTHONDONTWRITEBYTECODE is set every process (each Snakemake job's
+# too) would compile the modules it imports again.
+COMPILE = $(BIN)/python -m compileall -q esmshard >/dev/null
 # `make wheelhouse`: wheels for a GPU node without network (PY: its Python; HAVE: its pip freeze).
 PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEELHOUSE ?= wheelhouse
@@ -36,6 +40,7 @@ $(BIN)/snakemake: pyproject.toml
 	$(PIP) --upgrade pip
 	$(PIP) "$(TORCH)"
 	$(PIP) $(EDITABLE) ".[cluster]"
+	$(COMPILE)
 	touch $@
 
 # The test and lint tools, beside what running needs (the test extra holds gpu-check's).

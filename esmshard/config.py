@@ -10,8 +10,6 @@ import difflib
 import os
 import re
 
-import jsonschema
-
 # Settings that change the embeddings' numbers, plus `family` and `checkpoint` (which weights
 # exactly):
 # a change re-runs the embed jobs (Snakemake's params trigger), and merge refuses a shard file
@@ -39,6 +37,10 @@ BOOLEANS = {"true": True, "false": False}
 
 
 def _valid(value, schema) -> bool:
+    # imported here: each embed job imports this module (NUMERICS_VERSION) and checks no config,
+    # and jsonschema's import is a tenth of a second of every job's CPU
+    import jsonschema
+
     return jsonschema.Draft202012Validator(schema).is_valid(value)
 
 
@@ -130,7 +132,7 @@ def schema_problems(config: dict, schema: dict) -> dict[str, str]:
             close = difflib.get_close_matches(key, properties, n=1, cutoff=0.6)
             hint = f"did you mean {close[0]}?" if close else "see config/config.yaml for the keys"
             problems[key] = f"{key}: not a config key of esmshard; {hint}"
-        elif not jsonschema.Draft202012Validator(properties[key]).is_valid(value):
+        elif not _valid(value, properties[key]):
             items = properties[key].get("items")
             bad = (
                 [v for v in value if not _valid(v, items)]
