@@ -12,7 +12,7 @@ repetitions: its seconds are reported apart). The padded sides all take esmshard
 batches for `--toks-per-batch` tokens; the packed sides its packed batches for the same budget.
 ESM C (`--esmc`): transformers' `EsmcModel` in bf16 on the padded batches, beside esmshard
 packed and packed compiled. `--fp8` (default: where the device computes it, Hopper GPUs and
-CPUs) adds esmshard packed and packed compiled in fp8 for each ESM-2 model, their rows carrying
+CPUs) adds esmshard packed and packed compiled in fp8 for each ESM-2 and ESM C model, their rows carrying
 FP8's error against esmshard's fp32 on the same proteins and weights: the per-residue cosine at
 the 1st percentile and the least protein's mean cosine (`cosine_p1_vs_fp32`,
 `cosine_min_per_protein_vs_fp32`). `--big` (esm2_t36_3B's shape) adds esmshard packed for the largest
@@ -28,7 +28,6 @@ one run each: the busiest operations and the device's busy share of the wall tim
 """
 
 import argparse
-import copy
 import importlib.util
 import json
 import statistics
@@ -45,7 +44,7 @@ from esmshard.compute.batching import make_batches
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import FP8_CAPABILITY, PRECISIONS
 from esmshard.input.fasta import read_fasta
-from esmshard.models import ESM2, ESMC
+from esmshard.models import ESM2, ESMC, load, parse_spec
 from esmshard.models.esm2 import random_model
 
 BIG = "esm2_t36_3B_UR50D"
@@ -193,30 +192,37 @@ def esm2_sides(name, sequences, args, device):
     ]
     compiled_layers = {args.precision: layer}
     if args.fp8:
-        fp8_packed, fp8_compiled = (
-            Embedder(copy.deepcopy(fp32), net.alphabet, [layers], device, PRECISIONS["fp8"],
-                     kinds=["mean"], packed=True)
-            for _ in range(2)
-        )  # fmt: skip
-        run_fp8, compiled_layers["fp8"] = compiled_side(
-            fp8_compiled, sequences, packed, "ESM-2", "fp8"
+        sides += fp8_sides(
+            fresh_esm2(name), layers, sequences, packed, "ESM-2", compiled_layers, device
         )
-        sides += [
-            ("esmshard packed", "fp8", esmshard_side(fp8_packed, sequences, packed)),
-            ("esmshard packed compiled", "fp8", run_fp8),
-        ]
     return sides, compiled_layers
 
 
-def fp8_error(name, sequences, args, device) -> dict[str, float]:
-    """FP8's error against fp32, esmshard's forward pass on the same weights and proteins (packed,
-    as the run computes): the per-residue cosine at the 1st percentile, and the least protein's
-    cosine of its means."""
-    net = random_model(name).eval()
-    layer = net.num_layers
+def fp8_sides(fresh, layer, sequences, batches, family, compiled_layers, device) -> list:
+    """esmshard packed and packed compiled in fp8 at `layer`, each on a fresh fp32 model
+    (`fresh()`: (model, alphabet), as esmshard.models.load gives them; an Embedder in fp8 makes
+    its model's products FP8); the compiled layer into `compiled_layers`."""
+    fp8_packed, fp8_compiled = (
+        Embedder(*fresh(), [layer], device, PRECISIONS["fp8"], kinds=["mean"], packed=True)
+        for _ in range(2)
+    )
+    run_fp8, compiled_layers["fp8"] = compiled_side(
+        fp8_compiled, sequences, batches, family, "fp8"
+    )
+    return [
+        ("esmshard packed", "fp8", esmshard_side(fp8_packed, sequences, batches)),
+        ("esmshard packed compiled", "fp8", run_fp8),
+    ]
+
+
+def fp8_error(fresh, layer, sequences, args, device) -> dict[str, float]:
+    """FP8's error against fp32 at `layer`, esmshard's forward pass on the same weights
+    (`fresh()`: a new fp32 model and its alphabet each call) and proteins (packed, as the run
+    computes): the per-residue cosine at the 1st percentile, and the least protein's cosine of
+    its means."""
     outputs = []
-    for precision, model in (("fp32", copy.deepcopy(net)), ("fp8", net)):
-        embedder = Embedder(model, net.alphabet, [layer], device, PRECISIONS[precision],
+    for precision in ("fp32", "fp8"):
+        embedder = Embedder(*fresh(), [layer], device, PRECISIONS[precision],
                             kinds=["mean", "per_tok"], packed=True)  # fmt: skip
         batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
         found = {}
@@ -225,7 +231,7 @@ def fp8_error(name, sequences, args, device) -> dict[str, float]:
                 for done, reps in embedder.embed(batch, [sequences[i] for i in batch], []):
                     found.update((i, rep[layer]) for i, rep in zip(done, reps))
         outputs.append([found[i] for i in range(len(sequences))])
-        del embedder, model
+        del embedder
     want, got = outputs
 
     def cosines(a, b):  # row by row
@@ -269,7 +275,27 @@ def esmc_sides(name, sequences, args, device, folder):
         ("esmshard packed", args.precision, esmshard_side(packed_fast, sequences, packed)),
         ("esmshard packed compiled", args.precision, run_compiled),
     ]
-    return sides, {args.precision: layer}
+    compiled_layers = {args.precision: layer}
+    if args.fp8:
+        fresh = fresh_esmc(folder)
+        sides += fp8_sides(fresh, layers, sequences, packed, "ESM C", compiled_layers, device)
+    return sides, compiled_layers
+
+
+def fresh_esm2(name: str):
+    """A maker of (ESM-2 `name` with its seeded random weights in fp32, alphabet), each new."""
+
+    def fresh():
+        net = random_model(name).eval()
+        return net, net.alphabet
+
+    return fresh
+
+
+def fresh_esmc(folder: Path):
+    """A maker of (ESM C model in fp32, alphabet), each read anew from the folder that
+    `esmc_models` saved (the Embedder puts it on its device)."""
+    return lambda: load(parse_spec(str(folder)))
 
 
 def measure(name, arch, sides, layers_of, sequences, args, device, errors=None) -> None:
@@ -383,7 +409,7 @@ def main():
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
                         help=f"{BIG}'s shape too (default: on a GPU)")  # fmt: skip
     parser.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
-                        help="ESM-2 in fp8 too (default: where the device computes it)")  # fmt: skip
+                        help="ESM-2 and ESM C in fp8 too (default: where the device computes it)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--toks-per-batch", type=int, default=65536)
@@ -404,7 +430,10 @@ def main():
             sides, layers_of = esm2_sides(name, sequences, args, device)
             if args.profile and name == args.esm2[0]:  # compiled already: batches alone
                 profile(name, sides, device, args.profile)
-            errors = {"fp8": fp8_error(name, sequences, args, device)} if args.fp8 else {}
+            errors = {}
+            if args.fp8:
+                fresh = fresh_esm2(name)
+                errors["fp8"] = fp8_error(fresh, ESM2.archs[name].layers, sequences, args, device)
             measure(name, ESM2.archs[name], sides, layers_of, sequences, args, device, errors)
         for name in args.esmc if not skipped("ESM C's peers", "transformers") else []:
             chosen = records[: args.esmc_sequences]
@@ -412,7 +441,11 @@ def main():
             sides, layers_of = esmc_sides(name, sequences, args, device, Path(tmp) / name)
             arch = ESMC.archs[name]
             arch = arch._replace(layers=args.esmc_layers or arch.layers)
-            measure(name, arch, sides, layers_of, sequences, args, device)
+            errors = {}
+            if args.fp8:
+                fresh = fresh_esmc(Path(tmp) / name)
+                errors["fp8"] = fp8_error(fresh, arch.layers, sequences, args, device)
+            measure(name, arch, sides, layers_of, sequences, args, device, errors)
         if args.big if args.big is not None else device.type == "cuda":
             big([r.sequence[: ESM2.max_residues] for r in records], args, device)
 

@@ -152,11 +152,11 @@ def schema_problems(config: dict, schema: dict) -> dict[str, str]:
 
 def fp8_problems(config: dict, family) -> list[str]:
     """Why `precision: fp8` cannot run with these settings: its products are esmshard's own
-    forward pass's, of ESM-2's layers (ESM-1b/1v's too)."""
+    forward pass's, of ESM-2's, ESM-1b/1v's and ESM C's layers."""
     if not family.fp8:
         return [
             f"precision: fp8: {family.title} ({config['model']}) runs in fp32, bf16 or fp16 only "
-            "(FP8 products are ESM-2's and ESM-1b/1v's so far); use bf16"
+            "(FP8 products are ESM-2's, ESM-1b/1v's and ESM C's so far); use bf16"
         ]
     maps = [kind for kind in ("contacts", "attentions") if kind in config["include"]]
     if maps:

@@ -269,7 +269,7 @@ def embed(
     store: a folder that keeps what is computed, so that a later call (or run) reuses it; None
         computes everything and keeps nothing.
     precision: "auto" (bf16 on GPUs that have it, else fp32), "fp32", "bf16", "fp16" or "fp8"
-        (ESM-2's and ESM-1b/1v's dense products in FP8: docs/performance.md).
+        (ESM-2's, ESM-1b/1v's and ESM C's dense products in FP8: docs/performance.md).
     long_sequences: beyond truncation_seq_length: "truncate", "chunk", "skip" or "fail".
     score_windows: with "chunk", the windows of a longer protein's logits: "weighted"
         (esm-variants) or "overlapping" (ProteinGym).

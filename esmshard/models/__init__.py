@@ -59,6 +59,7 @@ ESMC = Family(
     max_residues=2048,
     contacts=False,
     scores=True,
+    fp8=True,
 )
 T5 = Family(
     name="t5",

@@ -106,6 +106,13 @@ class ESMC(FastForward):
                 block.attn_in.fuse()
                 block.ffn_in.fuse()
 
+    def dense_products(self) -> list[torch.nn.Linear]:
+        return [
+            linear
+            for block in self.layers
+            for linear in (*block.attn_in, block.out_proj, *block.ffn_in, block.down)
+        ]
+
     def residual(self, x, out, dense, linear):
         """x + linear(out) / residual_scale; one fused call where the scale is 1 (the 600M)."""
         if self.residual_scale == 1:

@@ -3,6 +3,8 @@
 import yaml
 from conftest import GENE_CALLER, REPO
 
+from esmshard.config import fp8_problems
+from esmshard.models import T5
 from esmshard.steps.checks import check_config, defaults
 
 SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
@@ -49,14 +51,16 @@ def test_a_model_that_cannot_be_had_leaves_the_other_keys_checked(tmp_path):
 
 
 def test_fp8_is_refused_where_its_products_are_not_the_ones_computed(tmp_path):
-    """precision: fp8 is ESM-2's and ESM-1b/1v's dense products, in esmshard's own forward pass:
-    another family, a map from fair-esm's forward pass or fast_path: false are one line each."""
-    assert checked(tmp_path, precision="fp8").problems == []
-    assert checked(tmp_path, precision="fp8", model="random:esm1b_t33_650M_UR50S").problems == []
-    (esmc,) = checked(tmp_path, precision="fp8", model="random:esmc_300m").problems
-    assert esmc == (
-        "precision: fp8: ESM C (random:esmc_300m) runs in fp32, bf16 or fp16 only (FP8 products "
-        "are ESM-2's and ESM-1b/1v's so far); use bf16"
+    """precision: fp8 is ESM-2's, ESM-1b/1v's and ESM C's dense products, in esmshard's own
+    forward pass: another family, a map from fair-esm's forward pass or fast_path: false are one
+    line each."""
+    for model in ("random:esm2_t6_8M_UR50D", "random:esm1b_t33_650M_UR50S", "random:esmc_300m"):
+        assert checked(tmp_path, precision="fp8", model=model).problems == []
+    # T5 and BERT encoders have no random:<name>: their check alone
+    (t5,) = fp8_problems({"model": "hf:Rostlab/prot_t5_xl_uniref50", "include": ["mean"]}, T5)
+    assert t5 == (
+        "precision: fp8: T5 encoder (hf:Rostlab/prot_t5_xl_uniref50) runs in fp32, bf16 or fp16 "
+        "only (FP8 products are ESM-2's, ESM-1b/1v's and ESM C's so far); use bf16"
     )
     (maps,) = checked(tmp_path, precision="fp8", include=["mean", "contacts"]).problems
     assert maps.startswith("precision: fp8 cannot compute include: contacts (those maps come")
