@@ -48,6 +48,18 @@ class Protein(NamedTuple):
     scores: dict[str, np.ndarray] = {}
     attentions: np.ndarray | None = None  # layers × heads × length × length (attention_layers)
 
+    def __repr__(self) -> str:
+        # what it holds, not its arrays: a notebook shows a protein of 1,000 residues in a line
+        held = [
+            f"{kind} (layers {', '.join(map(str, values))})" if len(values) > 1
+            else f"{kind} (layer {next(iter(values))})"
+            for kind, values in (("mean", self.mean), ("bos", self.bos), ("per_tok", self.per_tok))
+            if values
+        ]  # fmt: skip
+        held += [name for name, values in self.scores.items()]
+        held += [name for name in ("contacts", "attentions") if getattr(self, name) is not None]
+        return f"<Protein {self.id!r}, {self.length} residues: {', '.join(held) or 'nothing'}>"
+
 
 class Batch(NamedTuple):
     """Consecutive proteins `start` .. `start + len(ids)` in input order, one layer of one kind
@@ -171,6 +183,22 @@ class Embeddings:
             for name in MADE_BY
             if name in attrs
         }
+
+    def __repr__(self) -> str:
+        where = f" in {self.path}" if self.path else ""  # esmshard.embed's: in memory
+        if not self.h5:  # closed
+            return f"<Embeddings{where}, closed>"
+        held = [
+            f"{kind} (layers {', '.join(map(str, layers))})" if len(layers) > 1
+            else f"{kind} (layer {layers[0]})"
+            for kind, layers in self.layers.items()
+        ]  # fmt: skip
+        model = self.made_by.get("model")
+        failed = f"; {len(self.failed)} failed" if self.failed else ""
+        return (
+            f"<Embeddings of {len(self)} proteins{f' by {model}' if model else ''}: "
+            f"{', '.join(held + self.unlayered)}{failed}{where}>"
+        )
 
     def __enter__(self):
         return self

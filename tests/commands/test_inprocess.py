@@ -57,6 +57,7 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
     assert len(RECORDS[long_id]) > 1022
     got = esmshard.embed({long_id: RECORDS[long_id]}, MODEL, long_sequences="skip")
     assert len(got) == 0 and "1022" in got.failed[long_id]
+    assert repr(got) == f"<Embeddings of 0 proteins by {MODEL}: mean (layer 6); 1 failed>"
     truncated = esmshard.embed({long_id: RECORDS[long_id]}, MODEL, truncation_seq_length=100)
     assert truncated[long_id].length == 100
 

@@ -52,6 +52,22 @@ def test_a_protein_by_id_holds_every_kind_and_layer(outdir, stored):
             emb[lone]
 
 
+def test_what_a_notebook_shows_is_what_is_held_in_a_line(outdir):
+    """The file and a protein shown by what they hold, not by their arrays (a protein's repr
+    was every array of every layer)."""
+    with esmshard.open_embeddings(outdir) as emb:
+        assert repr(emb) == (
+            f"<Embeddings of 40 proteins by random:{TINY_MODEL}: mean (layers 3, 6), per_tok "
+            f"(layers 3, 6), bos (layers 3, 6) in {outdir / 'embeddings.h5'}>"
+        )
+        protein = emb[IDS[7]]
+        assert repr(protein) == (
+            f"<Protein {IDS[7]!r}, {protein.length} residues: mean (layers 3, 6), bos (layers 3, "
+            "6), per_tok (layers 3, 6)>"
+        )
+    assert repr(emb) == f"<Embeddings in {outdir / 'embeddings.h5'}, closed>"
+
+
 def test_a_layer_is_memory_mapped_and_named_as_in_fair_esm(outdir, stored):
     with esmshard.open_embeddings(outdir / "embeddings.h5") as emb:
         means = emb.array("mean")  # the highest layer
