@@ -22,7 +22,8 @@ PY ?= $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 WHEELHOUSE ?= wheelhouse
 HAVE ?=
 # `make gpu-check`: GPU_PYTHON is a Python with CUDA torch and the wheelhouse installed (default:
-# .venv's, with the gpu-check extra); the results go to GPU_CHECK_OUT.
+# .venv's, with the gpu-check extra); the results go to GPU_CHECK_OUT; ARGS="--stages ..." runs
+# some of its stages alone.
 GPU_PYTHON ?= $(BIN)/python
 GPU_CHECK_OUT ?= gpu-check
 BIN = $(VENV)/bin
@@ -87,7 +88,7 @@ wheelhouse: $(BIN)/snakemake
 	$(BIN)/python -m esmshard.commands.wheelhouse --python $(PY) --out $(WHEELHOUSE) $(if $(HAVE),--have $(HAVE))
 
 gpu-check: $(if $(filter $(BIN)/python,$(GPU_PYTHON)),$(VENV)/.gpu-check-tools)
-	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.commands.gpucheck --out $(GPU_CHECK_OUT)
+	PATH="$(abspath $(BIN)):$$PATH" $(GPU_PYTHON) -m esmshard.commands.gpucheck --out $(GPU_CHECK_OUT) $(ARGS)
 
 # The wheel that `pip install` takes on any machine (the workflow's files inside it).
 wheel: $(BIN)/snakemake

@@ -15,8 +15,10 @@ packed and packed compiled. `--fp8` (default: where the device computes it, Hopp
 CPUs) adds esmshard packed and packed compiled in fp8 for each ESM-2 and ESM C model, their rows carrying
 FP8's error against esmshard's fp32 on the same proteins and weights: the per-residue cosine at
 the 1st percentile and the least protein's mean cosine (`cosine_p1_vs_fp32`,
-`cosine_min_per_protein_vs_fp32`). `--big` (esm2_t36_3B's shape) adds esmshard packed for the largest
-ESM-2 on one device: tokens/s and peak memory. Every side reads the mean over each sequence's
+`cosine_min_per_protein_vs_fp32`). `--big` (default on a GPU) adds the largest models
+(`--big-models`: esm2_t36_3B, esm2_t48_15B and ESM C 6B, random weights made on the device, on
+every `--big-every`-th protein), esmshard packed and compiled in `--precision` and in fp8 where
+`--fp8`: tokens/s, peak memory and the seconds of building and compiling. Every side reads the mean over each sequence's
 residues back to the host; sides alternate, `--repeats` times.
 
 Prints one JSON line per side: tokens/s (BOS and EOS counted, padding not), the share of the
@@ -46,8 +48,13 @@ from esmshard.compute.precision import FP8_CAPABILITY, PRECISIONS
 from esmshard.input.fasta import read_fasta
 from esmshard.models import ESM2, ESMC, load, parse_spec
 from esmshard.models.esm2 import random_model
+from esmshard.models.esmc import ALPHABET as ESMC_ALPHABET
+from esmshard.models.esmc import ESMC as ESMCModule
+from esmshard.models.esmc import Shape, ffn_size
+from esmshard.models.weights import on_meta
 
-BIG = "esm2_t36_3B_UR50D"
+# The largest published shapes (`--big`): the ones no peer publishes an inference figure for.
+BIG = ("esm2_t36_3B_UR50D", "esm2_t48_15B_UR50D", "esmc_6b")
 
 
 def masked_means(hidden, toks, lengths):
@@ -111,6 +118,10 @@ def compiled_run(side, embedder, family, precision: str):
 def compiled_side(embedder, sequences, batches, family, precision):
     """`esmshard_side` through the compiled layer (`compiled_run`)."""
     return compiled_run(esmshard_side(embedder, sequences, batches), embedder, family, precision)
+
+
+def device_name(device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def timed(run, device) -> float:
@@ -329,7 +340,7 @@ def measure(name, arch, sides, layers_of, sequences, args, device, errors=None) 
             "layers": layers,
             "side": side,
             "precision": precision,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": device_name(device),
             "sequences": len(sequences),
             "tokens": tokens,
             "seconds": seconds,
@@ -377,25 +388,76 @@ def profile(name, sides, device, path: Path) -> None:
     path.write_text("\n\n".join(tables))
 
 
+def built_on(device, build):
+    """The module `build()` makes, its parameters given random values made on `device` in bf16
+    (weights N(0, 0.02), a norm's scale 1, biases 0): built on torch's meta device
+    (esmshard.models.weights.on_meta), so the 15B model's fp32 weights never take the host's 60
+    GB nor a minute of its random numbers. Buffers (rotary frequencies) are computed on the
+    CPU, then moved."""
+    with on_meta():
+        net = build()
+    for module in net.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            values = torch.empty(param.shape, device=device, dtype=torch.bfloat16)
+            if param.dim() > 1:
+                values.normal_(0, 0.02)
+            else:
+                values.fill_(1 if name == "weight" else 0)
+            setattr(module, name, torch.nn.Parameter(values, requires_grad=False))
+    return net.to(device).eval()
+
+
+def big_model(name: str, device, layers: int | None):
+    """(esmshard's model of the published shape `name`, its first `layers` layers (all by
+    default), random weights on `device` (`built_on`); its alphabet; its family's title)."""
+    if name in ESMC.archs:
+        arch = ESMC.archs[name]
+        arch = arch._replace(layers=layers or arch.layers)
+        return (
+            built_on(device, lambda: ESMCModule(Shape(arch, ffn_size(arch.dim)))),
+            ESMC_ALPHABET,
+            "ESM C",
+        )
+    from esm.model.esm2 import ESM2 as FairEsm2
+
+    arch = ESM2.archs[name]
+    net = built_on(device, lambda: FairEsm2(num_layers=layers or arch.layers, embed_dim=arch.dim,
+                                            attention_heads=arch.heads, alphabet="ESM-1b"))  # fmt: skip
+    return net, net.alphabet, "ESM-2"
+
+
 def big(sequences, args, device) -> None:
-    """esmshard packed for the largest ESM-2's shape: tokens/s and peak memory."""
-    net = random_model(BIG).eval()
-    embedder = Embedder(
-        net, net.alphabet, [net.num_layers], device, PRECISIONS[args.precision],
-        kinds=["mean"], packed=True,
-    )  # fmt: skip
+    """The largest models (`--big-models`), esmshard packed and compiled as `compile: auto`
+    runs a cluster's shard, in `--precision` and in fp8 where `--fp8`: a JSON line each with
+    tokens/s, the device's peak memory, the seconds of building the model on the device (random
+    weights: not a checkpoint's loading) and of compiling its layer. One precision's model at a
+    time on the device."""
     batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    seconds = timed(esmshard_side(embedder, sequences, batches), device)
     tokens = sum(len(s) + 2 for s in sequences)
-    print(json.dumps({
-        "model": BIG, "side": "esmshard packed", "precision": args.precision,
-        "sequences": len(sequences), "tokens": tokens, "seconds": seconds,
-        "tokens_per_s": tokens / seconds,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device)
-        if device.type == "cuda" else None,
-    }), flush=True)  # fmt: skip
+    for name in args.big_models:
+        for precision in [args.precision] + ["fp8"] * args.fp8:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            started = time.perf_counter()
+            net, alphabet, family = big_model(name, device, args.big_layers)
+            embedder = Embedder(net, alphabet, [net.num_layers], device, PRECISIONS[precision],
+                                kinds=["mean"], packed=True)  # fmt: skip
+            built = time.perf_counter() - started
+            run, layer = compiled_side(embedder, sequences, batches, family, precision)
+            seconds = timed(run, device)
+            layer.finish()
+            print(json.dumps({
+                "model": name, "layers": net.num_layers, "side": "esmshard packed compiled",
+                "precision": precision, "device": device_name(device),
+                "sequences": len(sequences), "tokens": tokens,
+                "seconds": seconds, "tokens_per_s": tokens / seconds,
+                "peak_memory_bytes": torch.cuda.max_memory_allocated(device)
+                if device.type == "cuda" else None,
+                "build_seconds": built, "compile_seconds": layer.seconds,
+                "compiled_graphs": layer.graphs,
+            }), flush=True)  # fmt: skip
+            del embedder, net, run, layer
 
 
 def main():
@@ -407,7 +469,11 @@ def main():
     parser.add_argument("--esmc-sequences", type=int, help="ESM C: the first N records only")
     parser.add_argument("--esmc-layers", type=int, help="ESM C: the first N layers only")
     parser.add_argument("--big", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"{BIG}'s shape too (default: on a GPU)")  # fmt: skip
+                        help="the largest models too (default: on a GPU)")  # fmt: skip
+    parser.add_argument("--big-models", nargs="*", default=list(BIG))
+    parser.add_argument("--big-layers", type=int, help="the largest models' first N layers only")
+    parser.add_argument("--big-every", type=int, default=4,
+                        help="the largest models on every N-th of the proteins")  # fmt: skip
     parser.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
                         help="ESM-2 and ESM C in fp8 too (default: where the device computes it)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -447,7 +513,8 @@ def main():
                 errors["fp8"] = fp8_error(fresh, arch.layers, sequences, args, device)
             measure(name, arch, sides, layers_of, sequences, args, device, errors)
         if args.big if args.big is not None else device.type == "cuda":
-            big([r.sequence[: ESM2.max_residues] for r in records], args, device)
+            chosen = records[:: args.big_every]
+            big([r.sequence[: ESM2.max_residues] for r in chosen], args, device)
 
 
 if __name__ == "__main__":

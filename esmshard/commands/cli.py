@@ -245,6 +245,11 @@ def main(argv=None):
     gpu_check.add_argument(
         "--out", type=Path, default=Path("gpu-check"), help="where gpu-check.json and .md go"
     )
+    gpu_check.add_argument(
+        "--stages", nargs="+", metavar="STAGE",
+        help="these stages only (default: all; python -m esmshard.commands.gpucheck --help "
+        "lists them)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if passed_on and args.command != "run":
         parser.error("options after `--` go with `esmshard run` only")
@@ -287,7 +292,8 @@ def main(argv=None):
     if args.command == "gpu-check":
         from .gpucheck import main as gpu_check_main
 
-        return gpu_check_main(["--out", str(args.out)])
+        stages = ["--stages", *args.stages] if args.stages else []
+        return gpu_check_main(["--out", str(args.out), *stages])
     if args.command == "store":
         if (args.keep or args.apply) and not args.prune:
             parser.error("--keep and --apply go with --prune")

@@ -50,7 +50,10 @@ GPU_PLAN = {
     "every": 1,
     "bench_every": 4,
     "toks_per_batch": 65536,
-    "peers": ["--repeats", "2"],
+    "peers": ["--repeats", "2", "--no-big"],
+    # the largest models (benchmarks/peers.py --big) on every 16th protein: a stage of its own,
+    # last, so that a check cut short at a lent GPU's limit has everything else
+    "largest": ["--esm2", "--esmc", "--big", "--big-every", "4"],
     # the whole model's masked marginals of every 400th protein up to 400 residues (11 proteins,
     # 723k forward tokens: about 2,600 of predict.py's passes)
     "masked": ["--device", "cuda", "--precision", "bf16", "--layers", "33", "--every", "400"]
@@ -70,6 +73,9 @@ CPU_PLAN = {
     # all 30 (10 s of the 33 on 2 cores)
     "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
     + ["--esmc-layers", "2", "--no-big", "--repeats", "1", "--threads", "2", "--every", "400"],
+    # the largest models' code on small stand-ins: their first layer
+    "largest": ["--esm2", "--esmc", "--big", "--big-models", "esm2_t6_8M_UR50D", "esmc_300m"]
+    + ["--big-layers", "1", "--big-every", "1", "--threads", "2", "--every", "400"],
     "masked": ["--model", "esm2_t6_8M_UR50D", "--layers", "1", "--every", "2000", "--longest"]
     + ["200", "--repeats", "1", "--threads", "2"],
     "families": GPU_PLAN["families"],
@@ -240,15 +246,15 @@ def throughput_args(plan: dict, gpu: bool, transformers: bool = True) -> list[st
     return args + (["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"])
 
 
-def run_benchmark(out: Path, script: str, args: list[str], plan: dict) -> dict:
+def run_benchmark(out: Path, script: str, args: list[str], plan: dict, log: str = "") -> dict:
     """`python benchmarks/<script>.py` on the plan's proteins and budget (`args` may set other
-    ones: they come last); its JSON lines."""
+    ones: they come last); its JSON lines. Its output goes to `<log or script>.log`."""
     cmd = [sys.executable, str(REPO / "benchmarks" / f"{script}.py")]
     cmd += ["--every", str(plan["bench_every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
     cmd += args
     started = time.time()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    (out / f"{script}.log").write_text(done.stdout + done.stderr)
+    (out / f"{log or script}.log").write_text(done.stdout + done.stderr)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     return {
         "command": "python " + " ".join(cmd[1:]).replace(f"{REPO}/", ""),
@@ -314,6 +320,8 @@ def markdown(result: dict) -> str:
     ]
     if not env["gpu"]:
         lines += ["**No GPU was found**: the plumbing ran on the CPU with a small model.", ""]
+    if result["stages"] != list(STAGES):
+        lines += [f"Stages: {', '.join(result['stages'])} (of {', '.join(STAGES)}).", ""]
     lines += [f"- {line}" for line in result["skipped"]] + [""] * bool(result["skipped"])
     tests = result["tests"]
     if tests is not None:
@@ -335,6 +343,8 @@ def markdown(result: dict) -> str:
         lines += peers_lines(result["peers"])
     if result["throughput"] is not None:
         lines += throughput_lines(result["throughput"])
+    if result["largest"] is not None:
+        lines += largest_lines(result["largest"])
     verdict = "pass" if result["ok"] else "FAIL"
     if not result["finished"]:
         return "\n".join(lines + ["", unfinished(result)]) + "\n"
@@ -406,12 +416,6 @@ def peers_lines(peers: dict) -> list[str]:
             f"{r['share_of_peak']:.1%} | {r['speedup_vs_baseline']:.2f}× | {r['baseline']} |"
             for r in rows
         ]
-    lines += [
-        f"\n{r['model']}, {r['side']} ({r['precision']}): {r['tokens_per_s']:,.0f} tokens/s, "
-        f"peak memory {(r['peak_memory_bytes'] or 0) / 2**30:.1f} GiB."
-        for r in peers["rows"]
-        if "peak_memory_bytes" in r
-    ]
     lines += fp8_lines(rows)
     profiled = [r for r in peers["rows"] if "profiled_seconds" in r]
     if profiled:
@@ -428,6 +432,39 @@ def peers_lines(peers: dict) -> list[str]:
     if peers["error"]:
         lines += ["The benchmark failed:", "```", peers["error"], "```"]
     return lines
+
+
+# The largest models' goals in bf16 on an H200, tokens/s; 0.9 of them on an H100
+BIG_GOALS = {"esm2_t36_3B_UR50D": 90_000, "esm2_t48_15B_UR50D": 17_000, "esmc_6b": 40_000}
+BIG_GOAL_SHARES = {"H200": 1.0, "H100": 0.9}
+
+
+def largest_lines(bench: dict) -> list[str]:
+    lines = ["", "## The largest models", f"`{bench['command']}`", ""]
+    lines += [big_line(r) for r in bench["rows"] if "build_seconds" in r]
+    if bench["error"]:
+        lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    return lines
+
+
+def big_line(row: dict) -> str:
+    """A largest model's row (benchmarks/peers.py --big): its speed against its goal on the GPUs
+    that have one, its peak memory, and its build's and compile's seconds."""
+    goal = ""
+    for kind, share in BIG_GOAL_SHARES.items():
+        if kind in row["device"] and row["precision"] == "bf16" and row["model"] in BIG_GOALS:
+            goal = f" (goal on an {kind}: {BIG_GOALS[row['model']] * share:,.0f})"
+    memory = (
+        f", peak memory {row['peak_memory_bytes'] / 2**30:.1f} GiB"
+        if row["peak_memory_bytes"] is not None
+        else ""
+    )
+    return (
+        f"\n{row['model']} ({row['layers']} layer{'s' * (row['layers'] != 1)}), {row['side']} "
+        f"({row['precision']}): "
+        f"{row['tokens_per_s']:,.0f} tokens/s{goal}{memory}; built with random weights on the "
+        f"device in {row['build_seconds']:.1f} s, compiled in {row['compile_seconds']:.1f} s."
+    )
 
 
 # FP8's goals (`precision: fp8`): its error against fp32, and its speed against bf16's
@@ -497,7 +534,13 @@ def whole_run(result: dict, out: Path, plan: dict, model: str, stage) -> None:
     stage("workflows", {**result["workflows"], model: run})
 
 
-def check(out: Path) -> dict:
+# The check's stages in the order it runs them, most telling first, so that a check cut short
+# (a lent GPU's time limit) still has the figures that matter most; `--stages` runs some alone.
+STAGES = ("tests", "whole-run", "masked-marginals", "peers", "throughput", "esmc-whole-run",
+          "largest")  # fmt: skip
+
+
+def check(out: Path, stages=STAGES) -> dict:
     out = out.resolve()  # the workflow runs with `-d`: a relative path would move with it
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -508,12 +551,14 @@ def check(out: Path) -> dict:
         "date": time.strftime("%Y-%m-%d"),
         "environment": env,
         "plan": plan,
+        "stages": list(stages),
         "skipped": list(missing.values()),
         "tests": None,
         "workflows": {},
         "throughput": None,
         "peers": None,
         "masked_marginals": None,
+        "largest": None,
         "finished": False,
         "ok": False,
         "seconds": 0.0,
@@ -529,28 +574,31 @@ def check(out: Path) -> dict:
     print(f"gpu-check: {env['device']}" + ("" if env["gpu"] else ": no GPU found, CPU plumbing"))
     for line in missing.values():
         print(f"gpu-check: {line}")
-    if "pytest" not in missing:
+    if "tests" in stages and "pytest" not in missing:
         print("gpu-check: the GPU tests ...", flush=True)
         stage("tests", run_tests(out))
-    # Most telling first, so that a check cut short still has the figures that matter most.
-    whole_run(result, out, plan, plan["model"], stage)
-    print("gpu-check: masked marginals against predict.py's loop ...", flush=True)
-    stage("masked_marginals", run_benchmark(out, "masked_marginals", plan["masked"], plan))
-    print("gpu-check: every peer beside esmshard ...", flush=True)
-    args = plan["peers"] + ["--profile", str(out / "profile.txt")]
-    stage("peers", run_benchmark(out, "peers", args, plan))
-    print("gpu-check: the throughput benchmark ...", flush=True)
-    args = throughput_args(plan, env["gpu"], "transformers" not in missing)
-    stage("throughput", run_benchmark(out, "throughput", args, plan))
-    if plan["esmc_model"]:
+    if "whole-run" in stages:
+        whole_run(result, out, plan, plan["model"], stage)
+    if "masked-marginals" in stages:
+        print("gpu-check: masked marginals against predict.py's loop ...", flush=True)
+        stage("masked_marginals", run_benchmark(out, "masked_marginals", plan["masked"], plan))
+    if "peers" in stages:
+        print("gpu-check: every peer beside esmshard ...", flush=True)
+        args = plan["peers"] + ["--profile", str(out / "profile.txt")]
+        stage("peers", run_benchmark(out, "peers", args, plan))
+    if "throughput" in stages:
+        print("gpu-check: the throughput benchmark ...", flush=True)
+        args = throughput_args(plan, env["gpu"], "transformers" not in missing)
+        stage("throughput", run_benchmark(out, "throughput", args, plan))
+    if "esmc-whole-run" in stages and plan["esmc_model"]:
         whole_run(result, out, plan, plan["esmc_model"], stage)
+    if "largest" in stages:
+        print("gpu-check: the largest models ...", flush=True)
+        stage("largest", run_benchmark(out, "peers", plan["largest"], plan, "largest"))
     result["finished"] = True
-    result["ok"] = (
-        (result["tests"] is None or result["tests"]["ok"])
-        and all(run["ok"] for run in result["workflows"].values())
-        and result["throughput"]["ok"]
-        and result["peers"]["ok"]
-        and result["masked_marginals"]["ok"]
+    benchmarks = ("tests", "throughput", "peers", "masked_marginals", "largest")
+    result["ok"] = all(run["ok"] for run in result["workflows"].values()) and all(
+        result[key]["ok"] for key in benchmarks if result[key] is not None
     )
     stage("ok", result["ok"])
     return result
@@ -561,11 +609,15 @@ def main(argv=None) -> int:
         prog="esmshard gpu-check", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, default=Path("gpu-check"))
+    parser.add_argument(
+        "--stages", nargs="+", choices=STAGES, default=list(STAGES), metavar="STAGE",
+        help=f"these stages only, in the check's order (default: all: {' '.join(STAGES)})",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     problem = unwritable(args.out)  # a file there too: it cannot hold a folder's files
     if problem:
         parser.exit(2, f"esmshard gpu-check: --out {args.out}: {problem}\n")
-    result = check(args.out)
+    result = check(args.out, args.stages)
     print((args.out / "gpu-check.md").read_text())
     return 0 if result["ok"] else 1
 

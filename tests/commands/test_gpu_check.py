@@ -77,6 +77,12 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
         fp8 = peers[model, "esmshard packed compiled", "fp8"]
         assert 0.99 < fp8["cosine_min_per_protein_vs_fp32"] < 1
         assert 0.99 < fp8["cosine_p1_vs_fp32"] < 1
+    # the largest models' code on their stand-ins (the 3B, 15B and ESM C 6B on a GPU), last
+    assert result["stages"][-1] == "largest" and result["largest"]["ok"]
+    big = {(r["model"], r["precision"]): r for r in result["largest"]["rows"]}
+    assert set(big) == {(m, p) for m in ("esm2_t6_8M_UR50D", "esmc_300m") for p in ("bf16", "fp8")}
+    assert all(r["layers"] == 1 and r["tokens_per_s"] > 0 for r in big.values())
+    assert all(r["compiled_graphs"] >= 1 and r["build_seconds"] > 0 for r in big.values())
     masked = {r["side"]: r for r in result["masked_marginals"]["rows"] if "tokens_per_s" in r}
     assert set(masked) == {"predict.py loop", "esmshard padded", "esmshard packed"}  # no CUDA
     assert all(r["masked_tokens"] > 0 and r["tokens_per_s"] > 0 for r in masked.values())
@@ -86,6 +92,12 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
     assert "**No GPU was found**" in page and "Verdict: **pass**" in page
     assert "## Masked marginals" in page and "| esmshard packed | fp32 |" in page
     assert "## Peers side by side" in page and "transformers EsmcModel (SDPA)" in page
+    largest = page[page.index("## The largest models") :]
+    assert (
+        "esmc_300m (1 layer), esmshard packed compiled (bf16): " in largest
+        and "tokens/s; built with random weights on the device in " in largest
+    )
+    assert "Stages:" not in page  # all of them
     said = [line for line in page.splitlines() if " in fp8 against fp32: " in line]
     assert [line.split(" in fp8")[0] for line in said] == ["esm2_t6_8M_UR50D", "esmc_300m"]
     for line in said:
@@ -133,8 +145,9 @@ def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_p
     env = {**gpucheck.environment(), "gpu": False}
     tests = {"passed": 7, "failed": 0, "skipped": 0, "failures": [], "ok": True, "seconds": 25}
     result = {
-        "date": "2026-11-26", "environment": env, "plan": gpucheck.CPU_PLAN, "skipped": [],
-        "tests": tests, "workflows": {}, "throughput": None, "peers": None, "masked_marginals": None,
+        "date": "2026-11-26", "environment": env, "plan": gpucheck.CPU_PLAN,
+        "stages": list(gpucheck.STAGES), "skipped": [], "tests": tests, "workflows": {},
+        "throughput": None, "peers": None, "masked_marginals": None, "largest": None,
         "finished": False, "ok": False, "seconds": 25.0,
     }  # fmt: skip
     gpucheck.record(tmp_path, result, tmp_path / "results")
@@ -207,3 +220,37 @@ def test_the_gpu_plans_whole_run_is_set_against_its_goal_on_the_gpus_that_have_o
     assert "\nWith loading on an H200: 112,346 tokens/s (goal 150,000).\n\n- [x] esmshard" in page
     cpu = {**run, "devices": ["cpu"]}  # the CPU plan's small model has no goal
     assert "goal" not in "\n".join(gpucheck.whole_run_lines(gpucheck.CPU_PLAN["model"], cpu))
+
+
+def test_the_largest_models_are_set_against_their_goals_on_the_gpus_that_have_one():
+    row = {
+        "model": "esm2_t48_15B_UR50D", "layers": 48, "side": "esmshard packed compiled",
+        "precision": "bf16", "device": "NVIDIA H200", "tokens_per_s": 18_123.4,
+        "peak_memory_bytes": 35.25 * 2**30, "build_seconds": 1.23, "compile_seconds": 14.04,
+    }  # fmt: skip
+    assert gpucheck.big_line(row) == (
+        "\nesm2_t48_15B_UR50D (48 layers), esmshard packed compiled (bf16): 18,123 tokens/s "
+        "(goal on an H200: 17,000), peak memory 35.2 GiB; built with random weights on the "
+        "device in 1.2 s, compiled in 14.0 s."
+    )
+    h100 = gpucheck.big_line({**row, "device": "NVIDIA H100 80GB HBM3"})
+    assert "(goal on an H100: 15,300)" in h100
+    for other in ({"precision": "fp8"}, {"device": "NVIDIA A100-SXM4-80GB"}):
+        assert "goal" not in gpucheck.big_line({**row, **other})
+
+
+def test_stages_run_alone_say_so_and_leave_the_others_out(tmp_path):
+    """`esmshard gpu-check --stages ...` (a lent GPU's time limit: the largest models in a second
+    call): only those run, and the page says which. On a CPU ESM C's whole run is the GPU plan's:
+    nothing to run, quickly."""
+    out = tmp_path / "check"
+    done = subprocess.run(["esmshard", "gpu-check", "--out", str(out), "--stages",
+                           "esmc-whole-run"], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads((out / "gpu-check.json").read_text())
+    assert result["stages"] == ["esmc-whole-run"] and result["ok"] and result["finished"]
+    assert result["tests"] is result["peers"] is result["largest"] is None
+    assert result["workflows"] == {}
+    page = (out / "gpu-check.md").read_text()
+    assert "Stages: esmc-whole-run (of tests, whole-run, masked-marginals, peers," in page
+    assert "Verdict: **pass**" in page
