@@ -458,6 +458,7 @@ def big(sequences, args, device) -> None:
                 "compiled_graphs": layer.graphs,
             }), flush=True)  # fmt: skip
             del embedder, net, run, layer
+            torch._dynamo.reset()  # its compiled graphs hold the model's weights on the device
 
 
 def main():
