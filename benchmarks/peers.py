@@ -12,14 +12,14 @@ repetitions: its seconds are reported apart). The padded sides all take esmshard
 batches for `--toks-per-batch` tokens; the packed sides its packed batches for the same budget.
 ESM C (`--esmc`): transformers' `EsmcModel` in bf16 on the padded batches, beside esmshard
 packed and packed compiled. `--fp8` (default: where the device computes it, Hopper GPUs and
-CPUs) adds esmshard packed and packed compiled in fp8 for each ESM-2 and ESM C model, their rows carrying
-FP8's error against esmshard's fp32 on the same proteins and weights: the per-residue cosine at
-the 1st percentile and the least protein's mean cosine (`cosine_p1_vs_fp32`,
+CPUs) adds esmshard packed and packed compiled in fp8 for each ESM-2 and ESM C model, their rows
+carrying FP8's error against esmshard's fp32 on the same proteins and weights: the per-residue
+cosine at the 1st percentile and the least protein's mean cosine (`cosine_p1_vs_fp32`,
 `cosine_min_per_protein_vs_fp32`). `--big` (default on a GPU) adds the largest models
 (`--big-models`: esm2_t36_3B, esm2_t48_15B and ESM C 6B, random weights made on the device, on
 every `--big-every`-th protein), esmshard packed and compiled in `--precision` and in fp8 where
-`--fp8`: tokens/s, peak memory and the seconds of building and compiling. Every side reads the mean over each sequence's
-residues back to the host; sides alternate, `--repeats` times.
+`--fp8`: tokens/s, peak memory and the seconds of building and compiling. Every side reads the
+mean over each sequence's residues back to the host; sides alternate, `--repeats` times.
 
 Prints one JSON line per side: tokens/s (BOS and EOS counted, padding not), the share of the
 device's measured matrix-product peak in the side's precision, and the speed-up over the
@@ -30,6 +30,7 @@ one run each: the busiest operations and the device's busy share of the wall tim
 """
 
 import argparse
+import copy
 import importlib.util
 import json
 import statistics
@@ -203,9 +204,8 @@ def esm2_sides(name, sequences, args, device):
     ]
     compiled_layers = {args.precision: layer}
     if args.fp8:
-        sides += fp8_sides(
-            fresh_esm2(name), layers, sequences, packed, "ESM-2", compiled_layers, device
-        )
+        fresh = lambda: (copy.deepcopy(fp32), net.alphabet)  # noqa: E731 (on the device already)
+        sides += fp8_sides(fresh, layers, sequences, packed, "ESM-2", compiled_layers, device)
     return sides, compiled_layers
 
 
@@ -294,13 +294,10 @@ def esmc_sides(name, sequences, args, device, folder):
 
 
 def fresh_esm2(name: str):
-    """A maker of (ESM-2 `name` with its seeded random weights in fp32, alphabet), each new."""
-
-    def fresh():
-        net = random_model(name).eval()
-        return net, net.alphabet
-
-    return fresh
+    """A maker of (ESM-2 `name` with its seeded random weights in fp32, alphabet): copies of one
+    model (making the random weights again would take the CPU seconds for a 650M model)."""
+    net = random_model(name).eval()
+    return lambda: (copy.deepcopy(net), net.alphabet)
 
 
 def fresh_esmc(folder: Path):
