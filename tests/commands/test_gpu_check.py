@@ -80,7 +80,7 @@ def test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no_gpu_was_found(tmp_path
     # the largest models' code on their stand-ins (the 3B, 15B and ESM C 6B on a GPU), last
     assert result["stages"][-1] == "largest" and result["largest"]["ok"]
     big = {(r["model"], r["precision"]): r for r in result["largest"]["rows"]}
-    assert set(big) == {(m, p) for m in ("esm2_t6_8M_UR50D", "esmc_300m") for p in ("bf16", "fp8")}
+    assert set(big) == {("esm2_t6_8M_UR50D", "bf16"), ("esmc_300m", "bf16")}
     assert all(r["layers"] == 1 and r["tokens_per_s"] > 0 for r in big.values())
     assert all(r["compiled_graphs"] >= 1 and r["build_seconds"] > 0 for r in big.values())
     masked = {r["side"]: r for r in result["masked_marginals"]["rows"] if "tokens_per_s" in r}
