@@ -60,78 +60,61 @@ def small_model(family: str, folder):
     return ProtBert(shape, residues.padding_idx), residues
 
 
-DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-        ],
-    ),
-]
+def cpu_and_cuda(fp8: bool) -> list:
+    """The CPU, and a CUDA GPU where there is one (a Hopper GPU for `fp8`)."""
+    if fp8:
+        missing = (
+            not torch.cuda.is_available() or torch.cuda.get_device_capability() < FP8_CAPABILITY
+        )
+        why = "needs a GPU that computes FP8 products (Hopper)"
+    else:
+        missing, why = not torch.cuda.is_available(), "needs a CUDA GPU"
+    gpu = [pytest.mark.gpu, pytest.mark.skipif(missing, reason=why)]
+    return [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=gpu)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+def against_fp32(tmp_path, family: str, device: str, precision: str):
+    """A small model of `family` through the Embedder in `precision` on `device`, and each
+    sequence's per-residue error relative to the same model's fp32 forward pass on the CPU: (the
+    Embedder, the errors)."""
+    model, alphabet = small_model(family, tmp_path)
+    model.eval()
+    layer = ARCH.layers if family != "esm2" else 6
+    fp32 = Embedder(copy.deepcopy(model), alphabet, [layer], torch.device("cpu"),
+                    PRECISIONS["fp32"], kinds=("per_tok",))  # fmt: skip
+    tested = Embedder(model, alphabet, [layer], torch.device(device), PRECISIONS[precision],
+                      kinds=("per_tok",))  # fmt: skip
+    errors = []
+    for want, got in zip(fp32.forward(SEQUENCES), tested.forward(SEQUENCES)):
+        expected, computed = want[layer].per_tok, got[layer].per_tok
+        errors.append(np.abs(computed - expected).mean() / np.abs(expected).mean())
+    return tested, errors
+
+
+@pytest.mark.parametrize("device", cpu_and_cuda(fp8=False))
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_every_family_in_bf16_is_its_fp32_forward_pass_within_bf16s_error(
     tmp_path, family, device
 ):
-    model, alphabet = small_model(family, tmp_path)
-    model.eval()
-    layers = [ARCH.layers] if family != "esm2" else [6]
-    fp32 = Embedder(copy.deepcopy(model), alphabet, layers, torch.device("cpu"),
-                    PRECISIONS["fp32"], kinds=("per_tok",))  # fmt: skip
-    bf16 = Embedder(model, alphabet, layers, torch.device(device), PRECISIONS["bf16"],
-                    kinds=("per_tok",))  # fmt: skip
+    bf16, errors = against_fp32(tmp_path, family, device, "bf16")
     if device == "cuda" and bf16.fast:  # the dense layers' weights are autocast's dtype there
         dense = [m for m in bf16.net.modules() if isinstance(m, torch.nn.Linear)]
         assert {m.weight.dtype for m in dense} == {torch.bfloat16}
-    want, got = fp32.forward(SEQUENCES), bf16.forward(SEQUENCES)
-    for row in range(len(SEQUENCES)):
-        expected, computed = want[row][layers[0]].per_tok, got[row][layers[0]].per_tok
+    for row, error in enumerate(errors):
         # bf16 keeps 8 bits of mantissa: an error of about 1e-2 of the values
-        error = np.abs(computed - expected).mean() / np.abs(expected).mean()
         assert 0 < error < 0.03, (family, row, error)  # computed in bf16, and near fp32
 
 
-FP8_DEVICES = [
-    pytest.param("cpu", id="cpu"),
-    pytest.param(
-        "cuda",
-        id="cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(
-                not torch.cuda.is_available()
-                or torch.cuda.get_device_capability() < FP8_CAPABILITY,
-                reason="needs a GPU that computes FP8 products (Hopper)",
-            ),
-        ],
-    ),
-]
-
-
-@pytest.mark.parametrize("device", FP8_DEVICES)
+@pytest.mark.parametrize("device", cpu_and_cuda(fp8=True))
 @pytest.mark.parametrize("family", [name for name, f in FAMILIES.items() if f.fp8])
 def test_every_family_with_fp8_products_is_its_fp32_forward_pass_within_fp8s_error(
     tmp_path, family, device
 ):
     """precision: fp8, each family that offers it: every dense product of its layers in FP8
     (on a GPU after ESM C's products are fused), the rest in bf16, near its fp32 forward pass."""
-    model, alphabet = small_model(family, tmp_path)
-    model.eval()
-    layers = [ARCH.layers] if family != "esm2" else [6]
-    fp32 = Embedder(copy.deepcopy(model), alphabet, layers, torch.device("cpu"),
-                    PRECISIONS["fp32"], kinds=("per_tok",))  # fmt: skip
-    fp8 = Embedder(model, alphabet, layers, torch.device(device), PRECISIONS["fp8"],
-                   kinds=("per_tok",))  # fmt: skip
+    fp8, errors = against_fp32(tmp_path, family, device, "fp8")
     products = fp8.net.dense_products()
     assert products and all(linear.weight.dtype == FP8 for linear in products)
-    want, got = fp32.forward(SEQUENCES), fp8.forward(SEQUENCES)
-    for row in range(len(SEQUENCES)):
-        expected, computed = want[row][layers[0]].per_tok, got[row][layers[0]].per_tok
-        error = np.abs(computed - expected).mean() / np.abs(expected).mean()
+    for row, error in enumerate(errors):
         # FP8 (e4m3) keeps 3 bits of mantissa: measured 2-5% of the values on the CPU
         assert 0 < error < 0.08, (family, row, error)
