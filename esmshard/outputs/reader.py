@@ -50,15 +50,16 @@ class Protein(NamedTuple):
 
     def __repr__(self) -> str:
         # what it holds, not its arrays: a notebook shows a protein of 1,000 residues in a line
-        held = [
-            f"{kind} (layers {', '.join(map(str, values))})" if len(values) > 1
-            else f"{kind} (layer {next(iter(values))})"
-            for kind, values in (("mean", self.mean), ("bos", self.bos), ("per_tok", self.per_tok))
-            if values
-        ]  # fmt: skip
-        held += [name for name, values in self.scores.items()]
+        layered = (("mean", self.mean), ("bos", self.bos), ("per_tok", self.per_tok))
+        held = [at_layers(kind, sorted(values)) for kind, values in layered if values]
+        held += list(self.scores)
         held += [name for name in ("contacts", "attentions") if getattr(self, name) is not None]
         return f"<Protein {self.id!r}, {self.length} residues: {', '.join(held) or 'nothing'}>"
+
+
+def at_layers(kind: str, layers: list[int]) -> str:
+    """`mean (layer 33)`, `per_tok (layers 3, 6)`: a kind and its layers, as the reprs say them."""
+    return f"{kind} (layer{'s' * (len(layers) > 1)} {', '.join(map(str, layers))})"
 
 
 class Batch(NamedTuple):
@@ -188,11 +189,7 @@ class Embeddings:
         where = f" in {self.path}" if self.path else ""  # esmshard.embed's: in memory
         if not self.h5:  # closed
             return f"<Embeddings{where}, closed>"
-        held = [
-            f"{kind} (layers {', '.join(map(str, layers))})" if len(layers) > 1
-            else f"{kind} (layer {layers[0]})"
-            for kind, layers in self.layers.items()
-        ]  # fmt: skip
+        held = [at_layers(kind, layers) for kind, layers in self.layers.items()]
         model = self.made_by.get("model")
         failed = f"; {len(self.failed)} failed" if self.failed else ""
         return (
