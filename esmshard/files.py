@@ -37,6 +37,12 @@ def human_bytes(n: float) -> str:
         n /= 1000
 
 
+def user_cache() -> Path:
+    """This user's esmshard cache folder: under $XDG_CACHE_HOME where it is set (clusters point
+    it at scratch space), else ~/.cache, as pip and torch's hub place theirs."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "esmshard"
+
+
 def nearest_existing(path) -> Path:
     """`path` if it exists, else its nearest parent that does (where it would be made)."""
     path = Path(path).absolute()

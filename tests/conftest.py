@@ -44,6 +44,14 @@ NUCLEOTIDE = DATA / "yersinia_pestis_pMT1_NC_005816_genes.ffn"
 SUBSETS = Path(tempfile.mkdtemp(prefix="esmshard-test-data-"))
 atexit.register(shutil.rmtree, SUBSETS, ignore_errors=True)
 
+# esmshard's cache (weights found to fit, checksums of read-only outdirs) in a folder of the
+# suite's, for every process it starts: a developer's ~/.cache gains nothing. pip's and
+# matplotlib's caches stay where they were (warm, they keep the install tests and plots fast).
+_USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+os.environ.setdefault("PIP_CACHE_DIR", str(_USER_CACHE / "pip"))
+os.environ.setdefault("MPLCONFIGDIR", str(_USER_CACHE / "matplotlib"))
+os.environ["XDG_CACHE_HOME"] = str(SUBSETS / "cache")
+
 
 # The test files with single tests of a minute or more, handed out to the workers first (xdist
 # hands the files out in collection order): none of them starts last beside idle workers.

@@ -19,7 +19,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ..files import DamagedFileError
+from ..files import DamagedFileError, user_cache
 from ..layout import Layout
 from .representations import kind_of, narrowed
 
@@ -124,7 +124,7 @@ def checksum_cache(embeddings: Path | None) -> Path:
     cache = Path(Layout(str(folder)).checksums)
     if os.access(cache.parent if cache.parent.is_dir() else folder, os.W_OK):
         return cache
-    return Path.home() / ".cache" / "esmshard" / "checksums.json"
+    return user_cache() / "checksums.json"
 
 
 def per_residue(name: str) -> bool:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from ..embeddings_h5 import attentions, scores
 from ..embeddings_h5.representations import absolute_layers
+from ..files import user_cache
 from ..version import __version__
 from . import archs, bert_files, esm2_files, esm2_hf, esmc_weights, t5_files, t5_tokenizer
 from .spec import Arch, Family, ModelError, ModelSpec, shape_named
@@ -302,7 +303,7 @@ def checked_marker(spec: ModelSpec) -> Path:
         (str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()
     ]
     key = hashlib.sha256(repr((__version__, spec.family.name, seen)).encode()).hexdigest()
-    return Path.home() / ".cache" / "esmshard" / "weights-fit" / key[:32]
+    return user_cache() / "weights-fit" / key[:32]
 
 
 def contact_problems(spec: ModelSpec) -> list[str]:

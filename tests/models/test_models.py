@@ -115,6 +115,24 @@ def test_local_weights_are_named_by_content_so_a_copy_is_the_same_weights(tmp_pa
     assert models.parse_spec(f"random:{TINY_MODEL}").identity(cache) == "random weights, seed 0"
 
 
+def test_files_found_to_fit_are_remembered_in_the_users_cache_where_xdg_puts_it(
+    tmp_path, monkeypatch, checkpoint
+):
+    # As pip and torch's hub: $XDG_CACHE_HOME where it is set (a cluster's scratch), else ~/.cache.
+    spec = models.parse_spec(str(checkpoint))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    for xdg, cache in (
+        (tmp_path / "scratch", tmp_path / "scratch"),
+        ("", tmp_path / "home" / ".cache"),
+    ):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+        assert models.fit_problems(spec) == []
+        (marker,) = (cache / "esmshard" / "weights-fit").iterdir()
+        assert marker == models.checked_marker(spec) and marker.stat().st_size == 0
+        marker.unlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "scratch"]
+
+
 def test_every_list_of_models_names_every_family_of_the_one_table():
     """`esmshard --help`, `esmshard run --help` and the error for an unknown model name every
     family (FAMILIES)."""
