@@ -151,7 +151,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
 
     for signum in guard.FORWARDED:
         signal.signal(signum, on_signal)
-    failed_logs, finished, said = [], False, False
+    failed_logs, finished, said, stop_said = [], False, False, False
     last = collections.deque(maxlen=UNEXPLAINED_LINES)  # Snakemake's, if it stops unexplained
     while not finished:
         try:
@@ -175,6 +175,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                 if ours and ours["level"] in (None, "WARNING"):
                     console.say(f"esmshard: {ours['message']}")
                     said = True
+                    stop_said = stop_said or ours["message"].startswith("stopped; ")
         except queue.Empty:
             pass
         console.progress()
@@ -199,7 +200,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
         kept = keep_log(log.name, outdir)
     except OSError as err:
         unlogged.append(err)
-    if interrupted:
+    if interrupted and not stop_said:  # the workflow's line says what is kept, and this command
         console.say("esmshard run: interrupted; the same command goes on where this one stopped")
     if unlogged:
         why = unlogged[0].strerror or unlogged[0]

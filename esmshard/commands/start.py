@@ -48,7 +48,13 @@ from ..steps.provenance import mixed_precisions
 from ..steps.shard import plan_problem
 from ..store import Store, in_place_problems, read_json_object
 from ..store.leftovers import remove_leftovers
-from ..store.runlock import active_run_problem, current_run_id, hold, run_active
+from ..store.runlock import (
+    TYPED_COMMAND_ENV,
+    active_run_problem,
+    current_run_id,
+    hold,
+    run_active,
+)
 from ..store.storelock import hold_shared
 
 # What Snakemake's log says of a run that a signal stopped (Ctrl-C; SIGTERM to a job).
@@ -392,7 +398,7 @@ class RunStart:
     def stopped(self, logs) -> None:
         """Where a signal stopped the run (Ctrl-C, SIGTERM: Snakemake's `logs` say so, its
         log files' paths), one line after Snakemake's own last ones: what is kept, and that the
-        same command finishes it."""
+        same command (the one typed: `snakemake ...` or `esmshard run ...`) finishes it."""
         said = ""
         for path in [logs] if isinstance(logs, (str, os.PathLike)) else logs or []:
             try:
@@ -402,8 +408,13 @@ class RunStart:
         if not STOPPED.search(said):
             return
         line = f"esmshard: stopped; {self.kept_line()}: the same command finishes the run"
-        typed = ["snakemake", *sys.argv[1:]] if Path(sys.argv[0]).name == "snakemake" else sys.argv
-        command = " ".join(shlex.quote(arg) for arg in typed)
+        # The command the user typed: `esmshard run`'s own, where it started this Snakemake.
+        command = os.environ.get(TYPED_COMMAND_ENV)
+        if not command:
+            typed = sys.argv
+            if Path(sys.argv[0]).name == "snakemake":
+                typed = ["snakemake", *sys.argv[1:]]
+            command = shlex.join(typed)
         atexit.register(print, f"{line}: {command}", file=sys.stderr, flush=True)
 
     def say_what_is_kept(self) -> None:

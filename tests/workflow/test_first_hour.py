@@ -4,7 +4,9 @@ does in a few lines, and every failure ends it with its reason."""
 
 import json
 import os
+import re
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -225,10 +227,17 @@ def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_p
     os.killpg(run.pid, signal.SIGINT)  # as a terminal sends Ctrl-C to its foreground group
     said = run.communicate(timeout=120)[1]
     assert run.returncode == 130 and "Traceback" not in said, said
-    assert said.splitlines()[-2:] == [
-        "esmshard run: interrupted; the same command goes on where this one stopped",
-        "esmshard run: Snakemake's whole output is in out/logs/esmshard-run.log",
-    ]
+    # One line says what is kept and names the command as it was typed (not the Snakemake
+    # command it started), then where Snakemake's output is.
+    stop, where = said.splitlines()[-2:]
+    typed = shlex.join(["esmshard", *command[1:]])
+    assert re.fullmatch(
+        r"esmshard: stopped; 0 of 1 shards finished, [\d,]+ of [\d,]+ residues done( \([\d,]+ "
+        rf"kept from stopped jobs\))?: the same command finishes the run: {re.escape(typed)}",
+        stop,
+    ), said
+    assert where == "esmshard run: Snakemake's whole output is in out/logs/esmshard-run.log"
+    assert "interrupted" not in said, said
     # What plain `snakemake` would have shown: the job's one line, no traceback.
     snakemake_output = (tmp_path / "out" / "logs" / "esmshard-run.log").read_text()
     assert "stopped by SIGINT (Ctrl-C)" in snakemake_output
