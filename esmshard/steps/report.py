@@ -165,6 +165,7 @@ def scaling(metrics: list[dict]) -> dict:
             | {
                 "compile_seconds": m.get("compile_seconds", 0.0),
                 "compile_cache": m.get("compile_cache", "off"),
+                "n_residues_kept": m["n_residues"] - computed_residues(m),
                 "residues_per_second": computed_residues(m) / m["compute_seconds"]
                 if m["compute_seconds"] > 0
                 else None,
@@ -321,6 +322,7 @@ HEADINGS = {
     "compile_cache": "compiled code",
     "n_sequences": "sequences",
     "n_residues": "residues",
+    "n_residues_kept": "of them kept by stopped jobs",
     "what": "what",
     "value": "value",
     "parts": "parts",
@@ -332,7 +334,7 @@ DEVICE_COLUMNS = ["slot", "device", "name", "shards", "residues_per_second", "bu
                   "peak_memory_used_GiB", "memory_total_GiB"]  # fmt: skip
 SHARD_COLUMNS = ["shard", "slot", "device", "started_offset", "seconds", "load_seconds",
                  "compile_seconds", "compile_cache", "n_sequences", "n_residues",
-                 "residues_per_second"]  # fmt: skip
+                 "n_residues_kept", "residues_per_second"]  # fmt: skip
 STYLE = """body{font-family:sans-serif;max-width:1180px;margin:auto;padding:0 16px;line-height:1.4}
 .wide{overflow-x:auto;max-width:100%;margin:1em 0}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;white-space:nowrap}
@@ -603,14 +605,19 @@ def _image(png: bytes, alt: str) -> str:
 def shards_section(result: dict, tables: str | None) -> str:
     """The Shards table: every shard, or the LISTED_SHARDS slowest, saying where the rest are."""
     shards = result["shards"]
+    # A shard's residues/s is over what its own job computed: the residues that stopped jobs
+    # kept are shown beside its residues where a shard has any.
+    columns = SHARD_COLUMNS
+    if not any(s["n_residues_kept"] for s in shards):
+        columns = [c for c in SHARD_COLUMNS if c != "n_residues_kept"]
     if len(shards) <= LISTED_SHARDS:
-        return _table(shards, SHARD_COLUMNS)
+        return _table(shards, columns)
     slowest = sorted(shards, key=lambda s: s["seconds"], reverse=True)[:LISTED_SHARDS]
     every = "scaling.json" + (f" and <a href='{html.escape(tables)}'>{html.escape(tables)}</a>"
                               if tables else "")  # fmt: skip
     return (
         f"<p>The {LISTED_SHARDS} slowest of {len(shards):,} shards, slowest first; every shard "
-        f"is in {every}.</p>" + _table(slowest, SHARD_COLUMNS)
+        f"is in {every}.</p>" + _table(slowest, columns)
     )
 
 

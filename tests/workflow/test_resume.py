@@ -167,6 +167,10 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     assert scaling["shards"][0]["residues_per_second"] == computed / metrics["compute_seconds"]
     page = Path(layout.scaling_html).read_text()
     assert f"({metrics['kept_residues']:,} kept by stopped jobs, computed before)" in page
+    # the shard's row: its residues, of them kept, and the rate of the rest (a reader divides)
+    assert "<th>of them kept by stopped jobs</th>" in page
+    assert scaling["shards"][0]["n_residues_kept"] == metrics["kept_residues"]
+    assert f"<td>{metrics['n_residues']:,}</td><td>{metrics['kept_residues']:,}</td>" in page
     # one truth about the work: the last line, run.json, `esmshard status` and the report
     run = json.loads(Path(layout.run_json).read_text())
     kept = kept_before[-1]
