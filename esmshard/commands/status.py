@@ -94,13 +94,15 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     complete = len(shards_finished) == len(plan)
     spans = [computing_span(job, now) for job in [*done, *running]]
     elapsed = busy_seconds(spans)
-    # the rate over the time to each running job's last update, whose work is counted: not the
-    # batch it computes now, which would count as time without work
-    counted = busy_seconds(
-        [computing_span(m, now) for m in done]
-        + [computing_span(r, min(now, last_update(r, now))) for r in running]
-    )
-    speed = computed / counted if computed and counted > 0 else None
+    # each device slot's rate counted as the run's: its finished and running jobs
+    slot_rates = {
+        key: computed_rate(
+            [m for m in done if slot_key(m) == key],
+            [r for r in running if slot_key(r) == key],
+            now,
+        )
+        for key in {slot_key(job) for job in [*done, *running]}
+    }
     # The ETA in the shard step's cost units (esmshard.input.balance): a job computes its longest
     # proteins first, whose residues cost more, so that residues/s would understate the rest.
     cost_of = {p["shard"]: float(p["estimated_cost"]) for p in plan}
@@ -140,7 +142,8 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "residues_done": done_residues,
         "residues_kept": kept,
         "residues_computed": computed,
-        "residues_per_second": speed,
+        "residues_per_second": computed_rate(done, running, now),
+        "slot_rates": slot_rates,
         "elapsed_seconds": elapsed,
         "eta_seconds": eta,
         "failed": sum(m.get("n_failed", 0) for m in done),
@@ -154,6 +157,19 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         if Path(layout.mutants.plan).exists()
         else None,
     }
+
+
+def computed_rate(done: list[dict], running: list[dict], now: float) -> float | None:
+    """Residues computed per second of computing (kept work is no job's speed): the finished
+    jobs' over their time, and each running job's up to its last update, whose work is counted
+    (not the batch it computes now, which would count as time without work)."""
+    computed = sum(computed_residues(m) for m in done)
+    computed += sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
+    counted = busy_seconds(
+        [computing_span(m, now) for m in done]
+        + [computing_span(r, min(now, last_update(r, now))) for r in running]
+    )
+    return computed / counted if computed and counted > 0 else None
 
 
 def last_update(progress: dict, now: float) -> float:
@@ -223,7 +239,7 @@ def render(state: dict) -> str:
                 f"{device} {name}" if name != device else device,
                 shard,
                 str(s.get("shards", 0)),
-                rate(s.get("residues_per_second")),
+                rate(state["slot_rates"].get(key)),
                 memory,
             )
         )

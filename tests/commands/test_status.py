@@ -74,6 +74,11 @@ def test_status_of_a_run_in_progress(run_in_progress):
         "node7:00000000:43:00.0" in text and "shard_0001 (33%)" in text and "12.0/80.0 GiB" in text
     )
     assert "node7:cpu0" in text and "idle" in text and "125" in text  # 1000 residues in 8 s
+    # a slot whose job still runs has its rate too, counted as the run's: 1000 residues from
+    # the job's start (105 s) to its last update (120 s); the run's 2000 in 18 s is both slots'
+    assert state["slot_rates"] == {"node7:cpu0": 125.0, "node7:00000000:43:00.0": 1000 / 15}
+    (running,) = [line for line in text.splitlines() if "shard_0001 (33%)" in line]
+    assert running.split()[-3] == status.rate(1000 / 15) == "67", running
     assert "shards 1/2 (50%)" in text and "ETA 0m18s" in text and "1 failed" in text
     assert "no shard yet" not in text  # a plan of no pool (`shards` a number): its slots alone
 
