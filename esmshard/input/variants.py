@@ -416,7 +416,8 @@ def _record_problems(
                 beyond = (
                     f"the {len(sequence)} residues of its record"
                     if s.position > len(sequence)
-                    else f"the {limit} residues embedded (truncation_seq_length)"
+                    else f"the {limit} residues embedded (truncation_seq_length; "
+                    "long_sequences: chunk scores every residue of a longer protein)"
                 )
                 found.append(f"variants: {variant.where}: {variant.mutant}: position "
                              f"{s.position + offset - 1} is beyond {beyond}")  # fmt: skip

@@ -76,7 +76,10 @@ def test_every_problem_of_a_table_is_one_line_naming_its_line(tmp_path):
 def test_a_position_beyond_the_residues_embedded_names_truncation(tmp_path):
     path = table(tmp_path, f"id,mutant\n{ID},{SEQUENCE[20]}21A\n")
     (line,) = problems(path, [PROTEINS], 20)
-    assert "beyond the 20 residues embedded (truncation_seq_length)" in line
+    assert line.endswith(
+        ": position 21 is beyond the 20 residues embedded (truncation_seq_length; "
+        "long_sequences: chunk scores every residue of a longer protein)"
+    ), line
 
 
 def test_without_an_id_column_the_input_must_hold_one_record(tmp_path):
