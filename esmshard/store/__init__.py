@@ -361,7 +361,11 @@ def summary(store: Store) -> list[dict]:
                 "sequences": n_sequences,
                 "bytes": n_bytes,
                 "pieces": len(kept),
-                "piece_sequences": sum(manifest_count(m.get("n_sequences")) for m in kept),
+                # embedded and failed, as the jobs count what they find kept
+                "piece_sequences": sum(
+                    manifest_count(m.get("n_sequences")) + manifest_count(m.get("n_failed"))
+                    for m in kept
+                ),
                 "piece_bytes": sum(manifest_count(m.get("bytes")) for m in kept),
             }
         )

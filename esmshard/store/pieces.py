@@ -149,7 +149,8 @@ class PieceWriter:
         if self.h5 is None:
             return
         members = set(self.members)
-        self.writer.write_failed([f for f in failed if f.index in members], keys, ids)
+        failed = [f for f in failed if f.index in members]
+        self.writer.write_failed(failed, keys, ids)
         self.h5.attrs.update(shard=self.pieces.shard, piece=self.number, **self.attrs)
         closable(self.h5, self.tmp)
         self.h5.close()
@@ -160,6 +161,7 @@ class PieceWriter:
                 "bytes": os.path.getsize(self.tmp),
                 "n_sequences": self.sequences,
                 "n_residues": self.residues,
+                "n_failed": len(failed),  # kept too: their jobs do not try them again
             },
         )
         os.replace(self.tmp, self.target)

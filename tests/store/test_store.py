@@ -423,6 +423,26 @@ def test_check_part_says_what_is_wrong(tmp_path):
     assert stores.check_part(store, key, "abc-0000", cache) == "its file is gone"
 
 
+def test_a_kept_failure_counts_as_kept_in_the_listing_as_the_resumed_job_counts_it(tmp_path):
+    """A stopped job's piece holds its embedded sequences and those that failed: neither is
+    tried again, so `esmshard store` (run.json's kept_from_stopped_jobs too) counts both."""
+    from esmshard.store.pieces import Pieces, PieceWriter
+    from esmshard.store.shardfile import Failure
+
+    settings = {"model": MODEL, "include": ["mean"]}
+    key = stores.settings_key(settings)
+    store = stores.Store(str(tmp_path / "store"))
+    stores.add_settings(store, key, settings)
+    pieces = Pieces(store, key, "abc-0000")
+    writer = PieceWriter(pieces, [], [6], ["mean"], 4, {"settings": json.dumps(settings)})
+    keys, ids = [A_KEY, stores.sequence_sha256(b"MKVL")], ["P1", "P2"]
+    rep = {6: Representation.from_per_tok(np.ones((3, 4), np.float32), np.ones(4, np.float32))}
+    writer.add(keys[:1], ids[:1], [0, 1], [rep])  # P2 failed in the batch
+    writer.keep([Failure(1, "out of memory even alone")], keys, ids)
+    (kept,) = [row for row in stores.summary(store) if row["key"] == key]
+    assert kept["pieces"] == 1 and kept["piece_sequences"] == len(pieces.kept().keys) == 2
+
+
 def test_a_damaged_store_names_itself_and_heals_like_a_damaged_part(tmp_path):
     """A manifest of the wrong shape, an unreadable settings.json and a folder where a part
     belongs: the listing and --verify go on and name them; the same command heals the store."""
