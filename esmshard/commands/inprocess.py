@@ -117,17 +117,22 @@ def pairs_of(sequences) -> Iterable[tuple[str, str]]:
 
 def table_columns(table) -> tuple[list, list]:
     """A DataFrame's IDs and sequences: its columns named as people name them (`id`, `ID` or
-    `name`; `sequence` or `seq`, in any case), else ValueError naming its columns."""
+    `name`; `sequence` or `seq`, in any case), the IDs else its index where that is one of its
+    own (`df.set_index("id")`: not the default 0, 1, ...), else ValueError naming its columns."""
     by_name = {str(column).lower(): column for column in table.columns}
-    found = [next((by_name[n] for n in names if n in by_name), None) for names in TABLE_COLUMNS]
-    if None in found:
+    id_column, sequence_column = (
+        next((by_name[n] for n in names if n in by_name), None) for names in TABLE_COLUMNS
+    )
+    labelled = type(table.index).__name__ != "RangeIndex"
+    if sequence_column is None or id_column is None and not labelled:
         columns = ", ".join(printable(str(c)) for c in table.columns) or "none"
         raise ValueError(
             f"sequences: a table with the columns {columns:.200}: esmshard takes a DataFrame with "
-            "an ID column (id or name) and a sequence column (sequence or seq); rename them, or "
-            "pass dict(zip(ids, sequences))"
+            "a sequence column (sequence or seq) and an ID column (id or name) or the IDs as its "
+            "index; rename them, or pass dict(zip(ids, sequences))"
         )
-    return [table[column].tolist() for column in found]
+    ids = table.index.tolist() if id_column is None else table[id_column].tolist()
+    return ids, table[sequence_column].tolist()
 
 
 def named_id(id_):
@@ -255,8 +260,8 @@ def embed(
 
     sequences: a FASTA file's path; one sequence as a string (ID "0"); a list of sequences (IDs
         "0", "1", ... in their order); a mapping of ID to sequence (bytes IDs read as UTF-8);
-        (ID, sequence) pairs; or a pandas DataFrame with an ID column (id, ID or name) and a
-        sequence column (sequence or seq).
+        (ID, sequence) pairs; or a pandas DataFrame with a sequence column (sequence or seq)
+        and an ID column (id, ID or name) or the IDs as its index.
         A string that names no file and is made only of letters is a sequence.
     model: a fair-esm ESM-2 name, hf:<owner>/<name>, a model folder or checkpoint file, or
         random:<name> (seeded random weights of a published shape, offline).

@@ -54,7 +54,8 @@ class Protein(NamedTuple):
         held = [at_layers(kind, sorted(values)) for kind, values in layered if values]
         held += list(self.scores)
         held += [name for name in ("contacts", "attentions") if getattr(self, name) is not None]
-        return f"<Protein {self.id!r}, {self.length} residues: {', '.join(held) or 'nothing'}>"
+        residues = f"{self.length:,} residue{'s' if self.length != 1 else ''}"
+        return f"<Protein {self.id!r}, {residues}: {', '.join(held) or 'nothing'}>"
 
 
 def at_layers(kind: str, layers: list[int]) -> str:
@@ -192,8 +193,9 @@ class Embeddings:
         held = [at_layers(kind, layers) for kind, layers in self.layers.items()]
         model = self.made_by.get("model")
         failed = f"; {len(self.failed)} failed" if self.failed else ""
+        proteins = f"{len(self):,} protein{'s' if len(self) != 1 else ''}"
         return (
-            f"<Embeddings of {len(self)} proteins{f' by {model}' if model else ''}: "
+            f"<Embeddings of {proteins}{f' by {model}' if model else ''}: "
             f"{', '.join(held + self.unlayered)}{failed}{where}>"
         )
 

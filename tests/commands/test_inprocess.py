@@ -60,6 +60,8 @@ def test_long_sequences_and_failures_follow_the_workflows_settings():
     assert repr(got) == f"<Embeddings of 0 proteins by {MODEL}: mean (layer 6); 1 failed>"
     truncated = esmshard.embed({long_id: RECORDS[long_id]}, MODEL, truncation_seq_length=100)
     assert truncated[long_id].length == 100
+    assert repr(truncated) == f"<Embeddings of 1 protein by {MODEL}: mean (layer 6)>"
+    assert repr(esmshard.embed("M", MODEL)["0"]) == "<Protein '0', 1 residue: mean (layer 6)>"
 
 
 @pytest.mark.parametrize(
@@ -169,6 +171,15 @@ def test_a_dataframe_of_ids_and_sequences_is_embedded_by_its_columns(names):
     assert np.abs(got.array("mean") - esmshard.embed(some, MODEL).array("mean")).max() <= 1e-5
 
 
+def test_a_dataframe_indexed_by_its_ids_is_embedded_under_them():
+    """`df.set_index("id")`, as pandas users keep a table: the index holds the IDs."""
+    import pandas as pd
+
+    some = dict(list(RECORDS.items())[:2])
+    table = pd.DataFrame({"sequence": list(some.values())}, index=pd.Index(list(some), name="id"))
+    assert esmshard.embed(table, MODEL).ids() == list(some)
+
+
 def test_a_table_without_id_and_sequence_columns_or_bytes_not_utf8_are_refused():
     import pandas as pd
 
@@ -176,10 +187,13 @@ def test_a_table_without_id_and_sequence_columns_or_bytes_not_utf8_are_refused()
     with pytest.raises(ValueError) as raised:
         esmshard.embed(table, MODEL)
     assert str(raised.value) == (
-        "sequences: a table with the columns protein, aa: esmshard takes a DataFrame with an ID "
-        "column (id or name) and a sequence column (sequence or seq); rename them, or pass "
-        "dict(zip(ids, sequences))"
+        "sequences: a table with the columns protein, aa: esmshard takes a DataFrame with a "
+        "sequence column (sequence or seq) and an ID column (id or name) or the IDs as its "
+        "index; rename them, or pass dict(zip(ids, sequences))"
     )
+    # a sequence column, but only the default index (0, 1, ...): no IDs to take
+    with pytest.raises(ValueError, match="or the IDs as its index"):
+        esmshard.embed(pd.DataFrame({"sequence": ["MKTAYIAKQR"]}), MODEL)
     with pytest.raises(ValueError, match=r"^sequences: item 1's ID b'P\\xff' is bytes that are "):
         esmshard.embed({b"P\xff": "MKTAYIAKQR"}, MODEL)
 

@@ -62,7 +62,7 @@ def test_what_a_notebook_shows_is_what_is_held_in_a_line(outdir):
         )
         protein = emb[IDS[7]]
         assert repr(protein) == (
-            f"<Protein {IDS[7]!r}, {protein.length} residues: mean (layers 3, 6), bos (layers 3, "
+            f"<Protein {IDS[7]!r}, {protein.length:,} residues: mean (layers 3, 6), bos (layers 3, "
             "6), per_tok (layers 3, 6)>"
         )
     assert repr(emb) == f"<Embeddings in {outdir / 'embeddings.h5'}, closed>"
