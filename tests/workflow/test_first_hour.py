@@ -5,8 +5,8 @@ does in a few lines, and every failure ends it with its reason."""
 import json
 import os
 import re
-import shutil
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
