@@ -37,7 +37,7 @@ class DeviceKind(NamedTuple):
 # from it (the H100's compute is the H200's, its memory slower: the goals take 0.9 of it).
 H200_FLOPS = 324_000 * 2 * 12 * 33 * 1280**2
 DEVICE_KINDS = (
-    DeviceKind("H200", H200_FLOPS, "measured, esm2_t33_650M"),
+    DeviceKind("H200", H200_FLOPS, "the FLOP/s measured with esm2_t33_650M, at this model's size"),
     DeviceKind("H100", 0.9 * H200_FLOPS, "0.9 of the H200's"),
     DeviceKind("A100", H200_FLOPS * 312 / 989, "the H200's by their bf16 peaks, 312/989", False),
 )

@@ -227,7 +227,7 @@ def test_an_fp8_plans_gpu_time_is_said_at_bf16s_rate_on_the_gpus_that_compute_it
     rows = [{"estimated_cost": "2e6"}]
     bf16 = gpu_time_lines(rows, summary, planned_precision(summary))  # no settings: as bf16
     assert bf16[0] == "GPU time of the embed jobs in bf16, loading included (estimated):"
-    assert [line.split()[-1] for line in bf16[1:]] == ["esm2_t33_650M)", "H200's)", "312/989)"]
+    assert [line.split()[-1] for line in bf16[1:]] == ["size)", "H200's)", "312/989)"]
     (tmp_path / "k" / "settings.json").write_text('{"precision": "fp8"}')
     fp8 = gpu_time_lines(rows, summary, planned_precision(summary))
     assert fp8 == [
