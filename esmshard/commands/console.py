@@ -35,6 +35,9 @@ FAILED_LOG = re.compile(r"^\s*log: (?P<path>\S+) \(check log file\(s\) for error
 SNAKEMAKE_PREAMBLE = re.compile(r"^(Using workflow specific profile|Config file .* is extended)")
 # Snakemake's line where every output is there and up to date: no job runs.
 NOTHING_TO_DO = re.compile(r"^Nothing to be done")
+# Snakemake's line once it has read the workflow, whose start says what an earlier command of
+# the run kept: the progress is drawn after it, not from the last command's state before it.
+WORKFLOW_READ = re.compile(r"^Building DAG of jobs")
 RUN_LOG = "esmshard-run.log"
 UNEXPLAINED_LINES = 20
 REFRESH_SECONDS = 1.0
@@ -151,7 +154,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
 
     for signum in guard.FORWARDED:
         signal.signal(signum, on_signal)
-    failed_logs, finished, said, stop_said = [], False, False, False
+    failed_logs, finished, said, stop_said, read = [], False, False, False, False
     last = collections.deque(maxlen=UNEXPLAINED_LINES)  # Snakemake's, if it stops unexplained
     while not finished:
         try:
@@ -165,6 +168,7 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                 failed = FAILED_LOG.match(line)
                 if failed:
                     failed_logs.append(failed["path"])
+                read = read or bool(WORKFLOW_READ.match(line))
                 if NOTHING_TO_DO.match(line):
                     console.say(
                         "esmshard run: nothing to do: every output is there and up to date "
@@ -178,9 +182,11 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                     stop_said = stop_said or ours["message"].startswith("stopped; ")
         except queue.Empty:
             pass
-        console.progress()
+        if read:
+            console.progress()
     status = child.wait()
-    console.progress(final=True)
+    if read:  # a command refused as Snakemake reads the workflow ran nothing to show
+        console.progress(final=True)
     try:
         log.close()
     except OSError as err:

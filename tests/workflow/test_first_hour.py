@@ -251,6 +251,11 @@ def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_p
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert (tmp_path / "out" / "embeddings.h5").is_file()
+    # What the stopped command kept is said before the progress, which starts from it.
+    lines = again.stderr.splitlines()
+    progress = [n for n, line in enumerate(lines) if line.startswith("shards ")]
+    resuming = [n for n, line in enumerate(lines) if line.startswith("esmshard: resuming: ")]
+    assert progress and all(n < progress[0] for n in resuming), again.stderr
 
 
 def processes_of(folder: Path) -> list[str]:
