@@ -89,8 +89,7 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     kept = (
         sum(waiting.values()) + sum(job_kept(m) for m in done) + sum(job_kept(r) for r in running)
     )
-    computed = sum(computed_residues(m) for m in done)
-    computed += sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
+    computed = computed_by_jobs(done, running)
     complete = len(shards_finished) == len(plan)
     spans = [computing_span(job, now) for job in [*done, *running]]
     elapsed = busy_seconds(spans)
@@ -159,12 +158,18 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     }
 
 
+def computed_by_jobs(done: list[dict], running: list[dict]) -> int:
+    """The residues that finished and running jobs computed themselves (what earlier, stopped
+    jobs kept is done, but no job's work)."""
+    computed = sum(computed_residues(m) for m in done)
+    return computed + sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
+
+
 def computed_rate(done: list[dict], running: list[dict], now: float) -> float | None:
     """Residues computed per second of computing (kept work is no job's speed): the finished
     jobs' over their time, and each running job's up to its last update, whose work is counted
     (not the batch it computes now, which would count as time without work)."""
-    computed = sum(computed_residues(m) for m in done)
-    computed += sum(max(0, r["residues_done"] - job_kept(r)) for r in running)
+    computed = computed_by_jobs(done, running)
     counted = busy_seconds(
         [computing_span(m, now) for m in done]
         + [computing_span(r, min(now, last_update(r, now))) for r in running]
