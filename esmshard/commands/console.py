@@ -177,15 +177,20 @@ def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> in
                 ours = OURS.match(line)
                 # The workflow's lines and the jobs' warnings; a job's error is said once, below.
                 if ours and ours["level"] in (None, "WARNING"):
+                    if ours["message"].startswith("stopped; "):  # the run's last word, last
+                        stop_said = True
+                        if read:
+                            console.progress(final=True)
                     console.say(f"esmshard: {ours['message']}")
                     said = True
-                    stop_said = stop_said or ours["message"].startswith("stopped; ")
         except queue.Empty:
             pass
         if read:
             console.progress()
     status = child.wait()
-    if read:  # a command refused as Snakemake reads the workflow ran nothing to show
+    # a command refused as Snakemake reads the workflow ran nothing to show; a stopped one's
+    # progress came before its line
+    if read and not stop_said:
         console.progress(final=True)
     try:
         log.close()

@@ -227,12 +227,13 @@ def test_ctrl_c_ends_esmshard_run_in_one_line_and_the_same_command_goes_on(tmp_p
     os.killpg(run.pid, signal.SIGINT)  # as a terminal sends Ctrl-C to its foreground group
     said = run.communicate(timeout=120)[1]
     assert run.returncode == 130 and "Traceback" not in said, said
-    # One line says what is kept and names the command as it was typed (not the Snakemake
-    # command it started), then where Snakemake's output is.
+    # One line says what is kept (the shard may finish as the signal comes) and names the
+    # command as it was typed (not the Snakemake command it started), after the progress; then
+    # where Snakemake's output is.
     stop, where = said.splitlines()[-2:]
     typed = shlex.join(["esmshard", *command[1:]])
     assert re.fullmatch(
-        r"esmshard: stopped; 0 of 1 shards finished, [\d,]+ of [\d,]+ residues done( \([\d,]+ "
+        r"esmshard: stopped; [01] of 1 shards finished, [\d,]+ of [\d,]+ residues done( \([\d,]+ "
         rf"kept from stopped jobs\))?: the same command finishes the run: {re.escape(typed)}",
         stop,
     ), said
