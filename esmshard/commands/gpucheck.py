@@ -254,15 +254,25 @@ def run_benchmark(out: Path, script: str, args: list[str], plan: dict, log: str 
     cmd += ["--every", str(plan["bench_every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
     cmd += args
     started = time.time()
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    (out / f"{log or script}.log").write_text(done.stdout + done.stderr)
-    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    # the log is written as the benchmark runs, unbuffered: a check stopped at a lent GPU's
+    # limit keeps the rows of the stage it was in
+    log_path = out / f"{log or script}.log"
+    with log_path.open("w") as log_file:
+        done = subprocess.run(
+            cmd,
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    output = log_path.read_text()
+    rows = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     return {
         "command": "python " + " ".join(cmd[1:]).replace(f"{REPO}/", ""),
         "ok": done.returncode == 0,
         "seconds": time.time() - started,
         "rows": rows,
-        "error": None if done.returncode == 0 else done.stderr[-2000:],
+        "error": None if done.returncode == 0 else output[-2000:],
     }
 
 
