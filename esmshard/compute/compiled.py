@@ -37,11 +37,15 @@ log = logging.getLogger(__name__)
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 
-# What compiling costs and gains on a GPU, measured on an H200 (docs/benchmarks.md, bf16): a
-# first compile of the layer took 11.3-12.4 s for esm2_t33 and 15.4 s for ESM C 600M, with the
-# device idle meanwhile; compiled, esm2_t33's packed layer then ran 1.32x the eager one's tokens/s.
-FIRST_COMPILE_SECONDS = 15.0
-COMPILED_SPEEDUP = 1.32
+# What compiling costs and gains in a whole job on a GPU, measured on an H200 (esm2_t33, the
+# E. coli proteome in bf16, docs/benchmarks.md): a first compile of the layer took 12.0 s and
+# loading the compiler beside the model 6.5 s more (a job's loading 7.1 s against 0.6 s eager),
+# the device idle meanwhile; with the store's entry for that GPU, tracing took 3.9 s and the
+# loading the same. Compiled, the job then computed 2.2x the eager job's tokens/s (332k
+# against 144-150k: more than the layer's 1.34x in benchmarks/peers.py, whose batches are warm).
+FIRST_COMPILE_SECONDS = 19.0
+CACHED_COMPILE_SECONDS = 11.0
+COMPILED_SPEEDUP = 2.2
 
 
 def eager_seconds(cost: float, params: int) -> float:
@@ -52,20 +56,28 @@ def eager_seconds(cost: float, params: int) -> float:
     return compute_seconds(cost, params, H200_FLOPS) * COMPILED_SPEEDUP
 
 
-def repays(eager: float) -> bool:
-    """Whether compiling saves more of `eager` seconds than a first compile takes: a shard of
-    about a minute of eager work, or more."""
-    return eager * (1 - 1 / COMPILED_SPEEDUP) > FIRST_COMPILE_SECONDS
+def compile_seconds(cached: bool) -> float:
+    """What compiling costs a job before its first batch: with the store's entry for this
+    device (`cached`), or a first compile."""
+    return CACHED_COMPILE_SECONDS if cached else FIRST_COMPILE_SECONDS
 
 
-def wanted(setting: str | bool, device, eager: float) -> bool:
+def repays(eager: float, cached: bool = False) -> bool:
+    """Whether compiling saves more of `eager` seconds than it costs (`compile_seconds`): a
+    shard of about 35 s of eager work, or 20 s where the store holds the compiled code."""
+    return eager * (1 - 1 / COMPILED_SPEEDUP) > compile_seconds(cached)
+
+
+def wanted(setting: str | bool, device, eager: float, cached=lambda: False) -> bool:
     """Whether to compile on `device` a shard of `eager` seconds of eager work (`setting` as the
     config has it: YAML files read a bare on and off as true and false). auto: on CUDA devices,
     where the compile repays itself (a proteome of a million tokens is done eagerly in less time
-    than a first compile takes); never on CPUs, where torch's compiled kernels ran ESM-2 slower
-    than the eager path's oneDNN products (docs/performance.md)."""
+    than compiling takes, even from the store's cache); never on CPUs, where torch's compiled
+    kernels ran ESM-2 slower than the eager path's oneDNN products (docs/performance.md).
+    `cached()` says whether the store holds this device's compiled code; it is asked only where
+    the answer matters."""
     if setting == "auto":
-        return device.type == "cuda" and repays(eager)
+        return device.type == "cuda" and repays(eager, cached())
     return setting in ("on", True)
 
 
@@ -157,6 +169,10 @@ class Entry(NamedTuple):
         if header.get("sha256") != hashlib.sha256(archive).hexdigest():
             return None, "its bytes changed since they were written (SHA-256)"
         return archive, None
+
+    def usable(self, key: CacheKey) -> bool:
+        """Whether this entry holds `key`'s compiled code, whole (what `start` would unpack)."""
+        return self.read(key)[0] is not None
 
     def write(self, key: CacheKey, folder: Path) -> None:
         """The compiler's cache `folder` as this entry, renamed into place whole."""

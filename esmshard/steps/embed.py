@@ -262,22 +262,27 @@ def run_shard(
             total_cost = float(costs.sum())
             layer = None
             eager = compiled.eager_seconds(total_cost - kept_cost, spec.params)
-            if embedder.fast and embedder.net.compiles:
-                if compiled.wanted(compile, device, eager):
-                    key = compiled.CacheKey.of(
-                        device, spec.family.name, embedder.net, resolved.name, embedder.batching
-                    )
-                    cache = Path(part_store(out_h5).compiled)
+            # compiled where it is on, or where it could be (auto on a GPU) and repays itself
+            compilable = embedder.fast and embedder.net.compiles
+            if compilable and compiled.wanted(compile, device, math.inf):
+                key = compiled.CacheKey.of(
+                    device, spec.family.name, embedder.net, resolved.name, embedder.batching
+                )
+                cache = Path(part_store(out_h5).compiled)
+                entry = compiled.Entry.at(cache, key)
+                if compiled.wanted(compile, device, eager, lambda: entry.usable(key)):
                     layer = compiled.Compiled(embedder.net, key, cache)
                     layer.start()
                     on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
-                elif compiled.wanted(compile, device, math.inf):  # auto, on a GPU: too short
+                else:
+                    cached = entry.usable(key)
                     log.info(
                         "shard %s: not compiled (compile: auto): its work, about %.0f s on a "
-                        "GPU, would save less than a first compile takes (%.0f s)",
+                        "GPU, would save less than compiling takes (%.0f s, %s)",
                         shard,
                         eager,
-                        compiled.FIRST_COMPILE_SECONDS,
+                        compiled.compile_seconds(cached),
+                        "from the store's compiled code" if cached else "a first compile",
                     )
             loaded = time.time()
             # earlier jobs' work is done
