@@ -122,13 +122,14 @@ def environment() -> dict:
     return env
 
 
-def run_tests(out: Path) -> dict:
-    """The tests marked `gpu` (they skip without CUDA), with their counts from pytest's report."""
+def run_tests(out: Path, tests: Path = REPO / "tests") -> dict:
+    """The tests marked `gpu` (they skip without CUDA), with their counts from pytest's report,
+    and, where pytest could not run them (its exit status past 1), why."""
     report = out / "gpu-tests.xml"
     started = time.time()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-        + ["--junitxml", str(report), str(REPO / "tests")],
+        + ["--junitxml", str(report), str(tests)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -147,8 +148,18 @@ def run_tests(out: Path) -> dict:
             else:
                 counts["passed"] += 1
     counts["ok"] = done.returncode == 0 and counts["failed"] == 0
+    counts["error"] = None if done.returncode in (0, 1) else why_not_run(done.stdout + done.stderr)
     counts["seconds"] = time.time() - started
     return counts
+
+
+def why_not_run(output: str) -> str:
+    """pytest's own line for what stopped it (its first `E ` line, without the exception's
+    class), else its last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line[1:].strip() for line in lines if line.startswith("E ")]
+    line = (errors or lines or ["no output"])[0]
+    return re.sub(r"^[\w.]+(Error|Exception|Exit): ", "", line)[:1000]
 
 
 def run_workflow(out: Path, plan: dict, gpus: int, name: str = "run") -> dict:
@@ -352,7 +363,9 @@ def markdown(result: dict) -> str:
         lines += [
             "## GPU tests",
             f"{tests['passed']} passed, {tests['failed']} failed, {tests['skipped']} skipped "
-            f"({tests['seconds']:.0f} s)" + "".join(f"\n- failed: {n}" for n in tests["failures"]),
+            f"({tests['seconds']:.0f} s)"
+            + "".join(f"\n- failed: {n}" for n in tests["failures"])
+            + (f"\n\nThey did not run: {tests['error']}" if tests.get("error") else ""),
             "",
             "Each family's forward pass in bf16 against its fp32 one is one of them: "
             + "; ".join(result["plan"].get("families", []))

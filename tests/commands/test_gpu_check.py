@@ -159,6 +159,32 @@ def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_p
     assert json.loads((tmp_path / "gpu-check.json").read_text())["finished"] is False
 
 
+def test_gpu_tests_that_could_not_run_say_why_in_the_record(tmp_path):
+    # A GPU machine without the test data: pytest stops in conftest before any test, and the
+    # record said only "0 passed, 0 failed, 0 skipped".
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "conftest.py").write_text(
+        "import pytest\n"
+        "pytest.exit('the test data is missing and cannot be fetched: put r1ab_sars2.fasta "
+        "into resources/test-data', returncode=3)\n"
+    )
+    (suite / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    tests = gpucheck.run_tests(tmp_path, suite)
+    assert not tests["ok"] and tests["passed"] == 0
+    assert tests["error"].startswith("the test data is missing and cannot be fetched")
+    env = {**gpucheck.environment(), "gpu": False}
+    result = {
+        "date": "2026-11-29", "environment": env, "plan": gpucheck.CPU_PLAN,
+        "stages": ["tests"], "skipped": [], "tests": tests, "workflows": {},
+        "throughput": None, "peers": None, "masked_marginals": None, "largest": None,
+        "finished": True, "ok": False, "seconds": 2.0,
+    }  # fmt: skip
+    gpucheck.record(tmp_path, result, tmp_path / "results")
+    page = (tmp_path / "results" / "gpu-check.md").read_text()
+    assert "They did not run: the test data is missing and cannot be fetched: put " in page
+
+
 def test_a_gpu_runs_record_goes_where_git_keeps_it():
     # The records are committed as they come back: a folder that git ignores would drop them.
     env = {"gpu": True, "device": "NVIDIA H100 80GB HBM3"}
