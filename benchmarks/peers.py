@@ -231,19 +231,28 @@ def fp8_error(fresh, layer, sequences, args, device) -> dict[str, float]:
     (`fresh()`: a new fp32 model and its alphabet each call) and proteins (packed, as the run
     computes): the per-residue cosine at the 1st percentile, and the least protein's cosine of
     its means."""
-    outputs = []
-    for precision in ("fp32", "fp8"):
-        embedder = Embedder(*fresh(), [layer], device, PRECISIONS[precision],
-                            kinds=["mean", "per_tok"], packed=True)  # fmt: skip
-        batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
-        found = {}
-        with torch.inference_mode():
-            for batch in batches:
-                for done, reps in embedder.embed(batch, [sequences[i] for i in batch], []):
-                    found.update((i, rep[layer]) for i, rep in zip(done, reps))
-        outputs.append([found[i] for i in range(len(sequences))])
-        del embedder
-    want, got = outputs
+    want, got = (
+        embedded(Embedder(*fresh(), [layer], device, PRECISIONS[precision],
+                          kinds=["mean", "per_tok"], packed=True), layer, sequences, args)
+        for precision in ("fp32", "fp8")
+    )  # fmt: skip
+    return error_against(want, got)
+
+
+def embedded(embedder, layer, sequences, args) -> list:
+    """Each protein's representation at `layer` (packed batches of `args.toks_per_batch`)."""
+    batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
+    found = {}
+    with torch.inference_mode():
+        for batch in batches:
+            for done, reps in embedder.embed(batch, [sequences[i] for i in batch], []):
+                found.update((i, rep[layer]) for i, rep in zip(done, reps))
+    return [found[i] for i in range(len(sequences))]
+
+
+def error_against(want, got) -> dict[str, float]:
+    """`got`'s representations against `want`'s: the per-residue cosine at the 1st percentile,
+    and the least protein's cosine of its means."""
 
     def cosines(a, b):  # row by row
         return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)

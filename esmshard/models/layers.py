@@ -74,16 +74,21 @@ def fp8_dense(x, linear, gelu=False, residual=None):
     """`torch_dense` with `linear` in FP8 (`to_fp8`): `x`'s rows in FP8 too, each with its own
     scale (tokens differ in magnitude by orders), one `torch._scaled_mm` accumulating in fp32
     and rounding once to bf16 with the bias added; GELU and the residual after it, as autocast
-    computes them in bf16."""
+    computes them in bf16. A product left out of FP8 (`FastForward.use_fp8`) is `torch_dense`'s."""
+    if not hasattr(linear, "weight_scale"):
+        return torch_dense(x, linear, gelu, residual)
     rows, scale = fp8_rows(x.reshape(-1, x.shape[-1]))
-    out = torch._scaled_mm(
-        rows,
-        linear.weight.t(),  # column-major, as the product takes its second operand
-        scale_a=scale,
-        scale_b=linear.weight_scale,
-        bias=linear.bias,
-        out_dtype=torch.bfloat16,
-    ).view(*x.shape[:-1], linear.weight.shape[0])
+    # outside autocast, which has nothing to cast here: under the CPU's, torch took another
+    # path for the same product, 50-70x slower (and rounding the bias apart)
+    with torch.autocast(x.device.type, enabled=False):
+        out = torch._scaled_mm(
+            rows,
+            linear.weight.t(),  # column-major, as the product takes its second operand
+            scale_a=scale,
+            scale_b=linear.weight_scale,
+            bias=linear.bias,
+            out_dtype=torch.bfloat16,
+        ).view(*x.shape[:-1], linear.weight.shape[0])
     if gelu:
         out = F.gelu(out)
     return out if residual is None else residual + out
@@ -288,13 +293,13 @@ class FastForward(torch.nn.Module):
         without FP8 products has none."""
         return []
 
-    def use_fp8(self) -> None:
-        """The repeated layers' dense products in FP8 from now on (`fp8_dense`); embeddings,
-        norms, attention and the language-model head stay as autocast computes them."""
-        products = self.dense_products()
-        if not products:
+    def use_fp8(self, products=None) -> None:
+        """The repeated layers' dense products in FP8 from now on (`fp8_dense`): `products`, or
+        all of them (`dense_products`); embeddings, norms, attention, the language-model head
+        and the products left out stay as autocast computes them."""
+        if not self.dense_products():
             raise ValueError(f"precision: fp8 is not offered for {type(self).__name__}")
-        for linear in products:
+        for linear in self.dense_products() if products is None else products:
             to_fp8(linear)
         self.fp8 = True
 

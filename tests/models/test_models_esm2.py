@@ -252,6 +252,23 @@ def test_fp8_on_cpu_stays_close_for_every_protein(model, batching):
     assert FP8_MIN_COSINE <= least < BF16_MIN_COSINE  # FP8's error, not bf16's
 
 
+def test_products_left_out_of_fp8_are_computed_as_bf16_computes_them(model):
+    """`use_fp8(products)`: those in FP8, the others as bf16 computes them (benchmarks/
+    fp8_layers.py measures each kind's error so)."""
+    seqs = SEQUENCES[:4]
+    bf16, none, feed_forward = (embedder(copy.deepcopy(model), True, "bf16") for _ in range(3))
+    none.net.use_fp8([])
+    products = feed_forward.net.dense_products()
+    chosen = [p for i, p in enumerate(products) if i % 4 >= 2]  # each layer's fc1 and fc2
+    feed_forward.net.use_fp8(chosen)
+    assert {p.weight.dtype for p in chosen} == {layers.FP8}
+    assert layers.FP8 not in {p.weight.dtype for p in products if all(p is not c for c in chosen)}
+    want, same, got = (e.forward(seqs) for e in (bf16, none, feed_forward))
+    for w, s, g in zip(want, same, got):
+        np.testing.assert_array_equal(s[6].mean, w[6].mean)
+        assert not np.array_equal(g[6].mean, w[6].mean)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < FP8_CAPABILITY,
