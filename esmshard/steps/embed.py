@@ -4,6 +4,7 @@ torch (and the model) are loaded only once the job holds its slot of the GPU poo
 waits for a GPU holds no torch (~0.5 GB) and no CUDA context meanwhile.
 """
 
+import functools
 import json
 import logging
 import math
@@ -270,19 +271,20 @@ def run_shard(
                 )
                 cache = Path(part_store(out_h5).compiled)
                 entry = compiled.Entry.at(cache, key)
-                if compiled.wanted(compile, device, eager, lambda: entry.usable(key)):
+                # read (and its bytes hashed) once, and only where auto asks
+                cached = functools.cache(lambda: entry.usable(key))
+                if compiled.wanted(compile, device, eager, cached):
                     layer = compiled.Compiled(embedder.net, key, cache)
                     layer.start()
                     on_exit.callback(layer.finish)  # the compiler's work kept, its folder removed
                 else:
-                    cached = entry.usable(key)
                     log.info(
                         "shard %s: not compiled (compile: auto): its work, about %.0f s on a "
                         "GPU, would save less than compiling takes (%.0f s, %s)",
                         shard,
                         eager,
-                        compiled.compile_seconds(cached),
-                        "from the store's compiled code" if cached else "a first compile",
+                        compiled.compile_seconds(cached()),
+                        "from the store's compiled code" if cached() else "a first compile",
                     )
             loaded = time.time()
             # earlier jobs' work is done

@@ -140,18 +140,23 @@ PEERS_ARGS = ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--no-big", "
 PEERS_ARGS += ["--repeats", "1", "--threads", "2", "--every", "400", "--toks-per-batch", "4096"]
 
 
-def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_path):
-    # What a time limit leaves: the record as written after the GPU tests, the last stage done.
-    env = {**gpucheck.environment(), "gpu": False}
-    tests = {"passed": 7, "failed": 0, "skipped": 0, "failures": [], "ok": True, "seconds": 25}
+def recorded_page(tmp_path, tests: dict, **result) -> str:
+    """The gpu-check.md that `record` writes of a CPU check whose GPU tests gave `tests` and
+    whose other stages gave nothing (`result` sets the record's own fields)."""
     result = {
-        "date": "2026-11-26", "environment": env, "plan": gpucheck.CPU_PLAN,
-        "stages": list(gpucheck.STAGES), "skipped": [], "tests": tests, "workflows": {},
-        "throughput": None, "peers": None, "masked_marginals": None, "largest": None,
-        "finished": False, "ok": False, "seconds": 25.0,
+        "date": "2026-11-26", "environment": {**gpucheck.environment(), "gpu": False},
+        "plan": gpucheck.CPU_PLAN, "stages": list(gpucheck.STAGES), "skipped": [],
+        "tests": tests, "workflows": {}, "throughput": None, "peers": None,
+        "masked_marginals": None, "largest": None, **result,
     }  # fmt: skip
     gpucheck.record(tmp_path, result, tmp_path / "results")
-    page = (tmp_path / "results" / "gpu-check.md").read_text()
+    return (tmp_path / "results" / "gpu-check.md").read_text()
+
+
+def test_a_check_stopped_midway_keeps_what_it_measured_and_says_unfinished(tmp_path):
+    # What a time limit leaves: the record as written after the GPU tests, the last stage done.
+    tests = {"passed": 7, "failed": 0, "skipped": 0, "failures": [], "ok": True, "seconds": 25}
+    page = recorded_page(tmp_path, tests, finished=False, ok=False, seconds=25.0)
     assert "7 passed, 0 failed, 0 skipped (25 s)" in page
     assert page.rstrip().endswith(
         "Verdict: **unfinished**: stopped after 25 s, the stages above done"
@@ -173,15 +178,7 @@ def test_gpu_tests_that_could_not_run_say_why_in_the_record(tmp_path):
     tests = gpucheck.run_tests(tmp_path, suite)
     assert not tests["ok"] and tests["passed"] == 0
     assert tests["error"].startswith("the test data is missing and cannot be fetched")
-    env = {**gpucheck.environment(), "gpu": False}
-    result = {
-        "date": "2026-11-29", "environment": env, "plan": gpucheck.CPU_PLAN,
-        "stages": ["tests"], "skipped": [], "tests": tests, "workflows": {},
-        "throughput": None, "peers": None, "masked_marginals": None, "largest": None,
-        "finished": True, "ok": False, "seconds": 2.0,
-    }  # fmt: skip
-    gpucheck.record(tmp_path, result, tmp_path / "results")
-    page = (tmp_path / "results" / "gpu-check.md").read_text()
+    page = recorded_page(tmp_path, tests, stages=["tests"], finished=True, ok=False, seconds=2.0)
     assert "They did not run: the test data is missing and cannot be fetched: put " in page
 
 
