@@ -8,7 +8,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import h5py
@@ -87,9 +86,9 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
 
     watch = subprocess.Popen(shlex.split(status), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              text=True)  # fmt: skip
-    time.sleep(1.5)
+    first = watch.stdout.readline()  # its first frame drawn (a finished run's is its last)
     watch.send_signal(signal.SIGINT)
-    out, _ = watch.communicate(timeout=10)
+    out = first + watch.communicate(timeout=10)[0]
     # --gpus 0,1: one shard per GPU of the pool (shards: auto)
     assert watch.returncode == 0 and "finished" in out and "shards 2/2 (100%)" in out
 

@@ -330,20 +330,20 @@ def main(argv=None):
     if not args.outdir.is_dir():
         what = "is a file" if args.outdir.exists() else "does not exist"
         parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")
-    while True:
+    if not args.watch:
         state = read_state(args.outdir)
-        text = render(state)
-        if not args.watch:
-            print(text)
-            return 0 if (state["planned"] or state["started"]) and not state.get("damaged") else 1
-        sys.stdout.write("\033[H\033[J" + text + "\n")
-        sys.stdout.flush()
-        if merged(args.outdir, state):
-            return 0
-        try:
+        print(render(state))
+        return 0 if (state["planned"] or state["started"]) and not state.get("damaged") else 1
+    try:  # Ctrl-C is how one leaves the watch, whenever it comes
+        while True:
+            state = read_state(args.outdir)
+            sys.stdout.write("\033[H\033[J" + render(state) + "\n")
+            sys.stdout.flush()
+            if merged(args.outdir, state):
+                return 0
             time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+    except KeyboardInterrupt:
+        return 0
 
 
 def average_variant_scores(parser, outdirs, out: Path) -> int:

@@ -154,6 +154,39 @@ def test_console_script_names_what_is_not_a_run(tmp_path):
         assert "Traceback" not in watch.stderr
 
 
+class InterruptedImport:
+    """A Ctrl-C that comes while `name` is imported (sys.meta_path asks its finders first)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def find_spec(self, name, path=None, target=None):
+        if name == self.name:
+            raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_the_console_script_imports_ends_it_quietly(monkeypatch, capsys):
+    from esmshard.commands import entry
+
+    monkeypatch.delitem(sys.modules, "esmshard.commands.cli")
+    monkeypatch.setattr(
+        sys, "meta_path", [InterruptedImport("esmshard.commands.cli"), *sys.meta_path]
+    )
+    with pytest.raises(SystemExit) as stopped:
+        entry.main()
+    assert stopped.value.code == 130 and capsys.readouterr() == ("", "")
+
+
+def test_ctrl_c_while_the_watch_reads_the_run_ends_the_watch(run_in_progress, monkeypatch):
+    from esmshard.commands import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "read_state", interrupted)
+    assert cli.main(["status", str(run_in_progress), "--watch", "1"]) == 0
+
+
 def test_a_plan_without_shards(tmp_path):
     (tmp_path / "shards").mkdir()
     (tmp_path / "shards" / "plan.tsv").write_text(
