@@ -68,15 +68,16 @@ run: $(BIN)/snakemake $(EXAMPLE)
 # The tests read the real data in ../shared/data, or fetch it once into resources/test-data.
 # TEST_WORKERS pytest processes share the test files, each file whole on one worker: its
 # module-scoped runs are made once, and tests that must not overlap (the SLURM cluster's, one
-# machine-wide set of daemons) run one after another. The run ends with its 25 slowest tests
-# and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU threads sleep rather than spin while
+# machine-wide set of daemons) run one after another; the longest files first
+# (tests/conftest.py's LONGEST_FIRST, kept in that order by --no-loadscope-reorder). The run
+# ends with its 25 slowest tests and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU threads sleep rather than spin while
 # they wait, so that the workers' and their jobs' threads do not take the cores from each other
 # (15% off the parity tests' time on 2 cores, docs/benchmarks.md). Three workers on 2 cores:
 # the suite waits on its subprocesses often enough that a third takes 7% off (1,107 s against
 # 1,187 s), each test taking longer.
 TEST_WORKERS ?= 3
 test: $(VENV)/.test-tools
-	OMP_WAIT_POLICY=PASSIVE PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
+	OMP_WAIT_POLICY=PASSIVE PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
 
 lint: $(VENV)/.lint-tools
 	$(BIN)/snakefmt --check Snakefile workflow

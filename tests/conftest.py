@@ -53,13 +53,35 @@ os.environ.setdefault("MPLCONFIGDIR", str(_USER_CACHE / "matplotlib"))
 os.environ["XDG_CACHE_HOME"] = str(SUBSETS / "cache")
 
 
-# The test files with single tests of a minute or more, handed out to the workers first (xdist
-# hands the files out in collection order): none of them starts last beside idle workers.
-LONGEST_FIRST = ("commands/test_gpu_check.py", "test_install.py", "workflow/test_slurm.py")
+# The test files that take longest, longest first by a whole suite's wall time per file: `make
+# test` hands whole files to the workers in this order (--no-loadscope-reorder; xdist's own
+# order, most tests first, started the three longest last, beside idle workers), then the rest
+# as collected. The SLURM tests, which mostly wait on the cluster, overlap the others' work.
+LONGEST_FIRST = (
+    "commands/test_gpu_check.py",
+    "workflow/test_slurm.py",
+    "test_install.py",
+    "store/test_store.py",
+    "workflow/test_named_failures.py",
+    "workflow/test_workflow.py",
+    "models/test_models_esmc.py",
+    "models/test_models_esm2.py",
+    "workflow/test_variant_effects.py",
+    "compute/test_compiled.py",
+    "workflow/test_user_files.py",
+    "models/test_models_esm1.py",
+    "models/test_models_t5.py",
+    "workflow/test_resume.py",
+    "workflow/test_first_hour.py",
+    "workflow/test_resilience.py",
+    "test_readme.py",
+)
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: not str(item.path).endswith(LONGEST_FIRST))
+    tests = Path(__file__).parent
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))
 
 
 def read_records(path: Path) -> list[tuple[str, str]]:

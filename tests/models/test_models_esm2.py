@@ -50,7 +50,7 @@ def fair_esm_outputs(model, batch: tuple[int, ...]):
 @pytest.mark.parametrize("dense", ["onednn", "torch"])
 @pytest.mark.parametrize(
     "budget, batching",
-    [(600, "padded"), (2048, "padded"), (6000, "padded"), (600, "packed"), (2048, "packed")],
+    [(600, "padded"), (2048, "padded"), (600, "packed"), (2048, "packed")],
 )
 def test_fast_path_equals_fair_esm(model, budget, dense, batching, monkeypatch):
     if dense == "torch":  # the path GPUs, autocast and torch builds without oneDNN take
@@ -166,6 +166,17 @@ def test_a_packed_batch_attends_within_each_sequence_at_its_own_positions():
         torch.testing.assert_close(out[start:end], alone, atol=1e-6, rtol=0)
 
 
+_FP32_BY_SEQUENCE = {}
+
+
+def fp32_by_sequence(model) -> dict:
+    """Each sequence's fp32 representations by the fast path, computed once for the module."""
+    if not _FP32_BY_SEQUENCE:
+        lengths = [len(s) for s in SEQUENCES]
+        _FP32_BY_SEQUENCE.update(by_sequence(embedder(model, True), make_batches(lengths, 4096)))
+    return _FP32_BY_SEQUENCE
+
+
 def cosines(got, want, layer) -> list[float]:
     """Per sequence, the cosine of the two means at `layer`."""
     return [
@@ -182,15 +193,9 @@ def test_half_precision_on_cpu_stays_close_for_every_protein(model, precision, b
     """The whole path a GPU takes in half precision (autocast, the fast path, the reductions and
     read-back, the non-finite check), on the CPU: every real protein's mean against fp32's."""
     packed = batching == "packed"
-    half, reference = embedder(model, True, precision, packed), embedder(model, True)
-    batches = make_batches([len(s) for s in SEQUENCES], 4096, packed)
-    got, want, failed = {}, {}, []
-    for batch in batches:
-        seqs = [SEQUENCES[i] for i in batch]
-        for out, emb in ((got, half), (want, reference)):
-            for done, reps in emb.embed(batch, seqs, failed):
-                out.update(zip(done, reps))
-    assert not failed and sorted(got) == sorted(want) == list(range(len(SEQUENCES)))
+    half = embedder(model, True, precision, packed)
+    got = by_sequence(half, make_batches([len(s) for s in SEQUENCES], 4096, packed))
+    want = fp32_by_sequence(model)
     order = sorted(got)
     for layer in (3, 6):
         assert min(cosines([got[i] for i in order], [want[i] for i in order], layer)) >= (
@@ -239,14 +244,8 @@ def test_fp8_on_cpu_stays_close_for_every_protein(model, batching):
     packed = batching == "packed"
     fp8 = embedder(copy.deepcopy(model), True, "fp8", packed)  # it makes its products FP8
     assert all(linear.weight.dtype == layers.FP8 for linear in fp8.net.dense_products())
-    reference = embedder(model, True)
-    got, want, failed = {}, {}, []
-    for batch in make_batches([len(s) for s in SEQUENCES], 4096, packed):
-        seqs = [SEQUENCES[i] for i in batch]
-        for out, emb in ((got, fp8), (want, reference)):
-            for done, reps in emb.embed(batch, seqs, failed):
-                out.update(zip(done, reps))
-    assert not failed and sorted(got) == sorted(want)
+    got = by_sequence(fp8, make_batches([len(s) for s in SEQUENCES], 4096, packed))
+    want = fp32_by_sequence(model)
     order = sorted(got)
     least = min(cosines([got[i] for i in order], [want[i] for i in order], 6))
     assert FP8_MIN_COSINE <= least < BF16_MIN_COSINE  # FP8's error, not bf16's
@@ -255,7 +254,7 @@ def test_fp8_on_cpu_stays_close_for_every_protein(model, batching):
 def test_products_left_out_of_fp8_are_computed_as_bf16_computes_them(model):
     """`use_fp8(products)`: those in FP8, the others as bf16 computes them (benchmarks/
     fp8_layers.py measures each kind's error so)."""
-    seqs = SEQUENCES[:4]
+    seqs = [s for s in SEQUENCES if len(s) < 300][:4]
     bf16, none, feed_forward = (embedder(copy.deepcopy(model), True, "bf16") for _ in range(3))
     none.net.use_fp8([])
     products = feed_forward.net.dense_products()
