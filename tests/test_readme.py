@@ -88,7 +88,8 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
                              text=True)  # fmt: skip
     first = watch.stdout.readline()  # its first frame drawn (a finished run's is its last)
     watch.send_signal(signal.SIGINT)
-    out = first + watch.communicate(timeout=10)[0]
+    out = first + watch.stdout.read()  # what the reader holds of the frame, then to the end
+    watch.wait(timeout=10)
     # --gpus 0,1: one shard per GPU of the pool (shards: auto)
     assert watch.returncode == 0 and "finished" in out and "shards 2/2 (100%)" in out
 
