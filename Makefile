@@ -70,9 +70,10 @@ run: $(BIN)/snakemake $(EXAMPLE)
 # module-scoped runs are made once, and tests that must not overlap (the SLURM cluster's, one
 # machine-wide set of daemons) run one after another; the longest files first
 # (tests/conftest.py's LONGEST_FIRST, kept in that order by --no-loadscope-reorder). The run
-# ends with its 25 slowest tests and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU threads sleep rather than spin while
-# they wait, so that the workers' and their jobs' threads do not take the cores from each other
-# (15% off the parity tests' time on 2 cores, docs/benchmarks.md). Three workers on 2 cores:
+# ends with its 25 slowest tests and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU
+# threads sleep rather than spin while they wait, so that the workers' and their jobs' threads
+# do not take the cores from each other (15% off the parity tests' time on 2 cores,
+# docs/benchmarks.md). Three workers on 2 cores:
 # the suite waits on its subprocesses often enough that a third takes 7% off (1,107 s against
 # 1,187 s), each test taking longer.
 TEST_WORKERS ?= 3

@@ -79,9 +79,8 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_modifyitems(items):
-    tests = Path(__file__).parent
-    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.relative_to(tests).as_posix(), len(rank)))
+    rank = {Path(__file__).parent / name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 
 def read_records(path: Path) -> list[tuple[str, str]]:
@@ -137,6 +136,19 @@ def seeded_esm2(layers: int, dim: int, seed: int = 0):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return ESM2(num_layers=layers, embed_dim=dim, attention_heads=4, alphabet="ESM-1b").eval()
+
+
+def seeded_esmc(arch, seed: int = 0):
+    """esmshard's ESM C of shape `arch` (esmshard.models.spec.Arch) with random weights of
+    `seed`, in eval mode; the caller's random state is left as it was."""
+    import torch
+
+    from esmshard.models.esmc import ESMC
+    from esmshard.models.esmc_weights import Shape, ffn_size
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return ESMC(Shape(arch, ffn_size(arch.dim))).eval()
 
 
 def micro_checkpoint(folder: Path) -> Path:
