@@ -8,7 +8,15 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, config, read_records, seeded_esm2, snakemake, write_subset
+from conftest import (
+    PROTEINS,
+    config,
+    read_records,
+    seeded_esm2,
+    seeded_esmc,
+    snakemake,
+    write_subset,
+)
 
 from esmshard.compute import compiled
 from esmshard.compute.batching import make_batches
@@ -17,8 +25,7 @@ from esmshard.compute.precision import PRECISIONS
 from esmshard.input import sizing
 from esmshard.models.archs import Arch
 from esmshard.models.esm1 import build
-from esmshard.models.esmc import ALPHABET, ESMC, ffn_size
-from esmshard.models.esmc_weights import Shape
+from esmshard.models.esmc import ALPHABET
 
 SEQUENCES = [seq[:1022] for _, seq in read_records(PROTEINS)]
 CPU = torch.device("cpu")
@@ -33,9 +40,7 @@ def esm2():
 
 def esmc():
     """A small ESM C (3 layers, D = 64) with seeded random weights."""
-    with torch.random.fork_rng():
-        torch.manual_seed(0)
-        return ESMC(Shape(Arch(3, 64, 4), ffn_size(64))).eval(), ALPHABET, 3
+    return seeded_esmc(Arch(3, 64, 4)), ALPHABET, 3
 
 
 def esm1():

@@ -3,7 +3,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, read_records
+from conftest import PROTEINS, TINY_MODEL, read_records, seeded_esmc
 
 from esmshard import models
 from esmshard.compute.batching import make_batches
@@ -210,17 +210,13 @@ def test_dense_weights_in_autocasts_dtype_give_autocasts_numbers_exactly(family)
     from esmshard.models.archs import ESMC as ESMC_ARCHS
     from esmshard.models.esm2 import FastESM2
     from esmshard.models.esm2 import random_model as esm2_model
-    from esmshard.models.esmc import ALPHABET, ESMC
-    from esmshard.models.esmc_weights import Shape, ffn_size
+    from esmshard.models.esmc import ALPHABET
 
     if family == "esm2":
         nets = [FastESM2(esm2_model(TINY_MODEL).eval()) for _ in range(2)]
         alphabet = nets[0].model.alphabet
     else:  # esmc_300m's width and heads; the two layers compared are all that run
-        arch = ESMC_ARCHS["esmc_300m"]._replace(layers=2)
-        with torch.random.fork_rng():
-            torch.manual_seed(0)
-            net = ESMC(Shape(arch, ffn_size(arch.dim))).eval()
+        net = seeded_esmc(ESMC_ARCHS["esmc_300m"]._replace(layers=2))
         nets, alphabet = [net, copy.deepcopy(net)], ALPHABET
     for module in nets[1].modules():
         if isinstance(module, torch.nn.Linear):
