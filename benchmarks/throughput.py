@@ -74,14 +74,20 @@ def flops(lengths, layers, dim, params=None) -> float:
 
 
 def matmul_peaks(dim, precision, device) -> dict[str, float]:
-    """FLOP/s of a 4096 × D by D × 4D product through torch's matmul and, on CPUs, through oneDNN
-    where it takes the precision (the fast path's library in fp32; in bf16 the faster route on
-    this CI's CPU, 424 against torch's matmul's 384 GFLOP/s at D = 960, and without it a compiled
-    ESM C measured 1.09 of the peak), and on a GPU of an 8192³ product (what its matrix units
-    reach at best): the device's peak is the best of them. In fp8: the fast path's FP8 product
-    (`fp8_dense`, the scaling of its rows included) and on a GPU an 8192³ FP8 product."""
+    """FLOP/s of a 4096 × D by D × 4D product (1024 × D on a CPU) through torch's matmul and, on
+    CPUs, through oneDNN where it takes the precision (the fast path's library in fp32; in bf16
+    the faster route on this CI's CPU, 424 against torch's matmul's 384 GFLOP/s at D = 960, and
+    without it a compiled ESM C measured 1.09 of the peak) and in half precision as an fp32
+    product of the values made fp32 (on a CPU without bf16 units, 17 GFLOP/s in bf16 against 100
+    that way, which a compiled layer takes: it measured 1.02 of the bf16 peak), and on a GPU of an
+    8192³ product (what its matrix units reach at best): the device's peak is the best of them.
+    In fp8: the fast path's FP8 product (`fp8_dense`, the scaling of its rows included) and on a
+    GPU an 8192³ FP8 product."""
     dtype = getattr(torch, PRECISIONS[precision].autocast_dtype or "float32")
-    a = torch.randn(4096, dim, device=device, dtype=dtype)
+    # A CPU's product of 1024 rows: the sides' packed batches are no larger there, and 4096
+    # rows in bf16 took 2 s a reading where the CPU has no bf16 units
+    rows = 4096 if device.type == "cuda" else 1024
+    a = torch.randn(rows, dim, device=device, dtype=dtype)
     linear = torch.nn.Linear(dim, 4 * dim, bias=False).to(device, dtype)
     if PRECISIONS[precision].fp8_products:  # the fast path's FP8 product, its scaling included
         to_fp8(linear)
@@ -100,6 +106,9 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
                 products["oneDNN"] = lambda: onednn_dense(a, linear)
             except RuntimeError:
                 pass
+        if device.type == "cpu" and dtype != torch.float32:
+            weight = linear.weight.float()
+            products["in fp32"] = lambda: (a.float() @ weight.T).to(dtype)
         if device.type == "cuda":  # the device's own peak: a large square product
             square = torch.randn(8192, 8192, device=device, dtype=dtype)
             products["8192³ matmul"] = lambda: square @ square
@@ -118,7 +127,7 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
                     product()
                 synchronize(device)
                 best = min(best, (time.perf_counter() - start) / per_reading)
-            work = 2 * 8192**3 if name.startswith("8192") else 2 * 4096 * dim * 4 * dim
+            work = 2 * 8192**3 if name.startswith("8192") else 2 * rows * dim * 4 * dim
             peaks[name] = work / best
     return peaks
 

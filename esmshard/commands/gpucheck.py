@@ -70,13 +70,14 @@ CPU_PLAN = {
     "bench_every": 300,  # 15 proteins: fair-esm's fp32 loop is the slowest side on a CPU
     "toks_per_batch": 4096,
     # ESM C's peers on esmc_300m's first 2 layers: the same code, without building and saving
-    # all 30 (10 s of the 33 on 2 cores)
+    # all 30 (10 s of the 33 on 2 cores); the sides on 3 proteins, one packed batch each: the
+    # compiles are most of the stage's time on a CPU, and more proteins add shapes to compile
     "peers": ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--esmc-sequences", "2"]
-    + ["--esmc-layers", "2", "--no-big", "--repeats", "1", "--threads", "2", "--every", "400"],
+    + ["--esmc-layers", "2", "--no-big", "--repeats", "1", "--threads", "2", "--every", "1500"],
     # the largest models' code on small stand-ins: their first layer, in bf16 (the peers
     # compile FP8's products already; each compile here is seconds of the CPU)
     "largest": ["--esm2", "--esmc", "--big", "--big-models", "esm2_t6_8M_UR50D", "esmc_300m"]
-    + ["--big-layers", "1", "--big-every", "1", "--no-fp8", "--threads", "2", "--every", "400"],
+    + ["--big-layers", "1", "--big-every", "1", "--no-fp8", "--threads", "2", "--every", "1500"],
     "masked": ["--model", "esm2_t6_8M_UR50D", "--layers", "1", "--every", "2000", "--longest"]
     + ["200", "--repeats", "1", "--threads", "2"],
     "families": GPU_PLAN["families"],

@@ -137,7 +137,7 @@ def test_a_missing_peer_package_is_one_line_and_the_other_sides_still_run(monkey
 
 # the sides that need no peer package; FP8 is measured by the check itself (above)
 PEERS_ARGS = ["--esm2", "esm2_t6_8M_UR50D", "--esmc", "esmc_300m", "--no-big", "--no-fp8"]
-PEERS_ARGS += ["--repeats", "1", "--threads", "2", "--every", "400", "--toks-per-batch", "4096"]
+PEERS_ARGS += ["--repeats", "1", "--threads", "2", "--every", "1500", "--toks-per-batch", "4096"]
 
 
 def recorded_page(tmp_path, tests: dict, **result) -> str:
