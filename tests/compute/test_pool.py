@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROTEINS, REPO, TINY_MODEL, snakemake_command
+from conftest import MODEL, PROTEINS, REPO, snakemake_command
 
 from esmshard.compute import pool
 
@@ -92,8 +92,8 @@ def test_an_embed_job_waiting_for_the_pool_has_not_imported_torch(tmp_path):
     with open(slot, "a") as held:  # another job holds the pool's one GPU
         fcntl.flock(held, fcntl.LOCK_EX)
         cmd, env = snakemake_command(
-            tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 1,
-                       "gpus": [0]}, "--resources", "gpu=1",
+            tmp_path, {"input": str(PROTEINS), "model": MODEL, "shards": 1, "gpus": [0]},
+            "--resources", "gpu=1",
         )  # fmt: skip
         run = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
