@@ -5,7 +5,7 @@ import os
 import sys
 
 import pytest
-from conftest import PROTEINS, REPO, TINY_MODEL, snakemake
+from conftest import MODEL, PROTEINS, REPO, snakemake
 
 from esmshard.compute import telemetry
 
@@ -59,7 +59,7 @@ def test_four_stand_in_gpus_with_a_cpu_only_torch(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(FAKE_NVML), os.environ.get("PYTHONPATH", "")]),
         "CUDA_VISIBLE_DEVICES": None,
     }
-    config = {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}", "shards": 4, "gpus": "auto"}
+    config = {"input": str(PROTEINS), "model": MODEL, "shards": 4, "gpus": "auto"}
     result = snakemake(tmp_path, config, "--resources", "gpu=4", env=env)
     outdir = tmp_path / "results"
     logs = [p.read_text() for p in sorted((outdir / "logs" / "embed").glob("*.log"))]
