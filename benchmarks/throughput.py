@@ -84,8 +84,8 @@ def matmul_peaks(dim, precision, device) -> dict[str, float]:
     In fp8: the fast path's FP8 product (`fp8_dense`, the scaling of its rows included) and on a
     GPU an 8192³ FP8 product."""
     dtype = getattr(torch, PRECISIONS[precision].autocast_dtype or "float32")
-    # A CPU's product of 1024 rows: the sides' packed batches are no larger there, and 4096
-    # rows in bf16 took 2 s a reading where the CPU has no bf16 units
+    # A CPU's product of 1024 rows: gpu-check's CPU sides run batches of a few hundred tokens,
+    # and 4096 rows in bf16 took 2 s a reading where the CPU has no bf16 units
     rows = 4096 if device.type == "cuda" else 1024
     a = torch.randn(rows, dim, device=device, dtype=dtype)
     linear = torch.nn.Linear(dim, 4 * dim, bias=False).to(device, dtype)

@@ -237,8 +237,7 @@ def test_a_killed_masked_marginal_shard_loses_no_more_than_an_embedding_shard(tm
     records = [r for r in SLICE if len(r[1]) <= 120][:40]
     lengths = [len(s) for _, s in records]
     fasta(tmp_path / "proteins.fasta", records)
-    masked = ["include=[masked_marginals,pll]", "keep_every=1"]
-    masked += ["toks_per_batch=30000"]
+    masked = ["include=[masked_marginals,pll]", "toks_per_batch=30000"]  # keep_every=1: SETTINGS
     uninterrupted, env = command(tmp_path, str(tmp_path / "whole"))
     subprocess.run([*uninterrupted, *masked], cwd=REPO, env=env, check=True, capture_output=True)
     (metrics,) = (tmp_path / "whole" / "metrics").glob("*.json")
