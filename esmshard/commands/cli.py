@@ -313,18 +313,26 @@ def main(argv=None):
         return average_variant_scores(parser, args.outdirs, args.out)
     if args.command == "export":
         quiet_hdf5_cleanup()  # a failed write is reported below, in one line
+        existed = os.path.lexists(args.out)  # an export refuses to write over it
         try:
-            exports.export(
-                args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
-                key=args.key, names=args.names,
-            )  # fmt: skip
+            with exports.stoppable():
+                exports.export(
+                    args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
+                    key=args.key, names=args.names,
+                )  # fmt: skip
         except (exports.ExportError, DamagedFileError, KeyError, FastaError) as err:
             parser.exit(1, f"esmshard export: {err.args[0]}\n")
         except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line
-            # Straight out: after a failed write, HDF5's clean-up at exit can crash the process.
-            sys.stderr.write(f"esmshard export: {err}\n")
-            sys.stderr.flush()
-            os._exit(1)
+            export_ends(f"esmshard export: {err}", 1)
+        except KeyboardInterrupt:
+            signum = exports.stopped_by()
+            if not existed and os.path.lexists(args.out):  # it landed once the export was in place
+                export_ends(f"wrote {args.out}; then stopped by {signum.name}", 128 + signum)
+            export_ends(
+                f"esmshard export: stopped by {signum.name}; nothing was written to "
+                f"{args.out} (its partial files are removed): run the same command again",
+                128 + signum,
+            )
         print(f"wrote {args.out}")
         return 0
     if not args.outdir.is_dir():
@@ -344,6 +352,14 @@ def main(argv=None):
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
+
+
+def export_ends(line: str, status: int):
+    """The export's one line, then straight out: after a failed or stopped write, HDF5's
+    clean-up at exit can crash the process."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def average_variant_scores(parser, outdirs, out: Path) -> int:

@@ -1,5 +1,6 @@
 """The `esmshard` console script's entry point: a Ctrl-C while the command's modules still
-import (a second or more on a busy machine) ends it quietly, as one during its work does."""
+import or its options are read (a second or more on a busy machine), or one that a command
+does not end in a line of its own, ends it quietly with the shell's status."""
 
 import sys
 
@@ -7,6 +8,7 @@ import sys
 def main():
     try:
         from .cli import main as command
+
+        return command()
     except KeyboardInterrupt:
         sys.exit(130)  # the shell's code for a command stopped by SIGINT
-    return command()

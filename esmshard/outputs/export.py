@@ -49,8 +49,10 @@ import hashlib
 import json
 import os
 import re
+import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
@@ -178,8 +180,46 @@ def _read_block(emb, wanted, start, stop, residue_offsets, unlayered) -> Block:
     )
 
 
+# The signals that stopped this export (in `stoppable`), for the next block to act on.
+_stopped_by: list[int] = []
+
+
+@contextmanager
+def stoppable():
+    """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) stop the export as KeyboardInterrupt: at
+    once, or at the next block of proteins where the signal lands in a finalizer (h5py frees
+    its objects in weakref callbacks, where Python prints the exception and drops it)."""
+
+    def stop(signum, frame):
+        _stopped_by.append(signum)
+        raise KeyboardInterrupt
+
+    shown_unraisable = sys.unraisablehook
+
+    def unraisablehook(unraisable):
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):  # raised again, below
+            shown_unraisable(unraisable)
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {signum: signal.signal(signum, stop) for signum in signals}
+    sys.unraisablehook = unraisablehook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = shown_unraisable
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stopped_by() -> signal.Signals:
+    """The first signal that stopped the export (SIGINT where none was recorded: Ctrl-C
+    before `stoppable`)."""
+    return signal.Signals(_stopped_by[0] if _stopped_by else signal.SIGINT)
+
+
 class ProgressBar:
-    """Proteins written so far, on one line of stderr (a line per 10% when it is no terminal)."""
+    """Proteins written so far, on one line of stderr (a line per 10% when it is no terminal);
+    a stop that a finalizer swallowed ends the export at the next block (`stoppable`)."""
 
     def __init__(self, total: int, label: str, stream=sys.stderr):
         self.total, self.label, self.stream = total, label, stream
@@ -187,6 +227,8 @@ class ProgressBar:
         self.terminal = stream.isatty()
 
     def update(self, n: int) -> None:
+        if _stopped_by:
+            raise KeyboardInterrupt
         self.done += n
         percent = 100 * self.done // max(1, self.total)
         if self.terminal or percent // 10 > self.shown // 10 or self.done == self.total:

@@ -4,10 +4,13 @@ embeddings.h5, on runs made through the `snakemake` command line."""
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import h5py
@@ -390,3 +393,30 @@ def test_an_export_from_another_folder_reads_the_runs_own_inputs(run, tmp_path):
     with h5py.File(tmp_path / "elsewhere.h5") as got, h5py.File(run / "beside.h5") as want:
         assert sorted(got) == sorted(want) and len(got) == 40
     assert (tmp_path / "proteins.fasta").read_bytes() == mine
+
+
+class SignalAtFirstLine(io.StringIO):
+    """The progress bar's stream: at the bar's first line, a real SIGINT lands in a finalizer
+    (where Python drops the exception, as in h5py's weakref callbacks)."""
+
+    def write(self, text):
+        if not self.getvalue():
+            holder = type("Held", (), {})()
+            weakref.finalize(holder, os.kill, os.getpid(), signal.SIGINT)
+            del holder  # the finalizer runs now, the signal's KeyboardInterrupt inside it
+        return super().write(text)
+
+
+@pytest.mark.parametrize("fmt", ["pt", "per-protein-h5"])
+def test_ctrl_c_stops_an_export_even_inside_a_finalizer_and_leaves_nothing(
+    run, tmp_path, monkeypatch, fmt
+):
+    monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)  # blocks after the first line
+    monkeypatch.setattr(exports, "_stopped_by", [])
+    before = signal.getsignal(signal.SIGINT)
+    out = tmp_path / "x"
+    with pytest.raises(KeyboardInterrupt), exports.stoppable():
+        exports.export(run / "out", fmt, out, stream=SignalAtFirstLine())
+    assert exports.stopped_by() == signal.SIGINT
+    assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary
+    assert signal.getsignal(signal.SIGINT) is before  # the caller's handlers back
