@@ -187,6 +187,16 @@ def writer_suffix() -> str:
     return f".esmshard-{socket.gethostname()}-{os.getpid()}.tmp"
 
 
+def remove_whole(folder) -> None:
+    """Remove `folder` as one step: renamed to this process's temporary name first, so that a
+    stop midway (Ctrl-C in a store of thousands of parts) leaves none of it under its name, only
+    a dead writer's temporary, which the next run removes (esmshard.store.leftovers)."""
+    folder = Path(folder)
+    doomed = folder.with_name(f".{folder.name}{writer_suffix()}")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed)
+
+
 def unwritable(path) -> str | None:
     """Why nothing can be written at `path` (a folder, or where one would be made), or None.
 

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ import h5py
 import numpy as np
 
 from ..embeddings_h5.in_place import is_in_place, part_paths
-from ..files import write_json
+from ..files import remove_whole, write_json
 from ..input.records import read_columns, shard_codes
 from ..layout import Layout
 from . import storelock
@@ -380,7 +379,7 @@ def remove(store: Store, key: str) -> None:
             f"{store.root} holds no settings {key!r}; `esmshard store {store.root}` lists them"
         )
     with storelock.exclusive(store.root, [key], "remove"):
-        shutil.rmtree(store.folder(key))
+        remove_whole(store.folder(key))
 
 
 class Verified(NamedTuple):
@@ -557,6 +556,6 @@ def prune(files: list[Unused]) -> None:
     for f in files:
         path = Path(f.path)
         if path.is_dir() and not path.is_symlink():  # kept pieces, or a folder set aside as a part
-            shutil.rmtree(path)
+            remove_whole(path)
         else:
             path.unlink(missing_ok=True)

@@ -97,3 +97,31 @@ def _touch(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({}))
     return path
+
+
+def test_a_settings_folder_whose_remover_is_killed_midway_is_gone_whole(tmp_path):
+    """`esmshard store --remove` (and `--prune --apply` of a folder) renames the folder before it
+    removes its files: killed after the first file, none of it stays under its name, and what
+    is left is a dead writer's temporary, which the next run removes."""
+    store = Store(str(tmp_path / "store"))
+    settings = {"model": "random:esm2_t6_8M_UR50D"}
+    key = settings_key(settings)
+    folder = Path(store.folder(key))
+    folder.mkdir(parents=True)
+    (folder / "settings.json").write_text(json.dumps(settings))
+    for shard in range(20):
+        (folder / f"{shard:05d}.h5").write_bytes(b"part")
+    script = f"""
+import os, shutil, signal
+from esmshard.store import Store, remove
+def killed_after_one_file(path, *args, **kwargs):
+    os.unlink(min(os.scandir(path), key=lambda entry: entry.name).path)
+    os.kill(os.getpid(), signal.SIGKILL)
+shutil.rmtree = killed_after_one_file
+remove(Store({store.root!r}), {key!r})
+"""
+    assert subprocess.run([sys.executable, "-c", script]).returncode == -9
+    assert store.settings_keys() == [] and not folder.exists()
+    (doomed,) = [p for p in Path(store.root).iterdir() if p.name.startswith(f".{key}.esmshard-")]
+    assert len(list(doomed.iterdir())) == 20  # settings.json and 19 parts, under no key's name
+    assert remove_leftovers(tmp_path / "results", store) == [doomed] and not doomed.exists()
