@@ -314,8 +314,9 @@ def main(argv=None):
     if args.command == "export":
         quiet_hdf5_cleanup()  # a failed write is reported below, in one line
         existed = os.path.lexists(args.out)  # an export refuses to write over it
+        stop = exports.Stop()  # the block's own, once it starts
         try:
-            with exports.stoppable():
+            with exports.stoppable() as stop:
                 exports.export(
                     args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
                     key=args.key, names=args.names,
@@ -325,7 +326,7 @@ def main(argv=None):
         except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line
             export_ends(f"esmshard export: {err}", 1)
         except KeyboardInterrupt:
-            signum = exports.stopped_by()
+            signum = stop.signal
             if not existed and os.path.lexists(args.out):  # it landed once the export was in place
                 export_ends(f"wrote {args.out}; then stopped by {signum.name}", 128 + signum)
             export_ends(

@@ -180,18 +180,31 @@ def _read_block(emb, wanted, start, stop, residue_offsets, unlayered) -> Block:
     )
 
 
-# The signals that stopped this export (in `stoppable`), for the next block to act on.
-_stopped_by: list[int] = []
+class Stop:
+    """The signals that stopped an export (`stoppable`): the first one's name and number."""
+
+    def __init__(self):
+        self.signals: list[int] = []
+
+    @property
+    def signal(self) -> signal.Signals:
+        return signal.Signals(self.signals[0] if self.signals else signal.SIGINT)  # else Ctrl-C
+
+
+_watching: Stop | None = None  # the `stoppable` block's, for the progress bar to act on
 
 
 @contextmanager
 def stoppable():
-    """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) stop the export as KeyboardInterrupt: at
-    once, or at the next block of proteins where the signal lands in a finalizer (h5py frees
-    its objects in weakref callbacks, where Python prints the exception and drops it)."""
+    """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) stop the export inside the block as
+    KeyboardInterrupt: at once, or at the next block of proteins where the signal lands in a
+    finalizer (h5py frees its objects in weakref callbacks, where Python prints the exception
+    and drops it). Yields the Stop that records them."""
+    global _watching
+    stop = Stop()
 
-    def stop(signum, frame):
-        _stopped_by.append(signum)
+    def stopped(signum, frame):
+        stop.signals.append(signum)
         raise KeyboardInterrupt
 
     shown_unraisable = sys.unraisablehook
@@ -201,20 +214,14 @@ def stoppable():
             shown_unraisable(unraisable)
 
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {signum: signal.signal(signum, stop) for signum in signals}
-    sys.unraisablehook = unraisablehook
+    previous = {signum: signal.signal(signum, stopped) for signum in signals}
+    sys.unraisablehook, _watching = unraisablehook, stop
     try:
-        yield
+        yield stop
     finally:
-        sys.unraisablehook = shown_unraisable
+        sys.unraisablehook, _watching = shown_unraisable, None
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-
-
-def stopped_by() -> signal.Signals:
-    """The first signal that stopped the export (SIGINT where none was recorded: Ctrl-C
-    before `stoppable`)."""
-    return signal.Signals(_stopped_by[0] if _stopped_by else signal.SIGINT)
 
 
 class ProgressBar:
@@ -227,7 +234,7 @@ class ProgressBar:
         self.terminal = stream.isatty()
 
     def update(self, n: int) -> None:
-        if _stopped_by:
+        if _watching is not None and _watching.signals:
             raise KeyboardInterrupt
         self.done += n
         percent = 100 * self.done // max(1, self.total)

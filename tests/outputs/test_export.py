@@ -412,11 +412,10 @@ def test_ctrl_c_stops_an_export_even_inside_a_finalizer_and_leaves_nothing(
     run, tmp_path, monkeypatch, fmt
 ):
     monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)  # blocks after the first line
-    monkeypatch.setattr(exports, "_stopped_by", [])
     before = signal.getsignal(signal.SIGINT)
     out = tmp_path / "x"
-    with pytest.raises(KeyboardInterrupt), exports.stoppable():
+    with pytest.raises(KeyboardInterrupt), exports.stoppable() as stop:
         exports.export(run / "out", fmt, out, stream=SignalAtFirstLine())
-    assert exports.stopped_by() == signal.SIGINT
+    assert stop.signal == signal.SIGINT and stop.signals == [signal.SIGINT]
     assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary
     assert signal.getsignal(signal.SIGINT) is before  # the caller's handlers back
