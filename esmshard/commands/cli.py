@@ -314,9 +314,9 @@ def main(argv=None):
     if args.command == "export":
         quiet_hdf5_cleanup()  # a failed write is reported below, in one line
         existed = os.path.lexists(args.out)  # an export refuses to write over it
-        stop = exports.Stop()  # the block's own, once it starts
+        stop = exports.Stop()
         try:
-            with exports.stoppable() as stop:
+            with exports.stoppable(stop):
                 exports.export(
                     args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
                     key=args.key, names=args.names,

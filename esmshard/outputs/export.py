@@ -195,13 +195,12 @@ _watching: Stop | None = None  # the `stoppable` block's, for the progress bar t
 
 
 @contextmanager
-def stoppable():
+def stoppable(stop: Stop):
     """Ctrl-C, SIGTERM and a closed terminal (SIGHUP) stop the export inside the block as
-    KeyboardInterrupt: at once, or at the next block of proteins where the signal lands in a
-    finalizer (h5py frees its objects in weakref callbacks, where Python prints the exception
-    and drops it). Yields the Stop that records them."""
+    KeyboardInterrupt, recorded in `stop`: at once, or at the next block of proteins where the
+    signal lands in a finalizer (h5py frees its objects in weakref callbacks, where Python
+    prints the exception and drops it)."""
     global _watching
-    stop = Stop()
 
     def stopped(signum, frame):
         stop.signals.append(signum)
@@ -217,7 +216,7 @@ def stoppable():
     previous = {signum: signal.signal(signum, stopped) for signum in signals}
     sys.unraisablehook, _watching = unraisablehook, stop
     try:
-        yield stop
+        yield
     finally:
         sys.unraisablehook, _watching = shown_unraisable, None
         for signum, handler in previous.items():

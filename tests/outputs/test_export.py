@@ -413,8 +413,8 @@ def test_ctrl_c_stops_an_export_even_inside_a_finalizer_and_leaves_nothing(
 ):
     monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)  # blocks after the first line
     before = signal.getsignal(signal.SIGINT)
-    out = tmp_path / "x"
-    with pytest.raises(KeyboardInterrupt), exports.stoppable() as stop:
+    out, stop = tmp_path / "x", exports.Stop()
+    with pytest.raises(KeyboardInterrupt), exports.stoppable(stop):
         exports.export(run / "out", fmt, out, stream=SignalAtFirstLine())
     assert stop.signal == signal.SIGINT and stop.signals == [signal.SIGINT]
     assert list(tmp_path.iterdir()) == []  # neither the export nor its temporary
