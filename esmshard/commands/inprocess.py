@@ -12,6 +12,7 @@ keys and defaults (config/config.yaml), validated by the same schema.
 
 import contextlib
 import io
+import logging
 import numbers
 import os
 import re
@@ -23,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from ..config import ConfigError, embedding_settings
-from ..files import unwritable
+from ..files import unwritable, write_json
 from ..input.fasta import (
     FIX_RECORD,
     FastaError,
@@ -40,9 +41,10 @@ from ..steps.checks import check_config, defaults
 from ..steps.embed import run_shard
 from ..steps.merge import merge
 from ..steps.shard import write_shards
-from ..store import Store, settings_key
+from ..store import Store, read_json_object, settings_key
 from ..store.leftovers import remove_leftovers
 from ..store.pieces import Pieces
+from ..store.runlock import new_run
 from ..store.storelock import shared
 from .launch import workflow_root
 
@@ -53,6 +55,8 @@ SEQUENCE_TEXT = re.compile(r"[A-Za-z*\s-]+")
 PATH_LIKE = re.compile(r"[/\\]|\.[A-Za-z0-9]+$|^~")
 # A table's columns of IDs and of sequences (pairs_of), by the names people give them.
 TABLE_COLUMNS = (("id", "name"), ("sequence", "seq"))
+
+log = logging.getLogger(__name__)
 
 
 def schema() -> dict:
@@ -227,6 +231,27 @@ def given_by_item(step, fasta: Path, tmp: Path):
     return named
 
 
+@contextlib.contextmanager
+def saying_what_is_kept(store: Store, key: str, shards: list[str], computing: int):
+    """Where the block stops (an exception), say what of the call's work `store` keeps: the
+    parts of its `shards` that are in place."""
+    try:
+        yield
+    except BaseException:
+        manifests = [Path(store.manifest(key, shard)) for shard in shards]
+        count = sum((read_json_object(m) or {}).get("n_sequences", 0) for m in manifests
+                    if m.exists())  # fmt: skip
+        if count:
+            log.warning(
+                "esmshard.embed stopped: %d of the %d sequences it was computing are kept in "
+                "the store %s; call it again with this store to compute only the rest",
+                count,
+                computing,
+                store.root,
+            )
+        raise
+
+
 def embed(
     sequences: Sequences,
     model: str = "esm2_t33_650M_UR50D",
@@ -283,7 +308,8 @@ def embed(
     gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.
     batching, compile, fast_path, nucleotide_check, shards, output_dtype, contacts_dtype,
     per_residue_compression: as the workflow's config keys (docs/configuration.md). A call
-    keeps no pieces for a later one (`keep_every` is for runs): each call plans its work anew.
+    stopped midway (Ctrl-C, an error) with a `store` keeps there what it finished: the same
+    call again computes only the rest.
     output_values: the result holds its values in memory, whatever the size ("auto", "copy");
         "in_place" is for runs, whose embeddings.h5 can point into their store.
 
@@ -325,6 +351,9 @@ def embed(
         with held if kept else contextlib.nullcontext(), contextlib.ExitStack() as stack:
             if kept:  # what killed calls and runs left in the store, as a run's start removes
                 remove_leftovers(run.outdir, store)
+            # the call is the command whose jobs' work merge counts as this command's
+            Path(run.run_lock).parent.mkdir(parents=True, exist_ok=True)
+            write_json(run.run_lock, new_run())
             plan = given_by_item(write_shards, fasta, tmp)(
                 [fasta],
                 run.shard_dir,
@@ -338,9 +367,13 @@ def embed(
                 config["nucleotide_check"],
                 attention_values=attention_values(spec, config),
             )
-            for shard in (p["shard"] for p in plan["shards"]):
-                # No later call could resume this shard's pieces: none is kept in place (a
-                # killed call leaves its open piece, which the next call or run removes).
+            shards = [p["shard"] for p in plan["shards"]]
+            if kept:
+                stack.enter_context(saying_what_is_kept(store, key, shards, plan["computed"]))
+            for shard in shards:
+                # No later call runs this shard: a stopped one keeps what it finished as the
+                # shard's part; any pieces left (a second stop while it makes it) go (a killed
+                # call leaves its open piece, which the next call or run removes).
                 stack.callback(Pieces(store, key, shard).remove)
                 run_shard(
                     run.shard_tsv(shard),
@@ -354,6 +387,7 @@ def embed(
                     batching=config["batching"],
                     compile=config["compile"],
                     keep_every=0,
+                    stopped_keeps="part",
                     threads=torch.get_num_threads(),  # the caller's, left as they are
                     progress_json=run.progress(shard),
                     telemetry_tsv=run.telemetry(shard),
@@ -372,6 +406,7 @@ def embed(
                 config["per_residue_compression"],
                 config["contacts_dtype"],
                 [run.metrics(p["shard"]) for p in plan["shards"]],
+                run_lock=run.run_lock,
                 output_values="copy",  # the result is read into memory, store or not
             )
         failed = read_failed(run.failed)

@@ -32,7 +32,7 @@ from ..input.balance import forward_tokens, record_costs
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
-from ..store.pieces import Pieces, PieceWriter, assemble
+from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.runlock import current_run_id
 from ..store.shardfile import Failure, output_bytes
 from . import provenance
@@ -139,6 +139,7 @@ def run_shard(
     batching="auto",
     compile="auto",
     keep_every=60,
+    stopped_keeps="pieces",
     threads,
     progress_json,
     telemetry_tsv,
@@ -149,9 +150,12 @@ def run_shard(
     `settings` are the run's embedding settings (esmshard.config.embedding_settings); the shard
     file keeps them for merge to check. What the job finishes is kept in the store every
     `keep_every` seconds (0: only when it is stopped by a signal or an error), as pieces
-    (esmshard.store.pieces) that the next job of this shard resumes from. `out_h5` is a store part (esmshard.store): it is renamed
-    into place last, after its manifest and this job's other outputs, so that a part that exists
-    is a finished job whatever happens to the run.
+    (esmshard.store.pieces) that the next job of this shard resumes from. A job stopped where no
+    later job runs its shard (`stopped_keeps="part"`: an `esmshard.embed` call, whose shards
+    are its own) keeps what it finished as the shard's part instead, holding those sequences
+    alone, which any later call or run finds in the store. `out_h5` is a store part
+    (esmshard.store): it is renamed into place last, after its manifest and this job's other
+    outputs, so that a part that exists is a finished job whatever happens to the run.
     """
     model, repr_layers, include = settings["model"], settings["repr_layers"], settings["include"]
     recipe = settings.get("score_windows", "weighted")  # long proteins' logits
@@ -300,6 +304,48 @@ def run_shard(
                 {"settings": json.dumps(settings)},
                 widths,
             )
+            index = {key: k for k, key in enumerate(keys)}
+
+            def write_part(paths, failures, n_records):
+                """The part of `paths` (pieces) and `failures`, at the temporary path `part`."""
+                h5 = h5py.File(part, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
+                try:
+                    made = assemble(h5, paths, layers, include, net.embed_dim, widths)
+                    made.write_failed(failures, keys, ids)
+                    h5.attrs.update(
+                        shard=shard,
+                        n_records=n_records,
+                        model=model,
+                        model_family=spec.family.name,
+                        num_layers=net.num_layers,
+                        weights=spec.weights,
+                        precision=resolved.name,
+                        device=str(device),
+                        device_name=sampler.name or device_name,
+                        **provenance.software(),
+                        truncation_seq_length=limit,
+                        long_sequences=long_sequences,
+                        settings=json.dumps(settings),
+                    )
+                    closable(h5, part)
+                    h5.close()
+                except BaseException:
+                    abandon(h5, part)
+                    raise
+
+            def stopped_part():
+                """What this stopped job and earlier ones finished, put in place as the part."""
+                paths = kept.paths + writer.written
+                finished = Kept(paths)
+                failures = [Failure(index[key], why) for key, _, why in finished.failures]
+                write_part(paths, failures, len(finished.keys))
+                add_settings(part_store(out_h5), Path(out_h5).parent.name, settings)
+                write_manifest(manifest_json, part, len(finished.keys) - len(failures))
+                os.replace(part, out_h5)
+                pieces.remove()
+                log.info("shard %s: stopped; the %d sequences finished are its part in the "
+                         "store", shard, len(finished.keys))  # fmt: skip
+
             with progress, naming_disk_full(out_h5, size), ThreadPoolExecutor(1) as background:
                 behind = WritingBehind(writer, background)
 
@@ -337,41 +383,18 @@ def run_shard(
                         raise
                     try:
                         keep()
-                        log.info("shard %s: %d pieces kept for the next job", shard,
-                                 len(kept.paths) + len(writer.written))  # fmt: skip
+                        if stopped_keeps == "part" and kept.paths + writer.written:
+                            stopped_part()
+                        else:
+                            log.info("shard %s: %d pieces kept for the next job", shard,
+                                     len(kept.paths) + len(writer.written))  # fmt: skip
                     except BaseException as failed_keep:  # the error above is the one to say
                         behind.discard()
                         log.warning("shard %s: nothing more kept (%s)", shard, failed_keep)
                     raise
                 assembling = time.perf_counter()
-                h5 = h5py.File(part, "w", rdcc_nbytes=0)  # esmshard.files.CLOSE_BYTES
-                try:
-                    made = assemble(
-                        h5, kept.paths + writer.written, layers, include, net.embed_dim, widths
-                    )
-                    index = {key: k for k, key in enumerate(keys)}
-                    failed += [Failure(index[key], why) for key, _, why in kept.failures]
-                    made.write_failed(failed, keys, ids)
-                    h5.attrs.update(
-                        shard=shard,
-                        n_records=len(ids),
-                        model=model,
-                        model_family=spec.family.name,
-                        num_layers=net.num_layers,
-                        weights=spec.weights,
-                        precision=resolved.name,
-                        device=str(device),
-                        device_name=sampler.name or device_name,
-                        **provenance.software(),
-                        truncation_seq_length=limit,
-                        long_sequences=long_sequences,
-                        settings=json.dumps(settings),
-                    )
-                    closable(h5, part)
-                    h5.close()
-                except BaseException:
-                    abandon(h5, part)
-                    raise
+                failed += [Failure(index[key], why) for key, _, why in kept.failures]
+                write_part(kept.paths + writer.written, failed, len(ids))
                 assemble_seconds = time.perf_counter() - assembling
             finished = time.time()
 

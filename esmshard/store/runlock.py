@@ -132,7 +132,7 @@ def hold(lock_path, outdir, say=log.info) -> None:
         )
     fh.seek(0)
     fh.truncate()
-    fh.write(json.dumps({"run_id": secrets.token_hex(8), **this_process()}))
+    fh.write(json.dumps(new_run()))
     fh.flush()
     _held.append(fh)
 
@@ -170,6 +170,11 @@ def this_process() -> dict:
         "typed_command": os.environ.get(TYPED_COMMAND_ENV),
         "launcher_pid": int(os.environ[LAUNCHER_ENV]) if LAUNCHER_ENV in os.environ else None,
     }
+
+
+def new_run() -> dict:
+    """The record of a run starting in this process: a new run id, and who it is."""
+    return {"run_id": secrets.token_hex(8), **this_process()}
 
 
 def current_run(lock_path) -> dict:

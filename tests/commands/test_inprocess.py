@@ -1,7 +1,9 @@
 """`esmshard.embed`: the workflow's numbers in the calling process, its errors in one line."""
 
 import inspect
+import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +20,7 @@ from esmshard.config import ConfigError
 from esmshard.input.fasta import FastaError
 from esmshard.input.sizing import cpu_memory_problem, host_memory_bytes
 from esmshard.models import ModelError, parse_spec
+from esmshard.store import Store, verify
 
 RECORDS = {header[1:].split()[0]: sequence for header, sequence in read_records(PROTEINS)}
 
@@ -136,7 +139,7 @@ def test_the_signature_names_every_setting_with_the_workflows_defaults():
     """help() and autocompletion show each keyword; its default is the config's."""
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     keywords = dict(inspect.signature(esmshard.embed).parameters)
-    # keep_every is for runs: a call plans anew, and keeps no pieces for a later one; variant
+    # keep_every is for runs: a stopped call keeps what it finished as a part instead; variant
     # effects are a run's variant_scores.tsv (a call returns the scores they come from)
     runs_only = {"input", "outdir", "keep_every", "variants", "variant_scoring", "variant_offset"}
     assert set(keywords) == set(schema["properties"]) - runs_only | {"sequences"}
@@ -306,6 +309,48 @@ def test_a_killed_call_leaves_nothing_that_the_next_call_does_not_clean(tmp_path
     esmshard.embed(["MKTAYIAKQRQISFVKSHFSRQ"], f"random:{TINY_MODEL}", store=store)
     left = [p for p in store.rglob("*") if p.name.endswith(".tmp") or p.name == ".pieces"]
     assert left == []
+
+
+def test_a_stopped_call_keeps_what_it_finished_and_the_same_call_computes_the_rest(
+    tmp_path, caplog
+):
+    """Ctrl-C of a notebook's call, midway through its one shard: what it finished stays in
+    the store (a part of its own, which the store's check passes), it says so in one line, and
+    the same call again computes only the rest, equal to a call without a store."""
+    store = tmp_path / "store"
+    some = dict(sorted(RECORDS.items(), key=lambda item: len(item[1]))[:12])
+    script = (
+        "import esmshard\n"
+        f"esmshard.embed({some!r}, {MODEL!r}, store={str(store)!r}, toks_per_batch=100)\n"
+    )
+    slow = {**os.environ, "ESMSHARD_TEST_SECONDS_PER_BATCH": "1"}
+    call = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
+                            env=slow)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list(store.glob("*/.pieces/*/.*.tmp")):  # its first batches written
+        assert call.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(1.5)
+    call.send_signal(signal.SIGINT)
+    said = call.communicate(timeout=120)[1]
+    assert call.returncode != 0 and "KeyboardInterrupt" in said
+    (line,) = [line for line in said.splitlines() if "esmshard.embed stopped" in line]
+    kept = int(line.split("esmshard.embed stopped: ")[1].split()[0])
+    assert 0 < kept < len(some)
+    assert line.endswith(
+        f" of the {len(some)} sequences it was computing are kept in the store {store}; call "
+        "it again with this store to compute only the rest"
+    )
+    assert not list(store.rglob(".pieces")) and verify(Store(str(store))).damaged == []
+    with caplog.at_level(logging.INFO, logger="esmshard"):
+        again = esmshard.embed(some, MODEL, store=store, toks_per_batch=100)
+    rest = len(some) - kept
+    assert f"{kept} found in the store" in caplog.text and f"{rest} to compute" in caplog.text
+    counts = f"{rest} computed ({rest} by this command, 0 kept from stopped jobs), {kept} from"
+    assert counts in caplog.text
+    alone = esmshard.embed(some, MODEL, toks_per_batch=100)
+    assert again.ids() == alone.ids()
+    assert np.abs(again.array("mean") - alone.array("mean")).max() <= 1e-5
 
 
 def test_a_problem_the_shard_step_finds_names_the_item_not_a_temporary_file():
