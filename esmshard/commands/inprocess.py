@@ -16,8 +16,10 @@ import logging
 import numbers
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -212,23 +214,57 @@ def fasta_of(sequences: Sequences, folder: Path, nucleotide_check: bool) -> Path
 
 
 def given_by_item(step, fasta: Path, tmp: Path):
-    """`step` (the shard step), whose errors name the records of the FASTA file that `fasta_of`
-    wrote into `tmp` (a temporary path) by the place the caller gave them: item N."""
+    """`step` (the shard step), whose errors and log lines name the records of the FASTA file
+    that `fasta_of` wrote into `tmp` (a temporary path) by the place the caller gave them:
+    item N."""
     if fasta.parent != tmp:  # the caller's own file: named as it is
         return step
 
+    def by_item(text: str) -> str:  # each record is two lines, its header first
+        return re.sub(
+            re.escape(str(fasta)) + r":(\d+)",
+            lambda found: f"item {(int(found[1]) + 1) // 2}",
+            text,
+        )
+
+    def said_by_item(record: logging.LogRecord) -> bool:
+        record.msg, record.args = by_item(record.getMessage()), None
+        return True
+
     def named(*args, **kwargs):
+        said = logging.getLogger(step.__module__)
+        said.addFilter(said_by_item)
         try:
             return step(*args, **kwargs)
-        except FastaError as err:  # each record is two lines, its header first
-            text = re.sub(
-                re.escape(str(fasta)) + r":(\d+)",
-                lambda found: f"item {(int(found[1]) + 1) // 2}",
-                str(err),
-            ).replace("then run the same command again", "then call esmshard.embed again")
+        except FastaError as err:
+            text = by_item(str(err)).replace(
+                "then run the same command again", "then call esmshard.embed again"
+            )
             raise FastaError(text) from None
+        finally:
+            said.removeFilter(said_by_item)
 
     return named
+
+
+def imported_torch():
+    """torch, imported whole: a Ctrl-C meanwhile lands once it is (a torch cut short midway
+    cannot be imported again in the process, and every later call would fail on it)."""
+    handler = signal.getsignal(signal.SIGINT)
+    main = threading.current_thread() is threading.main_thread()
+    if "torch" in sys.modules or handler is None or not main:  # a handler set outside Python
+        import torch
+
+        return torch
+    arrived = []
+    signal.signal(signal.SIGINT, lambda *_: arrived.append(True))
+    try:
+        import torch
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if arrived:
+        signal.raise_signal(signal.SIGINT)  # to the caller's handler: KeyboardInterrupt
+    return torch
 
 
 @contextlib.contextmanager
@@ -325,8 +361,7 @@ def embed(
             "output_values: in_place leaves a run's values in its store, for runs (esmshard "
             "run, snakemake); esmshard.embed returns them in memory: leave it out"
         )
-    import torch
-
+    torch = imported_torch()
     with tempfile.TemporaryDirectory(prefix="esmshard-embed-") as tmp:
         tmp = Path(tmp)
         spec = parse_spec(str(model))

@@ -353,6 +353,25 @@ def test_a_stopped_call_keeps_what_it_finished_and_the_same_call_computes_the_re
     assert np.abs(again.array("mean") - alone.array("mean")).max() <= 1e-5
 
 
+def test_a_ctrl_c_while_a_call_imports_torch_lands_after_it_and_the_next_call_works():
+    """A notebook's Ctrl-C in a first call's first seconds: torch cut short midway could never
+    be imported again in that kernel; the interrupt lands once torch is whole."""
+    script = (
+        "import os, signal, sys, threading, esmshard\n"
+        "embed = esmshard.embed\n"
+        "assert 'torch' not in sys.modules\n"
+        "threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        f"    embed('MKTAYIAKQR', {MODEL!r})\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted; torch imported:', 'torch' in sys.modules)\n"
+        f"print(embed('MKTAYIAKQR', {MODEL!r}).array('mean').shape)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["interrupted; torch imported: True", "(1, 32)"]
+
+
 def test_a_problem_the_shard_step_finds_names_the_item_not_a_temporary_file():
     """long_sequences: fail over sequences given in memory: the record by its ID and place in
     the call, never the temporary FASTA file they were written to."""
@@ -364,3 +383,12 @@ def test_a_problem_the_shard_step_finds_names_the_item_not_a_temporary_file():
     assert f"{long_id} ({len(long_sequence)} residues > 1022, item 2)" in message, message
     assert "esmshard-embed-" not in message and "sequences.fasta" not in message
     assert "then call esmshard.embed again" in message
+
+
+def test_the_warning_of_a_truncated_sequence_names_the_item_not_a_temporary_file(caplog):
+    long_id, long_sequence = max(RECORDS.items(), key=lambda item: len(item[1]))
+    with caplog.at_level(logging.WARNING, logger="esmshard"):
+        esmshard.embed({"P1": "MKTAYIAKQR", long_id: long_sequence}, MODEL)
+    (said,) = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+    assert f"{long_id} ({len(long_sequence):,} residues, item 2): truncated" in said, said
+    assert "esmshard-embed-" not in said and "sequences.fasta" not in said
