@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from ..compute.pool import no_usable_gpu
 from ..config import ConfigError, embedding_settings
 from ..files import unwritable, write_json
 from ..input.fasta import (
@@ -341,7 +342,8 @@ def embed(
         (esm-variants) or "overlapping" (ProteinGym).
     truncation_seq_length: residues kept per sequence, or "auto" (the model family's limit).
     toks_per_batch: tokens per forward pass, or "auto" (sized to the device's free memory).
-    gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices.
+    gpus: "auto" (every visible GPU, else the CPU) or a list of CUDA device indices (where
+        none of them can be used, a warning says why, and the call computes on the CPU).
     batching, compile, fast_path, nucleotide_check, shards, output_dtype, contacts_dtype,
     per_residue_compression: as the workflow's config keys (docs/configuration.md). A call
     stopped midway (Ctrl-C, an error) with a `store` keeps there what it finished: the same
@@ -369,12 +371,14 @@ def embed(
         options |= {"input": [str(tmp / "sequences.fasta")], "outdir": str(tmp / "out")}
         config = settings_of(options, spec)
         fasta = fasta_of(sequences, tmp, config["nucleotide_check"])
-        if (
-            not torch.cuda.is_available()
-        ):  # as a run's start refuses it (RunStart.say_no_usable_gpu)
+        if not torch.cuda.is_available():  # as a run's start says (RunStart.say_no_usable_gpu)
             too_large = cpu_memory_problem(spec.name, spec.params, host_memory_bytes())
             if too_large:
                 raise ModelError(too_large.replace("an embed job needs", "it needs"))
+            why = no_usable_gpu(config["gpus"])
+            if why:
+                log.warning("esmshard.embed: gpus %s, but %s: computing on the CPU instead",
+                            config["gpus"], why)  # fmt: skip
         ensure_available(spec)
         run = Layout(config["outdir"])
         store = Store(config["store"] or str(tmp / "store"))

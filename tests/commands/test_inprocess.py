@@ -12,6 +12,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import MODEL, PROTEINS, PROTEOME, REPO, TINY_MODEL, config, read_records, snakemake
 
@@ -370,6 +371,17 @@ def test_a_ctrl_c_while_a_call_imports_torch_lands_after_it_and_the_next_call_wo
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["interrupted; torch imported: True", "(1, 32)"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine whose GPUs can be used")
+def test_gpus_that_cannot_be_used_are_said_in_one_line_and_the_call_computes_on_the_cpu(caplog):
+    with caplog.at_level(logging.WARNING, logger="esmshard"):
+        emb = esmshard.embed("MKTAYIAKQR", MODEL, gpus=[5])
+    (said,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said.startswith("esmshard.embed: gpus [5], but ") and said.endswith(
+        ": computing on the CPU instead"
+    )
+    assert emb.array("mean").shape == (1, 32)
 
 
 def test_a_problem_the_shard_step_finds_names_the_item_not_a_temporary_file():
