@@ -5,6 +5,7 @@ so two writers never share one) and renamed when complete: a file under its fina
 """
 
 import csv
+import ctypes
 import errno
 import json
 import os
@@ -218,10 +219,35 @@ def temporary_folder(parent, purpose: str):
     return tempfile.TemporaryDirectory(dir=parent, prefix=f".{purpose}-", suffix=writer_suffix())
 
 
+RENAME_NOREPLACE = 1  # renameat2's flag (Linux): fail where the target exists
+
+
+def put_new(source: Path, path: Path) -> None:
+    """Rename `source` (a file or a folder) to `path`, which must not exist: FileExistsError
+    where something appeared there meanwhile, which is left as it is."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is not None:
+        at_cwd = -100  # AT_FDCWD: the paths as given
+        if renameat2(at_cwd, os.fsencode(source), at_cwd, os.fsencode(path),
+                     RENAME_NOREPLACE) == 0:  # fmt: skip
+            return
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOSYS):  # else: a filesystem without the flag
+            raise OSError(code, os.strerror(code), str(path))
+    if source.is_dir():  # where the flag is not had: a folder renamed onto a new name only
+        if os.path.lexists(path):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+        os.rename(source, path)
+        return
+    os.link(source, path)  # a file: the link fails where the name is taken
+    os.unlink(source)
+
+
 @contextmanager
-def atomic_path(path, needed_bytes: int | None = None):
+def atomic_path(path, needed_bytes: int | None = None, replace: bool = True):
     """Yield a temporary path beside `path` (for a file, or a folder the block makes); rename it
-    to `path` if the block succeeds, else remove it.
+    to `path` if the block succeeds, else remove it. `replace=False`: never over something that
+    appeared at `path` meanwhile (FileExistsError, the temporary removed).
 
     A full disk is reported as in `naming_disk_full`, once the temporary file is gone (so that
     the free space reported is true).
@@ -231,6 +257,9 @@ def atomic_path(path, needed_bytes: int | None = None):
         tmp = path.with_name(f".{path.name}{writer_suffix()}")
         try:
             yield tmp
+            if not replace:
+                put_new(tmp, path)
+                return
             if tmp.is_dir() and path.is_dir():
                 shutil.rmtree(path)  # a folder is renamed over an empty one only
             os.replace(tmp, path)

@@ -824,9 +824,18 @@ def export(
                 )
         bar = ProgressBar(len(emb), f"export {fmt}", stream)
         remove_dead_temporaries_of(out)  # of an export killed before
-        with atomic_path(out) as target:
-            # the run's relative input paths start where it ran (run.json's workdir)
-            workdir = (read_json_object(Path(layout.run_json)) or {}).get("workdir")
-            options = Options(kinds, key or "hash", layout.records, names or "id", workdir or ".")
-            FORMATS[fmt].write(emb, Path(target), bar, options)
+        try:
+            with atomic_path(out, replace=False) as target:
+                # the run's relative input paths start where it ran (run.json's workdir)
+                workdir = (read_json_object(Path(layout.run_json)) or {}).get("workdir")
+                options = Options(kinds, key or "hash", layout.records, names or "id",
+                                  workdir or ".")  # fmt: skip
+                FORMATS[fmt].write(emb, Path(target), bar, options)
+        except FileExistsError as err:
+            if err.filename != str(out):
+                raise
+            raise ExportError(
+                f"{out} appeared while this export ran (another export or program wrote it): "
+                "it is left as it is, and this export is not kept; choose another --out"
+            ) from None
         return len(emb)

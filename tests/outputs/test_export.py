@@ -207,6 +207,29 @@ def test_export_refuses_to_overwrite_and_names_a_missing_run(run, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.parametrize("fmt", ["per-protein-h5", "pt"])  # a file, a folder
+def test_what_appears_under_the_name_while_an_export_runs_is_never_replaced(
+    run, tmp_path, monkeypatch, fmt
+):
+    """A second export to the same --out, or the user's own file, lands while this export
+    writes: theirs stays, and this one says so in one line and leaves nothing beside it."""
+    out = tmp_path / "x"
+    write = exports.FORMATS[fmt].write
+
+    def meanwhile(emb, target, bar, options):
+        write(emb, target, bar, options)
+        out.write_text("mine")  # written by another program as this export finishes
+
+    monkeypatch.setitem(exports.FORMATS, fmt, exports.FORMATS[fmt]._replace(write=meanwhile))
+    with pytest.raises(exports.ExportError) as raised:
+        exports.export(run / "out", fmt, out, stream=io.StringIO())
+    assert str(raised.value) == (
+        f"{out} appeared while this export ran (another export or program wrote it): it is "
+        "left as it is, and this export is not kept; choose another --out"
+    )
+    assert out.read_text() == "mine" and [p.name for p in tmp_path.iterdir()] == ["x"]
+
+
 def test_hash_keys_refuse_an_input_changed_since_the_run(run, tmp_path):
     moved = tmp_path / "run"
     subprocess.run(["cp", "-r", str(run), str(moved)], check=True)
