@@ -234,13 +234,18 @@ def put_new(source: Path, path: Path) -> None:
         code = ctypes.get_errno()
         if code not in (errno.EINVAL, errno.ENOSYS):  # else: a filesystem without the flag
             raise OSError(code, os.strerror(code), str(path))
-    if source.is_dir():  # where the flag is not had: a folder renamed onto a new name only
-        if os.path.lexists(path):
-            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
-        os.rename(source, path)
-        return
-    os.link(source, path)  # a file: the link fails where the name is taken
-    os.unlink(source)
+    if not source.is_dir():  # where the flag is not had, a file's link fails on a taken name
+        try:
+            os.link(source, path)
+            os.unlink(source)
+            return
+        except FileExistsError:
+            raise
+        except OSError:  # a filesystem without links either
+            pass
+    if os.path.lexists(path):  # then checked, and renamed
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+    os.rename(source, path)
 
 
 @contextmanager
