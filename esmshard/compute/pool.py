@@ -110,6 +110,9 @@ def default_pool_dir(env=os.environ) -> Path:
     return Path(base) / socket.gethostname() / (scheduler_allocation(env) or "")
 
 
+SET_FOR_A_SLOT = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # the environment a slot sets
+
+
 @contextmanager
 def acquire(
     devices: list[str],
@@ -136,6 +139,8 @@ def acquire(
             except BlockingIOError:
                 fh.close()
                 continue
+            # as they were, after the block: an `esmshard.embed` call's process goes on
+            before = {name: env.get(name) for name in SET_FOR_A_SLOT}
             try:
                 slot = Slot(index, devices[index] if devices else "")
                 env["CUDA_VISIBLE_DEVICES"] = slot.cuda_visible_devices
@@ -144,6 +149,11 @@ def acquire(
                 yield slot
             finally:
                 fh.close()
+                for name, value in before.items():
+                    if value is None:
+                        env.pop(name, None)
+                    else:
+                        env[name] = value
             return
         if not waited:
             # A warning, so that the run's own output shows it: the job holds memory meanwhile.

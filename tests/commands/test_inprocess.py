@@ -375,8 +375,10 @@ def test_a_ctrl_c_while_a_call_imports_torch_lands_after_it_and_the_next_call_wo
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine whose GPUs can be used")
 def test_gpus_that_cannot_be_used_are_said_in_one_line_and_the_call_computes_on_the_cpu(caplog):
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     with caplog.at_level(logging.WARNING, logger="esmshard"):
         emb = esmshard.embed("MKTAYIAKQR", MODEL, gpus=[5])
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == visible  # the caller's, as it was
     (said,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert said.startswith("esmshard.embed: gpus [5], but ") and said.endswith(
         ": computing on the CPU instead"

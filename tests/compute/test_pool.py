@@ -22,6 +22,15 @@ def test_overlapping_jobs_get_distinct_slots(tmp_path):
         assert again.index == 0
 
 
+def test_a_slot_leaves_the_environment_as_it_found_it(tmp_path):
+    """An `esmshard.embed` call's process goes on after its slot: its CUDA_VISIBLE_DEVICES too."""
+    for env in ({"CUDA_VISIBLE_DEVICES": "2,3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, {}):
+        found = dict(env)
+        with pool.acquire(["0"], tmp_path, env=env):
+            assert env["CUDA_VISIBLE_DEVICES"] == "0"
+        assert env == found
+
+
 def test_cpu_slots_grow_with_demand(tmp_path):
     with pool.acquire([], tmp_path, env={}) as a, pool.acquire([], tmp_path, env={}) as b:
         assert (a.index, b.index) == (0, 1)
