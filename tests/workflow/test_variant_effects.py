@@ -127,11 +127,14 @@ def test_stored_scores_equal_fair_esm_forward_pass_and_the_pll_their_sum(run, fa
             logits, masked = reference[id_]
             n = len(sequence)
             got = emb[id_].scores
+            # rtol: random weights put log-probabilities near -50 to -80 (a trained model's
+            # within about -20), where fp32 rounds more coarsely: fair-esm's own pass moves
+            # them by up to 7.6e-5 between its copies batched and one at a time (AVX-512)
             np.testing.assert_allclose(
-                got["logits"], logits[1 : n + 1, columns], atol=1e-4, rtol=0
+                got["logits"], logits[1 : n + 1, columns], atol=1e-4, rtol=2e-6
             )
             np.testing.assert_allclose(
-                got["masked_marginals"], masked[1 : n + 1, columns], atol=1e-4, rtol=0
+                got["masked_marginals"], masked[1 : n + 1, columns], atol=1e-4, rtol=2e-6
             )
             at_residues = got["masked_marginals"][
                 np.arange(n), [AMINO_ACIDS.index(a) for a in sequence]
@@ -471,7 +474,7 @@ def test_indels_and_multi_residue_changes_are_scored_by_pllr_as_esm_variants_doe
 ):
     """`pllr` (esm-variants' `get_PLLR`): a deletion, an insertion with `start_pos`, a delins,
     a double substitution and a change near residue 2,000 of a 3,000-residue protein (cropped
-    to one window): the unmasked one-pass PLL of the mutant minus the wild type's, within 1e-4;
+    to one window): the unmasked one-pass PLL of the mutant minus the wild type's, within 1e-3;
     the stop-gain's and the other strategies' cells of rows they cannot score left empty."""
     from conftest import LONG_PROTEIN
 
@@ -492,7 +495,7 @@ def test_indels_and_multi_residue_changes_are_scored_by_pllr_as_esm_variants_doe
         csv.writer(fh).writerows([("id", "mutant", "mutated_sequence", "start_pos"), *rows])
     config = {"input": "proteins.fasta", "model": str(checkpoint), "outdir": "out"}
     # fair-esm's own forward pass: a PLL sums a window's 1,022 log-probabilities, whose fp32
-    # rounding the fast path's other order of operations adds up past 1e-4 (its own parity is
+    # rounding the fast path's other order of operations adds up to 6e-4 (its own parity is
     # tested per value)
     done = snakemake(tmp_path, config, "--config", f"variants={table}",
                      "variant_scoring=[wt_marginals,pllr]", "fast_path=false")  # fmt: skip
@@ -527,7 +530,9 @@ def test_indels_and_multi_residue_changes_are_scored_by_pllr_as_esm_variants_doe
         )
         cropped_wild, cropped_mutant = crop_like_esm_variants(wild, mutated_sequence, first)
         want = one_pass_pll(cropped_mutant) - one_pass_pll(cropped_wild)
-        assert abs(float(r["pllr"]) - want) <= 1e-4, (r, want)
+        # a difference of two sums of up to 1,022 log-probabilities each: within 1e-3, as the
+        # pseudo-log-likelihoods above (each term's rounding is up to 1e-4, by the test above)
+        assert abs(float(r["pllr"]) - want) <= 1e-3, (r, want)
         assert (r["wt_marginals"] == "") == (not mutant)  # a mutated_sequence alone has none
     ours = [line for line in done.stderr.splitlines() if line.startswith("esmshard: variants")]
     assert ours[-1].endswith("left empty where a strategy cannot score the row: wt_marginals 4, "
