@@ -58,9 +58,8 @@ os.environ["XDG_CACHE_HOME"] = str(SUBSETS / "cache")
 # order, most tests first, started the three longest last, beside idle workers), then the rest
 # as collected. The SLURM tests, which mostly wait on the cluster, overlap the others' work.
 LONGEST_FIRST = (
-    "commands/test_gpu_check.py",
-    "workflow/test_slurm.py",
     "test_install.py",
+    "workflow/test_slurm.py",
     "store/test_store.py",
     "workflow/test_named_failures.py",
     "workflow/test_workflow.py",
@@ -68,6 +67,7 @@ LONGEST_FIRST = (
     "models/test_models_esm2.py",
     "workflow/test_variant_effects.py",
     "compute/test_compiled.py",
+    "commands/test_gpu_check.py",
     "workflow/test_user_files.py",
     "models/test_models_esm1.py",
     "models/test_models_t5.py",

@@ -27,7 +27,7 @@ KEYS = set(SCHEMA["properties"])
 RUN_BY = {
     "make run": "test_readme.py::test_make_run_writes_the_example_and_runs_the_workflow",
     "make test": "../.ci/run",
-    "make gpu-check": "commands/test_gpu_check.py::test_gpu_check_runs_its_plumbing_on_a_cpu_and_says_no",
+    "make gpu-check": "test_install.py::test_make_gpu_check_runs_in_a_gpu_nodes_python_with_the",
     "esmshard plan": "commands/test_plan.py::test_the_docs_plan_shows_what_they_print_and_their_run",
     "esmshard status": "test_readme.py::test_esmshard_run_and_status_as_the_readme_types_them",
     "esmshard export": "test_readme.py::test_reading_and_exporting_as_the_docs_show",

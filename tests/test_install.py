@@ -1,5 +1,6 @@
 """esmshard installed as its users install it: the built sdist and wheel; `make wheelhouse` and
-a fresh virtualenv with torch that installs from it with no network (a GPU node's install);
+a fresh virtualenv with torch that installs from it with no network (a GPU node's install), and
+`make gpu-check` in it;
 `esmshard run` from an empty folder outside the repository, and the workflow catalog's
 deployment (`esmshard deploy`) of a tagged clone, run with the installed package."""
 
@@ -17,6 +18,7 @@ import h5py
 import numpy as np
 import pytest
 from conftest import (
+    DATA,
     PROTEINS,
     REPO,
     TINY_MODEL,
@@ -121,6 +123,17 @@ def test_make_wheel_writes_the_wheel_the_readme_installs(tmp_path):
         assert "esmshard/workflow_files/workflow/rules/common.smk" in built.namelist()
 
 
+def test_makes_virtualenv_imports_esmshard_in_a_folder_beside_a_clone_named_esmshard(tmp_path):
+    """make's install imports from any folder: where the folder holds the clone `esmshard` (as
+    the README clones it), setuptools' import hook let Python take that for an empty
+    namespace package; the clone's own folder on the path does not (this suite runs in make's
+    .venv)."""
+    (tmp_path / "esmshard").mkdir()  # a clone's top folder: no __init__.py
+    done = subprocess.run([sys.executable, "-c", "import esmshard; esmshard.embed"], cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_sdist_and_the_wheel_hold_the_workflow(dist):
     workflow = {f for f in tracked_files() if f.startswith(WORKFLOW_FILES)}
     assert "workflow/rules/common.smk" in workflow and "profiles/lsf/config.yaml" in workflow
@@ -145,6 +158,98 @@ def test_the_wheelhouse_installs_offline_next_to_torch(wheelhouse, venv):
     version = run([str(venv / "bin" / "snakemake"), "--version"], venv, os.environ)
     assert version.stdout.startswith("9.")
     run([str(venv / "bin" / "esmshard"), "status", "--help"], venv, os.environ)
+
+
+# What docs/install.md says to install from the wheelhouse where `make gpu-check` runs.
+GPU_CHECK_EXTRA = re.search(r"imports \(pytest, transformers\): install\s+`([^`]+)`",
+                            (REPO / "docs" / "install.md").read_text()).group(1)  # fmt: skip
+
+
+def test_make_gpu_check_runs_in_a_gpu_nodes_python_with_the_wheelhouse_and_says_no_gpu(
+    tmp_path, wheelhouse, venv
+):
+    """The GPU node's route, as docs/benchmarks.md types it: the gpu-check extra from the
+    wheelhouse with no network, then `make gpu-check GPU_PYTHON=python3` from a fresh clone's
+    root (the default GPU_CHECK_OUT is the relative path gpu-check), the data beside the clone
+    as CI's clone has them; here, with no GPU, the same plumbing on a small model."""
+    assert GPU_CHECK_EXTRA == "'esmshard[cluster,gpu-check]'"
+    install = OFFLINE_INSTALL.replace("'esmshard[cluster]'", GPU_CHECK_EXTRA)
+    env = env_of(venv, tmp_path / "pool")  # the node's Python first on PATH: its python3
+    run(shlex.split(install), wheelhouse.parent, {**OFFLINE, "PATH": env["PATH"]})
+    clone = clone_of_workflow(tmp_path / "esmshard")  # named as the README clones it
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "data").symlink_to(DATA)
+    done = run(["make", "gpu-check", "GPU_PYTHON=python3"], clone, env, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "is not installed" not in done.stdout and not (clone / ".venv").exists()
+    out = clone / "gpu-check"
+    result = json.loads((out / "gpu-check.json").read_text())
+    assert result["ok"] and result["environment"]["gpu"] is False
+    tests = result["tests"]
+    assert tests["skipped"] >= 6 and tests["passed"] == tests["failed"] == 0
+    (whole,) = result["workflows"].values()  # ESM-2's; ESM C's whole run is the GPU plan's
+    assert whole["ok"] and whole["shards"] >= 1 and whole["devices"] == ["cpu"]
+    assert whole["command"].startswith("snakemake ") and "gpus=auto" in whole["command"]
+    assert 0 < whole["host_fraction"] < 1
+    assert (
+        0
+        < whole["whole_shard_tokens_per_s_with_loading"]
+        < whole["whole_shard_tokens_per_s_loaded"]
+    )
+    assert whole["compile_cache"] == ["off"] and whole["compile_seconds"] == 0  # auto: off on CPUs
+    sides = {row["side"]: row for row in result["throughput"]["rows"] if "side" in row}
+    assert set(sides) == {"fair-esm", "esmshard"}
+    assert sides["esmshard"]["speedup_vs_peer"] > 0
+    peers = {(r["model"], r["side"], r["precision"]): r for r in result["peers"]["rows"]}
+    assert set(peers) == {
+        ("esm2_t6_8M_UR50D", "fair-esm", "fp32"),
+        ("esm2_t6_8M_UR50D", "fair-esm", "bf16"),
+        ("esm2_t6_8M_UR50D", "transformers EsmModel (SDPA)", "bf16"),
+        ("esm2_t6_8M_UR50D", "esmshard padded", "bf16"),
+        ("esm2_t6_8M_UR50D", "esmshard packed", "bf16"),
+        ("esm2_t6_8M_UR50D", "esmshard packed compiled", "bf16"),
+        ("esm2_t6_8M_UR50D", "esmshard packed", "fp8"),  # FP8's products: on CPUs too
+        ("esm2_t6_8M_UR50D", "esmshard packed compiled", "fp8"),
+        ("esmc_300m", "transformers EsmcModel (SDPA)", "bf16"),
+        ("esmc_300m", "esmshard packed", "bf16"),
+        ("esmc_300m", "esmshard packed compiled", "bf16"),
+        ("esmc_300m", "esmshard packed", "fp8"),
+        ("esmc_300m", "esmshard packed compiled", "fp8"),
+    }
+    assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_peak"] < 1 for r in peers.values())
+    assert peers["esm2_t6_8M_UR50D", "fair-esm", "fp32"]["speedup_vs_baseline"] == 1
+    compiled = peers["esm2_t6_8M_UR50D", "esmshard packed compiled", "bf16"]
+    assert compiled["compiled_graphs"] >= 1 and compiled["compile_seconds"] > 0
+    for model in ("esm2_t6_8M_UR50D", "esmc_300m"):
+        fp8 = peers[model, "esmshard packed compiled", "fp8"]
+        assert 0.99 < fp8["cosine_min_per_protein_vs_fp32"] < 1
+        assert 0.99 < fp8["cosine_p1_vs_fp32"] < 1
+    # the largest models' code on their stand-ins (the 3B, 15B and ESM C 6B on a GPU), last
+    assert result["stages"][-1] == "largest" and result["largest"]["ok"]
+    big = {(r["model"], r["precision"]): r for r in result["largest"]["rows"]}
+    assert set(big) == {("esm2_t6_8M_UR50D", "bf16"), ("esmc_300m", "bf16")}
+    assert all(r["layers"] == 1 and r["tokens_per_s"] > 0 for r in big.values())
+    assert all(r["compiled_graphs"] >= 1 and r["build_seconds"] > 0 for r in big.values())
+    masked = {r["side"]: r for r in result["masked_marginals"]["rows"] if "tokens_per_s" in r}
+    assert set(masked) == {"predict.py loop", "esmshard padded", "esmshard packed"}  # no CUDA
+    assert all(r["masked_tokens"] > 0 and r["tokens_per_s"] > 0 for r in masked.values())
+    (scan,) = [r for r in result["masked_marginals"]["rows"] if "extrapolated" in r]
+    assert scan["side"] in masked and scan["this_device_hours"] > 0
+    page = (out / "gpu-check.md").read_text()
+    assert "**No GPU was found**" in page and "Verdict: **pass**" in page
+    assert "## Masked marginals" in page and "| esmshard packed | fp32 |" in page
+    assert "## Peers side by side" in page and "transformers EsmcModel (SDPA)" in page
+    largest = page[page.index("## The largest models") :]
+    assert (
+        "esmc_300m (1 layer), esmshard packed compiled (bf16): " in largest
+        and "tokens/s; built with random weights on the device in " in largest
+    )
+    assert "Stages:" not in page  # all of them
+    said = [line for line in page.splitlines() if " in fp8 against fp32: " in line]
+    assert [line.split(" in fp8")[0] for line in said] == ["esm2_t6_8M_UR50D", "esmc_300m"]
+    for line in said:
+        assert " in fp8 against fp32: per-residue cosine 0.99" in line
+        assert "(goal 0.9997)" in line and "× bf16's tokens/s (goal 1.3×)." in line
 
 
 def test_the_wheel_runs_from_an_empty_folder_as_snakemake_does_in_a_clone(tmp_path, venv):

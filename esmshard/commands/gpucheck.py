@@ -259,6 +259,13 @@ def throughput_args(plan: dict, gpu: bool, transformers: bool = True) -> list[st
     return args + (["--device", "cuda", "--precision", "bf16"] if gpu else ["--device", "cpu"])
 
 
+def clone_first() -> str:
+    """PYTHONPATH for the clone's benchmark scripts: the clone's esmshard before any installed
+    one, as the workflow gives its jobs (a GPU node's Python holds the wheelhouse's esmshard
+    too, whose code and data folder, `../shared/data` beside it, are not the clone's)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+
+
 def run_benchmark(out: Path, script: str, args: list[str], plan: dict, log: str = "") -> dict:
     """`python benchmarks/<script>.py` on the plan's proteins and budget (`args` may set other
     ones: they come last); its JSON lines. Its output goes to `<log or script>.log`."""
@@ -275,7 +282,7 @@ def run_benchmark(out: Path, script: str, args: list[str], plan: dict, log: str 
             cwd=REPO,
             stdout=log_file,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONPATH": clone_first(), "PYTHONUNBUFFERED": "1"},
         )
     output = log_path.read_text()
     rows = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
