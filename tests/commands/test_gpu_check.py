@@ -31,9 +31,8 @@ def test_make_gpu_check_in_a_fresh_clone_builds_its_own_virtualenv_with_the_chec
     # given a Python, nothing is installed
     done = subprocess.run(["make", "-n", "gpu-check", "GPU_PYTHON=python3"], cwd=clone,
                           capture_output=True, text=True)  # fmt: skip
-    assert done.stdout.splitlines()[-1].strip().endswith(
-        " python3 -m esmshard.commands.gpucheck --out gpu-check"
-    )
+    last = done.stdout.splitlines()[-1].strip()
+    assert last.endswith(" python3 -m esmshard.commands.gpucheck --out gpu-check")
     assert "pip" not in done.stdout and "venv" not in done.stdout.replace(".venv/bin", "")
 
 
