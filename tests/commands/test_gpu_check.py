@@ -2,6 +2,7 @@
 (the whole check, in a GPU node's Python with the wheelhouse: tests/test_install.py)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -21,7 +22,12 @@ def test_make_gpu_check_in_a_fresh_clone_builds_its_own_virtualenv_with_the_chec
     """`make gpu-check` with no GPU_PYTHON: the clone's .venv with the gpu-check extra, then
     the check in it (the check itself runs in the GPU node's Python: tests/test_install.py)."""
     clone = clone_of_workflow(tmp_path / "esmshard")
-    done = subprocess.run(["make", "-n", "gpu-check"], cwd=clone, capture_output=True, text=True)
+    # a user's shell, not `make test`'s recipe: its make would have this one print its folder
+    # and pass it its ARGS
+    made = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "ARGS")
+    shell = {k: v for k, v in os.environ.items() if k not in made}
+    done = subprocess.run(["make", "-n", "gpu-check"], cwd=clone, env=shell, capture_output=True,
+                          text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = [line.strip() for line in done.stdout.splitlines()]
     assert lines[0] == "python3 -m venv .venv"
@@ -30,7 +36,7 @@ def test_make_gpu_check_in_a_fresh_clone_builds_its_own_virtualenv_with_the_chec
     assert lines[-1].endswith(" .venv/bin/python -m esmshard.commands.gpucheck --out gpu-check")
     # given a Python, nothing is installed
     done = subprocess.run(["make", "-n", "gpu-check", "GPU_PYTHON=python3"], cwd=clone,
-                          capture_output=True, text=True)  # fmt: skip
+                          env=shell, capture_output=True, text=True)  # fmt: skip
     last = done.stdout.splitlines()[-1].strip()
     assert last.endswith(" python3 -m esmshard.commands.gpucheck --out gpu-check")
     assert "pip" not in done.stdout and "venv" not in done.stdout.replace(".venv/bin", "")
