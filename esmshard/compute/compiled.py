@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import shutil
+import socket
 import tarfile
 import tempfile
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import NUMERICS_VERSION
-from ..files import atomic_path
+from ..files import atomic_path, user_cache
 from ..input.sizing import H200_FLOPS, compute_seconds
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,33 @@ def varying_dims(tensor) -> list[int]:
     return [d for d, size in enumerate(tensor.shape) if d != fixed and size != 1]
 
 
+def vector_probe_folder() -> Path:
+    """Where torch's compiler keeps what it builds to learn this machine's vector instructions:
+    this user's esmshard cache, a folder per machine (a home shared by unlike nodes)."""
+    return user_cache() / "vector-isa" / socket.gethostname()
+
+
+def probe_vector_instructions(job_folder: Path) -> None:
+    """On a CPU the compiler first builds small programs and loads them to learn the vector
+    instructions (8 s of 2 cores): built once per machine in `vector_probe_folder`, loaded by
+    every later job (1 s), and left out of the job's own compiler folder and so of the entry.
+    Where that folder cannot be made, the probe builds in `job_folder`, as it would alone."""
+    import torch._inductor.cpu_vec_isa
+
+    folder = vector_probe_folder()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        folder = job_folder
+    if not os.access(folder, os.W_OK):  # a build that cannot be written: a lesser ISA, silently
+        folder = job_folder
+    os.environ[INDUCTOR_CACHE_ENV] = str(folder)
+    try:
+        torch._inductor.cpu_vec_isa.pick_vec_isa()
+    finally:
+        os.environ[INDUCTOR_CACHE_ENV] = str(job_folder)
+
+
 class Compiled:
     """One job's compiled layer: `start` unpacks the cache entry (when there is a good one) and
     sets the net's `compiled_block`; calls record the seconds spent compiling; `finish` keeps
@@ -248,14 +276,12 @@ class Compiled:
                 )
             elif archive is not None:
                 self.hit = self.unpack(archive)
-        # The compiler's modules load with the model. On CPUs it first builds and runs small
-        # programs to learn the vector instructions: compiling, and kept in the entry too.
+        # The compiler's modules load with the model.
         import torch._inductor.compile_fx  # noqa: F401
-        import torch._inductor.cpu_vec_isa
 
         if self.key.device.startswith("cpu"):
             started = time.perf_counter()
-            torch._inductor.cpu_vec_isa.pick_vec_isa()
+            probe_vector_instructions(self.local)
             self.seconds += time.perf_counter() - started
 
         self.compiled = torch.compile(self.net.block)
