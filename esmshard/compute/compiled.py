@@ -223,7 +223,7 @@ def probe_vector_instructions(job_folder: Path) -> None:
     """On a CPU the compiler first builds small programs and loads them to learn the vector
     instructions (8 s of 2 cores): built once per machine in `vector_probe_folder`, loaded by
     every later job (1 s), and left out of the job's own compiler folder and so of the entry.
-    Where that folder cannot be made, the probe builds in `job_folder`, as it would alone."""
+    Where that folder cannot be made or written, the probe builds in `job_folder`."""
     import torch._inductor.cpu_vec_isa
 
     folder = vector_probe_folder()
