@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..config import NUMERICS_VERSION
-from ..files import atomic_path, user_cache
+from ..files import atomic_path, unwritable, user_cache
 from ..input.sizing import H200_FLOPS, compute_seconds
 
 log = logging.getLogger(__name__)
@@ -227,13 +227,9 @@ def probe_vector_instructions(job_folder: Path) -> None:
     import torch._inductor.cpu_vec_isa
 
     folder = vector_probe_folder()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    if unwritable(folder):  # a probe that cannot be built there picks a lesser ISA, silently
         folder = job_folder
-    if not os.access(folder, os.W_OK):  # a build that cannot be written: a lesser ISA, silently
-        folder = job_folder
-    os.environ[INDUCTOR_CACHE_ENV] = str(folder)
+    os.environ[INDUCTOR_CACHE_ENV] = str(folder)  # the compiler makes the folder
     try:
         torch._inductor.cpu_vec_isa.pick_vec_isa()
     finally:
