@@ -66,6 +66,11 @@ class Layout:
         return self._path("variant_scores")
 
     @property
+    def variant_summary(self) -> str:
+        """What made the variants' scores, and the step's counts."""
+        return self._path("variant_scores.json")
+
+    @property
     def mutants(self) -> "Layout":
         """`pseudo_ppl`'s mutant sequences: a run of their own (shards, metrics, embeddings.h5
         with their pll) under the outdir's mutants/."""
@@ -102,7 +107,13 @@ class Layout:
     @property
     def own_files(self) -> list[str]:
         """The files esmshard writes at the outdir's top level."""
-        return [self.embeddings, self.run_json, self.failed, self.variant_scores]
+        return [
+            self.embeddings,
+            self.run_json,
+            self.failed,
+            self.variant_scores,
+            self.variant_summary,
+        ]
 
     @property
     def own_folders(self) -> list[str]:

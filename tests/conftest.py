@@ -41,6 +41,10 @@ GENE_CALLER = DATA / "dram_camper_test_genes.faa"  # terminal '*'
 ALIGNED = DATA / "biopython_fa01_aligned.fasta"
 NUCLEOTIDE = DATA / "yersinia_pestis_pMT1_NC_005816_genes.ffn"
 
+# Put before a docs snippet run with this Python: what only the test extras install (scipy,
+# through them) cannot be imported, as in the venv `make run` builds for users.
+WITHOUT_TEST_EXTRAS = "import sys; sys.modules.update(dict.fromkeys(['scipy', 'sklearn']))\n"
+
 SUBSETS = Path(tempfile.mkdtemp(prefix="esmshard-test-data-"))
 atexit.register(shutil.rmtree, SUBSETS, ignore_errors=True)
 

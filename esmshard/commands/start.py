@@ -56,6 +56,7 @@ from ..store.runlock import (
     run_active,
 )
 from ..store.storelock import hold_shared
+from .launch import CLONE, SHIPPED
 
 # What Snakemake's log says of a run that a signal stopped (Ctrl-C; SIGTERM to a job).
 STOPPED = re.compile(
@@ -75,6 +76,21 @@ CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
 # Set by `esmshard plan` (esmshard.commands.plan) to the executor of the run it plans, for the
 # shard step it runs on this machine: the step plans that run's shards (how many jobs at once).
 PLAN_ENV = "ESMSHARD_PLAN"
+
+
+def placeholder_advice(profiles: tuple[str, ...]) -> str:
+    """Say where to set a profile's placeholders: in a copy of one esmshard ships, so that its
+    next update does not undo them, else in the user's own profile."""
+    ours = {(root / "profiles").resolve() for root in (SHIPPED, CLONE)}
+    shipped = [p for p in profiles if Path(p).resolve().parent in ours]
+    if shipped:
+        name = Path(shipped[0]).name
+        return (
+            f"copy the profile esmshard ships (cp -r {shipped[0]} my-{name}), set them in "
+            f"my-{name}/config.yaml and run with --profile my-{name}"
+        )
+    where = " or ".join(f"{p}/config.yaml" for p in profiles) or "the profile"
+    return f"set them in {where}"
 
 
 class StartRefused(Exception):
@@ -191,10 +207,9 @@ class RunStart:
         found = self.invocation.placeholders
         if not found or self.invocation.jobs_here or self.invocation.lint:
             return
-        where = " or ".join(f"{p}/config.yaml" for p in self.invocation.profiles) or "the profile"
         problem = (
-            f"the cluster resources still hold placeholders ({', '.join(found)}): set them in "
-            f"{where} (docs/clusters.md)"
+            f"the cluster resources still hold placeholders ({', '.join(found)}): "
+            f"{placeholder_advice(self.invocation.profiles)} (docs/clusters.md)"
         )
         if self.invocation.dry_run:
             self.log.warning(f"esmshard: {problem} before a run submits jobs")
@@ -494,7 +509,7 @@ class RunStart:
         outputs = [self.run.embeddings, self.run.failed, self.run.run_json, self.run.scaling_html]
         outputs += [self.run.variant_scores] if config["variants"] else []
         self.log.info(f"esmshard: outputs: {', '.join(outputs)}")
-        counts = read_counts(self.run.variant_scores_parquet) if config["variants"] else None
+        counts = read_counts(self.run.variant_summary) if config["variants"] else None
         if counts:
             self.log.info(f"esmshard: {counts_line(counts, self.run.variant_scores)}")
         mixed = mixed_precisions(run.get("computed_with", []))

@@ -25,7 +25,8 @@ FORMATS is the one table of them:
   `id`, `sequence_sha256`, `length` (residues embedded), and a list<float> column
   `<kind>_<layer>` per kind and layer (per-residue kinds: list<list<float>>, a row per residue),
   and a column per score (`logits`, `masked_marginals`: list<list<float>>; `pll`: list<float>);
-  the card in each file's schema metadata and in `_made_by.json` beside the parts.
+  the card in each file's schema metadata; nothing else in the folder, which Polars reads by
+  name only where it holds Parquet files alone.
 - `h5`: embeddings.h5 itself with every value in the file (`output_values: copy`): the portable
   copy of a run whose values are in place in its store (esmshard.embeddings_h5.in_place).
 - `biotrainer`: a folder that biotrainer trains on as is: `sequences.fasta` (each record's full
@@ -596,9 +597,6 @@ def write_parquet(emb, target, bar, options: Options):
     import pyarrow.parquet as pq
 
     target.mkdir()
-    # The card beside the parts too: readers that rebuild the schema (HuggingFace datasets)
-    # drop its metadata. A leading '_': pyarrow's and Spark's dataset readers skip such files.
-    (target / "_made_by.json").write_text(json.dumps(emb.made_by, indent=1) + "\n")
     # a row per protein: its scores, not its maps (a residue pair's values each)
     scores = [name for name in emb.unlayered if name not in (contacts.NAME, attentions.NAME)]
     schema = parquet_schema(emb, options.kinds, scores)

@@ -53,9 +53,6 @@ from .reader import Embeddings
 
 log = logging.getLogger(__name__)
 
-# The step's counts, beside the Parquet parts (a leading _: dataset readers skip it).
-COUNTS = "_counts.json"
-MADE_BY = "_made_by.json"  # what made the scores: the model, its weights, the settings key
 ROWS_PER_PART = 1 << 22  # rows of each Parquet file (row groups of ROWS_PER_GROUP)
 ROWS_PER_GROUP = 1 << 18
 
@@ -87,7 +84,7 @@ class ScoreWriter:
     """The TSV and the Parquet dataset, written a block of rows at a time: the table's own
     columns (`columns`, each of `types`: pyarrow's string or float64), then the scores' (each
     strategy's, esmshard.input.variants.score_columns); `made_by` (what made the scores) in the
-    Parquet files' metadata and `_made_by.json`. Both files are written by pyarrow, each in a
+    Parquet files' metadata. Both files are written by pyarrow, each in a
     thread of its own (InTurn): the scores as float32, in the TSV with the fewest digits that
     give the same float32 back (the Parquet's values), empty where a strategy has none."""
 
@@ -104,7 +101,6 @@ class ScoreWriter:
         self.fh.write(header.getvalue().encode("utf-8"))
         self.folder = folder
         self.folder.mkdir()
-        write_json(folder / MADE_BY, made_by)
         self.schema = pa.schema(
             [*zip(self.columns, self.types), *((name, pa.float32()) for name in self.strategies)],
             metadata={"esmshard": json.dumps(made_by)},
@@ -491,7 +487,7 @@ def _cells(variant, columns: list[str], only: str) -> tuple[str, ...]:
 
 
 def counts_line(counts: dict, tsv) -> str:
-    """What the variants step wrote (its COUNTS), as the step's log and the run's last line say
+    """What the variants step wrote (its `variant_scores.json`'s counts), as the step's log and the run's last line say
     it: the rows, and the variants (or, of `variants: all`, the records) left without one."""
     line = f"variants: {counts['scored']:,} scored ({', '.join(counts['strategies'])}) in {tsv}"
     missing = counts["without_rows"]
@@ -499,7 +495,9 @@ def counts_line(counts: dict, tsv) -> str:
         line += f"; {missing:,} records failed, and their substitutions have no rows"
     elif missing:
         line += (
-            f"; {missing:,} variant{'s' if missing != 1 else ''} have no row: their records failed"
+            "; 1 variant has no row: its record failed"
+            if missing == 1
+            else f"; {missing:,} variants have no row: their records failed"
         )
     if missing:
         line += " (failed_sequences.tsv says why)"
@@ -510,9 +508,10 @@ def counts_line(counts: dict, tsv) -> str:
     return line
 
 
-def read_counts(folder) -> dict | None:
-    """The variants step's counts in its Parquet folder, where it has written them."""
-    return read_json_object(Path(folder) / COUNTS)
+def read_counts(summary) -> dict | None:
+    """The variants step's counts in its `summary` (variant_scores.json), where it has written
+    them."""
+    return (read_json_object(Path(summary)) or {}).get("counts")
 
 
 def score_variants(
@@ -522,12 +521,14 @@ def score_variants(
     strategies,
     out_tsv,
     out_folder,
+    out_summary,
     mutants=None,
     offset=1,
     window=1022,
 ) -> int:
     """Score `variants` (a table's path numbering residues from `offset`, or "all") with
-    `strategies` from `embeddings` (and `pseudo_ppl` and `pllr` from the mutants'
+    `strategies` from `embeddings` into `out_tsv` and the Parquet folder `out_folder`, what made
+    them and the counts into `out_summary` (and `pseudo_ppl` and `pllr` from the mutants'
     embeddings.h5, `mutants`; pllr's crops of `window` residues); returns the rows written.
     The table's own columns are kept, in its order (with `id` first where it has none), the
     strategies' after them."""
@@ -588,7 +589,8 @@ def score_variants(
             "of": of,
             "empty": writer.empty,  # per strategy: rows it could not score (stop-gains' pseudo_ppl)
         }
-        write_json(Path(folder) / COUNTS, counts)
+    # Beside the folder, not in it: Polars reads a folder only of Parquet files.
+    write_json(out_summary, {"made_by": made_by, "counts": counts})
     message = counts_line(counts, out_tsv)
     log.info("%s", message)
     print(message, file=sys.stderr, flush=True)

@@ -165,20 +165,22 @@ def assert_parquet_equals_embeddings(folder: Path, workdir: Path):
 def test_parquet_is_a_dataset_with_a_row_per_protein(run):
     export(run, "--format", "parquet", "--out", "table.parquet")
     names = sorted(p.name for p in (run / "table.parquet").iterdir())
-    assert names == ["_made_by.json", "part-00000.parquet"]
-    assert_parquet_equals_embeddings(run / "table.parquet", run)  # the card file skipped
-    # each vector a fixed-size list: Polars reads a column of them as one 2-D array
+    assert names == ["part-00000.parquet"]
+    assert_parquet_equals_embeddings(run / "table.parquet", run)
+    # each vector a fixed-size list: Polars reads a column of them as one 2-D array, from the
+    # folder by its name, as the docs show
     import polars as pl
 
     arrays, *_ = stored(run)
-    table = pl.read_parquet(run / "table.parquet" / "part-00000.parquet")
+    table = pl.read_parquet(run / "table.parquet")
     for name, expected in arrays.items():
         if name.startswith("mean"):
             got = table[name.replace("/", "_")].to_numpy()
             assert got.shape == expected.shape and got.dtype == expected.dtype
             np.testing.assert_array_equal(got, expected)
-    # the card beside the parts, for readers that drop the schema's metadata (HF datasets)
-    card = json.loads((run / "table.parquet" / "_made_by.json").read_text())
+    # the card in the schema, read as the docs show
+    schema = pq.read_schema(run / "table.parquet" / "part-00000.parquet")
+    card = json.loads(schema.metadata[b"esmshard"])
     with h5py.File(run / "out" / "embeddings.h5") as h5:
         assert (
             card["model"] == h5.attrs["model"] and card["settings_key"] == h5.attrs["settings_key"]

@@ -76,3 +76,14 @@ def test_every_substitution_named_at_once_as_one_at_a_time():
 def test_residue_columns_of_text_and_bytes():
     assert residue_columns("AYxé*C").tolist() == [0, 19, -1, -1, -1, 1]
     assert residue_columns(b"AYx*C").tolist() == [0, 19, -1, -1, 1]
+
+
+def test_the_last_line_counts_one_variant_left_without_a_row_in_the_singular():
+    counts = {"scored": 4, "strategies": ["wt_marginals"], "of": "variants", "empty": {}}
+    one = variants.counts_line({**counts, "without_rows": 1}, "out/variant_scores.tsv")
+    two = variants.counts_line({**counts, "without_rows": 2}, "out/variant_scores.tsv")
+    assert one == (
+        "variants: 4 scored (wt_marginals) in out/variant_scores.tsv; 1 variant has no row: "
+        "its record failed (failed_sequences.tsv says why)"
+    )
+    assert "; 2 variants have no row: their records failed (" in two

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import (
     PROTEOME,
+    WITHOUT_TEST_EXTRAS,
     doc_block,
     fair_esm_model,
     fasta,
@@ -255,7 +256,8 @@ def test_a_dms_table_numbered_from_another_residue_comes_back_whole_with_its_mod
 ):
     """A ProteinGym-style table whose positions count from 3 (`variant_offset=3`, predict.py's
     `--offset-idx 3`): its own columns come back in its order, its scores equal the table's
-    numbered from 1, and the Parquet dataset and `_made_by.json` name the model. With the
+    numbered from 1, and the Parquet dataset (read by name by pyarrow and Polars) and
+    `variant_scores.json` name the model. With the
     default offset, one line before any job names the offset at which it fits."""
     workdir, config, rows, _ = run
     table = tmp_path / "ambler.csv"
@@ -295,13 +297,17 @@ def test_a_dms_table_numbered_from_another_residue_comes_back_whole_with_its_mod
     made_by = json.loads(parquet.schema.metadata[b"esmshard"])
     assert made_by["model"] == str(checkpoint) and made_by["variant_offset"] == 3
     assert made_by["weights_sha256"] and made_by["settings_key"]
-    assert json.loads((outdir / "variant_scores" / "_made_by.json").read_text()) == made_by
+    summary = json.loads((outdir / "variant_scores.json").read_text())
+    assert summary["made_by"] == made_by and summary["counts"]["scored"] == len(got)
+    import polars as pl
+
+    assert pl.read_parquet(outdir / "variant_scores").height == len(got)
     dms = {(r["id"], r["mutant"]): float(r["DMS_score"]) for r in got}
     assert {(r["id"], r["mutant"]): r["DMS_score"] for r in parquet.to_pylist()} == dms
     # the docs' Spearman correlation against the table's own scores, typed as they show it
     code = doc_block("docs/outputs.md", "a Spearman correlation", "```python\n")
-    shown = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
-                           text=True, check=True)  # fmt: skip
+    shown = subprocess.run([sys.executable, "-c", WITHOUT_TEST_EXTRAS + code], cwd=tmp_path,
+                           capture_output=True, text=True, check=True)  # fmt: skip
     ranks = [
         np.argsort(np.argsort([float(r[column]) for r in got]))
         for column in ("masked_marginals", "DMS_score")

@@ -4,6 +4,7 @@ rule variants:
     output:
         tsv=RUN.variant_scores,
         parquet=directory(RUN.variant_scores_parquet),
+        summary=RUN.variant_summary,
     log:
         RUN.log("variants"),
     conda:

@@ -9,6 +9,7 @@ run_step(
     strategies=list(snakemake.params.strategies),
     out_tsv=snakemake.output.tsv,
     out_folder=snakemake.output.parquet,
+    out_summary=snakemake.output.summary,
     mutants=snakemake.input.get("mutants"),
     offset=snakemake.params.offset,
     window=snakemake.params.window,
