@@ -19,7 +19,7 @@ from ..outputs import export as exports
 from ..store import storelock
 from ..store.storelock import StoreBusyError
 from ..version import __version__
-from . import launch
+from . import console, launch
 from .status import merged as status_merged
 from .status import read_state, render
 
@@ -103,6 +103,15 @@ def main(argv=None):
         help="show Snakemake's own output (without it, esmshard's lines and a progress display; "
         "the whole output goes to OUTDIR/logs/esmshard-run.log); so do Snakemake options "
         "after `--`",
+    )
+    run.add_argument(
+        "--progress-every",
+        type=seconds,
+        default=console.LOG_EVERY_SECONDS,
+        metavar="SECONDS",
+        help="where the output is not a terminal (a file, a pipe, a cluster job's output): "
+        "seconds between progress lines, beside the one at each shard's end "
+        f"(default {console.LOG_EVERY_SECONDS:.0f})",
     )
     plan = commands.add_parser(
         "plan",
@@ -266,6 +275,7 @@ def main(argv=None):
             config=[item for item in args.config if "=" in item],
             snakemake_args=passed_on,
             verbose=getattr(args, "verbose", False),
+            progress_every=getattr(args, "progress_every", None),
         )
         try:
             if args.command == "plan":

@@ -3,7 +3,7 @@ display read from the run's files (what `esmshard status` knows), and a failed j
 reason with its log; Snakemake's whole output goes to a log file, which the last line names.
 
 On a terminal the progress is one line redrawn in place; elsewhere (a file, a pipe, a cluster
-job's output) a line each time a shard finishes.
+job's output) a line each time a shard finishes, and one every LOG_EVERY_SECONDS between.
 """
 
 import collections
@@ -41,6 +41,8 @@ WORKFLOW_READ = re.compile(r"^Building DAG of jobs")
 RUN_LOG = "esmshard-run.log"
 UNEXPLAINED_LINES = 20
 REFRESH_SECONDS = 1.0
+# Without a terminal: a line a minute shows a long shard's ETA without filling the log.
+LOG_EVERY_SECONDS = 60.0
 
 
 def slots_line(state: dict) -> str:
@@ -70,11 +72,12 @@ def job_reason(log_path: str) -> list[str]:
 class Console:
     """The user's view of one run, written to `stream`."""
 
-    def __init__(self, outdir: str, stream=sys.stderr):
-        self.outdir, self.stream = outdir, stream
+    def __init__(self, outdir: str, stream=sys.stderr, every: float = LOG_EVERY_SECONDS):
+        self.outdir, self.stream, self.every = outdir, stream, every
         self.tty = stream.isatty()
         self.drawn = ""  # the progress line on the screen, where one is
         self.shards_done = None
+        self.written_at = 0.0  # when the last line was written, without a terminal
 
     def say(self, text: str) -> None:
         if self.drawn:
@@ -105,15 +108,20 @@ class Console:
             self.drawn = "" if final else line
             self.stream.write("\r\033[K" + line + ("\n" if final else ""))
             self.stream.flush()
-        elif done != self.shards_done:
-            self.shards_done = done
+        elif done != self.shards_done or (
+            not (final or state["complete"]) and time.monotonic() - self.written_at >= self.every
+        ):
+            self.shards_done, self.written_at = done, time.monotonic()
             self.say(line)
 
 
-def run_quietly(cmd: list[str], env: dict, outdir: str, stream=sys.stderr) -> int:
+def run_quietly(
+    cmd: list[str], env: dict, outdir: str, every: float = LOG_EVERY_SECONDS, stream=sys.stderr
+) -> int:
     """Run `cmd` (snakemake) with its output in a log file, showing the user only esmshard's
-    lines and the progress; the exit status is Snakemake's."""
-    console = Console(outdir, stream)
+    lines and the progress (without a terminal, a line `every` seconds); the exit status is
+    Snakemake's."""
+    console = Console(outdir, stream, every)
     log = tempfile.NamedTemporaryFile("w", prefix="esmshard-run-", suffix=".log", delete=False)
     # Snakemake under esmshard.commands.guard, in a session of its own: a signal to this
     # command's group (Ctrl-C, a closed terminal, `kill -- -PGID`) reaches it once, through

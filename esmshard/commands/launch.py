@@ -45,6 +45,7 @@ class Launch(NamedTuple):
     config: list[str] = []  # KEY=VALUE, as after snakemake's --config
     snakemake_args: list[str] = []  # passed on as they are
     verbose: bool = False  # Snakemake's own output on the console
+    progress_every: float | None = None  # seconds between progress lines without a terminal
 
 
 def workflow_root() -> Path:
@@ -164,17 +165,23 @@ def snakemake_command(launch: Launch) -> list[str]:
     return cmd
 
 
+def snakemake_executable() -> str:
+    """Find this environment's snakemake, beside this Python, ahead of any other on PATH."""
+    # Beside sys.executable: `.venv/bin/esmshard` typed outside an activated venv finds it too.
+    beside = Path(sys.executable).parent / "snakemake"
+    executable = str(beside) if beside.is_file() else shutil.which("snakemake")
+    if executable is None:
+        raise LaunchError("snakemake is not installed here; pip install esmshard installs it")
+    return executable
+
+
 def run(launch: Launch) -> int:
     """Print the command, then run it: with esmshard's own view of it (esmshard.commands.console),
     or, with `verbose` or Snakemake options after `--`, as Snakemake shows it (this process
     becomes Snakemake: its signals and exit status)."""
     cmd = snakemake_command(launch)
     print(f"esmshard run: {DEFAULTS_ENV}=1 " + shlex.join(cmd), file=sys.stderr, flush=True)
-    # This environment's snakemake, beside this Python, ahead of any other on PATH.
-    beside = Path(sys.executable).parent / "snakemake"
-    executable = str(beside) if beside.is_file() else shutil.which("snakemake")
-    if executable is None:
-        raise LaunchError("snakemake is not installed here; pip install esmshard installs it")
+    executable = snakemake_executable()
     os.environ[DEFAULTS_ENV] = "1"
     os.environ[TYPED_COMMAND_ENV] = shlex.join(["esmshard", *sys.argv[1:]])
     if launch.verbose or launch.snakemake_args:
@@ -182,4 +189,5 @@ def run(launch: Launch) -> int:
     from .console import run_quietly
 
     outdir = with_config_options(launch).outdir
-    return run_quietly([executable, *cmd[1:]], dict(os.environ), outdir)
+    every = {"every": launch.progress_every} if launch.progress_every else {}
+    return run_quietly([executable, *cmd[1:]], dict(os.environ), outdir, **every)

@@ -278,7 +278,8 @@ def run_snakemake(cmd: list[str], more: list[str], env: dict) -> subprocess.Comp
     """`cmd` with `more` (targets, options) before its --config values, which take every word
     after them."""
     at = cmd.index("--config")
-    return subprocess.run([*cmd[:at], *more, *cmd[at:]], env=env, capture_output=True, text=True)
+    line = [launch.snakemake_executable(), *cmd[1:at], *more, *cmd[at:]]
+    return subprocess.run(line, env=env, capture_output=True, text=True)
 
 
 def plan(planned: launch.Launch, stream=sys.stdout) -> int:

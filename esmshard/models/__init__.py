@@ -10,6 +10,7 @@ merge, report) read the model without a second spent importing it. `fit_problems
 per version of a model's files (remembered in this user's cache).
 """
 
+import difflib
 import hashlib
 import re
 import warnings
@@ -233,6 +234,12 @@ def parse_spec(model: str) -> ModelSpec:
         if model in family.archs:
             return ModelSpec(family, model, "hub", arch=family.archs[model])
     names = sorted(name for family in FAIR_ESM for name in family.archs)
+    close = difflib.get_close_matches(model, names, n=1)
+    if close:
+        raise ModelError(
+            f"model '{model}': not a model name esmshard knows; did you mean {close[0]}? "
+            "(esmshard run --help lists every way to name a model)"
+        )
     raise ModelError(
         f"model '{model}': not a model name esmshard knows. It runs {families_named()}: by "
         f"fair-esm's names ({', '.join(names)}), as hf:<owner>/<name> (HuggingFace, e.g. "

@@ -93,13 +93,36 @@ def test_a_slurm_plan_of_esmc_6b_on_a_small_machine_shows_each_jobs_sbatch_optio
 
 
 def test_a_profile_still_holding_change_me_is_refused_by_name_and_nothing_is_planned(tmp_path):
+    """The shipped profile is copied, as docs/clusters.md says, not edited in place; the copy the
+    line names is then the one that is refused."""
     done = esmshard("plan", str(PROTEINS), "-o", "out", "--model", MODEL, "--profile", "slurm",
                     cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "slurm_partition=CHANGE-ME-partition" in done.stderr
-    assert str(REPO / "profiles" / "slurm" / "config.yaml") in done.stderr
+    shipped = REPO / "profiles" / "slurm"
+    advice = f"copy the profile esmshard ships (cp -r {shipped} my-slurm), set them in "
+    assert advice + "my-slurm/config.yaml and run with --profile my-slurm" in done.stderr
     assert "nothing was submitted" in done.stderr
     assert not (tmp_path / "out" / "shards").exists()
+
+    subprocess.run(["cp", "-r", str(shipped), "my-slurm"], cwd=tmp_path, check=True)
+    copied = esmshard("plan", str(PROTEINS), "-o", "out", "--model", MODEL, "--profile",
+                      "my-slurm", cwd=tmp_path)  # fmt: skip
+    assert copied.returncode == 2, copied.stdout + copied.stderr
+    assert f"set them in {tmp_path / 'my-slurm'}/config.yaml (docs/clusters.md)" in copied.stderr
+
+
+def test_plan_typed_from_outside_an_activated_venv_finds_its_snakemake(tmp_path):
+    """`.venv/bin/esmshard plan` with the venv's bin off PATH, as the README offers it."""
+    outside = {**os.environ, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "esmshard"), "plan", str(PROTEINS),
+         "-o", "out", "--model", MODEL],
+        cwd=tmp_path, env=outside, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout.splitlines()[-1].startswith("nothing was submitted; esmshard run ")
 
 
 def test_a_local_plan_of_a_model_too_large_for_this_machines_cpu_is_refused(tmp_path, monkeypatch):

@@ -115,7 +115,7 @@ def test_a_profiles_placeholders_are_refused_before_a_submission_and_said_by_a_d
         run_start(tmp_path, Invocation.of(SLURM)).begin()
     (problem,) = refused.value.problems
     assert "slurm_partition=CHANGE-ME-partition" in problem and "CHANGE-ME-account" in problem
-    assert "profiles/slurm/config.yaml" in problem and "nothing was submitted" in problem
+    assert "(cp -r profiles/slurm my-slurm)" in problem and "nothing was submitted" in problem
     dry = run_start(tmp_path, Invocation.of(cli(**{**vars(SLURM), "dryrun": True})))
     dry.begin()
     (line,) = dry.log.lines

@@ -57,6 +57,14 @@ def test_a_mistyped_key_is_one_line_naming_the_key_meant(tmp_path):
     refused(done, tmp_path, "repr_layer: not a config key of esmshard; did you mean repr_layers?")
 
 
+def test_a_model_name_cut_short_is_one_line_naming_the_name_meant(tmp_path):
+    done = esmshard("run", str(GENE_CALLER), "-o", "out", "--config", "model=esm2_t6_8M",
+                    cwd=tmp_path)  # fmt: skip
+    refused(done, tmp_path, "model 'esm2_t6_8M': not a model name esmshard knows; did you mean "
+            "esm2_t6_8M_UR50D? (esmshard run --help lists every way to name a model)")  # fmt: skip
+    assert "esm1b_t33_650M_UR50S" not in done.stderr  # not the whole list
+
+
 def test_every_mistake_of_one_command_is_named_at_once_before_any_job(tmp_path):
     done = snakemake(
         tmp_path, {}, "--config", f"input={GENE_CALLER}", "outdir=out", "model=random:esmc_300m",
@@ -200,6 +208,22 @@ def test_on_a_terminal_the_progress_is_one_line_redrawn(tmp_path):
     assert done.returncode == 0, shown[-3000:]
     assert "\r\033[Kshards 1/1 (100%)" in shown
     assert "Select jobs to execute" not in shown
+
+
+def test_a_run_logged_to_a_file_writes_a_progress_line_every_so_often_with_its_eta(tmp_path):
+    """`esmshard run ... > run.log` (sbatch, nohup): lines within the one shard, each with an
+    ETA once the rate is known, and the shard's end once."""
+    proteins = write_subset("ecoli_k12_first_150.fasta", lambda i, h, s: i < 150)
+    command = (f"{ESMSHARD} run {proteins} -o out --model {RANDOM} --config shards=1 "
+               "--progress-every 2 > run.log 2>&1")  # fmt: skip
+    subprocess.run(command, shell=True, cwd=tmp_path, check=True)
+    lines = (tmp_path / "run.log").read_text().splitlines()
+    progress = [line for line in lines if line.startswith("shards ")]
+    within = [line for line in progress if line.startswith("shards 0/1 ")]
+    assert len(within) >= 3, lines
+    assert re.search(r"residues [1-9][\d,]*/[\d,]+ .* ETA \d+m\d\ds", within[-1]), within
+    assert [line for line in progress if line.startswith("shards 1/1 (100%)")] == [progress[-1]]
+    assert progress[-1].endswith("finished")
 
 
 def importing(outdir: Path) -> bool:
