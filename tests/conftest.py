@@ -308,6 +308,16 @@ def kill_9_after_shards(cmd, env, store_root: Path, n_shards: int, timeout: floa
     kill_9_when(cmd, env, lambda: finished() >= n_shards, timeout)
 
 
+def progress_of(outdir: Path) -> dict:
+    """The one embed job's progress file, as `esmshard status` reads it; {} while there is none
+    (or it is being replaced)."""
+    try:
+        (path,) = (outdir / "progress").glob("*.json")
+        return json.loads(path.read_text())
+    except (ValueError, OSError):
+        return {}
+
+
 def jobs_run(result) -> dict[str, int]:
     """The jobs a run executed (or, with -n, would execute): rule -> number of jobs.
 

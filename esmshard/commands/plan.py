@@ -21,13 +21,15 @@ from typing import NamedTuple
 
 import yaml
 
+from ..compute.pool import visible_devices
 from ..files import free_bytes, human_bytes, nearest_existing, read_tsv
-from ..input.sizing import DEVICE_KINDS, gpu_seconds
+from ..input.sizing import CPU_FLOPS, DEVICE_KINDS, gpu_seconds
 from ..layout import Layout
+from ..steps.progress import duration
 from ..store import Store, read_json_object
 from . import launch
 from .console import OURS
-from .start import PLAN_ENV
+from .start import EMBED_THREADS, PLAN_ENV
 
 # The dry run's cores: a cluster's jobs take their threads as asked, not capped by this machine's.
 CLUSTER_CORES = "4096"
@@ -189,6 +191,22 @@ def gpu_time_lines(plan: list[dict], summary: dict, precision: str | None) -> li
     ]  # fmt: skip
 
 
+def cpu_time_lines(plan: list[dict], summary: dict) -> list[str]:
+    """The embed jobs' time where they compute on this machine's CPU (no GPU here), at the
+    rate esmshard assumes of an embed job's two threads (esmshard.input.sizing.CPU_FLOPS)."""
+    costs = [float(row["estimated_cost"]) for row in plan]
+    params = summary.get("model_params")
+    if not costs or not params:
+        return []
+    seconds = gpu_seconds(costs, params, CPU_FLOPS)
+    return [
+        "CPU time of the embed jobs here (this machine has no GPU they can use), loading "
+        "included (estimated):",
+        f"  {duration(seconds)} of an embed job's {EMBED_THREADS} threads, at "
+        f"{CPU_FLOPS:.0e} FLOP/s (an esm2_t6's on a 2-core machine; other CPUs differ)",
+    ]
+
+
 def planned_precision(summary: dict) -> str | None:
     """The precision of the planned settings, as the store's settings file of their key says."""
     if "store" not in summary or "key" not in summary:
@@ -258,6 +276,11 @@ def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) 
         where_jobs_run(executor),
         *jobs_lines([job for job in jobs if job.rule != "shard"], slurm),
         *gpu_time_lines(rows, plan.summary, planned_precision(plan.summary)),
+        *(
+            cpu_time_lines(rows, plan.summary)
+            if executor == "local" and not visible_devices()
+            else []
+        ),
         *disk_lines(plan.summary, outdir),
     ]
 

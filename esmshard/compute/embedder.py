@@ -16,6 +16,7 @@ from ..embeddings_h5.representations import LAYERED, Representation
 from ..input.long_sequences import chunk_spans
 from ..models.esm2 import FastESM2
 from ..models.layers import FastForward, Packed
+from ..store.passes import Passes
 from ..store.shardfile import Failure
 from . import windowed
 from .batching import CPU_TOKENS_PER_BATCH
@@ -158,6 +159,9 @@ class Embedder:
         self.budget = budget  # tokens per masked-marginal pass: a number, or of the longest
         self.inject_oom_tokens = int(os.environ.get(INJECT_OOM_ENV, 0)) or None
         self.seconds_per_batch = float(os.environ.get(SLOW_BATCHES_ENV, 0))
+        # Each protein's masked passes so far, by its index in the batches (an embed job's
+        # keeps them in the store: esmshard.store.passes).
+        self.passes = Passes()
         # The host's own work on batches (tokens, read-back, checks), in seconds: not the
         # queueing of the forward pass, which waits for the device once its queue is full.
         self.host_seconds = 0.0
@@ -222,10 +226,11 @@ class Embedder:
             return tensor
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
-    def launch(self, sequences: list[str], kinds=None) -> Launched:
+    def launch(self, sequences: list[str], kinds=None, indices=None) -> Launched:
         """Queue the batch's forward pass and the read-back of `kinds` (default: the Embedder's);
         `finish` waits for them. The host does not wait for the device here, so on a GPU it can
-        prepare the next batch meanwhile.
+        prepare the next batch meanwhile. `indices` name the sequences to `passes` (default:
+        their positions in the batch).
         """
         kinds = self.kinds if kinds is None else kinds
         started = time.perf_counter()
@@ -265,7 +270,7 @@ class Embedder:
                 logp = self.log_probs(last.reshape(-1, last.shape[-1]), positions)
                 values[LOGITS] = logp[:, self.columns]
             if MASKED_MARGINALS in kinds or PLL in kinds:
-                values.update(self.masked(sequences, kinds))
+                values.update(self.masked(sequences, kinds, indices))
             if self.device.type != "cuda":
                 return Launched(values, None, lengths)
             host = {
@@ -317,15 +322,19 @@ class Embedder:
             last = out["representations"][self.num_layers]
             return self.log_probs(last.reshape(-1, last.shape[-1]), self.to_device(flat))
 
-    def masked(self, sequences: list[str], kinds) -> dict[str, torch.Tensor]:
+    def masked(self, sequences: list[str], kinds, indices=None) -> dict[str, torch.Tensor]:
         """Masked marginals (residues × 20) and pseudo-log-likelihoods (B × 2) of the batch:
         copies of its sequences, one residue masked in each, as fair-esm's predict.py masks
-        them one at a time, passed in batches of copies within the token budget."""
+        them one at a time, passed in batches of copies within the token budget. The passes
+        that `passes` holds already (of `indices`) are not passed again."""
+        indices = list(range(len(sequences)) if indices is None else indices)
         lengths = np.array([len(s) for s in sequences])
-        owner = np.repeat(np.arange(len(sequences)), lengths)  # each copy's sequence
-        position = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        done = np.array([self.passes.begin(i, n) for i, n in zip(indices, lengths)], dtype=int)
+        todo = lengths - done
+        owner = np.repeat(np.arange(len(sequences)), todo)  # each copy's sequence
+        position = np.arange(todo.sum()) - np.repeat(np.cumsum(todo) - todo, todo)
+        position += np.repeat(done, todo)
         tokens = lengths[owner] + self.bos + 1  # each copy's
-        marginals, own = [], []
         start = 0
         while start < owner.size:
             budget = self.budget(int(tokens[start])) if callable(self.budget) else self.budget
@@ -347,18 +356,29 @@ class Embedder:
             out, _ = self.run(toks, counts, [self.num_layers])
             last = out["representations"][self.num_layers]
             logp = self.log_probs(last.reshape(-1, last.shape[-1]), self.to_device(flat))
-            marginals.append(logp[:, self.columns])
-            own.append(logp.gather(1, self.to_device(original)[:, None])[:, 0])
+            marginals = logp[:, self.columns]
+            own = logp.gather(1, self.to_device(original)[:, None])[:, 0]
+            # each sequence's copies are consecutive: its share of the batch, in order
+            owners, first = np.unique(owner[start:stop], return_index=True)
+            for k, (a, b) in zip(owners, zip(first, [*first[1:], stop - start])):
+                self.passes.add(indices[k], marginals[a:b], own[a:b])
             start = stop
+            time.sleep(self.seconds_per_batch)
+        rows = [self.passes.finish(i) for i in indices]  # each sequence's batches of passes
         values = {}
         if MASKED_MARGINALS in kinds:
-            values[MASKED_MARGINALS] = torch.cat(marginals)
+            values[MASKED_MARGINALS] = torch.cat(
+                [self.tensor(b.marginals) for r in rows for b in r]
+            )
         if PLL in kinds:
-            total = torch.zeros(len(sequences), dtype=torch.float32, device=own[0].device)
-            total.index_add_(0, self.to_device(owner), torch.cat(own))
+            total = torch.stack([torch.cat([self.tensor(b.own) for b in r]).sum() for r in rows])
             per_residue = total / self.to_device(lengths.astype(np.float32))
             values[PLL] = torch.stack([total, per_residue], dim=1)
         return values
+
+    def tensor(self, values) -> torch.Tensor:
+        """`values` (kept passes on the host, or this job's on the device) on the device."""
+        return values if isinstance(values, torch.Tensor) else self.to_device(values)
 
     @staticmethod
     def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds, bos=1) -> dict:
@@ -467,7 +487,7 @@ class Embedder:
         to `failed`.
         """
         try:
-            return [(indices, self.launch(sequences, kinds))]
+            return [(indices, self.launch(sequences, kinds, indices))]
         except torch.OutOfMemoryError as err:
             reason = str(err)
         # Retried outside the handler: the exception's traceback holds the failed attempt's
@@ -545,7 +565,7 @@ class Embedder:
         if self.scores:
             try:
                 scored = windowed.chunked_scores(
-                    self, sequence, window, self.scores, self.score_windows
+                    self, sequence, window, self.scores, self.score_windows, index
                 )
             except torch.OutOfMemoryError as err:
                 failed.append(Failure(index, f"out of memory even on one score window: {err}"))

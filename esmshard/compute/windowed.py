@@ -4,10 +4,12 @@ The windows and their weights are esmshard.input.score_windows' (the recipes of 
 ProteinGym); here they are passed through the model in batches within the token budget (halved
 on out-of-memory, down to one window) and their log-probabilities combined: `logits` as the
 recipe's weighted mean per residue, `masked_marginals` and `pll` from each residue's own
-window with it masked.
+window with it masked, each batch of those passes handed to the embedder's `passes` (which
+an embed job keeps in the store, so that its next job goes on from there).
 """
 
 import logging
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -15,6 +17,7 @@ import torch
 
 from ..embeddings_h5.scores import LOGITS, MASKED_MARGINALS, PLL, column_tokens
 from ..input.score_windows import optimal_starts, overlapping, weighted
+from ..store.passes import Rows
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +29,15 @@ def log_probs(
     width: int,
     at: np.ndarray,
     masked: bool,
+    start: int = 0,
+    on_batch: Callable[[np.ndarray], None] | None = None,
 ) -> np.ndarray:
-    """n × k × vocabulary: the log-probabilities at the k positions `at` (n × k) of each of the
-    `n` token rows of `width` that `rows_of(indices)` makes (the first of the k masked where
-    `masked`)."""
+    """(n - start) × k × vocabulary: the log-probabilities at the k positions `at` (n × k) of
+    each of the token rows of `width` that `rows_of(indices)` makes, from row `start` on (the
+    first of the k masked where `masked`); each batch's also to `on_batch`."""
     budget = embedder.budget(width) if callable(embedder.budget) else embedder.budget
     per_batch = max(1, budget // width)
-    out, start = [], 0
+    out = []
     while start < n:
         stop = min(n, start + per_batch)
         toks = rows_of(np.arange(start, stop))
@@ -51,13 +56,17 @@ def log_probs(
             log.warning("out of memory on %d windows; retrying %d at a time", count, per_batch)
             continue
         out.append(logp.cpu().numpy().reshape(count, at.shape[1], -1))
+        if on_batch is not None:
+            on_batch(out[-1])
         start = stop
-    return np.concatenate(out)
+        time.sleep(embedder.seconds_per_batch)
+    return np.concatenate(out) if out else np.zeros((0, at.shape[1], 0), np.float32)
 
 
-def chunked_scores(embedder, sequence: str, window: int, kinds, recipe: str) -> dict:
+def chunked_scores(embedder, sequence: str, window: int, kinds, recipe: str, index=0) -> dict:
     """The scores `kinds` (logits, masked marginals, pll) of `sequence`, longer than `window`
-    residues, as esmshard keeps them (float32; logits and masked marginals residues × 20)."""
+    residues, as esmshard keeps them (float32; logits and masked marginals residues × 20);
+    `index` names it to the embedder's `passes`."""
     columns = np.array(column_tokens(embedder.alphabet.tok_to_idx))
     bos, length = embedder.bos, len(sequence)
     toks = embedder.tokens([sequence]).numpy()[0]  # [BOS], residues, EOS
@@ -92,12 +101,19 @@ def chunked_scores(embedder, sequence: str, window: int, kinds, recipe: str) -> 
         def masked_rows(indices):
             return toks[starts[indices, None] + np.arange(width)]
 
-        logp = log_probs(
-            embedder, masked_rows, length, width, (masked_at - starts)[:, None], masked=True
-        )[:, 0]
+        def keep(logp):  # a batch of passes: each masked residue's scores
+            n = len(logp)
+            at = masked_at[done[0] : done[0] + n]
+            embedder.passes.add(index, logp[:, 0, columns], logp[np.arange(n), 0, toks[at]])
+            done[0] += n
+
+        done = [embedder.passes.begin(index, length)]
+        log_probs(embedder, masked_rows, length, width, (masked_at - starts)[:, None], True,
+                  done[0], keep)  # fmt: skip
+        rows = Rows.on_host(embedder.passes.finish(index))
         if MASKED_MARGINALS in kinds:
-            values[MASKED_MARGINALS] = logp[:, columns]
+            values[MASKED_MARGINALS] = rows.marginals
         if PLL in kinds:
-            total = float(logp[np.arange(length), toks[masked_at]].astype(np.float64).sum())
+            total = float(rows.own.astype(np.float64).sum())
             values[PLL] = np.array([total, total / length])
     return {kind: np.asarray(v, dtype=np.float32) for kind, v in values.items()}

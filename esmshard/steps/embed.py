@@ -32,6 +32,7 @@ from ..input.balance import forward_tokens, record_costs
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
+from ..store.passes import Passes
 from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.runlock import current_run_id
 from ..store.shardfile import Failure, output_bytes
@@ -97,6 +98,28 @@ class WritingBehind:
         for add in self.pending:
             add.exception()
         self.writer.discard()
+
+
+class PassProgress:
+    """A protein's masked passes as progress: a residue each, at its share of the protein's
+    cost, written at most once a second (a GPU passes a batch in milliseconds)."""
+
+    def __init__(self, progress: Progress, sampler, reported: dict, cost_per_residue: dict):
+        self.progress, self.sampler = progress, sampler
+        self.reported, self.cost_per_residue = reported, cost_per_residue
+        self.residues, self.cost, self.written_at = 0, 0.0, time.monotonic()
+
+    def __call__(self, index: int, n: int) -> None:
+        self.reported[index] = self.reported.get(index, 0) + n
+        self.residues += n
+        self.cost += n * self.cost_per_residue[index]
+        if time.monotonic() - self.written_at >= 1:
+            self.flush()
+
+    def flush(self, residues: int = 0, cost: float = 0.0) -> None:
+        """Write what has not been, with `residues` and `cost` more."""
+        self.progress.update(self.residues + residues, self.sampler, self.cost + cost)
+        self.residues, self.cost, self.written_at = 0, 0.0, time.monotonic()
 
 
 def part_store(out_h5) -> Store:
@@ -265,6 +288,18 @@ def run_shard(
             cost_of = dict(zip(records, costs.tolist()))
             kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
             total_cost = float(costs.sum())
+            # a protein's masked passes: progress as they go, kept within the protein
+            reported = {}  # the residues (a pass each) each protein's passes have reported
+            per_residue = {k: cost_of[k] / max(len(sequences[k]), 1) for k in records}
+            pass_progress = PassProgress(progress, sampler, reported, per_residue)
+            passes = Passes(pieces.folder, keys, keep_every, pass_progress)
+            embedder.passes = passes
+            resumed = passes.resume([k for k in records if keys[k] not in kept.keys], sequences)
+            if resumed:
+                log.info("shard %s: %s masked passes within %s kept by an earlier job", shard,
+                         f"{sum(resumed.values()):,}",
+                         f"{len(resumed)} protein{'s' if len(resumed) != 1 else ''}")  # fmt: skip
+            kept_cost += sum(per_residue[k] * n for k, n in resumed.items())
             layer = None
             eager = compiled.eager_seconds(total_cost - kept_cost, spec.params)
             # compiled where it is on, or where it could be (auto on a GPU) and repays itself
@@ -292,7 +327,9 @@ def run_shard(
                     )
             loaded = time.time()
             # earlier jobs' work is done
-            progress.computing(kept.residues, loaded, sampler, kept_cost, total_cost)
+            progress.computing(kept.residues + sum(resumed.values()), loaded, sampler, kept_cost,
+                               total_cost)  # fmt: skip
+            reported.update(resumed)
             # the pieces, then the part made of them
             size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim, widths)
             writer = PieceWriter(
@@ -355,6 +392,12 @@ def run_shard(
                 def keep():
                     behind.keep(failed, keys, ids)
 
+                def finished_records(members):
+                    """Their progress: what their passes have not reported yet."""
+                    residues = [len(sequences[k]) - reported.pop(k, 0) for k in members]
+                    cost = sum(per_residue[k] * n for k, n in zip(members, residues))
+                    pass_progress.flush(sum(residues), cost)
+
                 try:
                     jobs = [[todo[b] for b in batch] for batch in batches]
                     results = embedder.embed_batches(
@@ -364,8 +407,7 @@ def run_shard(
                         # a batch is kept whole, so that a later job makes the same batches
                         done = [k for indices, _ in parts for k in indices]
                         write(members, done, [r for _, reps in parts for r in reps])
-                        progress.update(sum(len(sequences[k]) for k in members), sampler,
-                                        sum(cost_of[k] for k in members))  # fmt: skip
+                        finished_records(members)
                         if writer.due(keep_every):
                             keep()
                     for k in chunked:
@@ -373,7 +415,7 @@ def run_shard(
                             continue
                         rep = embedder.embed_chunked(k, sequences[k], limit, failed)
                         write([k], [k] if rep is not None else [], [rep] if rep else [])
-                        progress.update(len(sequences[k]), sampler, cost_of[k])
+                        finished_records([k])
                         if writer.due(keep_every):
                             keep()
                     keep()
@@ -383,11 +425,14 @@ def run_shard(
                         raise
                     try:
                         keep()
+                        within = passes.keep()
                         if stopped_keeps == "part" and kept.paths + writer.written:
                             stopped_part()
                         else:
-                            log.info("shard %s: %d pieces kept for the next job", shard,
-                                     len(kept.paths) + len(writer.written))  # fmt: skip
+                            log.info("shard %s: %d pieces%s kept for the next job", shard,
+                                     len(kept.paths) + len(writer.written),
+                                     f" and {within:,} masked passes within proteins"
+                                     if within else "")  # fmt: skip
                     except BaseException as failed_keep:  # the error above is the one to say
                         behind.discard()
                         log.warning("shard %s: nothing more kept (%s)", shard, failed_keep)

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..files import TEMPORARY_NAME
 from ..layout import Layout
 from . import PIECES, Store
+from .passes import passes_files
 from .runlock import STALE_AFTER_SECONDS, process_alive
 from .storelock import LOCKS
 
@@ -107,7 +108,11 @@ def done_pieces(store: Store, keys: list[str], live: list[Path]) -> list[Path]:
         for key in keys
         for shard, folder in store.pieces(key).items()
         if os.path.exists(store.part(key, shard))
-        or (not any(p.stem.isdigit() for p in folder.glob("*.h5")) and folder not in writing)
+        or (
+            not any(p.stem.isdigit() for p in folder.glob("*.h5"))
+            and not passes_files(folder)
+            and folder not in writing
+        )
     ]
 
 

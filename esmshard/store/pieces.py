@@ -34,6 +34,7 @@ from . import (
     set_aside_file,
 )
 from .checksums import sha256
+from .passes import kept_passes
 from .shardfile import Failure, ShardWriter
 
 COPY_ROWS = 1 << 16  # rows copied at a time when a part is made of its pieces
@@ -61,13 +62,15 @@ class Kept:
 
 def kept_residues(store: Store, key: str, shards) -> dict[str, int]:
     """The residues that the kept pieces of each of `shards` hold, by their manifests (a damaged
-    one counts 0: its piece is computed again)."""
+    one counts 0: its piece is computed again), and the masked passes kept within proteins (a
+    residue each: esmshard.store.passes)."""
     folders = store.pieces(key)
     return {
         shard: sum(
             manifest_count((read_json_object(m) or {}).get("n_residues"))
             for m in piece_manifests(folders[shard])
         )
+        + kept_passes(folders[shard])
         if shard in folders
         else 0
         for shard in shards

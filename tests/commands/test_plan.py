@@ -11,6 +11,7 @@ import yaml
 from conftest import (
     MODEL,
     PROTEINS,
+    PROTEOME,
     REPO,
     clone_of_workflow,
     doc_block,
@@ -260,3 +261,23 @@ def test_an_fp8_plans_gpu_time_is_said_at_bf16s_rate_on_the_gpus_that_compute_it
         bf16[2],
         "  (not on A100s or older GPUs: fp8 needs a Hopper GPU)",
     ]
+
+
+def test_a_local_plan_on_a_machine_without_gpus_gives_the_cpus_time(tmp_path, monkeypatch):
+    """LHR_ECOLI's masked scan (1,538 passes of 1,024 tokens) planned where it would compute on
+    the CPU: hours, said beside the GPU-hours."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    (lhr,) = [r for r in read_records(PROTEOME) if "|LHR_ECOLI " in r[0]]
+    fasta(tmp_path / "lhr.fasta", [lhr])
+    done = esmshard("plan", "lhr.fasta", "-o", "lhr", "--model", "random:esm2_t33_650M_UR50D",
+                    "--config", "variants=all", "long_sequences=chunk", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index(
+        "CPU time of the embed jobs here (this machine has no GPU they can use), loading "
+        "included (estimated):"
+    )
+    shown = re.fullmatch(r"  (\d+)h(\d\d)m of an embed job's 2 threads, at 1e\+11 FLOP/s "
+                         r"\(an esm2_t6's on a 2-core machine; other CPUs differ\)", lines[at + 1])  # fmt: skip
+    assert shown and int(shown[1]) >= 2, lines[at + 1]
+    assert any("GPU-hours on H200s" in line for line in lines)

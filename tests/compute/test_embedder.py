@@ -51,8 +51,8 @@ def test_only_the_kinds_asked_for_leave_the_device(embedder, monkeypatch):
     read_back = []
     launch = Embedder.launch
 
-    def recording(self, sequences, kinds=None):
-        launched = launch(self, sequences, kinds)
+    def recording(self, sequences, kinds=None, indices=None):
+        launched = launch(self, sequences, kinds, indices)
         if self is means_only:
             read_back.append(
                 (len(sequences), {k: tuple(v.shape) for k, v in launched.values.items()})
@@ -112,8 +112,8 @@ def test_injected_out_of_memory_halves_batches_with_identical_results(
     ran = []  # the batches that ran: halves keep the input's order
     launch = Embedder.launch
 
-    def recording(self, batch_sequences, kinds=None):
-        launched = launch(self, batch_sequences, kinds)
+    def recording(self, batch_sequences, kinds=None, indices=None):
+        launched = launch(self, batch_sequences, kinds, indices)
         start = sum(map(len, ran))
         ran.append(list(range(start, start + len(batch_sequences))))
         assert batch_sequences == sequences[start : ran[-1][-1] + 1]

@@ -12,8 +12,14 @@ tested here (each family's forward pass has its own tests).
 """
 
 import math
+import os
+import re
 import shlex
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -26,13 +32,17 @@ from conftest import (
     doc_block,
     fair_esm_model,
     fasta,
+    progress_of,
     read_records,
     seeded_esm2,
     snakemake,
 )
 
 import esmshard
+from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.embeddings_h5.scores import AMINO_ACIDS
+
+ESMSHARD = Path(sys.executable).parent / "esmshard"
 
 WINDOW = 1022  # ESM-2's residues per window; 1,024 tokens with BOS and EOS
 ECOLI = {h[1:].split()[0]: s for h, s in read_records(PROTEOME)}
@@ -147,9 +157,10 @@ def test_every_substitution_of_long_proteins_equals_its_recipe(tmp_path, recipe)
 
 def looked_at_as_a_heatmap(workdir, outdir, name):
     """`esmshard heatmap` of a 4,700-residue protein, the picture looked at: its size (19
-    numbered rows of 250 positions), both ends of the diverging scale, the wild type's black
-    cell in each position (one of 20 cells: about a twentieth of the coloured area, the
-    letters and numbers beside it), and one line for what it cannot draw."""
+    numbered rows of 248 positions, the last as full as the first), the colour scale once, above
+    the rows, with both ends of the diverging scale, the wild type's black cell in each
+    position (one of 20 cells: about a twentieth of the coloured area, the letters and numbers
+    beside it), and one line for what it cannot draw, naming the ID meant."""
     import matplotlib.image as mpimg
 
     def heatmap(*args):
@@ -157,17 +168,29 @@ def looked_at_as_a_heatmap(workdir, outdir, name):
                               text=True)  # fmt: skip
 
     done = heatmap(outdir, name, "-o", "heat.png")
-    assert done.returncode == 0 and done.stdout == "wrote heat.png\n", done.stderr
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "wrote heat.png: positions 1 to 4,700 in 19 rows of up to 248\n"
     image = mpimg.imread(workdir / "heat.png")[..., :3]
-    assert image.shape == (round(100 * (2.2 * 19 + 0.6)), 1500, 3)
+    assert image.shape == (round(100 * (1.1 + 3.0 * 19)), 1500, 3)
     red = (image[..., 0] > 0.6) & (image[..., 2] < 0.45)
     blue = (image[..., 2] > 0.6) & (image[..., 0] < 0.45)
     coloured = (image.max(-1) - image.min(-1)) > 0.08
     black = image.max(-1) < 0.1
     assert red.sum() > 0.02 * coloured.sum() and blue.sum() > 0.02 * coloured.sum()
     assert 0.04 < black.sum() / coloured.sum() < 0.15
+    # the scale: in the header alone, both of its ends there
+    header, rows = slice(0, 110), slice(110, None)
+    assert red[header].any() and blue[header].any()
+    scale_columns = coloured[header].any(0)
+    assert 0.3 < scale_columns.mean() < 0.6  # the middle of the width, not a row's
+    # the rows share the positions: the last (236 of them) nearly as wide as the first (248)
+    band = 300  # 3.0 inches at 100 dpi
+    first, last = (coloured[110 + k * band : 110 + (k + 1) * band].any(0).sum() for k in (0, 18))
+    assert 0.9 * first < last <= first, (first, last)
+    assert coloured[rows].sum() > 0.5 * coloured.sum()
     for args, said in (
         ((outdir, "nosuch", "-o", "x.png"), "holds no protein 'nosuch'"),
+        ((outdir, name.split("_", 1)[1].lower(), "-o", "x.png"), f"did you mean {name}?"),
         ((outdir, name, "-o", "x.jpg"), "x.jpg: give a file name ending .png or .svg"),
     ):
         done = heatmap(*args)
@@ -239,3 +262,74 @@ def test_masked_marginals_of_a_long_protein_take_each_residues_optimal_window(tm
         want[at, mutant] - want[at, [wild[residues[k]] for k in at]],
         atol=1e-4,
     )
+
+
+def test_a_stopped_masked_scan_of_a_long_protein_keeps_its_passes_and_the_same_command_ends_it(
+    tmp_path,
+):
+    """LHR_ECOLI's every substitution (1,538 residues, `long_sequences=chunk`: a masked pass per
+    residue) as the issue's user typed it, Ctrl-C once a third of its passes are done (its
+    batches slowed, kept every second: a minute's scan at the default, shortened): the stop keeps
+    the passes done, the progress and the same command go on from them, and the scores are an
+    uninterrupted run's, bit for bit."""
+    name = "sp|P30015|LHR_ECOLI"
+    fasta(tmp_path / "lhr.fasta", [(f">{name}", PROTEINS[name])])
+    model = micro_one_layer(tmp_path / "weights")
+    typed = [str(ESMSHARD), "run", "lhr.fasta", "-o", "lhr", "--model", str(model),
+             "--config", "variants=all", "long_sequences=chunk", "keep_every=1"]  # fmt: skip
+    slow = {**os.environ, SLOW_BATCHES_ENV: "0.05"}
+
+    def as_in_a_terminal():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    run = subprocess.Popen(typed, cwd=tmp_path, env=slow, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True, preexec_fn=as_in_a_terminal)  # fmt: skip
+    passes = tmp_path / "lhr" / "store"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        shown = progress_of(tmp_path / "lhr")
+        if shown.get("residues_done", 0) > len(PROTEINS[name]) / 3 and any(
+            passes.glob("*/.pieces/*/passes-*.npz")
+        ):
+            break
+        assert run.poll() is None, run.communicate()[1]
+        time.sleep(0.05)
+    assert 0 < shown["residues_done"] < len(PROTEINS[name])  # progress within the protein
+    os.killpg(run.pid, signal.SIGINT)
+    said = run.communicate(timeout=120)[1]
+    assert run.returncode == 130, said
+    assert re.search(
+        r"esmshard: stopped; 0 of 1 shards finished, [1-9][\d,]* of 1,538 residues", said
+    )
+    (log,) = (tmp_path / "lhr" / "logs" / "embed").glob("*.log")
+    stopped = re.search(
+        r"0 pieces and ([\d,]+) masked passes within proteins kept", log.read_text()
+    )
+    assert stopped, log.read_text()
+    kept = int(stopped[1].replace(",", ""))
+    assert len(PROTEINS[name]) / 3 <= kept < len(PROTEINS[name])
+
+    again = subprocess.run(typed, cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (log,) = (tmp_path / "lhr" / "logs" / "embed").glob("*.log")
+    assert f"{kept:,} masked passes within 1 protein kept by an earlier job" in log.read_text()
+    assert f"of 1,538 residues done ({kept:,} kept from stopped jobs); computing the rest" in (
+        again.stderr
+    )
+    assert not any(passes.glob("*/.pieces"))  # gone with the part
+
+    whole = subprocess.run([*typed[:4], "whole", *typed[5:]], cwd=tmp_path, capture_output=True,
+                           text=True)  # fmt: skip
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    with (
+        esmshard.open_embeddings(tmp_path / "lhr" / "embeddings.h5") as resumed,
+        esmshard.open_embeddings(tmp_path / "whole" / "embeddings.h5") as uninterrupted,
+    ):
+        for kind in ("masked_marginals", "logits"):
+            got, want = resumed[name].scores.get(kind), uninterrupted[name].scores.get(kind)
+            assert (got is None) == (want is None)
+            if got is not None:
+                np.testing.assert_array_equal(got, want)
+    assert (tmp_path / "lhr" / "variant_scores.tsv").read_bytes() == (
+        tmp_path / "whole" / "variant_scores.tsv"
+    ).read_bytes()

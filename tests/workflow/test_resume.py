@@ -18,6 +18,7 @@ from conftest import (
     assert_same_values,
     every_value,
     fasta,
+    progress_of,
     snakemake_command,
 )
 
@@ -56,14 +57,6 @@ def kept_sequences(outdir: Path) -> int:
     return sum(json.loads(p.with_suffix(".json").read_text())["n_sequences"] for p in found)
 
 
-def progress(outdir: Path) -> dict:
-    try:
-        (path,) = (outdir / "progress").glob("*.json")
-        return json.loads(path.read_text())
-    except (ValueError, OSError):
-        return {}
-
-
 RESUMING = re.compile(
     r"esmshard: resuming: 0 of 1 shards finished, [\d,]+ of [\d,]+ residues done \([\d,]+ "
     r"kept from stopped jobs\); computing the rest"
@@ -80,7 +73,7 @@ def kill_job_at(cmd, env, outdir: Path, share: float, sig: signal.Signals, piece
         run = subprocess.Popen(cmd, cwd=REPO, env=slow, stdout=subprocess.DEVNULL, stderr=stderr)
     deadline = time.time() + 300
     while True:
-        found = progress(outdir)
+        found = progress_of(outdir)
         done = found.get("residues_done", 0) >= share * found.get("n_residues", float("inf"))
         if done and len(kept_pieces(outdir)) >= pieces:
             break
