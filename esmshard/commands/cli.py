@@ -315,7 +315,7 @@ def main(argv=None):
         from ..outputs.heatmap import heatmap as draw_heatmap
 
         try:
-            print(f"wrote {draw_heatmap(args.outdir, args.id, args.out, args.scores)}")
+            print(draw_heatmap(args.outdir, args.id, args.out, args.scores).line)
         except (HeatmapError, DamagedFileError, FastaError, OSError) as err:
             parser.exit(1, f"esmshard heatmap: {err}\n")
         return 0

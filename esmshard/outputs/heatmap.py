@@ -2,13 +2,15 @@
 esm-variants portal shows them: each position's log p(amino acid) − log p(wild type), the 20
 amino acids in the portal's order (charged, polar, small, hydrophobic, aromatic), a diverging
 colour scale centred on 0 and the wild type's cell black. A long protein is drawn in rows of
-POSITIONS_PER_ROW positions, each numbered, so that a residue of a 5,000-residue protein can be
-found by eye.
+at most POSITIONS_PER_ROW positions, as many in each, numbered as the run numbered its
+residues (`variant_offset`), so that a residue of a 5,000-residue protein can be found by eye;
+the colour scale once, above the rows.
 """
 
 import hashlib
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow.compute as pc
@@ -23,9 +25,28 @@ from .reader import Embeddings
 
 PORTAL_ORDER = "KRHEDNQTSCGAVLIMPYFW"  # esm-variants' AAorder
 POSITIONS_PER_ROW = 250
-ROW_INCHES = 2.2  # each row's height: 20 amino acids, their letters legible at 100 dpi
+ROW_INCHES = 3.0  # each row's height: 20 amino acids, 15 pixels each at 100 dpi
+HEADER_INCHES = 1.1  # the title and the colour scale
+LABEL_POINTS = 9  # an amino acid's letter: 12.5 pixels, within its row's 15
 FORMATS = (".png", ".svg")
 SCORES = (LOGITS, MASKED_MARGINALS)  # each strategy's log-probabilities
+
+
+class Drawn(NamedTuple):
+    """A picture written: where, and how its positions lie."""
+
+    path: Path
+    length: int  # positions
+    first: int  # the first one's number
+
+    @property
+    def line(self) -> str:
+        width = per_row(self.length)
+        rows = -(-self.length // width)
+        return (
+            f"wrote {self.path}: positions {self.first:,} to {self.first + self.length - 1:,} "
+            f"in {rows} row{'s' if rows > 1 else ''} of up to {width}"
+        )
 
 
 class HeatmapError(ValueError):
@@ -64,8 +85,15 @@ def substitution_scores(matrix: np.ndarray, sequence: str) -> np.ndarray:
     return np.where(wild[:, None] >= 0, matrix - own[:, None], np.nan)
 
 
-def draw(scores: np.ndarray, sequence: str, title: str, out, fmt: str) -> None:
-    """The picture of `scores` (positions × 20) into `out`, as `fmt` (png or svg)."""
+def per_row(length: int) -> int:
+    """The positions in each row: as many in each, at most POSITIONS_PER_ROW."""
+    rows = -(-length // POSITIONS_PER_ROW)
+    return -(-length // rows)
+
+
+def draw(scores: np.ndarray, sequence: str, title: str, out, fmt: str, first: int = 1) -> None:
+    """The picture of `scores` (positions × 20, the first numbered `first`) into `out`, as
+    `fmt` (png or svg)."""
     from matplotlib.colors import ListedColormap, Normalize
     from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figures
 
@@ -74,28 +102,34 @@ def draw(scores: np.ndarray, sequence: str, title: str, out, fmt: str) -> None:
     extreme = float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 1.0
     norm = Normalize(-(extreme or 1.0), extreme or 1.0)
     wild = np.array([[a == letter for letter in sequence] for a in PORTAL_ORDER])
-    rows = -(-len(sequence) // POSITIONS_PER_ROW)
-    figure = Figure(figsize=(15, ROW_INCHES * rows + 0.6), layout="constrained")
-    axes = figure.subplots(rows, 1, squeeze=False)
-    for k, ax in enumerate(axes[:, 0]):
-        start = k * POSITIONS_PER_ROW
-        part = slice(start, min(start + POSITIONS_PER_ROW, len(sequence)))
-        extent = (part.start + 0.5, part.stop + 0.5, 19.5, -0.5)  # positions from 1
+    width = per_row(len(sequence))
+    rows = -(-len(sequence) // width)
+    figure = Figure(figsize=(15, HEADER_INCHES + ROW_INCHES * rows), layout="constrained")
+    header, body = figure.subfigures(2, 1, height_ratios=[HEADER_INCHES, ROW_INCHES * rows])
+    axes = body.subplots(rows, 1, squeeze=False)[:, 0]
+    for k, ax in enumerate(axes):
+        part = slice(k * width, min((k + 1) * width, len(sequence)))
+        low = first + part.start - 0.5
+        extent = (low, first + part.stop - 0.5, 19.5, -0.5)
         image = ax.imshow(grid[:, part], cmap="RdBu", norm=norm, aspect="auto",
                           extent=extent, interpolation="nearest")  # fmt: skip
         marked = np.ma.masked_where(~wild[:, part], np.ones(wild[:, part].shape))
         ax.imshow(marked, cmap=ListedColormap(["black"]), aspect="auto", extent=extent,
                   interpolation="nearest")  # fmt: skip
-        ax.set_xlim(start + 0.5, start + POSITIONS_PER_ROW + 0.5)
-        ax.set_yticks(range(20), list(PORTAL_ORDER), fontsize=7)
-        ax.tick_params(axis="x", labelsize=7)
-    axes[0, 0].set_title(title, fontsize=10, loc="left")
-    figure.colorbar(image, ax=axes[:, 0].tolist(), fraction=0.02, pad=0.01,
-                    label="log p(amino acid) − log p(wild type)")  # fmt: skip
+        ax.set_xlim(low, low + width)
+        ax.set_yticks(range(20), list(PORTAL_ORDER), fontsize=LABEL_POINTS)
+        ax.tick_params(axis="x", labelsize=LABEL_POINTS)
+    axes[-1].set_xlabel("position", fontsize=LABEL_POINTS + 1)
+    header.suptitle(title, fontsize=11, x=0.01, ha="left")
+    scale = header.subplots(1, 3, width_ratios=[1, 2, 1])
+    for ax in scale[::2]:
+        ax.axis("off")
+    header.colorbar(image, cax=scale[1], orientation="horizontal")
+    scale[1].set_xlabel("log p(amino acid) − log p(wild type)", fontsize=LABEL_POINTS + 1)
     figure.savefig(out, format=fmt, dpi=100)
 
 
-def heatmap(outdir, id_: str, out, scores: str | None = None) -> Path:
+def heatmap(outdir, id_: str, out, scores: str | None = None) -> Drawn:
     """Draw protein `id_`'s substitution scores of the run in `outdir` into `out` (.png or
     .svg); `scores`: `logits` (wt_marginals, the portal's) or `masked_marginals`, by default
     the first of them the run has."""
@@ -122,16 +156,39 @@ def heatmap(outdir, id_: str, out, scores: str | None = None) -> Path:
         try:
             row = emb.row(id_)
         except KeyError:
-            raise HeatmapError(
-                f"{layout.embeddings} holds no protein '{printable(id_)}' (failed, or not in the "
-                "input)"
-            ) from None
+            raise HeatmapError(no_protein(emb, layout.embeddings, id_)) from None
         matrix = np.asarray(emb.values(row, kind), dtype=np.float64)
         sha256 = emb.h5["sequence_sha256"][row]
     sequence = record_sequence(layout, id_, sha256)[: len(matrix)]
     strategy = "wt_marginals" if kind == LOGITS else kind
     title = f"{id_}: {len(sequence):,} residues, {strategy} (the wild type black)"
+    first = variant_offset(layout)
+    if first != 1:
+        title += f", numbered from {first} (variant_offset)"
     with atomic_path(out) as target:  # whole, or not at all
         fmt = out.suffix[1:].lower()
-        draw(substitution_scores(matrix, sequence), sequence, title, target, fmt)
-    return out
+        draw(substitution_scores(matrix, sequence), sequence, title, target, fmt, first)
+    return Drawn(out, len(sequence), first)
+
+
+def variant_offset(layout: Layout) -> int:
+    """The number the run gave its first residue (`variant_offset`, in its variants' summary),
+    else 1."""
+    summary = read_json_object(Path(layout.variant_summary)) or {}
+    offset = summary.get("made_by", {}).get("variant_offset", 1)
+    return offset if isinstance(offset, int) else 1
+
+
+def no_protein(emb: Embeddings, path, id_: str, block: int = 1 << 16) -> str:
+    """The line for an ID the file lacks, naming the IDs that hold it (UniProt's
+    `sp|P0DTD1|R1AB_SARS2` for `R1AB_SARS2` or `P0DTD1`), read a block of IDs at a time."""
+    wanted, found = id_.lower(), []
+    for start in range(0, len(emb), block):
+        found += [name for name in emb.ids(start, start + block) if wanted in name.lower()]
+        if len(found) > 3:
+            break
+    line = f"{path} holds no protein '{printable(id_)}' (failed, or not in the input)"
+    if found:
+        shown = ", ".join(printable(name) for name in found[:3])
+        line += f"; did you mean {shown}{', ...' if len(found) > 3 else ''}?"
+    return line

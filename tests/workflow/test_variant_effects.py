@@ -302,6 +302,11 @@ def test_a_dms_table_numbered_from_another_residue_comes_back_whole_with_its_mod
     import polars as pl
 
     assert pl.read_parquet(outdir / "variant_scores").height == len(got)
+    # its heatmap numbers the positions as the table does
+    shown = subprocess.run(["esmshard", "heatmap", "out", got[0]["id"], "-o", "h.png"],
+                           cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    length = len(SEQUENCE[got[0]["id"]])
+    assert shown.stdout.startswith(f"wrote h.png: positions 3 to {length + 2:,} in "), shown
     dms = {(r["id"], r["mutant"]): float(r["DMS_score"]) for r in got}
     assert {(r["id"], r["mutant"]): r["DMS_score"] for r in parquet.to_pylist()} == dms
     # the docs' Spearman correlation against the table's own scores, typed as they show it
