@@ -803,6 +803,15 @@ def export(
         raise ExportError(f"{problem}; choose another --out")
     if not Path(layout.embeddings).exists():
         raise ExportError(f"{layout.embeddings} does not exist: give the outdir of a finished run")
+    sequences_needed = fmt == "biotrainer" or fmt == "per-protein-h5" and (key or "hash") == "hash"
+    if sequences_needed and not Path(layout.records).is_file():
+        needs = "biotrainer's sequences.fasta" if fmt == "biotrainer" else "--key hash"
+        raise ExportError(
+            f"{outdir} holds no record table of its run ({layout.records}), whose input files "
+            f"give the sequences that {needs} needs (a saved esmshard.embed result has none): "
+            "export from the run's outdir"
+            + ("" if fmt == "biotrainer" else ", or name the proteins with --key id")
+        )
     with Embeddings(layout.embeddings) as emb:
         kinds = emb.layers
         if fmt == "per-protein-h5":

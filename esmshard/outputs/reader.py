@@ -12,6 +12,7 @@ with negative numbers (-1 is the model's last layer); None is the highest layer 
 
 import csv
 import json
+import os
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
@@ -28,7 +29,7 @@ from ..embeddings_h5.representations import (
     UNLAYERED,
     absolute_layers,
 )
-from ..files import DamagedFileError
+from ..files import DamagedFileError, atomic_path, write_tsv
 from ..steps.provenance import MADE_BY
 from ..store import changed_files
 from ..store.shardfile import dataset
@@ -198,6 +199,26 @@ class Embeddings:
             f"<Embeddings of {proteins}{f' by {model}' if model else ''}: "
             f"{', '.join(held + self.unlayered)}{failed}{where}>"
         )
+
+    def save(self, folder) -> Path:
+        """Write these embeddings into the new folder `folder` as a run's outdir holds them
+        (`embeddings.h5`, values in the file, and `failed_sequences.tsv`), for `esmshard
+        export` and `open_embeddings`; the folder appears whole once written, and an existing
+        one is refused."""
+        folder = Path(folder)
+        if self.parts is not None:  # the values are in a store's parts, not in this file
+            raise ValueError(
+                f"{self.name} holds its values in its store: esmshard export --format h5 "
+                "writes a copy with them"
+            )
+        if os.path.lexists(folder):
+            raise FileExistsError(f"{folder} exists; remove it or choose another folder")
+        with atomic_path(folder, replace=False) as target:
+            target.mkdir()
+            (target / "embeddings.h5").write_bytes(self.h5.id.get_file_image())
+            write_tsv(target / "failed_sequences.tsv", ["id", "source", "reason"],
+                      [(id_, "", why) for id_, why in self.failed.items()])  # fmt: skip
+        return folder
 
     def __enter__(self):
         return self

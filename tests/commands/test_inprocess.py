@@ -242,6 +242,31 @@ def test_a_runs_file_and_a_calls_result_read_alike(workflow_run, tmp_path):
     assert on_disk.layers == in_memory.layers
 
 
+def test_a_calls_result_saved_is_exported_and_read_as_a_runs_outdir(tmp_path):
+    """`emb.save(folder)`, then `esmshard export folder` as the docs show it: the numbers the
+    call returned; a second save there, and an export that needs the run's input, refused in one
+    line."""
+    import pyarrow.parquet as pq
+
+    got = esmshard.embed(RECORDS, MODEL, long_sequences="skip")
+    assert got.save(tmp_path / "mine") == tmp_path / "mine"
+    with pytest.raises(FileExistsError, match="mine exists; remove it or choose another folder"):
+        got.save(tmp_path / "mine")
+    done = subprocess.run(["esmshard", "export", "mine", "--format", "parquet", "--out",
+                           "mine.parquet"], cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(tmp_path / "mine.parquet")
+    assert table["id"].to_pylist() == got.ids()
+    np.testing.assert_array_equal(np.stack(table["mean_6"].to_numpy(zero_copy_only=False)),
+                                  got.array("mean"))  # fmt: skip
+    with esmshard.open_embeddings(tmp_path / "mine") as saved:
+        assert saved.failed == got.failed and len(saved.failed) == 3
+    refused = subprocess.run(["esmshard", "export", "mine", "--format", "biotrainer", "--out",
+                              "bt"], cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "a saved esmshard.embed result has none" in refused.stderr
+
+
 def test_in_memory_results_say_what_they_cannot_do():
     got = esmshard.embed({"P1": "MKTAYIAKQR"}, MODEL)
     with pytest.raises(KeyError, match="'P2' is not in these embeddings"):
