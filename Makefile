@@ -9,7 +9,8 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 ARGS ?=
-PIP = $(BIN)/python -m pip install --quiet
+# Without setuptools' warning block on each install: the compat mode is chosen (EDITABLE).
+PIP = PYTHONWARNINGS="ignore:Compat editable installs" $(BIN)/python -m pip install --quiet
 # The clone's own folder on the path, not setuptools' import hook: with the hook, a notebook
 # in the folder above a clone named esmshard/ imports that folder as an empty namespace package.
 EDITABLE = --config-settings editable_mode=compat -e
@@ -61,8 +62,10 @@ $(VENV)/.lint-tools: $(BIN)/snakemake
 $(EXAMPLE): | $(BIN)/snakemake
 	$(BIN)/python -m esmshard.input.datasets example $@
 
-run: $(BIN)/snakemake $(EXAMPLE)
-	@case "$(ARGS)" in *model=*) ;; *) echo "esmshard: the default model, $(DEFAULT_MODEL), downloads its weights (2.6 GB) once into torch's hub cache; to run offline: make run ARGS=\"--config model=random:esm2_t6_8M_UR50D\"";; esac
+# The example only where ARGS names no input of its own: a machine without network runs
+# `make run ARGS="--config model=random:esm2_t6_8M_UR50D input=proteins.fasta"`.
+run: $(BIN)/snakemake $(if $(findstring input=,$(ARGS)),,$(EXAMPLE))
+	@case "$(ARGS)" in *model=*) ;; *) echo "esmshard: the default model, $(DEFAULT_MODEL), downloads its weights (2.6 GB) once into torch's hub cache; to run without the download: make run ARGS=\"--config model=random:esm2_t6_8M_UR50D\"";; esac
 	PATH="$(abspath $(BIN)):$$PATH" snakemake --cores all $(ARGS)
 
 # The tests read the real data in ../shared/data, or fetch it once into resources/test-data.

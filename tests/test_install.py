@@ -375,3 +375,18 @@ def test_a_deployed_workflow_names_the_esmshard_version_it_needs_and_where_pip_f
     finally:
         run([*pip, "install", "--quiet", "--no-deps", "--force-reinstall",
              str(next(dist.glob("*.whl")))], tmp_path, os.environ)  # fmt: skip
+
+
+def test_makes_install_of_the_clone_prints_no_setuptools_warning_block(tmp_path):
+    """The editable install as make types it (`make -n`): setuptools' 13-line block on the
+    compat mode, which make chooses, is not printed on each make."""
+    clone = clone_of_workflow(tmp_path / "clone")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    planned = subprocess.run(["make", "-n", f"VENV={venv}", f"{venv}/.lint-tools"], cwd=clone,
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    (install,) = [line for line in planned.splitlines() if line.endswith('-e ".[cluster]"')]
+    done = subprocess.run(f"{install} --no-deps", shell=True, cwd=clone, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Compat editable" not in done.stderr and "!!" not in done.stderr, done.stderr

@@ -49,6 +49,23 @@ def test_make_run_writes_the_example_and_runs_the_workflow(tmp_path, made):
     assert 'make run ARGS="--config model=random:esm2_t6_8M_UR50D"' in first
 
 
+def test_make_run_with_its_own_input_needs_no_example_and_no_network(tmp_path):
+    """The README's form for a machine without network: the example is neither found nor
+    downloaded (no data folder, no route out), and the run embeds the input it names."""
+    (tmp_path / "proteins.fasta").write_text(PROTEINS.read_text())
+    args = (f"--config model=random:{TINY_MODEL} input={tmp_path / 'proteins.fasta'} "
+            f"outdir={tmp_path / 'results'}")  # fmt: skip
+    offline = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool"), "ESMSHARD_DATA": str(tmp_path),
+               "https_proxy": "http://127.0.0.1:9", "http_proxy": "http://127.0.0.1:9"}  # fmt: skip
+    absent = tmp_path / "example.fasta"  # where this make would write the example
+    done = subprocess.run(["make", "-C", str(REPO), "run", f"VENV={VENV}", f"EXAMPLE={absent}",
+                           f"ARGS={args}"], env=offline, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert not absent.exists() and "cannot download" not in done.stderr
+    with h5py.File(tmp_path / "results" / "embeddings.h5") as h5:
+        assert h5["ids"].asstr()[:].tolist() == IDS
+
+
 def test_running_command_as_the_readme_types_it(tmp_path):
     with gzip.open(tmp_path / "proteome.fasta.gz", "wt") as fh:
         fh.write(PROTEINS.read_text())
