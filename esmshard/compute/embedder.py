@@ -362,6 +362,7 @@ class Embedder:
             owners, first = np.unique(owner[start:stop], return_index=True)
             for k, (a, b) in zip(owners, zip(first, [*first[1:], stop - start])):
                 self.passes.add(indices[k], marginals[a:b], own[a:b])
+            self.passes.batch_done()
             start = stop
             time.sleep(self.seconds_per_batch)
         rows = [self.passes.finish(i) for i in indices]  # each sequence's batches of passes

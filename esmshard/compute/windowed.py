@@ -105,6 +105,7 @@ def chunked_scores(embedder, sequence: str, window: int, kinds, recipe: str, ind
             n = len(logp)
             at = masked_at[done[0] : done[0] + n]
             embedder.passes.add(index, logp[:, 0, columns], logp[np.arange(n), 0, toks[at]])
+            embedder.passes.batch_done()
             done[0] += n
 
         done = [embedder.passes.begin(index, length)]

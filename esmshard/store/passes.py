@@ -94,6 +94,7 @@ class Passes:
         self.folder, self.keys, self.every = folder, keys, every
         self.on_passes = on_passes
         self.open: dict[int, list[Rows]] = {}  # unfinished proteins' batches of passes
+        self.batch: list[tuple[int, Rows]] = []  # the batch being added, not whole yet
         self.kept: dict[int, int] = {}  # passes kept in the store, by protein
         self.kept_at = time.monotonic()
 
@@ -113,16 +114,26 @@ class Passes:
 
     def begin(self, index: int, length: int) -> int:
         """The passes of protein `index` (of `length` residues) already done: kept by an earlier
-        job (`resume`), or this job's (an out-of-memory retry)."""
+        job (`resume`), or this job's (an out-of-memory retry, whose unfinished batch is
+        dropped)."""
+        self.batch = []
         rows = self.open.setdefault(index, [])
         return sum(len(r.own) for r in rows)
 
     def add(self, index: int, marginals, own) -> None:
-        """A batch of protein `index`'s next passes (torch tensors, left on their device until
-        they are kept, or arrays)."""
-        self.open[index].append(Rows(marginals, own))
-        if self.on_passes is not None:
-            self.on_passes(index, len(own))
+        """Protein `index`'s next passes in the batch (torch tensors, left on their device until
+        they are kept, or arrays); `batch_done` once the batch is whole."""
+        self.batch.append((index, Rows(marginals, own)))
+
+    def batch_done(self) -> None:
+        """The batch of passes is whole (each of its proteins' shares added): theirs now, and
+        kept if due. Only whole batches count, so that what is kept ends where a batch ends
+        and the next job batches the rest as this one would have."""
+        for index, rows in self.batch:
+            self.open[index].append(rows)
+            if self.on_passes is not None:
+                self.on_passes(index, len(rows.own))
+        self.batch = []
         if self.every > 0 and time.monotonic() - self.kept_at >= self.every:
             self.keep()
 
