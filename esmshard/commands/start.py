@@ -485,8 +485,10 @@ class RunStart:
             if run.get("run_id") == current_run_id(self.run.run_lock)
             else 0
         )
-        kept = run.get("kept_from_stopped_jobs", 0)
+        kept, residues = (run.get(k, 0) for k in ("kept_from_stopped_jobs",
+                                                   "residues_kept_from_stopped_jobs"))  # fmt: skip
         kept = f", {kept} kept from stopped jobs" if kept else ""
+        kept += f": {residues:,} residues" if kept and residues else ""
         long = {"truncate": "truncated", "chunk": "chunked", "skip": "skipped"}
         beyond = (
             f"; {run['long_records']} longer than truncation_seq_length, "

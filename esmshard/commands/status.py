@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..embeddings_h5.in_place import REPAIR, checksum_cache
+from ..embeddings_h5.scores import MASKED
 from ..files import read_tsv
 from ..layout import Layout
 from ..steps.progress import (
@@ -24,6 +25,9 @@ from ..steps.progress import (
     rate,
     since_warm,
     slot_key,
+    stopped_jobs,
+    stopped_path,
+    valid_stopped,
 )
 from ..steps.shard import plan_problem
 from ..store import Store, in_place_problems, read_json_object
@@ -91,7 +95,11 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     )
     computed = computed_by_jobs(done, running)
     complete = len(shards_finished) == len(plan)
+    # jobs stopped midway (Ctrl-C, a time limit): their time counts, whichever command ran them
+    stopped = current_stopped(layout, plan, live)
+    stopped_before = [j for m in done for j in valid_stopped(m.get("stopped_jobs"))]
     spans = [computing_span(job, now) for job in [*done, *running]]
+    spans += [(j["computing_since"], j["stopped_at"]) for j in [*stopped, *stopped_before]]
     elapsed = busy_seconds(spans)
     # each device slot's rate counted as the run's: its finished and running jobs
     slot_rates = {
@@ -142,12 +150,16 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         "residues_kept": kept,
         "residues_computed": computed,
         "residues_per_second": computed_rate(done, running, now),
+        # with masked scores a residue is a forward pass of the whole protein: the tokens say
+        # what the device does
+        "tokens_per_second": tokens_rate(done, running, now) if masked_run(where) else None,
         "slot_rates": slot_rates,
         "elapsed_seconds": elapsed,
         "eta_seconds": eta,
         "failed": sum(m.get("n_failed", 0) for m in done),
         "slots": per_slot(done),
         "running": stale + running,  # a live job shows over a dead one of its slot
+        "stopped": stopped,  # the last stopped job of each shard no job runs now
         "pool_slots": (read_json_object(Path(layout.plan_json)) or {}).get("slots"),
         "broken": broken,  # an in-place output's parts gone or changed
         "run_active": run_active(layout.run_lock),  # a command of the run is on
@@ -156,6 +168,41 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         if Path(layout.mutants.plan).exists()
         else None,
     }
+
+
+def current_stopped(layout: Layout, plan: list[dict], live: set[str]) -> list[dict]:
+    """The last stopped job of each of the plan's shards that is neither finished nor running,
+    recorded since the plan (esmshard.steps.progress.Progress.record_stop)."""
+    plan_mtime = Path(layout.plan).stat().st_mtime
+    found = []
+    for row in plan:
+        path = stopped_path(layout.progress(row["shard"]))
+        if row["shard"] in live or not path.is_file() or path.stat().st_mtime < plan_mtime:
+            continue
+        jobs = stopped_jobs(path)
+        found += [{**job, "shard": row["shard"], "last": job is jobs[-1]} for job in jobs]
+    return found
+
+
+def masked_run(where: dict) -> bool:
+    """Whether the planned settings (plan.json's store and key) score masked marginals or
+    PLLs: a pass per residue."""
+    if "store" not in where or "key" not in where:
+        return False
+    settings = read_json_object(Path(Store(where["store"]).settings(where["key"]))) or {}
+    return any(kind in MASKED for kind in settings.get("include") or [])
+
+
+def tokens_rate(done: list[dict], running: list[dict], now: float) -> float | None:
+    """Forward-pass tokens per second of computing, as `computed_rate` counts residues: the
+    finished jobs' (their metrics') and the running jobs' up to their last update."""
+    tokens = sum(m.get("forward_tokens") or 0 for m in done)
+    tokens += sum(r.get("tokens_done") or 0 for r in running)
+    counted = busy_seconds(
+        [computing_span(m, now) for m in done]
+        + [computing_span(r, min(now, last_update(r, now))) for r in running]
+    )
+    return tokens / counted if tokens and counted > 0 else None
 
 
 def computed_by_jobs(done: list[dict], running: list[dict]) -> int:
@@ -248,6 +295,15 @@ def render(state: dict) -> str:
                 memory,
             )
         )
+    shown = {row[0] for row in rows}
+    for job in state.get("stopped", []):  # a slot whose last job was stopped
+        key = slot_key(job)
+        if key not in shown and job["last"]:
+            shown.add(key)
+            done = 100 * job["residues_done"] / max(job["n_residues"] or 1, 1)
+            name, device = job.get("device_name") or "", job.get("device") or ""
+            rows.append((key, f"{device} {name}" if name != device else device,
+                         f"{job['shard']} (stopped at {done:.0f}%, kept)", "0", "-", "-"))  # fmt: skip
     pool = state.get("pool_slots") or 0
     for k in range(len(rows) - 1, pool):  # slots of the pool that have run nothing yet
         rows.append((f"slot {k}", "-", "no shard yet", "0", "-", "-"))
@@ -300,6 +356,12 @@ def progress_line(state: dict) -> str:
             if state.get("residues_kept")
             else ""
         )
-        + f"{rate(state['residues_per_second'])} residues/s  elapsed {duration(state['elapsed_seconds'])}  {eta}"
+        + f"{rate(state['residues_per_second'])} residues/s  "
+        + (
+            f"({rate(state['tokens_per_second'])} tokens/s of passes)  "
+            if state.get("tokens_per_second")
+            else ""
+        )  # fmt: skip
+        + f"elapsed {duration(state['elapsed_seconds'])}  {eta}"
         + (f"  {state['failed']} failed" if state["failed"] else "")
     )

@@ -97,14 +97,29 @@ def forward_tokens(
 ) -> int:
     """The tokens of every forward pass over records of `lengths`, BOS and EOS included: with
     masked marginals each residue's masked copy too, and a chunked record's every window."""
+    return int(
+        record_tokens(lengths, truncation_seq_length, long_sequences, include, recipe).sum()
+    )
+
+
+def record_tokens(
+    lengths: np.ndarray,
+    truncation_seq_length: int,
+    long_sequences: str,
+    include=(),
+    recipe: str = "weighted",
+) -> np.ndarray:
+    """`forward_tokens` of each record."""
+    lengths = np.asarray(lengths)
     kept = embedded_residue_counts(lengths, truncation_seq_length, long_sequences)
     windowed = chunked(lengths, truncation_seq_length, long_sequences)
+    tokens = np.zeros(len(lengths), dtype=np.int64)
     whole = kept[~windowed].astype(np.int64)
     masked = any(kind in MASKED for kind in include)
-    tokens = int(((whole + 2) * forward_passes(whole, masked)).sum())
-    for length in lengths[windowed]:
-        passes = chunked_passes(int(length), truncation_seq_length, include, recipe)
-        tokens += sum(p.count * p.tokens for p in passes)
+    tokens[~windowed] = (whole + 2) * forward_passes(whole, masked)
+    for k in np.flatnonzero(windowed):
+        passes = chunked_passes(int(lengths[k]), truncation_seq_length, include, recipe)
+        tokens[k] = sum(p.count * p.tokens for p in passes)
     return tokens
 
 

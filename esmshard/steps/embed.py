@@ -28,7 +28,7 @@ from ..embeddings_h5.contacts import NAME as CONTACTS
 from ..embeddings_h5.representations import absolute_layers
 from ..embeddings_h5.scores import MASKED
 from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
-from ..input.balance import forward_tokens, record_costs
+from ..input.balance import forward_tokens, record_costs, record_tokens
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
@@ -38,7 +38,7 @@ from ..store.runlock import current_run_id
 from ..store.shardfile import Failure, output_bytes
 from . import provenance
 from .job import uninterrupted
-from .progress import Progress, rate, shards_done
+from .progress import Progress, rate, shards_done, stopped_jobs, stopped_path
 from .shard import read_shard
 
 log = logging.getLogger(__name__)
@@ -100,26 +100,48 @@ class WritingBehind:
         self.writer.discard()
 
 
-class PassProgress:
-    """A protein's masked passes as progress: a residue each, at its share of the protein's
-    cost, written at most once a second (a GPU passes a batch in milliseconds)."""
+class RecordProgress:
+    """The job's progress, record by record: a record's residues when it is done, or a masked
+    pass at a time as its passes go (a residue each), at their share of its cost and forward
+    tokens; written at most once a second within a record (a GPU passes a batch in
+    milliseconds)."""
 
-    def __init__(self, progress: Progress, sampler, reported: dict, cost_per_residue: dict):
-        self.progress, self.sampler = progress, sampler
-        self.reported, self.cost_per_residue = reported, cost_per_residue
-        self.residues, self.cost, self.written_at = 0, 0.0, time.monotonic()
+    def __init__(self, progress: Progress, sampler, lengths: dict, costs: dict, tokens: dict):
+        self.progress, self.sampler, self.lengths = progress, sampler, lengths
+        self.per_residue = {
+            k: (costs[k] / max(n, 1), tokens[k] / max(n, 1)) for k, n in lengths.items()
+        }
+        self.reported: dict[int, int] = {}  # the residues each record's passes have counted
+        self.pending = np.zeros(3)  # residues, cost, tokens not written yet
+        self.written_at = time.monotonic()
+
+    def share(self, index: int, residues: int) -> np.ndarray:
+        """Residues of record `index`: (residues, cost, tokens)."""
+        return residues * np.array([1.0, *self.per_residue[index]])
+
+    def resumed(self, found: dict[int, int]) -> float:
+        """Passes that earlier jobs kept (by record): counted, not this job's work; their cost."""
+        self.reported.update(found)
+        return sum(self.share(k, n)[1] for k, n in found.items())
 
     def __call__(self, index: int, n: int) -> None:
+        """`n` more passes of record `index` (esmshard.store.passes.Passes hears of them)."""
         self.reported[index] = self.reported.get(index, 0) + n
-        self.residues += n
-        self.cost += n * self.cost_per_residue[index]
+        self.pending += self.share(index, n)
         if time.monotonic() - self.written_at >= 1:
             self.flush()
 
-    def flush(self, residues: int = 0, cost: float = 0.0) -> None:
-        """Write what has not been, with `residues` and `cost` more."""
-        self.progress.update(self.residues + residues, self.sampler, self.cost + cost)
-        self.residues, self.cost, self.written_at = 0, 0.0, time.monotonic()
+    def finished(self, members) -> None:
+        """The records `members` are done: what their passes have not counted."""
+        for k in members:
+            self.pending += self.share(k, self.lengths[k] - self.reported.pop(k, 0))
+        self.flush()
+
+    def flush(self) -> None:
+        residues, cost, tokens = self.pending
+        self.progress.update(round(residues), self.sampler, cost, tokens)
+        self.pending[:] = 0
+        self.written_at = time.monotonic()
 
 
 def part_store(out_h5) -> Store:
@@ -289,17 +311,19 @@ def run_shard(
             kept_cost = sum(cost_of[k] for k in records if keys[k] in kept.keys)
             total_cost = float(costs.sum())
             # a protein's masked passes: progress as they go, kept within the protein
-            reported = {}  # the residues (a pass each) each protein's passes have reported
-            per_residue = {k: cost_of[k] / max(len(sequences[k]), 1) for k in records}
-            pass_progress = PassProgress(progress, sampler, reported, per_residue)
-            passes = Passes(pieces.folder, keys, keep_every, pass_progress)
+            tokens = record_tokens(np.array(lengths), limit, long_sequences, include, recipe)
+            record_progress = RecordProgress(
+                progress, sampler, dict(zip(records, lengths)), cost_of,
+                dict(zip(records, tokens.tolist())),
+            )  # fmt: skip
+            passes = Passes(pieces.folder, keys, keep_every, record_progress)
             embedder.passes = passes
             resumed = passes.resume([k for k in records if keys[k] not in kept.keys], sequences)
             if resumed:
                 log.info("shard %s: %s masked passes within %s kept by an earlier job", shard,
                          f"{sum(resumed.values()):,}",
                          f"{len(resumed)} protein{'s' if len(resumed) != 1 else ''}")  # fmt: skip
-            kept_cost += sum(per_residue[k] * n for k, n in resumed.items())
+            kept_cost += record_progress.resumed(resumed)
             layer = None
             eager = compiled.eager_seconds(total_cost - kept_cost, spec.params)
             # compiled where it is on, or where it could be (auto on a GPU) and repays itself
@@ -329,7 +353,6 @@ def run_shard(
             # earlier jobs' work is done
             progress.computing(kept.residues + sum(resumed.values()), loaded, sampler, kept_cost,
                                total_cost)  # fmt: skip
-            reported.update(resumed)
             # the pieces, then the part made of them
             size = 2 * output_bytes(lengths, len(layers), include, net.embed_dim, widths)
             writer = PieceWriter(
@@ -392,12 +415,6 @@ def run_shard(
                 def keep():
                     behind.keep(failed, keys, ids)
 
-                def finished_records(members):
-                    """Their progress: what their passes have not reported yet."""
-                    residues = [len(sequences[k]) - reported.pop(k, 0) for k in members]
-                    cost = sum(per_residue[k] * n for k, n in zip(members, residues))
-                    pass_progress.flush(sum(residues), cost)
-
                 try:
                     jobs = [[todo[b] for b in batch] for batch in batches]
                     results = embedder.embed_batches(
@@ -407,7 +424,7 @@ def run_shard(
                         # a batch is kept whole, so that a later job makes the same batches
                         done = [k for indices, _ in parts for k in indices]
                         write(members, done, [r for _, reps in parts for r in reps])
-                        finished_records(members)
+                        record_progress.finished(members)
                         if writer.due(keep_every):
                             keep()
                     for k in chunked:
@@ -415,7 +432,7 @@ def run_shard(
                             continue
                         rep = embedder.embed_chunked(k, sequences[k], limit, failed)
                         write([k], [k] if rep is not None else [], [rep] if rep else [])
-                        finished_records([k])
+                        record_progress.finished([k])
                         if writer.due(keep_every):
                             keep()
                     keep()
@@ -473,6 +490,8 @@ def run_shard(
             "assemble_seconds": assemble_seconds,
             "started_at": started,
             "finished_at": finished,
+            # the jobs of this shard stopped before it: their time, and what they computed
+            "stopped_jobs": stopped_jobs(stopped_path(progress_json)),
             # what earlier jobs of this shard kept, and this job did not compute again
             "kept_pieces": len(kept.paths),
             "kept_sequences": len(kept.keys),
@@ -507,6 +526,7 @@ def run_shard(
         add_settings(part_store(out_h5), Path(out_h5).parent.name, settings)
         write_manifest(manifest_json, part, len(ids) - len(failed))
     pieces.remove()  # the part holds them now
+    stopped_path(progress_json).unlink(missing_ok=True)  # its metrics hold them now
     log.info(
         "shard %s done: %d residues in %.1f s, %d failed",
         shard,

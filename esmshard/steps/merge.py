@@ -360,6 +360,10 @@ def _computed_by(metrics_files, run_id) -> dict[str, int]:
             m["n_sequences"] - kept(m) for m in metrics if run_id and m.get("run_id") == run_id
         ),
         "kept_from_stopped_jobs": sum(kept(m) for m in metrics),
+        # the same in residues, the unit of the progress and the report
+        "residues_kept_from_stopped_jobs": sum(
+            m["kept_residues"] for m in metrics if isinstance(m.get("kept_residues"), int)
+        ),
     }
 
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
-from ..store import Store
+from ..store import Store, read_json_object
 from ..store.runlock import LAUNCHER_ENV
 
 
@@ -41,6 +41,9 @@ PROGRESS_FIELDS = (
     "n_residues",
 )
 METRICS_FIELDS = PROGRESS_FIELDS + ("finished_at", "compute_seconds")
+# What a stopped job's record keeps of its progress (esmshard.steps.progress.Progress.record_stop)
+STOPPED_FIELDS = ("gpu_slot", "device", "device_name", "host", "cuda_visible_devices",
+                  "gpu_bus_id", "started_at", "computing_since", "residues_done", "n_residues")  # fmt: skip
 _NUMBERS = {"started_at", "finished_at", "n_residues", "residues_done", "compute_seconds", "seconds",
             "n_sequences"}  # fmt: skip
 
@@ -198,9 +201,12 @@ class Progress:
         self.fields["cost_done"] += kept_cost
         self.update(0, sampler)
 
-    def update(self, residues: int, sampler=None, cost: float = 0.0):
+    def update(self, residues: int, sampler=None, cost: float = 0.0, tokens: float = 0.0):
+        """`residues` more done, of `cost` (the shard step's units) and forward-pass `tokens`
+        (a masked pass's copy counts its own)."""
         self.fields["residues_done"] += residues
         self.fields["cost_done"] += cost
+        self.fields["tokens_done"] = self.fields.get("tokens_done", 0.0) + tokens
         self.fields["updated_at"] = time.time()
         if residues and "computing_since" in self.fields and "warm_at" not in self.fields:
             # the first batch's end: the job's start-up paid (the ETA's rate starts here)
@@ -240,6 +246,41 @@ class Progress:
     def __exit__(self, exc_type, *exc):
         if exc_type is not None:  # the job failed: its progress is no output of it
             self.path.unlink(missing_ok=True)
+            self.record_stop()
+
+    def record_stop(self) -> None:
+        """Add this job's time and work to its shard's stopped jobs, where it computed: the
+        run's elapsed time and its report count them (the pieces it kept are done work)."""
+        f = self.fields
+        if "computing_since" not in f:
+            return
+        job = {name: f.get(name) for name in STOPPED_FIELDS}
+        job.update(stopped_at=time.time(),
+                   residues_computed=f["residues_done"] - f.get("kept_residues", 0))  # fmt: skip
+        path = stopped_path(self.path)
+        path.parent.mkdir(exist_ok=True)
+        write_json(path, {"shard": f.get("shard"), "jobs": [*stopped_jobs(path), job]})
+
+
+def stopped_path(progress_path) -> Path:
+    """Where a shard's stopped jobs are recorded: in `stopped/` beside its progress file, so
+    that the progress folder's *.json stay one per shard."""
+    path = Path(progress_path)
+    return path.parent / "stopped" / path.name
+
+
+def stopped_jobs(path) -> list[dict]:
+    """The stopped jobs recorded at `path` (none where it cannot be read)."""
+    return valid_stopped((read_json_object(Path(path)) or {}).get("jobs"))
+
+
+def valid_stopped(jobs) -> list[dict]:
+    """The records of stopped jobs in `jobs` that hold their span and work as numbers."""
+    numbers = ("computing_since", "stopped_at", "residues_computed", "residues_done", "gpu_slot")
+    return [
+        job for job in jobs if isinstance(job, dict) and isinstance(job.get("host"), str)
+        and all(isinstance(job.get(name), (int, float)) for name in numbers)
+    ] if isinstance(jobs, list) else []  # fmt: skip
 
 
 def current_files(layout: Layout, path_of, plan: list[dict], fields) -> list[dict]:

@@ -28,6 +28,7 @@ from .progress import (
     rate,
     read_metrics,
     slot_key,
+    valid_stopped,
 )
 from .provenance import COMPUTED_WITH, mixed_precisions
 
@@ -110,7 +111,11 @@ def scaling(metrics: list[dict]) -> dict:
         )
     # the time any embed job computed: jobs side by side count once, the time between two
     # commands of the run (a stop, then the same command) not at all; the rates are over it
-    ran = busy_seconds(computing_span(m, m["finished_at"]) for m in metrics)
+    spans = [computing_span(m, m["finished_at"]) for m in metrics]
+    ran = busy_seconds(spans)
+    # and the jobs stopped before them (their kept pieces are in these jobs' parts)
+    stopped = [job for m in metrics for job in valid_stopped(m.get("stopped_jobs"))]
+    with_stopped = busy_seconds(spans + [(j["computing_since"], j["stopped_at"]) for j in stopped])
     measured = busy / wall if wall > 0 else None
     for row in modelled:  # a measured figure only where the run had that many slots
         row["measured_speedup"] = measured if row["gpus"] == len(slots) else None
@@ -126,9 +131,12 @@ def scaling(metrics: list[dict]) -> dict:
         "n_failed": sum(m.get("n_failed", 0) for m in metrics),
         "wall_seconds": wall,
         "busy_seconds": busy,
-        "jobs_seconds": ran,
+        "jobs_seconds": with_stopped,
+        "stopped_jobs": len(stopped),
+        # one rate, as `esmshard status` counts it: the finished jobs' work over their time
         "residues_per_second": computed / ran if ran > 0 else None,
-        # every forward pass's tokens (masked marginals: a pass per residue), by these jobs
+        # every forward pass's tokens (masked marginals: a pass per residue), by the finished
+        # jobs over their own time (a stopped job's tokens are not counted)
         "forward_tokens": tokens,
         "forward_tokens_per_second": tokens / ran if ran > 0 and tokens else None,
         "load_imbalance": max(durations) / (busy / len(durations)) if busy > 0 else None,
@@ -492,16 +500,19 @@ def run_rows(result: dict, run: dict) -> list[dict]:
          + (f" ({result['n_residues_kept']:,} kept by stopped jobs, computed before)"
             if result.get("n_residues_kept") else "")),
         ("failed sequences", result["n_failed"]),
-        ("time the embed jobs computed (side by side once; loading and stops left out)",
+        ("time the embed jobs computed (side by side once; loading and the time between "
+         "commands left out"
+         + (f"; {result['stopped_jobs']} stopped jobs' time in" if result.get("stopped_jobs")
+            else "") + ")",
          duration(result.get("jobs_seconds", result["wall_seconds"]))),
         ("the steps' own time: shard; embed jobs; merge",
          "; ".join(duration(t) if t is not None else "–" for t in (
              result.get("step_seconds", {}).get("shard"),
              result.get("jobs_seconds", result["wall_seconds"]),
              result.get("step_seconds", {}).get("merge")))),
-        ("speed: residues computed by the jobs over that time",
+        ("speed: residues the finished jobs computed over their own time",
          per_second(result["residues_per_second"], "residues")),
-        ("forward-pass tokens over that time (a masked copy counts its own)",
+        ("forward-pass tokens of the finished jobs over their time (a masked copy counts its own)",
          per_second(result.get("forward_tokens_per_second"), "tokens")),
         ("load imbalance (slowest shard / mean shard)", result["load_imbalance"]),
         ("idle tail (s): the first slot out of shards waits for the last one", result["idle_tail_seconds"]),

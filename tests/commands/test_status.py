@@ -168,7 +168,7 @@ class InterruptedImport:
 def test_ctrl_c_while_the_console_script_imports_ends_it_quietly(monkeypatch, capsys):
     from esmshard.commands import entry
 
-    monkeypatch.delitem(sys.modules, "esmshard.commands.cli")
+    monkeypatch.delitem(sys.modules, "esmshard.commands.cli", raising=False)
     monkeypatch.setattr(
         sys, "meta_path", [InterruptedImport("esmshard.commands.cli"), *sys.meta_path]
     )

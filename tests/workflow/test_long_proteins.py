@@ -295,6 +295,14 @@ def test_a_stopped_masked_scan_of_a_long_protein_keeps_its_passes_and_the_same_c
         assert run.poll() is None, run.communicate()[1]
         time.sleep(0.05)
     assert 0 < shown["residues_done"] < len(PROTEINS[name])  # progress within the protein
+    # the speed in passes and in their tokens (a pass of 1,024 tokens per residue)
+    status = subprocess.run([str(ESMSHARD), "status", "lhr"], cwd=tmp_path, capture_output=True,
+                            text=True).stdout  # fmt: skip
+    speed = re.search(r" ([\d.]+)(k?) residues/s  \(([\d.]+)([kM]?) tokens/s of passes\)", status)
+    assert speed, status
+    per = {"": 1, "k": 1e3, "M": 1e6}
+    ratio = float(speed[3]) * per[speed[4]] / (float(speed[1]) * per[speed[2]])
+    assert 500 < ratio < 1100, status  # tokens per pass, about a window's
     os.killpg(run.pid, signal.SIGINT)
     said = run.communicate(timeout=120)[1]
     assert run.returncode == 130, said

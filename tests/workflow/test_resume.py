@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -174,7 +175,8 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     assert run["kept_from_stopped_jobs"] == metrics["kept_sequences"] == kept
     assert run["computed_by_this_command"] == run["computed"] - kept > 0
     said = f"{run['computed']} computed ({run['computed'] - kept} by this command, {kept} kept"
-    assert said + " from stopped jobs)" in done.stderr, done.stderr[-2000:]
+    said += f" from stopped jobs: {metrics['kept_residues']:,} residues)"
+    assert said in done.stderr, done.stderr[-2000:]
     state = status.read_state(outdir)
     assert state["residues_kept"] == metrics["kept_residues"]
     assert state["residues_computed"] == computed
@@ -242,7 +244,7 @@ def test_a_killed_masked_marginal_shard_loses_no_more_than_an_embedding_shard(tm
     scaling = json.loads(Path(Layout(str(tmp_path / "whole")).scaling_json).read_text())
     assert metrics["forward_tokens"] == scaling["forward_tokens"] == passes
     page = Path(Layout(str(tmp_path / "whole")).scaling_html).read_text()
-    assert "forward-pass tokens over that time" in page
+    assert "forward-pass tokens of the finished jobs over their time" in page
     assert len(make_batches(lengths, 30000, packed=True)) == 1  # embeddings: one batch
 
     outdir = tmp_path / "killed"
@@ -257,3 +259,48 @@ def test_a_killed_masked_marginal_shard_loses_no_more_than_an_embedding_shard(tm
     assert_same_values(
         every_value(tmp_path / "whole" / "embeddings.h5"), every_value(outdir / "embeddings.h5")
     )
+
+
+def test_a_run_stopped_with_ctrl_c_counts_its_time_slot_and_residues_kept(tmp_path):
+    """`esmshard run` stopped with Ctrl-C a third of the way, then `esmshard status` and the
+    same command, as a user types them: the stopped job's time is the run's elapsed time and the
+    report's, its slot shows what it kept, and the last line counts what it kept in residues,
+    the progress's unit, beside the sequences."""
+    fasta(tmp_path / "proteins.fasta", RECORDS)
+    esmshard_bin = Path(sys.executable).parent / "esmshard"
+    typed = [str(esmshard_bin), "run", "proteins.fasta", "-o", "out", "--model", MODEL,
+             "--config", *SETTINGS[1:]]  # fmt: skip
+    slow = {**os.environ, SLOW_BATCHES_ENV: "0.2"}
+    run = subprocess.Popen(typed, cwd=tmp_path, env=slow, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    outdir = tmp_path / "out"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        found = progress_of(outdir)
+        if found.get("residues_done", 0) > found.get("n_residues", 1) / 3 and kept_pieces(outdir):
+            break
+        assert run.poll() is None, run.communicate()[1]
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGINT)
+    assert run.wait(timeout=120) == 130
+    shown = subprocess.run([str(esmshard_bin), "status", "out"], cwd=tmp_path,
+                           capture_output=True, text=True).stdout  # fmt: skip
+    assert "no shard yet" not in shown and "(stopped at " in shown and "%, kept)" in shown, shown
+    elapsed = re.search(r"elapsed (\d+)m(\d\d)s", shown)
+    assert elapsed and 60 * int(elapsed[1]) + int(elapsed[2]) >= 2, shown
+
+    again = subprocess.run(typed, cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    (summary,) = [line for line in again.stderr.splitlines() if " computed (" in line]
+    counted = re.search(r"(\d+) kept from stopped jobs: ([\d,]+) residues\)", summary)
+    scaling = json.loads(Path(Layout(str(outdir)).scaling_json).read_text())
+    (metrics,) = (outdir / "metrics").glob("*.json")
+    metrics = json.loads(metrics.read_text())
+    assert counted and int(counted[1]) == metrics["kept_sequences"], summary
+    assert int(counted[2].replace(",", "")) == metrics["kept_residues"], summary
+    (first,) = metrics["stopped_jobs"]
+    stopped_for = first["stopped_at"] - first["computing_since"]
+    assert scaling["stopped_jobs"] == 1 and stopped_for >= 2
+    assert scaling["jobs_seconds"] >= stopped_for + 0.9 * metrics["compute_seconds"]
+    assert not list((outdir / "progress" / "stopped").glob("*.json"))  # the metrics hold it
