@@ -26,6 +26,12 @@ from esmshard.store import Store, verify
 RECORDS = {header[1:].split()[0]: sequence for header, sequence in read_records(PROTEINS)}
 
 
+def ctrl_c_as_in_a_terminal():
+    """Ctrl-C's default action in the child, whatever the suite's parent left ignored (a
+    background job of a script ignores SIGINT, and Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(scope="module")
 def workflow_run(tmp_path_factory):
     """The same proteins through the `snakemake` command line, as users run them."""
@@ -351,7 +357,7 @@ def test_a_stopped_call_keeps_what_it_finished_and_the_same_call_computes_the_re
     )
     slow = {**os.environ, "ESMSHARD_TEST_SECONDS_PER_BATCH": "1"}
     call = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True,
-                            env=slow)  # fmt: skip
+                            env=slow, preexec_fn=ctrl_c_as_in_a_terminal)  # fmt: skip
     deadline = time.monotonic() + 120
     while not list(store.glob("*/.pieces/*/.*.tmp")):  # its first batches written
         assert call.poll() is None and time.monotonic() < deadline
@@ -393,7 +399,8 @@ def test_a_ctrl_c_while_a_call_imports_torch_lands_after_it_and_the_next_call_wo
         "    print('interrupted; torch imported:', 'torch' in sys.modules)\n"
         f"print(embed('MKTAYIAKQR', {MODEL!r}).array('mean').shape)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          preexec_fn=ctrl_c_as_in_a_terminal)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.splitlines() == ["interrupted; torch imported: True", "(1, 32)"]
 

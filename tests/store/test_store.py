@@ -99,6 +99,7 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
         "computed": len(NEW),
         "computed_by_this_command": len(NEW),
         "kept_from_stopped_jobs": 0,
+        "residues_kept_from_stopped_jobs": 0,
         "from_store": unique(A),
         "embedded": len(B),
         "failed": 0,

@@ -235,8 +235,11 @@ def test_sigterm_stops_a_job_promptly_keeping_what_it_finished_and_no_partial_ou
     kept = sorted(p.name for p in pieces.iterdir())
     assert kept and all(re.fullmatch(r"\d{5}\.(h5|json)", k) for k in kept), kept
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".pieces", "attempts", "job.log", "pool", "shards"
+        ".pieces", "attempts", "job.log", "pool", "shards", "stopped"
     ]  # fmt: skip
+    # the job's time and work, for the run's elapsed time and report (beside its progress file)
+    (record,) = json.loads((tmp_path / "stopped" / "progress.json").read_text())["jobs"]
+    assert record["stopped_at"] > record["computing_since"] and record["residues_computed"] > 0
     with pool.acquire(
         ["0"], tmp_path / "pool" / os.uname().nodename, poll_seconds=0.05, env={}
     ) as slot:
