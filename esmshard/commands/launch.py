@@ -186,8 +186,8 @@ def run(launch: Launch) -> int:
     os.environ[TYPED_COMMAND_ENV] = shlex.join(["esmshard", *sys.argv[1:]])
     if launch.verbose or launch.snakemake_args:
         os.execv(executable, [executable, *cmd[1:]])
-    from .console import run_quietly
+    from .console import LOG_EVERY_SECONDS, run_quietly
 
     outdir = with_config_options(launch).outdir
-    every = {"every": launch.progress_every} if launch.progress_every else {}
-    return run_quietly([executable, *cmd[1:]], dict(os.environ), outdir, **every)
+    every = launch.progress_every or LOG_EVERY_SECONDS
+    return run_quietly([executable, *cmd[1:]], dict(os.environ), outdir, every)

@@ -27,6 +27,7 @@ from ..steps.progress import (
     slot_key,
     stopped_jobs,
     stopped_path,
+    stopped_span,
     valid_stopped,
 )
 from ..steps.shard import plan_problem
@@ -99,7 +100,7 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     stopped = current_stopped(layout, plan, live)
     stopped_before = [j for m in done for j in valid_stopped(m.get("stopped_jobs"))]
     spans = [computing_span(job, now) for job in [*done, *running]]
-    spans += [(j["computing_since"], j["stopped_at"]) for j in [*stopped, *stopped_before]]
+    spans += [stopped_span(job) for job in [*stopped, *stopped_before]]
     elapsed = busy_seconds(spans)
     # each device slot's rate counted as the run's: its finished and running jobs
     slot_rates = {

@@ -30,11 +30,12 @@ def log_probs(
     at: np.ndarray,
     masked: bool,
     start: int = 0,
-    on_batch: Callable[[np.ndarray], None] | None = None,
+    on_batch: Callable[[int, np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """(n - start) × k × vocabulary: the log-probabilities at the k positions `at` (n × k) of
     each of the token rows of `width` that `rows_of(indices)` makes, from row `start` on (the
-    first of the k masked where `masked`); each batch's also to `on_batch`."""
+    first of the k masked where `masked`); each batch's also to `on_batch`, with its first
+    row."""
     budget = embedder.budget(width) if callable(embedder.budget) else embedder.budget
     per_batch = max(1, budget // width)
     out = []
@@ -57,7 +58,7 @@ def log_probs(
             continue
         out.append(logp.cpu().numpy().reshape(count, at.shape[1], -1))
         if on_batch is not None:
-            on_batch(out[-1])
+            on_batch(start, out[-1])
         start = stop
         time.sleep(embedder.seconds_per_batch)
     return np.concatenate(out) if out else np.zeros((0, at.shape[1], 0), np.float32)
@@ -101,16 +102,16 @@ def chunked_scores(embedder, sequence: str, window: int, kinds, recipe: str, ind
         def masked_rows(indices):
             return toks[starts[indices, None] + np.arange(width)]
 
-        def keep(logp):  # a batch of passes: each masked residue's scores
-            n = len(logp)
-            at = masked_at[done[0] : done[0] + n]
-            embedder.passes.add(index, logp[:, 0, columns], logp[np.arange(n), 0, toks[at]])
+        def keep(first, logp):  # a batch of passes: each masked residue's scores
+            at = masked_at[first : first + len(logp)]
+            embedder.passes.add(
+                index, logp[:, 0, columns], logp[np.arange(len(logp)), 0, toks[at]]
+            )
             embedder.passes.batch_done()
-            done[0] += n
 
-        done = [embedder.passes.begin(index, length)]
+        done = embedder.passes.begin(index, length)
         log_probs(embedder, masked_rows, length, width, (masked_at - starts)[:, None], True,
-                  done[0], keep)  # fmt: skip
+                  done, keep)  # fmt: skip
         rows = Rows.on_host(embedder.passes.finish(index))
         if MASKED_MARGINALS in kinds:
             values[MASKED_MARGINALS] = rows.marginals

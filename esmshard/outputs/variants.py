@@ -487,8 +487,9 @@ def _cells(variant, columns: list[str], only: str) -> tuple[str, ...]:
 
 
 def counts_line(counts: dict, tsv) -> str:
-    """What the variants step wrote (its `variant_scores.json`'s counts), as the step's log and the run's last line say
-    it: the rows, and the variants (or, of `variants: all`, the records) left without one."""
+    """What the variants step wrote (the counts in its `variant_scores.json`), as the step's
+    log and the run's last line say it: the rows, and the variants (or, of `variants: all`, the
+    records) left without one."""
     line = f"variants: {counts['scored']:,} scored ({', '.join(counts['strategies'])}) in {tsv}"
     missing = counts["without_rows"]
     if missing and counts["of"] == "records":

@@ -28,7 +28,7 @@ from ..embeddings_h5.contacts import NAME as CONTACTS
 from ..embeddings_h5.representations import absolute_layers
 from ..embeddings_h5.scores import MASKED
 from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
-from ..input.balance import forward_tokens, record_costs, record_tokens
+from ..input.balance import record_costs, record_tokens
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
@@ -38,7 +38,7 @@ from ..store.runlock import current_run_id
 from ..store.shardfile import Failure, output_bytes
 from . import provenance
 from .job import uninterrupted
-from .progress import Progress, rate, shards_done, stopped_jobs, stopped_path
+from .progress import Progress, forget_stopped, rate, shards_done, stopped_jobs, stopped_path
 from .shard import read_shard
 
 log = logging.getLogger(__name__)
@@ -296,9 +296,6 @@ def run_shard(
                     len(todo) + sum(keys[k] not in kept.keys for k in chunked),
                 )
             batch_lengths = [len(sequences[k]) for k in todo]
-            computed = np.array(
-                batch_lengths + [len(sequences[k]) for k in chunked if keys[k] not in kept.keys]
-            )
             masked = any(kind in MASKED for kind in include)  # a pass per residue
             batches = make_batches(batch_lengths, budget, embedder.packed, masked)
             # the shard step's cost of each record (esmshard.input.balance): the ETA's units,
@@ -312,10 +309,10 @@ def run_shard(
             total_cost = float(costs.sum())
             # a protein's masked passes: progress as they go, kept within the protein
             tokens = record_tokens(np.array(lengths), limit, long_sequences, include, recipe)
+            tokens_of = dict(zip(records, tokens.tolist()))
             record_progress = RecordProgress(
-                progress, sampler, dict(zip(records, lengths)), cost_of,
-                dict(zip(records, tokens.tolist())),
-            )  # fmt: skip
+                progress, sampler, dict(zip(records, lengths)), cost_of, tokens_of
+            )
             passes = Passes(pieces.folder, keys, keep_every, record_progress)
             embedder.passes = passes
             resumed = passes.resume([k for k in records if keys[k] not in kept.keys], sequences)
@@ -504,7 +501,7 @@ def run_shard(
             else None,
             # the tokens of every forward pass this job ran, BOS and EOS included: with masked
             # marginals, each residue's masked copy too (what the device's time went on)
-            "forward_tokens": forward_tokens(computed, limit, long_sequences, include, recipe),
+            "forward_tokens": sum(n for k, n in tokens_of.items() if keys[k] not in kept.keys),
             "device": str(device),
             "device_name": device_name,
             "gpu_slot": slot.index,
@@ -526,7 +523,7 @@ def run_shard(
         add_settings(part_store(out_h5), Path(out_h5).parent.name, settings)
         write_manifest(manifest_json, part, len(ids) - len(failed))
     pieces.remove()  # the part holds them now
-    stopped_path(progress_json).unlink(missing_ok=True)  # its metrics hold them now
+    forget_stopped(progress_json)  # its metrics hold them now
     log.info(
         "shard %s done: %d residues in %.1f s, %d failed",
         shard,

@@ -3,6 +3,7 @@ finished shards (read by `esmshard status` and the scaling report).
 """
 
 import json
+import logging
 import os
 import sys
 import time
@@ -13,6 +14,8 @@ from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
 from ..store import Store, read_json_object
 from ..store.runlock import LAUNCHER_ENV
+
+log = logging.getLogger(__name__)
 
 
 def rate(per_second) -> str:
@@ -186,7 +189,7 @@ class Progress:
     def __init__(self, path, **fields):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.fields = {**fields, "residues_done": 0, "cost_done": 0.0}
+        self.fields = {**fields, "residues_done": 0, "cost_done": 0.0, "tokens_done": 0.0}
         every = os.environ.get(PROGRESS_LINE_ENV, PROGRESS_LINE_SECONDS)
         self.line_every = None if LAUNCHER_ENV in os.environ else float(every)
         self.said_at = time.time()
@@ -206,7 +209,7 @@ class Progress:
         (a masked pass's copy counts its own)."""
         self.fields["residues_done"] += residues
         self.fields["cost_done"] += cost
-        self.fields["tokens_done"] = self.fields.get("tokens_done", 0.0) + tokens
+        self.fields["tokens_done"] += tokens
         self.fields["updated_at"] = time.time()
         if residues and "computing_since" in self.fields and "warm_at" not in self.fields:
             # the first batch's end: the job's start-up paid (the ETA's rate starts here)
@@ -258,8 +261,11 @@ class Progress:
         job.update(stopped_at=time.time(),
                    residues_computed=f["residues_done"] - f.get("kept_residues", 0))  # fmt: skip
         path = stopped_path(self.path)
-        path.parent.mkdir(exist_ok=True)
-        write_json(path, {"shard": f.get("shard"), "jobs": [*stopped_jobs(path), job]})
+        try:
+            path.parent.mkdir(exist_ok=True)
+            write_json(path, {"shard": f.get("shard"), "jobs": [*stopped_jobs(path), job]})
+        except OSError as err:  # a full disk: the job's own error is the one to say
+            log.warning("%s: the stopped job's time is not recorded (%s)", path, err)
 
 
 def stopped_path(progress_path) -> Path:
@@ -269,9 +275,24 @@ def stopped_path(progress_path) -> Path:
     return path.parent / "stopped" / path.name
 
 
+def forget_stopped(progress_path) -> None:
+    """Remove a shard's record of stopped jobs, and its folder once it holds none."""
+    path = stopped_path(progress_path)
+    path.unlink(missing_ok=True)
+    try:
+        path.parent.rmdir()
+    except OSError:  # another shard's record is there, or it never was
+        pass
+
+
 def stopped_jobs(path) -> list[dict]:
     """The stopped jobs recorded at `path` (none where it cannot be read)."""
     return valid_stopped((read_json_object(Path(path)) or {}).get("jobs"))
+
+
+def stopped_span(job: dict) -> tuple[float, float]:
+    """The seconds a stopped job computed, from its model loaded to its stop."""
+    return job["computing_since"], job["stopped_at"]
 
 
 def valid_stopped(jobs) -> list[dict]:

@@ -28,6 +28,7 @@ from .progress import (
     rate,
     read_metrics,
     slot_key,
+    stopped_span,
     valid_stopped,
 )
 from .provenance import COMPUTED_WITH, mixed_precisions
@@ -115,7 +116,7 @@ def scaling(metrics: list[dict]) -> dict:
     ran = busy_seconds(spans)
     # and the jobs stopped before them (their kept pieces are in these jobs' parts)
     stopped = [job for m in metrics for job in valid_stopped(m.get("stopped_jobs"))]
-    with_stopped = busy_seconds(spans + [(j["computing_since"], j["stopped_at"]) for j in stopped])
+    with_stopped = busy_seconds(spans + [stopped_span(job) for job in stopped])
     measured = busy / wall if wall > 0 else None
     for row in modelled:  # a measured figure only where the run had that many slots
         row["measured_speedup"] = measured if row["gpus"] == len(slots) else None
