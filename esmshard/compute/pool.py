@@ -167,3 +167,25 @@ def acquire(
             )
             waited = True
         time.sleep(poll_seconds)
+
+
+def pick_device(slot: Slot, threads: int):
+    """The torch device of the slot, and its name."""
+    import torch
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", 0)
+        return device, torch.cuda.get_device_name(device)
+    if slot.cuda_visible_devices:
+        # Where the run's start could tell, it said so once: here, the log. (Its environment had
+        # no slot's CUDA_VISIBLE_DEVICES, which the pool has set here: NVML's devices count.)
+        told = no_usable_gpu([slot.index], env={}) is not None
+        log.log(
+            logging.INFO if told else logging.WARNING,
+            "slot %s is GPU %s, but this torch cannot use CUDA (a CPU-only build, or no driver): "
+            "computing on the CPU",
+            slot.index,
+            slot.cuda_visible_devices,
+        )
+    log.info("no CUDA device available: computing on the CPU with %d threads", threads)
+    return torch.device("cpu"), "cpu"

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
 from ..store import Store, read_json_object
@@ -266,6 +268,50 @@ class Progress:
             write_json(path, {"shard": f.get("shard"), "jobs": [*stopped_jobs(path), job]})
         except OSError as err:  # a full disk: the job's own error is the one to say
             log.warning("%s: the stopped job's time is not recorded (%s)", path, err)
+
+
+class RecordProgress:
+    """The job's progress, record by record: a record's residues when it is done, or a masked
+    pass at a time as its passes go (a residue each), at their share of its cost and forward
+    tokens; written at most once a second within a record (a GPU passes a batch in
+    milliseconds)."""
+
+    def __init__(self, progress: Progress, sampler, lengths: dict, costs: dict, tokens: dict):
+        self.progress, self.sampler, self.lengths = progress, sampler, lengths
+        self.per_residue = {
+            k: (costs[k] / max(n, 1), tokens[k] / max(n, 1)) for k, n in lengths.items()
+        }
+        self.reported: dict[int, int] = {}  # the residues each record's passes have counted
+        self.pending = np.zeros(3)  # residues, cost, tokens not written yet
+        self.written_at = time.monotonic()
+
+    def share(self, index: int, residues: int) -> np.ndarray:
+        """Residues of record `index`: (residues, cost, tokens)."""
+        return residues * np.array([1.0, *self.per_residue[index]])
+
+    def resumed(self, found: dict[int, int]) -> float:
+        """Passes that earlier jobs kept (by record): counted, not this job's work; their cost."""
+        self.reported.update(found)
+        return sum(self.share(k, n)[1] for k, n in found.items())
+
+    def __call__(self, index: int, n: int) -> None:
+        """`n` more passes of record `index` (esmshard.store.passes.Passes hears of them)."""
+        self.reported[index] = self.reported.get(index, 0) + n
+        self.pending += self.share(index, n)
+        if time.monotonic() - self.written_at >= 1:
+            self.flush()
+
+    def finished(self, members) -> None:
+        """The records `members` are done: what their passes have not counted."""
+        for k in members:
+            self.pending += self.share(k, self.lengths[k] - self.reported.pop(k, 0))
+        self.flush()
+
+    def flush(self) -> None:
+        residues, cost, tokens = self.pending
+        self.progress.update(round(residues), self.sampler, cost, tokens)
+        self.pending[:] = 0
+        self.written_at = time.monotonic()
 
 
 def stopped_path(progress_path) -> Path:

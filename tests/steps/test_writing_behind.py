@@ -1,4 +1,4 @@
-"""The embed job's writing behind its compute (esmshard.steps.embed.WritingBehind)."""
+"""The embed job's writing behind its compute (esmshard.steps.writing_behind.WritingBehind)."""
 
 import signal
 import time
@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from esmshard.steps.embed import WritingBehind
+from esmshard.steps.writing_behind import WritingBehind
 
 
 class SlowPieceWriter:
