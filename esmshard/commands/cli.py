@@ -1,27 +1,22 @@
 """The `esmshard` console script."""
 
 import argparse
-import contextlib
-import json
-import logging
 import os
 import sys
 import time
 from pathlib import Path
 
-from .. import store as stores
 from ..embeddings_h5.representations import LAYERED
-from ..files import DamagedFileError, human_bytes, quiet_hdf5_cleanup, unwritable
+from ..files import DamagedFileError, quiet_hdf5_cleanup
 from ..input.fasta import FastaError
 from ..layout import Layout
 from ..models import families_named
 from ..outputs import export as exports
-from ..store import storelock
-from ..store.storelock import StoreBusyError
 from ..version import __version__
 from . import console, launch
 from .status import merged as status_merged
 from .status import read_state, render
+from .store import show_store
 
 
 def seconds(text: str) -> float:
@@ -76,11 +71,8 @@ def add_run_options(command) -> None:
     )
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    # `esmshard run ... -- SNAKEMAKE OPTIONS`: what follows `--` goes to snakemake as it is.
-    passed_on = argv[argv.index("--") + 1 :] if "--" in argv else []
-    argv = argv[: argv.index("--")] if "--" in argv else argv
+def build_parser() -> argparse.ArgumentParser:
+    """Build the parser of every esmshard command."""
     parser = argparse.ArgumentParser(
         prog="esmshard",
         description=f"esmshard: protein language model embeddings ({families_named()}) on "
@@ -88,6 +80,17 @@ def main(argv=None):
     )
     parser.add_argument("--version", action="version", version=f"esmshard {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_run_commands(commands)
+    add_status_command(commands)
+    add_store_command(commands)
+    add_export_command(commands)
+    add_variant_commands(commands)
+    add_setup_commands(commands)
+    return parser
+
+
+def add_run_commands(commands) -> None:
+    """Add `esmshard run` and `esmshard plan`."""
     run = commands.add_parser(
         "run",
         help="run the workflow on FASTA files from any folder (prints the snakemake command)",
@@ -122,6 +125,10 @@ def main(argv=None):
         "and the disk the outputs need. Nothing is submitted.",
     )
     add_run_options(plan)
+
+
+def add_status_command(commands) -> None:
+    """Add `esmshard status`."""
     status = commands.add_parser(
         "status", help="dashboard of a run: per device slot, progress, ETA"
     )
@@ -134,6 +141,10 @@ def main(argv=None):
         metavar="SECONDS",
         help="refresh every SECONDS (default 5) until the run has finished (or Ctrl-C)",
     )
+
+
+def add_store_command(commands) -> None:
+    """Add `esmshard store`."""
     store = commands.add_parser(
         "store",
         help="what a store of computed embeddings holds; verify it, prune it, remove a setting's "
@@ -167,6 +178,10 @@ def main(argv=None):
         help="--prune: outdirs to keep",
     )
     store.add_argument("--apply", action="store_true", help="--prune: remove what it lists")
+
+
+def add_export_command(commands) -> None:
+    """Add `esmshard export`."""
     export = commands.add_parser(
         "export",
         help="a run's embeddings in the layout another tool reads",
@@ -208,6 +223,10 @@ def main(argv=None):
         help="pt: files named by escaped ID (default) or by the full FASTA header, as fair-esm's "
         "extract.py names them ({header}.pt)",
     )
+
+
+def add_variant_commands(commands) -> None:
+    """Add `esmshard ensemble` and `esmshard heatmap`."""
     ensemble = commands.add_parser(
         "ensemble",
         help="average the variant scores of several runs (an ensemble, as ESM-1v's five)",
@@ -232,6 +251,10 @@ def main(argv=None):
         help="which log-probabilities: logits (wt_marginals) or masked_marginals; default: the "
         "first of them the run has",
     )
+
+
+def add_setup_commands(commands) -> None:
+    """Add `esmshard deploy` and `esmshard gpu-check`."""
     deploy = commands.add_parser(
         "deploy",
         help="deploy the workflow from a local clone, as the workflow catalog does",
@@ -259,93 +282,128 @@ def main(argv=None):
         help="these stages only (default: all; python -m esmshard.commands.gpucheck --help "
         "lists them)",
     )  # fmt: skip
+
+
+def main(argv=None):
+    """Run the esmshard command that `argv` names, and return its exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `esmshard run ... -- SNAKEMAKE OPTIONS`: what follows `--` goes to snakemake as it is.
+    passed_on = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = build_parser()
     args = parser.parse_args(argv)
     if passed_on and args.command != "run":
         parser.error("options after `--` go with `esmshard run` only")
     if args.command in ("run", "plan"):
-        # Options in any order: FASTA files typed after --config's KEY=VALUE items are inputs.
-        args.inputs += [item for item in args.config if "=" not in item]
-        asked = launch.Launch(
-            inputs=args.inputs,
-            outdir=args.outdir,
-            gpus=args.gpus,
-            model=args.model,
-            profile=args.profile,
-            cores=args.cores,
-            config=[item for item in args.config if "=" in item],
-            snakemake_args=passed_on,
-            verbose=getattr(args, "verbose", False),
-            progress_every=getattr(args, "progress_every", None),
+        return run_or_plan(parser, args, passed_on)
+    return HANDLERS[args.command](parser, args)
+
+
+def run_or_plan(parser, args, passed_on: list[str]) -> int:
+    """Run the workflow, or plan it (`esmshard plan`)."""
+    # Options in any order: FASTA files typed after --config's KEY=VALUE items are inputs.
+    args.inputs += [item for item in args.config if "=" not in item]
+    asked = launch.Launch(
+        inputs=args.inputs,
+        outdir=args.outdir,
+        gpus=args.gpus,
+        model=args.model,
+        profile=args.profile,
+        cores=args.cores,
+        config=[item for item in args.config if "=" in item],
+        snakemake_args=passed_on,
+        verbose=getattr(args, "verbose", False),
+        progress_every=getattr(args, "progress_every", None),
+    )
+    try:
+        if args.command == "plan":
+            from .plan import plan
+
+            return plan(asked)
+        return launch.run(asked)
+    except launch.LaunchError as err:
+        parser.exit(2, f"esmshard {args.command}: {err}\n")
+
+
+def deploy(parser, args) -> int:
+    """Write the workflow catalog's layout of a clone (`esmshard deploy`)."""
+    from .deploy import DeployError
+    from .deploy import deploy as deploy_clone
+
+    try:
+        deployed = deploy_clone(args.clone, args.folder, args.tag)
+    except DeployError as err:
+        parser.exit(1, f"esmshard deploy: {err}\n")
+    for yours, new in deployed.kept:
+        print(f"esmshard deploy: kept your {yours}; esmshard's is beside it: {new}")
+    print(f"esmshard deploy: wrote {deployed.snakefile}; edit {args.folder}/config/config.yaml")
+    return 0
+
+
+def gpu_check(parser, args) -> int:
+    """Prove a GPU machine (`esmshard gpu-check`)."""
+    from .gpucheck import main as gpu_check_main
+
+    stages = ["--stages", *args.stages] if args.stages else []
+    return gpu_check_main(["--out", str(args.out), *stages])
+
+
+def store(parser, args) -> int:
+    """List, verify, prune or remove a store's entries (`esmshard store`)."""
+    if (args.keep or args.apply) and not args.prune:
+        parser.error("--keep and --apply go with --prune")
+    if args.prune and not args.keep:
+        parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
+    return show_store(parser, args)
+
+
+def heatmap(parser, args) -> int:
+    """Draw a protein's substitution scores (`esmshard heatmap`)."""
+    from ..outputs.heatmap import HeatmapError
+    from ..outputs.heatmap import heatmap as draw_heatmap
+
+    try:
+        print(draw_heatmap(args.outdir, args.id, args.out, args.scores).line)
+    except (HeatmapError, DamagedFileError, FastaError, OSError) as err:
+        parser.exit(1, f"esmshard heatmap: {err}\n")
+    return 0
+
+
+def ensemble(parser, args) -> int:
+    """Average several runs' variant scores (`esmshard ensemble`)."""
+    return average_variant_scores(parser, args.outdirs, args.out)
+
+
+def export(parser, args) -> int:
+    """Write a run's embeddings in another tool's layout (`esmshard export`)."""
+    quiet_hdf5_cleanup()  # a failed write is reported below, in one line
+    existed = os.path.lexists(args.out)  # an export refuses to write over it
+    stop = exports.Stop()
+    try:
+        with exports.stoppable(stop):
+            exports.export(
+                args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
+                key=args.key, names=args.names,
+            )  # fmt: skip
+    except (exports.ExportError, DamagedFileError, KeyError, FastaError) as err:
+        parser.exit(1, f"esmshard export: {err.args[0]}\n")
+    except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line
+        export_ends(f"esmshard export: {err}", 1)
+    except KeyboardInterrupt:
+        signum = stop.signal
+        if not existed and os.path.lexists(args.out):  # it landed once the export was in place
+            export_ends(f"wrote {args.out}; then stopped by {signum.name}", 128 + signum)
+        export_ends(
+            f"esmshard export: stopped by {signum.name}; nothing was written to "
+            f"{args.out} (its partial files are removed): run the same command again",
+            128 + signum,
         )
-        try:
-            if args.command == "plan":
-                from .plan import plan
+    print(f"wrote {args.out}")
+    return 0
 
-                return plan(asked)
-            return launch.run(asked)
-        except launch.LaunchError as err:
-            parser.exit(2, f"esmshard {args.command}: {err}\n")
-    if args.command == "deploy":
-        from .deploy import DeployError
-        from .deploy import deploy as deploy_clone
 
-        try:
-            deployed = deploy_clone(args.clone, args.folder, args.tag)
-        except DeployError as err:
-            parser.exit(1, f"esmshard deploy: {err}\n")
-        for yours, new in deployed.kept:
-            print(f"esmshard deploy: kept your {yours}; esmshard's is beside it: {new}")
-        print(
-            f"esmshard deploy: wrote {deployed.snakefile}; edit {args.folder}/config/config.yaml"
-        )
-        return 0
-    if args.command == "gpu-check":
-        from .gpucheck import main as gpu_check_main
-
-        stages = ["--stages", *args.stages] if args.stages else []
-        return gpu_check_main(["--out", str(args.out), *stages])
-    if args.command == "store":
-        if (args.keep or args.apply) and not args.prune:
-            parser.error("--keep and --apply go with --prune")
-        if args.prune and not args.keep:
-            parser.error("--prune needs --keep OUTDIR...: the outdirs whose parts stay")
-        return show_store(parser, args)
-    if args.command == "heatmap":
-        from ..outputs.heatmap import HeatmapError
-        from ..outputs.heatmap import heatmap as draw_heatmap
-
-        try:
-            print(draw_heatmap(args.outdir, args.id, args.out, args.scores).line)
-        except (HeatmapError, DamagedFileError, FastaError, OSError) as err:
-            parser.exit(1, f"esmshard heatmap: {err}\n")
-        return 0
-    if args.command == "ensemble":
-        return average_variant_scores(parser, args.outdirs, args.out)
-    if args.command == "export":
-        quiet_hdf5_cleanup()  # a failed write is reported below, in one line
-        existed = os.path.lexists(args.out)  # an export refuses to write over it
-        stop = exports.Stop()
-        try:
-            with exports.stoppable(stop):
-                exports.export(
-                    args.outdir, args.format, args.out, kind=args.kind, layer=args.layer,
-                    key=args.key, names=args.names,
-                )  # fmt: skip
-        except (exports.ExportError, DamagedFileError, KeyError, FastaError) as err:
-            parser.exit(1, f"esmshard export: {err.args[0]}\n")
-        except OSError as err:  # a full disk (DiskFullError), an unreadable file: one line
-            export_ends(f"esmshard export: {err}", 1)
-        except KeyboardInterrupt:
-            signum = stop.signal
-            if not existed and os.path.lexists(args.out):  # it landed once the export was in place
-                export_ends(f"wrote {args.out}; then stopped by {signum.name}", 128 + signum)
-            export_ends(
-                f"esmshard export: stopped by {signum.name}; nothing was written to "
-                f"{args.out} (its partial files are removed): run the same command again",
-                128 + signum,
-            )
-        print(f"wrote {args.out}")
-        return 0
+def status(parser, args) -> int:
+    """Show a run's dashboard, once or until it has finished (`esmshard status`)."""
     if not args.outdir.is_dir():
         what = "is a file" if args.outdir.exists() else "does not exist"
         parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")
@@ -363,6 +421,17 @@ def main(argv=None):
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
+
+
+HANDLERS = {
+    "deploy": deploy,
+    "gpu-check": gpu_check,
+    "store": store,
+    "heatmap": heatmap,
+    "ensemble": ensemble,
+    "export": export,
+    "status": status,
+}
 
 
 def export_ends(line: str, status: int):
@@ -394,93 +463,3 @@ def average_variant_scores(parser, outdirs, out: Path) -> int:
 def merged(outdir: Path, state: dict) -> bool:
     """Whether the run has finished: every shard of its plan done, and merged since it was planned."""
     return bool(state.get("complete")) and status_merged(Layout(str(outdir)))
-
-
-def store_of(path: Path) -> Path:
-    """The store that `path` names: the store itself, or the one a run in outdir `path` used."""
-    named = (stores.read_json_object(path / "run.json") or {}).get("store")
-    if isinstance(named, str):
-        return Path(named)
-    return path / "store" if (path / "store").is_dir() else path
-
-
-def show_store(parser, args) -> int:
-    if not args.path.is_dir():
-        parser.error(f"{args.path} is not a folder; give a store or a run's outdir")
-    try:
-        store = stores.Store(str(store_of(args.path))).checked()
-        read_only = unwritable(store.root)
-        if read_only and (args.remove is not None or args.apply):
-            raise ValueError(f"{read_only}; nothing was removed")
-        if args.remove is not None:
-            stores.remove(store, args.remove)
-            print(f"removed the entries of settings {args.remove} from {store.root}")
-            return 0
-        # What a live run or call writes, its kept pieces included, is held from maintenance
-        # by its settings key: every key is taken before anything is read (a store that
-        # cannot be written is changed by no one: nothing to hold).
-        if args.verify or args.prune:
-            doing = "verify" if args.verify else "prune"
-            held = storelock.exclusive(store.root, store.settings_keys(), doing)
-            with contextlib.nullcontext() if read_only else held:
-                if args.verify:
-                    return verify_store(store, read_only)
-                return prune_store(store, args.keep, args.apply)
-    except (KeyError, ValueError, StoreBusyError) as err:
-        parser.exit(1, f"esmshard store: {err.args[0]}\n")
-    except OSError as err:  # e.g. a part another user owns: no traceback for a path
-        parser.exit(1, f"esmshard store: {err}\n")
-    rows = stores.summary(store)
-    foreign = store.foreign()
-    if not rows:
-        print(f"{store.root}: no embeddings stored")
-    else:
-        print(f"{store.root}:")
-    for row in rows:
-        settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in row["settings"].items())
-        kept = (
-            f"; {row['piece_sequences']} sequences kept by interrupted jobs in {row['pieces']} "
-            f"pieces, {human_bytes(row['piece_bytes'])}"
-            if row["pieces"]
-            else ""
-        )
-        print(
-            f"  {row['key']}: {row['sequences']} sequences in {row['parts']} parts, "
-            f"{human_bytes(row['bytes'])}{kept}\n    {settings}"
-        )
-    for name in foreign:
-        why = (
-            " (its settings.json is not one esmshard wrote, or is damaged)"
-            if stores.SETTINGS_KEY.match(name) and os.path.exists(store.settings(name))
-            else ""
-        )
-        print(f"  {name}: not esmshard's, left alone{why}")
-    return 0 if rows else 1
-
-
-def verify_store(store, read_only: str | None) -> int:
-    # Each damaged part gets one line below; the store's own warning for it would be a second.
-    logging.getLogger(stores.__name__).setLevel(logging.ERROR)
-    verified = stores.verify(store)
-    done = f"left in place ({read_only})" if read_only else "set aside"
-    for part, reason in verified.damaged:
-        print(f"damaged: {part}: {reason}; {done} (the next run recomputes its sequences)")
-    pieces = f" and {verified.n_pieces} kept pieces" if verified.n_pieces else ""
-    print(
-        f"{store.root}: {verified.n_parts} parts{pieces} checked, {len(verified.damaged)} damaged"
-    )
-    return 1 if verified.damaged else 0
-
-
-def prune_store(store, keep, apply: bool) -> int:
-    files = stores.unused(store, keep)
-    for f in files:
-        print(f"{human_bytes(f.bytes):>10}  {f.path}")
-    total = human_bytes(sum(f.bytes for f in files))
-    if not apply:
-        print(f"{len(files)} files, {total}, are used by none of {len(keep)} outdirs; "
-              "nothing removed (add --apply to remove them)")  # fmt: skip
-        return 0
-    stores.prune(files)
-    print(f"removed {len(files)} files, {total}")
-    return 0
