@@ -16,7 +16,9 @@ from esmshard.embeddings_h5.representations import LAYERED, Representation
 from esmshard.files import read_tsv
 from esmshard.input.records import SCHEMA
 from esmshard.steps import merge as merge_step
-from esmshard.steps.merge import CHUNK_BYTES, MergeError, merge
+from esmshard.steps import merge_rows
+from esmshard.steps.merge import MergeError, merge
+from esmshard.steps.merge_output import CHUNK_BYTES
 from esmshard.store import Store, settings_key
 from esmshard.store.shardfile import Failure
 
@@ -209,15 +211,15 @@ def test_records_sharing_few_sequences_are_expanded_a_block_at_a_time(run, monke
     write_records(folder, [SHARD_OF[k % 5] for k in range(n)], [f"R{k}" for k in range(n)],
                   [LENGTHS[k % 5] for k in range(n)], [key(k % 5) for k in range(n)])  # fmt: skip
     largest = {}
-    blocks_with_rows = merge_step._blocks_with_rows
+    blocks_with_rows = merge_rows.blocks_with_rows
 
     def measured(part, name, placement, dtype):
         for rows, block in blocks_with_rows(part, name, placement, dtype):
             largest[name] = max(largest.get(name, 0), len(block))
             yield rows, block
 
-    monkeypatch.setattr(merge_step, "_blocks_with_rows", measured)
-    monkeypatch.setattr(merge_step, "BLOCK_BYTES", 3000)  # 187 rows of 4 float32
+    monkeypatch.setattr(merge_rows, "blocks_with_rows", measured)
+    monkeypatch.setattr(merge_rows, "BLOCK_BYTES", 3000)  # 187 rows of 4 float32
     assert merge_run(folder)["embedded"] == 800  # P1's 200 records failed
     assert 0 < largest["mean/6"] <= 187 and largest["bos/6"] <= 187
     with h5py.File(folder / "embeddings.h5") as h5:
@@ -367,9 +369,9 @@ def test_an_output_of_many_windows_equals_one_window(realistic, monkeypatch):
     whole = folder / "whole.h5"
     (folder / "embeddings.h5").rename(whole)
     monkeypatch.setattr(
-        "esmshard.steps.merge.WINDOW_BYTES", 5000
+        "esmshard.steps.merge_rows.WINDOW_BYTES", 5000
     )  # 39 rows of 32 floats: ~1,800 windows
-    monkeypatch.setattr("esmshard.steps.merge.BLOCK_BYTES", 3000)
+    monkeypatch.setattr("esmshard.steps.merge_rows.BLOCK_BYTES", 3000)
     merge_run(folder)
     with h5py.File(whole) as a, h5py.File(folder / "embeddings.h5") as b:
         for name in ("mean/6", "per_tok/6", "per_tok/offsets", "ids", "lengths"):
