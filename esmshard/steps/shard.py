@@ -52,26 +52,20 @@ from ..store import (
     Store,
     StoreReadOnlyError,
     add_settings,
-    check_part,
-    part_keys,
     read_json_object,
-    rows_of,
-    set_aside,
     settings_key,
 )
 from ..store.shardfile import output_bytes
+from .shard_match import KeyBuckets, index_store, match_records, part_of_records
 
 log = logging.getLogger(__name__)
 
 SHARD_COLUMNS = ["sequence_sha256", "id", "sequence"]
 PLAN_COLUMNS = ["shard", "n_sequences", "n_residues", "estimated_cost"]
 PLAN_ID_BYTES = 6
-N_BUCKETS = 256
 KEYS_AT_ONCE = 1 << 20
 SHA256_BYTES = np.dtype("S32")  # a digest as the first pass writes it
-RECORDS_AT_ONCE = 1 << 22
 RUN_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int64)])  # value: the record's index
-STORED_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int32)])  # value: the part's number
 
 
 class Shard(NamedTuple):
@@ -145,6 +139,32 @@ def shard_step(settings: dict, model_size, **params):
     )
 
 
+class Embedded(NamedTuple):
+    """The residues embedded of records (a slice or indices), and which are truncated: computed
+    where needed, not kept for every record."""
+
+    lengths: np.ndarray  # every record's, as read
+    truncation_seq_length: int
+    long_sequences: str
+
+    def __call__(self, records) -> tuple[np.ndarray, np.ndarray]:
+        read = self.lengths[records]
+        kept = embedded_residue_counts(read, self.truncation_seq_length, self.long_sequences)
+        if self.long_sequences != "truncate":
+            return kept, np.zeros(read.size, bool)
+        return kept, kept < read
+
+
+class Cut(NamedTuple):
+    """The new work cut into shards: the plan's id, the shards' names, each new record's shard
+    and each shard's row of plan.tsv."""
+
+    plan_id: str
+    names: list[str]
+    shard_of: np.ndarray
+    plan: list[dict]
+
+
 def write_shards(
     inputs,
     shard_dir,
@@ -166,7 +186,8 @@ def write_shards(
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
 
     `shards` is a number or "auto" (esmshard.input.sizing, from the new work and `slots`, the embed
-    jobs that run at once, on a `cluster` or not), and `model_size`. Each sequence is computed once, whatever its IDs: the shard files hold
+    jobs that run at once, on a `cluster` or not), and `model_size`. Each sequence is computed
+    once, whatever its IDs: the shard files hold
     the first record of each sequence that the store (`store_root`, embeddings made with
     `settings`) lacks. Nothing is written under a final name until every check has passed; the
     shard files, the record table and the plan appear together, as `shard_dir`, or none: a
@@ -190,141 +211,155 @@ def write_shards(
     ):
         building.mkdir()
         run_keys = KeyBuckets(Path(work) / "run", RUN_ENTRY)
-        settings_of_scan = Settings([str(path) for path in inputs], truncation_seq_length,
-                                    long_sequences)  # fmt: skip
-        scan = _scan(inputs, Path(work) / "pieces", run_keys, settings_of_scan, workers)
-        log.info(
-            "%d records read by %d worker%s; peak memory so far %.0f MB (the largest worker "
-            "process's: %.0f MB)",
-            len(scan.lengths),
-            workers,
-            "s" if workers > 1 else "",
-            peak_memory_mb(),
-            resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        )
-        problems = scan.found.problems
-        _find_duplicates(scan.id_hashes, [p / TABLE for p in scan.pieces], problems)
-        del scan.id_hashes[:]
-        if nucleotide_check:
-            for path, (count, first_id, where) in scan.found.nucleotide.items():
-                problems.add(
-                    "nucleotide", f"{path}: {count} records, e.g. '{first_id}' ({where})", count
-                )
-        problems.raise_if_any()
-
+        scan_settings = Settings([str(path) for path in inputs], truncation_seq_length,
+                                 long_sequences)  # fmt: skip
+        scan = checked_scan(inputs, Path(work), run_keys, scan_settings, workers, nucleotide_check)
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
-
-        def embedded(records) -> tuple[np.ndarray, np.ndarray]:
-            """The residues embedded of `records` (a slice or indices), and which are truncated:
-            computed where needed, not kept for every record."""
-            read = lengths[records]
-            kept = embedded_residue_counts(read, truncation_seq_length, long_sequences)
-            return kept, (kept < read) if long_sequences == "truncate" else np.zeros(
-                read.size, bool
-            )
-
+        embedded = Embedded(lengths, truncation_seq_length, long_sequences)
         parts = store.parts(key)
-        stored = _index_store(store, key, parts, Path(work) / "store")
-        match = _match(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
+        stored = index_store(store, key, parts, Path(work) / "store")
+        match = match_records(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
         new = match.new_records
         if new.size and read_only:
-            raise StoreReadOnlyError(
-                f"the store {store.root} lacks {new.size} of the {match.n_unique} unique "
-                f"sequences of this run, and {read_only}. Set `store` to a folder you can "
-                "write (a copy of this one keeps what it holds), or make this one writable"
-            )
+            raise StoreReadOnlyError(store_lacks(store, match, read_only))
         log.info("sequences matched; peak memory so far %.0f MB", peak_memory_mb())
-        # what the records cost: a pass per residue with masked marginals, a chunked record's
-        # windows each
-        include = settings.get("include", ())
-        recipe = settings.get("score_windows", "weighted")
-        costs = record_costs(
-            lengths[new], truncation_seq_length, long_sequences, model_size.dim, include, recipe
-        )
-        new_residues = embedded(new)[0]
-        tokens = forward_tokens(
-            lengths[new], truncation_seq_length, long_sequences, include, recipe
-        )
-        n_shards = min(
-            new.size,
-            auto_shard_count(tokens, model_size.params, slots or 1, bool(cluster))
-            if shards == "auto"
-            else shards,
-        )
-        plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
-        names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
-        shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
-        plan = _plan(names, shard_of, new_residues, costs)
+        cut = cut_into_shards(new, embedded, shards, settings, model_size, slots, cluster)
         if attention_values[0]:
-            pairs = new_residues.astype(np.int64) ** 2
-            shard_pairs = np.bincount(shard_of, weights=pairs, minlength=n_shards).astype(np.int64)
-            _attention_size(attention_values, embedded, new, shard_pairs, slots or 1, store,
+            _attention_size(attention_values, embedded, new, cut, slots or 1, store,
                             shard_dir.parent)  # fmt: skip
-        del costs, new_residues
-        part_of = _part_of(match, shard_of, len(parts))
-        _deal_out(
-            [p / SEQUENCES for p in scan.pieces],
-            new,
-            shard_of,
-            [building / f"{name}.tsv" for name in names],
-        )
-        write_table(
-            [p / TABLE for p in scan.pieces],
-            building / "records.parquet",
-            parts + names,
-            part_of,
-            embedded,
-        )
-        rows = [[p[c] for c in PLAN_COLUMNS] for p in plan]
-        write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
-        summary = {
-            "plan": plan_id,
-            "planned_at": time.time(),  # the run's start, whichever command finishes it
-            "store": str(Path(store.root).resolve()),
-            "key": key,
-            "records": int(lengths.size),
-            "unique_sequences": match.n_unique,
-            "from_store": match.n_unique - int(new.size),
-            "computed": int(new.size),
-            # embed jobs at once on this machine, as `shards: auto` planned for (else None)
-            "slots": slots,
-            "cluster": cluster,
-            # records beyond truncation_seq_length, and what long_sequences does with them
-            "inputs": [str(Path(path).resolve()) for path in inputs],
-            "long_records": scan.found.long.count,
-            "long_sequences": long_sequences,
-            "long_said": scan.found.long.said(truncation_seq_length, long_sequences),
-        }
+        write_plan_files(building, scan, match, cut, parts, embedded)
+        summary = plan_summary(inputs, store, key, scan, match, cut, scan_settings)
         # what `esmshard plan` says of the GPU time and the disk
-        summary["model_params"] = model_size.params
+        summary.update(model_params=model_size.params, slots=slots, cluster=cluster)
         if values_bytes is not None:
             summary["store_bytes"] = values_bytes(embedded(new)[0]) if new.size else 0
             summary["values_bytes"] = values_bytes(embedded(slice(None))[0])
         write_json(building / "plan.json", summary)
         if not read_only:
             add_settings(store, key, settings)
+    log_plan(summary, store.folder(key), len(cut.names))
+    return {**summary, "shards": cut.plan}
+
+
+def log_plan(summary: dict, store_folder, n_shards: int) -> None:
+    """Log what the plan reuses and computes, and what it does to long sequences."""
     log.info(
         "%d records, %d unique sequences: %d found in the store (%s), %d to compute in %d shards",
-        summary["records"],
-        summary["unique_sequences"],
-        summary["from_store"],
-        store.folder(key),
+        *(summary[k] for k in ("records", "unique_sequences", "from_store")),
+        store_folder,
         summary["computed"],
         n_shards,
     )
     if summary["long_said"]:
         log.warning("%s", summary["long_said"])
-    return {**summary, "shards": plan}
+
+
+def store_lacks(store: Store, match, read_only: str) -> str:
+    """Why a store that cannot be written cannot serve this run, and what to do."""
+    return (
+        f"the store {store.root} lacks {match.new_records.size} of the {match.n_unique} unique "
+        f"sequences of this run, and {read_only}. Set `store` to a folder you can "
+        "write (a copy of this one keeps what it holds), or make this one writable"
+    )
+
+
+def checked_scan(inputs, work: Path, run_keys, settings: Settings, workers, nucleotide_check):
+    """Read every input (the first pass) and raise the problems it found, all of them at once."""
+    scan = _scan(inputs, work / "pieces", run_keys, settings, workers)
+    log.info(
+        "%d records read by %d worker%s; peak memory so far %.0f MB (the largest worker "
+        "process's: %.0f MB)",
+        len(scan.lengths),
+        workers,
+        "s" if workers > 1 else "",
+        peak_memory_mb(),
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    )
+    problems = scan.found.problems
+    _find_duplicates(scan.id_hashes, [p / TABLE for p in scan.pieces], problems)
+    del scan.id_hashes[:]
+    if nucleotide_check:
+        for path, (count, first_id, where) in scan.found.nucleotide.items():
+            problems.add(
+                "nucleotide", f"{path}: {count} records, e.g. '{first_id}' ({where})", count
+            )
+    problems.raise_if_any()
+    return scan
+
+
+def cut_into_shards(new, embedded: Embedded, shards, settings, model_size, slots, cluster) -> Cut:
+    """Cut the new records into `shards` shards (or as many as `auto` finds) of equal cost."""
+    # what the records cost: a pass per residue with masked marginals, a chunked record's
+    # windows each
+    limit, long_sequences = embedded.truncation_seq_length, embedded.long_sequences
+    include = settings.get("include", ())
+    recipe = settings.get("score_windows", "weighted")
+    read = embedded.lengths[new]
+    costs = record_costs(read, limit, long_sequences, model_size.dim, include, recipe)
+    tokens = forward_tokens(read, limit, long_sequences, include, recipe)
+    n_shards = min(
+        new.size,
+        auto_shard_count(tokens, model_size.params, slots or 1, bool(cluster))
+        if shards == "auto"
+        else shards,
+    )
+    plan_id = secrets.token_hex(PLAN_ID_BYTES)  # unique among every run using the store
+    names = [f"{plan_id}-{k:04d}" for k in range(n_shards)]
+    shard_of = assign(costs, n_shards) if n_shards else np.zeros(0, dtype=np.int32)
+    return Cut(plan_id, names, shard_of, _plan(names, shard_of, embedded(new)[0], costs))
+
+
+def write_plan_files(building: Path, scan: "Scan", match, cut: Cut, parts, embedded) -> None:
+    """Write the shard files, the record table and plan.tsv into the step's folder."""
+    part_of = part_of_records(match, cut.shard_of, len(parts))
+    _deal_out(
+        [p / SEQUENCES for p in scan.pieces],
+        match.new_records,
+        cut.shard_of,
+        [building / f"{name}.tsv" for name in cut.names],
+    )
+    write_table(
+        [p / TABLE for p in scan.pieces],
+        building / "records.parquet",
+        parts + cut.names,
+        part_of,
+        embedded,
+    )
+    rows = [[p[c] for c in PLAN_COLUMNS] for p in cut.plan]
+    write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
+
+
+def plan_summary(inputs, store, key, scan: "Scan", match, cut: Cut, settings: Settings) -> dict:
+    """plan.json: what the run reuses from the store and computes, and its long records."""
+    new = int(match.new_records.size)
+    return {
+        "plan": cut.plan_id,
+        "planned_at": time.time(),  # the run's start, whichever command finishes it
+        "store": str(Path(store.root).resolve()),
+        "key": key,
+        "records": len(scan.lengths),
+        "unique_sequences": match.n_unique,
+        "from_store": match.n_unique - new,
+        "computed": new,
+        # records beyond truncation_seq_length, and what long_sequences does with them
+        "inputs": [str(Path(path).resolve()) for path in inputs],
+        "long_records": scan.found.long.count,
+        "long_sequences": settings.long_sequences,
+        "long_said": scan.found.long.said(settings.truncation_seq_length, settings.long_sequences),
+    }
 
 
 def _attention_size(
-    attention_values, embedded, new, shard_pairs, slots: int, store: Store, outdir: Path
+    attention_values, embedded: Embedded, new, cut: Cut, slots: int, store: Store, outdir: Path
 ) -> None:
     """Say what the attention maps will take (L² values of each protein: they dwarf the rest),
     and refuse them where the disks cannot hold them at their peak: every shard's part, and
     while a job makes its part of its kept pieces, both (for the `slots` largest shards, the
-    jobs that run at once; `shard_pairs`: each shard's residue pairs)."""
+    jobs that run at once)."""
     width, itemsize = attention_values
+    pairs = embedded(new)[0].astype(np.int64) ** 2
+    n_shards = len(cut.names)
+    shard_pairs = np.bincount(cut.shard_of, weights=pairs, minlength=n_shards).astype(np.int64)
     in_store = 4 * width * int(shard_pairs.sum())  # float32, as computed
     largest = np.sort(shard_pairs)[::-1][:slots]
     in_pieces = 4 * width * int(largest.sum())  # kept pieces beside their part, at once
@@ -396,121 +431,6 @@ def _scan(inputs, folder, run_keys, settings: Settings, workers: int) -> Scan:
         pieces.append(piece.folder)
     run_keys.flush()
     return Scan(lengths, hashes, found, pieces)
-
-
-class KeyBuckets:
-    """(key, value) entries spread over files by the key's first byte, so that each bucket
-    can be matched in memory on its own (an external hash partition)."""
-
-    def __init__(self, stem: Path, entry: np.dtype):
-        self.entry = entry
-        self.buckets = Buckets([f"{stem}.{b}" for b in range(N_BUCKETS)])
-
-    def add(self, keys: np.ndarray, values: np.ndarray) -> None:
-        entries = np.empty(keys.size, self.entry)
-        entries["key"], entries["value"] = keys, values
-        self.buckets.scatter(keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0], entries)
-
-    def flush(self) -> None:
-        self.buckets.flush()
-
-    def read(self, bucket: int) -> np.ndarray:
-        path = self.buckets.paths[bucket]
-        if not os.path.exists(path):
-            return np.zeros(0, self.entry)
-        return np.fromfile(path, self.entry)
-
-
-def _index_store(store: Store, key: str, parts: list[str], stem: Path) -> KeyBuckets:
-    """The keys every part of the store holds, each with its part's number in `parts`."""
-    stored = KeyBuckets(stem, STORED_ENTRY)
-    for code, name in enumerate(parts):
-        try:
-            keys = part_keys(store.part(key, name))
-        except (OSError, KeyError, ValueError) as err:
-            set_aside(store, key, name, f"unreadable: {err}")
-            continue
-        stored.add(keys, np.full(keys.size, code, dtype=np.int32))
-    stored.flush()
-    return stored
-
-
-class Match(NamedTuple):
-    """Each record's sequence against the others' and the store's."""
-
-    first_of: np.ndarray  # the first record with the same sequence (itself if none before)
-    stored_in: np.ndarray  # the store part that holds the sequence, or -1
-    new_records: np.ndarray  # the first record of each sequence that the store lacks
-    n_unique: int
-
-
-def _match(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
-    """Find every record's first equal, and the store parts holding the sequences, bucket by
-    bucket; a part to be used must pass its check first (else it is set aside and the lookup
-    done again without it)."""
-    first_of = np.empty(n, dtype=np.int64 if n >= 2**31 else np.int32)
-    stored_in = np.full(n, -1, dtype=np.int32)
-    checked, failed = set(), set()
-    while True:
-        used, n_unique = set(), 0
-        for bucket in range(N_BUCKETS):
-            entries = run_keys.read(bucket)
-            if not entries.size:
-                continue
-            order = np.argsort(entries["key"], kind="stable")  # ties stay in input order
-            keys, index = entries["key"][order], entries["value"][order]
-            first = np.ones(keys.size, dtype=bool)
-            np.not_equal(keys[1:], keys[:-1], out=first[1:])
-            group = np.cumsum(first) - 1
-            first_of[index] = index[first][group]
-            held = _lookup(stored.read(bucket), keys[first], failed)
-            stored_in[index] = held[group]
-            used.update(np.unique(held[held >= 0]).tolist())
-            n_unique += int(first.sum())
-        if used <= checked:
-            break
-        for code in sorted(used - checked):
-            reason = check_part(store, key, parts[code], checksum_cache)
-            if reason:
-                set_aside(store, key, parts[code], reason)
-                failed.add(code)
-            checked.add(code)
-    new_records = np.concatenate(
-        [
-            start
-            + np.flatnonzero(
-                (
-                    first_of[start : start + RECORDS_AT_ONCE]
-                    == np.arange(start, min(n, start + RECORDS_AT_ONCE))
-                )
-                & (stored_in[start : start + RECORDS_AT_ONCE] < 0)
-            )
-            for start in range(0, n, RECORDS_AT_ONCE)
-        ]
-        or [np.zeros(0, dtype=np.int64)]
-    ).astype(first_of.dtype)
-    return Match(first_of, stored_in, new_records, n_unique)
-
-
-def _lookup(stored: np.ndarray, keys: np.ndarray, failed: set) -> np.ndarray:
-    """The part holding each of `keys`, or -1."""
-    if failed:
-        stored = stored[~np.isin(stored["value"], sorted(failed))]
-    if not stored.size:
-        return np.full(keys.size, -1, dtype=np.int32)
-    at = rows_of(stored["key"], keys)
-    return np.where(at >= 0, stored["value"][at], -1).astype(np.int32)
-
-
-def _part_of(match: Match, shard_of: np.ndarray, n_parts: int) -> np.ndarray:
-    """Each record's part, numbered as the store's `n_parts` parts and then the new shards."""
-    part_of = match.stored_in  # reused in place: no second array per record
-    for start in range(0, part_of.size, RECORDS_AT_ONCE):
-        block = part_of[start : start + RECORDS_AT_ONCE]
-        missing = np.flatnonzero(block < 0)
-        first = match.first_of[start : start + RECORDS_AT_ONCE][missing]
-        block[missing] = n_parts + shard_of[np.searchsorted(match.new_records, first)]
-    return part_of
 
 
 def _find_duplicates(hashes: array, tables, problems: InputProblems) -> None:
