@@ -18,7 +18,7 @@ from ..store.shardfile import SHA256_DTYPE, STR_DTYPE
 from .merge_rows import PartMembers, Placement, copy_in_input_order
 
 if TYPE_CHECKING:
-    from .merge import Scan, Shapes
+    from .merge_scan import Scan, Shapes
 
 log = logging.getLogger(__name__)
 
