@@ -1,0 +1,121 @@
+"""A store's parts: their manifests, their checks, and setting aside a part that fails one."""
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from ..files import write_json
+from .checksums import file_checksums, sha256
+from .keys import keys_of, settings_key
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+def write_manifest(path, part_file, n_sequences: int) -> None:
+    """The manifest of a part about to be renamed into place from `part_file`."""
+    write_json(
+        path,
+        {
+            "sha256": sha256(part_file),
+            "bytes": os.path.getsize(part_file),
+            "n_sequences": n_sequences,
+        },
+    )
+
+
+def part_keys(path) -> np.ndarray:
+    """The keys of the sequences that a part holds embeddings of (its failures excluded)."""
+    with h5py.File(path, "r") as h5:
+        return keys_of(h5["sequence_sha256"][:])
+
+
+def part_problem(store: Store, key: str, name: str) -> str | None:
+    """None if the part is the one its name says: shard `name`, computed with the settings `key`
+    stands for (a part copied in from another shard, model or store is not); else what it is."""
+    try:
+        with h5py.File(store.part(key, name), "r") as h5:
+            shard, found = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
+    except (OSError, KeyError, ValueError) as err:
+        return f"unreadable ({err})"
+    if settings_key(found) != key:
+        try:
+            wanted = json.loads(Path(store.settings(key)).read_text())
+        except (OSError, ValueError):
+            wanted = {}
+        differ = [k for k in sorted(set(found) | set(wanted)) if found.get(k) != wanted.get(k)]
+        named = ", ".join(
+            f"{k} = {json.dumps(found.get(k))} where the store has {json.dumps(wanted.get(k))}"
+            for k in differ[:3]
+        )
+        return f"it was computed with other settings ({named or 'not those of ' + key})"
+    if shard != name:
+        return f"it holds shard {shard}, not {name} (copied from another shard?)"
+    return None
+
+
+def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
+    """None if the part is whole (its manifest's size and sha256) and is what its name says
+    (`part_problem`); else what is wrong with it."""
+    problem = check_file(store.part(key, name), store.manifest(key, name), checksum_cache)
+    return problem or part_problem(store, key, name)
+
+
+def check_file(part, manifest, checksum_cache=None) -> str | None:
+    """None if the file `part` is as its manifest says (size and sha256; `checksum_cache`, if
+    given, answers for a file that has not changed since it was hashed); else what is wrong."""
+    if not os.path.exists(part):
+        return "its file is gone"
+    if not os.path.isfile(part):
+        return "it is not a file"
+    try:
+        expected = json.loads(Path(manifest).read_text())
+    except (OSError, ValueError) as err:
+        return f"no readable manifest ({err})"
+    if not isinstance(expected, dict):
+        return f"its manifest holds {type(expected).__name__} JSON, not a manifest"
+    size = os.path.getsize(part)
+    if size != expected.get("bytes"):
+        return f"{size} bytes where its manifest says {expected.get('bytes')}"
+    (found,) = file_checksums([part], checksum_cache) if checksum_cache else [sha256(part)]
+    if found != expected.get("sha256"):
+        return f"sha256 {found} where its manifest says {expected.get('sha256')}"
+    return None
+
+
+SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed its check
+
+
+def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
+    """Move a part that failed its check, and its manifest, out of the way, so that no run uses
+    them again (`esmshard store --prune` removes them); returns where they went."""
+    return set_aside_file(store.part(key, name), store.manifest(key, name), reason)
+
+
+def set_aside_file(part, manifest, reason: str) -> list[str]:
+    """`set_aside` for a file of a part's layout (a part, a kept piece) and its manifest."""
+    moved, kept = [], ""
+    for path in (part, manifest):
+        try:
+            os.replace(path, path + SET_ASIDE)
+            moved.append(path + SET_ASIDE)
+        except FileNotFoundError:
+            pass  # another run set it aside first, or the part never had one
+        except OSError as err:  # a store that cannot be written: the part stays, unused
+            kept = f"left in place ({err.strerror})"
+    log.warning(
+        "store part %s fails its check (%s): %s, its sequences are recomputed",
+        part,
+        reason,
+        kept or "set aside as " + (" and ".join(moved) or "(already gone)"),
+    )
+    return moved
+
+
+def manifest_count(value) -> int:
+    """A count read from a manifest; a damaged one (missing, null, text) counts 0."""
+    return value if isinstance(value, int) and value >= 0 else 0
