@@ -22,7 +22,7 @@ import torch
 from conftest import MODEL, PROTEINS, fill, read_records, small_disk, snakemake
 
 from esmshard.outputs import export as exports
-from esmshard.outputs.export import pt_name
+from esmshard.outputs.export import blocks, parquet, pt_name
 
 ESMSHARD = str(Path(sys.executable).parent / "esmshard")
 RECORDS = read_records(PROTEINS)  # 40 real proteins, 3 longer than 1022 residues
@@ -189,8 +189,8 @@ def test_parquet_is_a_dataset_with_a_row_per_protein(run):
 
 def test_a_large_parquet_export_is_many_files_of_row_groups_read_in_place(run, monkeypatch):
     # What a large run gives, at 40 proteins: row groups of 7 proteins, a file for each.
-    monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)
-    monkeypatch.setattr(exports, "PARQUET_FILE_BYTES", 1)
+    monkeypatch.setattr(blocks, "PROTEINS_PER_BLOCK", 7)
+    monkeypatch.setattr(parquet, "PARQUET_FILE_BYTES", 1)
     exports.export(run / "out", "parquet", run / "parts.parquet", stream=io.StringIO())
     files = sorted((run / "parts.parquet").glob("part-*"))
     assert [f.name for f in files] == [f"part-{i:05d}.parquet" for i in range(6)]
@@ -436,7 +436,7 @@ class SignalAtFirstLine(io.StringIO):
 def test_ctrl_c_stops_an_export_even_inside_a_finalizer_and_leaves_nothing(
     run, tmp_path, monkeypatch, fmt
 ):
-    monkeypatch.setattr(exports, "PROTEINS_PER_BLOCK", 7)  # blocks after the first line
+    monkeypatch.setattr(blocks, "PROTEINS_PER_BLOCK", 7)  # blocks after the first line
     before = signal.getsignal(signal.SIGINT)
     out, stop = tmp_path / "x", exports.Stop()
     with pytest.raises(KeyboardInterrupt), exports.stoppable(stop):
