@@ -58,7 +58,7 @@ class Layout:
 
     @property
     def variant_scores(self) -> str:
-        """The variants' scores (esmshard.outputs.variants), and the same as a Parquet dataset."""
+        """The variants' scores (esmshard.steps.variants), and the same as a Parquet dataset."""
         return self._path("variant_scores.tsv")
 
     @property

@@ -443,7 +443,7 @@ def export_ends(line: str, status: int):
 
 
 def average_variant_scores(parser, outdirs, out: Path) -> int:
-    from ..outputs.variants import average_scores
+    from ..outputs.variant_average import average_scores
 
     tables = [Path(Layout(str(outdir)).variant_scores) for outdir in outdirs]
     missing = [str(t) for t in tables if not t.is_file()]

@@ -35,7 +35,7 @@ from ..input.sizing import (
 )
 from ..input.variants import MUTANT_KINDS, PSEUDO_PPL, mutants_work
 from ..layout import Layout
-from ..outputs.variants import counts_line, read_counts
+from ..outputs.variant_writer import counts_line, read_counts
 from ..steps.progress import (
     METRICS_FIELDS,
     busy_seconds,

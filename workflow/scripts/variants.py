@@ -2,7 +2,7 @@ from esmshard.steps.job import run_step
 
 run_step(
     snakemake.log[0],
-    "esmshard.outputs.variants:score_variants",
+    "esmshard.steps.variants:score_variants",
     embeddings=snakemake.input.embeddings,
     inputs=list(snakemake.input.inputs),
     variants=snakemake.params.variants,

@@ -1,6 +1,6 @@
 """The variants step's files: the Parquet dataset read as the catalogues are (one protein's rows
 found by the row groups' statistics on `id`, without reading the others), the TSV as csv reads
-it, and the rows of every substitution built at once named as one at a time."""
+it, and the counts of its last line."""
 
 import csv
 
@@ -9,14 +9,12 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from esmshard.embeddings_h5.scores import AMINO_ACIDS, residue_columns
-from esmshard.input.variants import single_substitutions, substitution_name
-from esmshard.outputs import variants
+from esmshard.outputs import variant_writer
 
 
 def test_rows_in_order_of_id_let_one_proteins_rows_be_found_by_row_group(tmp_path, monkeypatch):
-    monkeypatch.setattr(variants, "ROWS_PER_GROUP", 100)
-    writer = variants.ScoreWriter(tmp_path / "v.tsv", tmp_path / "v", ["id", "mutant"],
+    monkeypatch.setattr(variant_writer, "ROWS_PER_GROUP", 100)
+    writer = variant_writer.ScoreWriter(tmp_path / "v.tsv", tmp_path / "v", ["id", "mutant"],
                                   [pa.string(), pa.string()], ["wt_marginals"],
                                   {"model": "m"})  # fmt: skip
     ids = [f"P{k:05d}" for k in range(40)]
@@ -41,7 +39,7 @@ def test_rows_in_order_of_id_let_one_proteins_rows_be_found_by_row_group(tmp_pat
 
 def test_tsv_quotes_a_block_only_where_a_cell_needs_it_and_reads_back_the_same(tmp_path):
     columns = ["id", "mutant", "note"]
-    writer = variants.ScoreWriter(tmp_path / "v.tsv", tmp_path / "v", columns,
+    writer = variant_writer.ScoreWriter(tmp_path / "v.tsv", tmp_path / "v", columns,
                                   [pa.string()] * 3, ["wt_marginals", "masked_marginals"],
                                   {"model": "m"})  # fmt: skip
     plain = [("P1", "A2C", "seen twice"), ("P1", "A2D", "")]
@@ -61,27 +59,10 @@ def test_tsv_quotes_a_block_only_where_a_cell_needs_it_and_reads_back_the_same(t
     assert pq.read_table(tmp_path / "v").column("note").to_pylist()[2:] == [c[2] for c in odd]
 
 
-def test_every_substitution_named_at_once_as_one_at_a_time():
-    for sequence, offset in (("MKTAYIAKQR", 1), ("MXKBTZ*A", -3), ("AC" * 60, 1000)):
-        found = variants.Substitutions.of("P", sequence.encode())
-        names = variants.substitution_names(found.positions, found.wild, found.mutant, offset)
-        expected = [substitution_name(sequence, p, a, offset)
-                    for p, a in single_substitutions(sequence)]  # fmt: skip
-        assert names.to_pylist() == expected
-        assert [AMINO_ACIDS[k] for k in found.mutant] == [
-            a for _, a in single_substitutions(sequence)
-        ]
-
-
-def test_residue_columns_of_text_and_bytes():
-    assert residue_columns("AYxé*C").tolist() == [0, 19, -1, -1, -1, 1]
-    assert residue_columns(b"AYx*C").tolist() == [0, 19, -1, -1, 1]
-
-
 def test_the_last_line_counts_one_variant_left_without_a_row_in_the_singular():
     counts = {"scored": 4, "strategies": ["wt_marginals"], "of": "variants", "empty": {}}
-    one = variants.counts_line({**counts, "without_rows": 1}, "out/variant_scores.tsv")
-    two = variants.counts_line({**counts, "without_rows": 2}, "out/variant_scores.tsv")
+    one = variant_writer.counts_line({**counts, "without_rows": 1}, "out/variant_scores.tsv")
+    two = variant_writer.counts_line({**counts, "without_rows": 2}, "out/variant_scores.tsv")
     assert one == (
         "variants: 4 scored (wt_marginals) in out/variant_scores.tsv; 1 variant has no row: "
         "its record failed (failed_sequences.tsv says why)"
