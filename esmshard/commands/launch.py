@@ -18,10 +18,9 @@ from typing import NamedTuple
 import yaml
 
 from ..compute.pool import visible_devices
+from ..install import CLONE, SHIPPED
 from ..store.runlock import TYPED_COMMAND_ENV
 
-SHIPPED = Path(__file__).resolve().parents[1] / "workflow_files"
-CLONE = Path(__file__).resolve().parents[2]
 # The settings `esmshard run` has options for; --config KEY=VALUE gives them as well.
 OWN_KEYS = ("input", "outdir", "gpus", "model")
 # Set for the workflow by `esmshard run`: read the workflow's own config/config.yaml (its

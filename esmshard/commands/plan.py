@@ -25,11 +25,12 @@ from ..compute.pool import visible_devices
 from ..files import free_bytes, human_bytes, nearest_existing, read_tsv
 from ..input.sizing import CPU_FLOPS, DEVICE_KINDS, gpu_seconds
 from ..layout import Layout
+from ..steps.invocation import PLAN_ENV
 from ..steps.progress import duration
+from ..steps.start import EMBED_THREADS
 from ..store import Store, read_json_object
 from . import launch
 from .console import OURS
-from .start import EMBED_THREADS, PLAN_ENV
 
 # The dry run's cores: a cluster's jobs take their threads as asked, not capped by this machine's.
 CLUSTER_CORES = "4096"

@@ -189,5 +189,3 @@ def length_problems(spec: ModelSpec, limit) -> list[str]:
         f"positions reach (max_position_embeddings, [CLS] and [SEP] among them); use at most "
         f"{residues}, or auto, and long_sequences: chunk for longer sequences"
     ]
-
-

@@ -4,7 +4,6 @@ A new family is one module (its forward pass and loading, see Family), its weigh
 one row here.
 """
 
-
 from . import archs, esm2_files
 from .spec import Family, ModelSpec
 

@@ -175,5 +175,3 @@ def parse_spec(model: str) -> ModelSpec:
         "saved by transformers or holding an ESM C .pth, from a local .pt or .pth checkpoint, "
         "or as random:<name>"
     )
-
-

@@ -80,7 +80,7 @@ def plan_problem(layout, records=True) -> str | None:
     """What is wrong with a run's plan (shards/plan.tsv, plan.json and, with `records`, the
     record table: the shard step's outputs that the embed jobs and merge read; status reads the
     first two), if anything; None where it is whole. A run's start plans anew where it is not
-    (esmshard.commands.start)."""
+    (esmshard.steps.start)."""
     damaged = "the plan is damaged: "
     summary = read_json_object(Path(layout.plan_json))
     if summary is None:

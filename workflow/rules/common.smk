@@ -86,13 +86,8 @@ from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.steps.provenance import made_by_of
-from esmshard.commands.start import (
-    EMBED_THREADS,
-    Invocation,
-    RunStart,
-    StartRefused,
-    command_line,
-)
+from esmshard.steps.invocation import Invocation, StartRefused, command_line
+from esmshard.steps.start import EMBED_THREADS, RunStart
 from esmshard.store import Store, settings_key
 from esmshard.store.checksums import file_checksums
 from esmshard.store.runlock import RunActiveError
@@ -222,7 +217,7 @@ def io_runtime(wildcards, input, attempt):
     return io_runtime_minutes(input.size_mb, attempt)
 
 
-# What the command does before, as and after its jobs run (esmshard.commands.start).
+# What the command does before, as and after its jobs run (esmshard.steps.start).
 START = RunStart(
     invocation=INVOCATION,
     config=config,

@@ -6,14 +6,10 @@ plan is damaged, say what is replaced, what the mutants' run computes and that n
 used (refusing a model too large for this machine where its jobs would compute on its CPU),
 refuse a cluster profile's placeholders; and how many shard processes and embed jobs at once.
 
-What the command is (a dry run, `--lint`, which executor, a cluster job's own Snakemake) is
-read once from Snakemake's parsed command line (Invocation): while Snakemake reads the
-workflow, its own `workflow.dryrun` is False under `-n` and `workflow.local_exec` True under
-`--executor slurm` (both are set only when the jobs are scheduled).
+What the command is: esmshard.steps.invocation.
 """
 
 import atexit
-import inspect
 import json
 import os
 import re
@@ -36,16 +32,6 @@ from ..input.sizing import (
 from ..input.variants import MUTANT_KINDS, PSEUDO_PPL, mutants_work
 from ..layout import Layout
 from ..outputs.variant_writer import counts_line, read_counts
-from ..steps.progress import (
-    METRICS_FIELDS,
-    busy_seconds,
-    computing_span,
-    current_files,
-    duration,
-    rate,
-)
-from ..steps.provenance import mixed_precisions
-from ..steps.shard import plan_problem
 from ..store import Store, in_place_problems, read_json_object
 from ..store.leftovers import remove_leftovers
 from ..store.runlock import (
@@ -56,108 +42,27 @@ from ..store.runlock import (
     run_active,
 )
 from ..store.storelock import hold_shared
-from .launch import CLONE, SHIPPED
+from .invocation import CLUSTER_JOBS_ENV, Invocation, StartRefused, placeholder_advice
+from .progress import (
+    METRICS_FIELDS,
+    busy_seconds,
+    computing_span,
+    current_files,
+    duration,
+    rate,
+)
+from .provenance import mixed_precisions
+from .shard import plan_problem
 
 # What Snakemake's log says of a run that a signal stopped (Ctrl-C; SIGTERM to a job).
 STOPPED = re.compile(
     r"Terminating processes on user request|died with <Signals\.SIG(INT|TERM|HUP)"
     r"|returned non-zero exit status (129|130|143)\."  # a job stopped by SIGHUP, SIGINT, SIGTERM
 )
-# The executors that run jobs on this machine (`dryrun` and `touch` run none anywhere else).
-LOCAL_EXECUTORS = ("local", "dryrun", "touch")
-PLACEHOLDER = "CHANGE-ME"  # what the shipped cluster profiles hold until they are edited
 EMBED_THREADS = 2  # each embed job's CPU threads (torch's, where it computes on the CPU)
 # The shard step's reading processes at most, unless --set-threads says more: each holds about
 # 400 MB (esmshard.input.scan).
 SHARD_THREADS = 8
-# A cluster job's Snakemake is handed no value of the main process: the embed jobs that run
-# at once go in the environment, which sbatch (and bsub) pass on.
-CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
-# Set by `esmshard plan` (esmshard.commands.plan) to the executor of the run it plans, for the
-# shard step it runs on this machine: the step plans that run's shards (how many jobs at once).
-PLAN_ENV = "ESMSHARD_PLAN"
-
-
-def placeholder_advice(profiles: tuple[str, ...]) -> str:
-    """Say where to set a profile's placeholders: in a copy of one esmshard ships, so that its
-    next update does not undo them, else in the user's own profile."""
-    ours = {(root / "profiles").resolve() for root in (SHIPPED, CLONE)}
-    shipped = [p for p in profiles if Path(p).resolve().parent in ours]
-    if shipped:
-        name = Path(shipped[0]).name
-        return (
-            f"copy the profile esmshard ships (cp -r {shipped[0]} my-{name}), set them in "
-            f"my-{name}/config.yaml and run with --profile my-{name}"
-        )
-    where = " or ".join(f"{p}/config.yaml" for p in profiles) or "the profile"
-    return f"set them in {where}"
-
-
-class StartRefused(Exception):
-    """The run cannot start: one line per problem, said before any job."""
-
-    def __init__(self, *problems: str):
-        super().__init__(*problems)
-        self.problems = problems
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """What the `snakemake` command reading the workflow is."""
-
-    dry_run: bool = False
-    lint: bool = False
-    executor: str = "local"
-    remote_job: bool = False  # a cluster job's own Snakemake, reading the workflow again
-    cores: int | None = None
-    jobs: int | None = None  # --jobs (a cluster profile's `jobs`)
-    gpu_resource: int | None = None  # --resources gpu=N
-    placeholders: tuple[str, ...] = ()  # resources still holding PLACEHOLDER
-    profiles: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, args, remote_job: bool = False) -> "Invocation":
-        """From Snakemake's parsed command line `args` (a profile's values are in it); None
-        where the workflow is read through Snakemake's Python API: a local run."""
-        if args is None:
-            return cls(remote_job=remote_job)
-        given = list(getattr(args.default_resources, "args", None) or [])
-        for resources in (args.set_resources or {}).values():
-            given += getattr(resources, "args", None) or []
-        return cls(
-            dry_run=bool(args.dryrun),
-            lint=bool(args.lint),
-            # `esmshard plan` runs the shard step here for the run on the executor it names
-            executor=os.environ.get(PLAN_ENV) or args.executor or "local",
-            remote_job=remote_job,
-            cores=args.cores,
-            jobs=args.jobs,
-            gpu_resource=getattr((args.resources or {}).get("gpu"), "value", None),
-            placeholders=tuple(value for value in given if PLACEHOLDER in value),
-            profiles=tuple(args.profile or ()),
-        )
-
-    @property
-    def starts_run(self) -> bool:
-        """This command runs the jobs: not a dry run, `--lint`, nor a cluster job's Snakemake."""
-        return not (self.dry_run or self.lint or self.remote_job)
-
-    @property
-    def jobs_here(self) -> bool:
-        """The jobs run on this machine (a cluster job's on its node)."""
-        return self.executor in LOCAL_EXECUTORS or self.remote_job
-
-
-def command_line():
-    """Snakemake's parsed command line (`snakemake.cli.args_to_api`'s `args`), found on the
-    stack of the call that reads the workflow; None where the workflow is read otherwise."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "args_to_api" and frame.f_globals.get("__name__") == "snakemake.cli":
-            return frame.f_locals.get("args")
-        frame = frame.f_back
-    return None
 
 
 class Log(Protocol):

@@ -1,4 +1,4 @@
-"""A command's start (esmshard.commands.start), without Snakemake: what the command is, read from
+"""A command's start (esmshard.steps.start), without Snakemake: what the command is, read from
 its parsed command line as Snakemake's CLI gives it, and what each kind of command does before
 its jobs: a dry run, `--lint` and a cluster's executor plan every model and change nothing; a
 run on this machine refuses what cannot run here."""
@@ -8,10 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from esmshard.commands import start
-from esmshard.commands.start import CLUSTER_JOBS_ENV, Invocation, RunStart, StartRefused
 from esmshard.layout import Layout
 from esmshard.models import parse_spec
+from esmshard.steps import invocation, start
+from esmshard.steps.invocation import CLUSTER_JOBS_ENV, Invocation, StartRefused
+from esmshard.steps.start import RunStart
 from esmshard.store import Store
 
 
@@ -155,8 +156,8 @@ def test_jobs_at_once_and_shard_processes_where_the_jobs_run(tmp_path, monkeypat
 
 
 def test_the_command_line_is_found_on_the_stack_of_snakemakes_cli():
-    assert start.command_line() is None  # not read by Snakemake's command line
+    assert invocation.command_line() is None  # not read by Snakemake's command line
     given = cli(dryrun=True)
-    namespace = {"__name__": "snakemake.cli", "command_line": start.command_line}
+    namespace = {"__name__": "snakemake.cli", "command_line": invocation.command_line}
     exec("def args_to_api(args, parser):\n    return command_line()", namespace)
     assert namespace["args_to_api"](given, None) is given
