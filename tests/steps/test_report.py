@@ -8,7 +8,8 @@ import time
 import pytest
 from conftest import MODEL, PROTEINS, REPO, config, snakemake, snakemake_command
 
-from esmshard.steps.report import replay, write_report
+from esmshard.steps.report import write_report
+from esmshard.steps.report_scaling import replay
 
 
 def metrics(shard, slot, start, seconds, residues=1000):
