@@ -9,7 +9,7 @@ import sys
 import torch
 from conftest import PROTEINS, REPO, clone_of_workflow, read_records
 
-from esmshard.commands import gpucheck
+from esmshard.commands import gpucheck, gpucheck_markdown
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
 from esmshard.models.archs import Arch
@@ -172,14 +172,14 @@ def test_the_gpu_plans_whole_run_is_set_against_its_goal_on_the_gpus_that_have_o
         "host_fraction": 0.05, "telemetry_samples": 30, "mean_utilization_percent": 80.0,
         "checks": {"esmshard status shows the finished run": True},
     }  # fmt: skip
-    page = "\n".join(gpucheck.whole_run_lines(gpucheck.GPU_PLAN["model"], run))
+    page = "\n".join(gpucheck_markdown.whole_run_lines(gpucheck.GPU_PLAN["model"], run))
     assert (
         "on NVIDIA H200 (bf16)" in page
         and "once loaded (read-back and writing included); not compiled; " in page
     )
     assert "\nWith loading on an H200: 112,346 tokens/s (goal 150,000).\n\n- [x] esmshard" in page
     cpu = {**run, "devices": ["cpu"]}  # the CPU plan's small model has no goal
-    assert "goal" not in "\n".join(gpucheck.whole_run_lines(gpucheck.CPU_PLAN["model"], cpu))
+    assert "goal" not in "\n".join(gpucheck_markdown.whole_run_lines(gpucheck.CPU_PLAN["model"], cpu))
 
 
 def test_the_largest_models_are_set_against_their_goals_on_the_gpus_that_have_one():
@@ -188,15 +188,15 @@ def test_the_largest_models_are_set_against_their_goals_on_the_gpus_that_have_on
         "precision": "bf16", "device": "NVIDIA H200", "tokens_per_s": 18_123.4,
         "peak_memory_bytes": 35.25 * 2**30, "build_seconds": 1.23, "compile_seconds": 14.04,
     }  # fmt: skip
-    assert gpucheck.big_line(row) == (
+    assert gpucheck_markdown.big_line(row) == (
         "\nesm2_t48_15B_UR50D (48 layers), esmshard packed compiled (bf16): 18,123 tokens/s "
         "(goal on an H200: 17,000), peak memory 35.2 GiB; built with random weights on the "
         "device in 1.2 s, compiled in 14.0 s."
     )
-    h100 = gpucheck.big_line({**row, "device": "NVIDIA H100 80GB HBM3"})
+    h100 = gpucheck_markdown.big_line({**row, "device": "NVIDIA H100 80GB HBM3"})
     assert "(goal on an H100: 15,300)" in h100
     for other in ({"precision": "fp8"}, {"device": "NVIDIA A100-SXM4-80GB"}):
-        assert "goal" not in gpucheck.big_line({**row, **other})
+        assert "goal" not in gpucheck_markdown.big_line({**row, **other})
 
 
 def test_stages_run_alone_say_so_and_leave_the_others_out(tmp_path):
