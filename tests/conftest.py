@@ -71,7 +71,7 @@ LONGEST_FIRST = (
     "models/test_models_esm2.py",
     "workflow/test_variant_effects.py",
     "compute/test_compiled.py",
-    "commands/test_gpu_check.py",
+    "commands/test_gpucheck.py",
     "workflow/test_user_files.py",
     "models/test_models_esm1.py",
     "models/test_models_t5.py",
