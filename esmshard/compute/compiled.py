@@ -111,7 +111,7 @@ class CacheKey(NamedTuple):
     family: str
     shape: str  # layers × dimension × heads
     precision: str
-    weights: str  # the dense layers' dtype (esmshard.compute.embedder.placed)
+    weights: str  # the dense layers' dtype (esmshard.compute.placement.placed)
     batching: str
     numerics: int
 

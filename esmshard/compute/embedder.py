@@ -20,7 +20,9 @@ from ..store.passes import Passes
 from ..store.shardfile import Failure
 from . import windowed
 from .batching import CPU_TOKENS_PER_BATCH
+from .placement import placed
 from .precision import Precision, autocast
+from .reduction import FINITE, gather, reduce, reduce_packed
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +37,6 @@ INJECT_OOM_ENV = "ESMSHARD_INJECT_OOM_TOKENS"
 SLOW_BATCHES_ENV = "ESMSHARD_TEST_SECONDS_PER_BATCH"
 
 
-# What a batch's read-back holds besides the representation kinds and the contact maps.
-FINITE = "finite"  # one flag per sequence: every value at every layer is finite
-
-
 class Launched(NamedTuple):
     """A batch whose forward pass and read-back are queued; `Embedder.finish` reads it."""
 
@@ -47,43 +45,6 @@ class Launched(NamedTuple):
     values: dict[str, torch.Tensor]
     copied: "torch.cuda.Event | None"  # passed once `values` are on the host (None on a CPU)
     lengths: np.ndarray  # residues of each sequence
-
-
-def placed(model, device, precision: Precision | None) -> None:
-    """`model`'s weights moved to `device` tensor by tensor (host memory never holds a second
-    copy), in the dtypes esmshard's forward pass computes with (`precision`): fp32, whatever
-    dtype the files hold (the 6B ESM C's are bf16), except on a GPU under autocast (bf16, fp16),
-    where the dense layers' weights take its dtype: the values autocast would cast them to for
-    each product (the same numbers, half the device memory, no cast per batch). `precision`
-    None: in the dtypes they have (fair-esm's own forward pass)."""
-    half = None
-    if precision and precision.autocast_dtype and device.type != "cpu":
-        half = getattr(torch, precision.autocast_dtype)
-    moved = {}  # id of a tensor -> what it became: a weight two modules share stays one
-    for module in model.modules():
-        dense = isinstance(module, torch.nn.Linear)
-        for table in (module._parameters, module._buffers):
-            for name, tensor in table.items():
-                if tensor is None:
-                    continue
-                if id(tensor) not in moved:
-                    dtype = None
-                    if precision and tensor.is_floating_point():
-                        dtype = half if dense and half else torch.float32
-                    moved[id(tensor)] = _moved(tensor, device, dtype)
-                table[name] = moved[id(tensor)]
-
-
-def _moved(tensor, device, dtype):
-    """`tensor` on `device` in `dtype` (None: its own), a parameter still one. Its dtype changes
-    once it is there: torch converts a blocking host-to-GPU copy on the host, through the CPU's
-    threads, where a GPU converts a tensor in microseconds (one fp32 tensor at a time on it)."""
-    data = tensor.detach().to(device)
-    if dtype is not None:
-        data = data.to(dtype)
-    if isinstance(tensor, torch.nn.Parameter):
-        return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
-    return data
 
 
 class Embedder:
@@ -252,12 +213,12 @@ class Embedder:
             out, batch = self.run(toks, counts if self.packed else None, self.net_layers, True)
             reps = [out["representations"][layer] for layer in self.layers]
             if self.packed:
-                values = self.reduce_packed(reps, batch, self.to_device(residue), kinds, self.bos)
+                values = reduce_packed(reps, batch, self.to_device(residue), kinds, self.bos)
             else:
-                values = self.reduce(reps, self.to_device(residue), kinds, self.bos)
+                values = reduce(reps, self.to_device(residue), kinds, self.bos)
             positions = self.to_device(np.flatnonzero(residue))
             if PER_TOK in kinds:
-                values[PER_TOK] = self.gather(reps, positions)
+                values[PER_TOK] = gather(reps, positions)
             if self.contacts:
                 values[CONTACTS] = out["contacts"].float()
             if self.attentions:  # B × layers × heads × tokens × tokens
@@ -380,59 +341,6 @@ class Embedder:
     def tensor(self, values) -> torch.Tensor:
         """`values` (kept passes on the host, or this job's on the device) on the device."""
         return values if isinstance(values, torch.Tensor) else self.to_device(values)
-
-    @staticmethod
-    def reduce(reps: list[torch.Tensor], residue: torch.Tensor, kinds, bos=1) -> dict:
-        """The per-sequence kinds and the finite flags, on the device, accumulated in fp32.
-
-        A sequence's sum over its residues is finite exactly when each of them is (but for an
-        overflow, which is no usable result either), so it and the BOS row stand for the check.
-        """
-        mask = residue[:, :, None]
-        sums = [rep.masked_fill(~mask, 0).sum(1, dtype=torch.float32) for rep in reps]
-        counts = residue.sum(1, keepdim=True, dtype=torch.float32)
-        bos_rows = [rep[:, 0] for rep in reps] if bos else None
-        return Embedder.per_sequence(sums, bos_rows, counts, kinds)
-
-    @staticmethod
-    def reduce_packed(reps, packed: Packed, residue: torch.Tensor, kinds, bos=1) -> dict:
-        """`reduce` for a packed batch: each sequence's sum by a segment reduction (in order,
-        so a sequence's numbers do not depend on where in the batch it lies)."""
-        counts = packed.bounds.diff()
-        sums = [
-            torch.segment_reduce(
-                rep.masked_fill(~residue[:, None], 0).float(), "sum", lengths=counts
-            )
-            for rep in reps
-        ]
-        first = packed.bounds[:-1].long()
-        residues = (counts - bos - 1).float()[:, None]
-        bos_rows = [rep[first] for rep in reps] if bos else None
-        return Embedder.per_sequence(sums, bos_rows, residues, kinds)
-
-    @staticmethod
-    def per_sequence(sums, bos_rows, counts, kinds) -> dict[str, torch.Tensor]:
-        """From each layer's per-sequence sums, BOS rows (None without a BOS) and residue
-        counts: the kinds asked for and the finite flags."""
-        checked = sums + (bos_rows or [])
-        finite = torch.stack([torch.isfinite(s).all(1) for s in checked]).all(0)
-        values = {FINITE: finite}
-        if MEAN in kinds:
-            values[MEAN] = torch.stack([s / counts for s in sums])
-        if BOS in kinds and bos_rows:
-            values[BOS] = torch.stack([b.float() for b in bos_rows])
-        return values
-
-    @staticmethod
-    def gather(reps: list[torch.Tensor], positions: torch.Tensor) -> torch.Tensor:
-        """layers × residues × D: every sequence's residue rows, one after the other."""
-        dim = reps[0].shape[-1]
-        out = torch.empty(
-            (len(reps), len(positions), dim), dtype=torch.float32, device=reps[0].device
-        )
-        for k, rep in enumerate(reps):
-            torch.index_select(rep.float().reshape(-1, dim), 0, positions, out=out[k])
-        return out
 
     def finish(self, launched: Launched) -> tuple[list[dict[int, Representation]], np.ndarray]:
         """Per sequence, {layer: Representation} (float32, on the CPU), and its finite flag."""

@@ -189,7 +189,7 @@ def load(spec: ModelSpec):
     """(ESMC in eval mode on the CPU, its alphabet). The weights are the files' own tensors,
     memory-mapped and in the files' dtype, taken by a model built without storage (torch's meta
     device): loading the 6B model adds none of its size to host memory (the Embedder moves and
-    casts them, esmshard.compute.embedder.placed)."""
+    casts them, esmshard.compute.placement.placed)."""
     if spec.kind == "random":
         return random_model(spec.name).eval(), ALPHABET
     shape, split, state = read_weights(spec.path)

@@ -179,7 +179,9 @@ def test_the_gpu_plans_whole_run_is_set_against_its_goal_on_the_gpus_that_have_o
     )
     assert "\nWith loading on an H200: 112,346 tokens/s (goal 150,000).\n\n- [x] esmshard" in page
     cpu = {**run, "devices": ["cpu"]}  # the CPU plan's small model has no goal
-    assert "goal" not in "\n".join(gpucheck_markdown.whole_run_lines(gpucheck.CPU_PLAN["model"], cpu))
+    assert "goal" not in "\n".join(
+        gpucheck_markdown.whole_run_lines(gpucheck.CPU_PLAN["model"], cpu)
+    )
 
 
 def test_the_largest_models_are_set_against_their_goals_on_the_gpus_that_have_one():

@@ -187,10 +187,10 @@ def test_chunked_sequence_is_stitched_from_its_windows(embedder):
 
 
 def test_on_a_gpu_under_autocast_dense_weights_take_its_dtype_and_the_rest_fp32():
-    """esmshard.compute.embedder.placed, on a device that is not the CPU (torch's meta device
+    """esmshard.compute.placement.placed, on a device that is not the CPU (torch's meta device
     stands in for a GPU): the dense layers' weights in bf16, embeddings and norms in fp32, a
     weight two modules share (ESM-2's embedding and its language-model head) still one."""
-    from esmshard.compute.embedder import placed
+    from esmshard.compute.placement import placed
     from esmshard.models.esm2 import random_model
 
     model = random_model(TINY_MODEL)
