@@ -7,6 +7,7 @@ after a run, and on a cluster where the jobs ran on other nodes of a shared file
 import socket
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from ..embeddings_h5.in_place import REPAIR, checksum_cache
 from ..embeddings_h5.scores import MASKED
@@ -20,6 +21,7 @@ from ..steps.progress import (
     computing_span,
     current_files,
     duration,
+    eta_seconds,
     finished,
     per_slot,
     rate,
@@ -55,6 +57,7 @@ def stale_reason(progress: dict, now: float) -> str | None:
 
 
 def read_state(outdir: Path, now: float | None = None) -> dict:
+    """Read a run's progress from its files in `outdir`, as of `now`: what `render` draws."""
     now = time.time() if now is None else now
     layout = Layout(str(outdir))
     if not Path(layout.plan).exists():
@@ -64,7 +67,25 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
     damaged = plan_problem(layout, records=False)
     if damaged:
         return {"outdir": str(outdir), "planned": False, "started": True, "damaged": damaged}
-    plan = read_tsv(layout.plan)
+    return planned_state(layout, read_tsv(layout.plan), now)
+
+
+class Jobs(NamedTuple):
+    """A planned run's jobs as its files show them: the `finished` shards and their metrics
+    (`done`), the live jobs' progress (`running`) and the dead ones' (`stale`), what jobs
+    stopped midway kept for the shards that no job runs now (`waiting`: residues by shard),
+    and the in-place output's parts gone or changed (`broken`)."""
+
+    finished: set[str]
+    done: list[dict]
+    running: list[dict]
+    stale: list[dict]
+    waiting: dict[str, int]
+    broken: list[str]
+
+
+def read_jobs(layout: Layout, plan: list[dict], where: dict, now: float) -> Jobs:
+    """Read the run's metrics, progress files and kept pieces."""
     shards_finished, done = finished(layout, plan)
     broken = []
     if merged(layout):  # finished, whatever became of its store since (removed, moved)
@@ -77,33 +98,68 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
             continue
         r["stale"] = stale_reason(r, now)
         (stale if r["stale"] else running).append(r)
-    total_residues = sum(int(p["n_residues"]) for p in plan)
-    done_residues = sum(int(p["n_residues"]) for p in plan if p["shard"] in shards_finished)
-    done_residues += sum(r["residues_done"] for r in running)  # their kept pieces included
     # what interrupted jobs kept, for the shards that no job runs now
-    where = read_json_object(Path(layout.plan_json)) or {}
     live = shards_finished | {r["shard"] for r in running}
     not_running = {p["shard"] for p in plan} - live
     waiting = (
         kept_residues(Store(where["store"]), where["key"], not_running) if not_running else {}
     )
-    done_residues += sum(waiting.values())
+    return Jobs(shards_finished, done, running, stale, waiting, broken)
+
+
+def planned_state(layout: Layout, plan: list[dict], now: float) -> dict:
+    """The state of a planned run: its shards, residues, rates, time and ETA."""
+    where = read_json_object(Path(layout.plan_json)) or {}
+    jobs = read_jobs(layout, plan, where, now)
+    done, running = jobs.done, jobs.running
+    done_residues = sum(int(p["n_residues"]) for p in plan if p["shard"] in jobs.finished)
+    done_residues += sum(r["residues_done"] for r in running)  # their kept pieces included
+    done_residues += sum(jobs.waiting.values())
     # Kept work is done but no job's speed; the speed is what the jobs computed in the time
     # that any of them computed (esmshard.steps.progress.busy_seconds, computing_span),
     # whichever command ran them.
-    kept = (
-        sum(waiting.values()) + sum(job_kept(m) for m in done) + sum(job_kept(r) for r in running)
-    )
-    computed = computed_by_jobs(done, running)
-    complete = len(shards_finished) == len(plan)
+    kept = sum(jobs.waiting.values()) + sum(job_kept(j) for j in [*done, *running])
+    complete = len(jobs.finished) == len(plan)
     # jobs stopped midway (Ctrl-C, a time limit): their time counts, whichever command ran them
-    stopped = current_stopped(layout, plan, live)
+    stopped = current_stopped(layout, plan, jobs.finished | {r["shard"] for r in running})
     stopped_before = [j for m in done for j in valid_stopped(m.get("stopped_jobs"))]
     spans = [computing_span(job, now) for job in [*done, *running]]
     spans += [stopped_span(job) for job in [*stopped, *stopped_before]]
-    elapsed = busy_seconds(spans)
-    # each device slot's rate counted as the run's: its finished and running jobs
-    slot_rates = {
+    return {
+        "outdir": layout.outdir,
+        "planned": True,
+        "complete": complete,
+        "shards_total": len(plan),
+        "shards_done": len(jobs.finished),
+        "unreadable_metrics": len(jobs.finished) - len(done),
+        "residues_total": sum(int(p["n_residues"]) for p in plan),
+        "residues_done": done_residues,
+        "residues_kept": kept,
+        "residues_computed": computed_by_jobs(done, running),
+        "residues_per_second": computed_rate(done, running, now),
+        # with masked scores a residue is a forward pass of the whole protein: the tokens say
+        # what the device does
+        "tokens_per_second": tokens_rate(done, running, now) if masked_run(where) else None,
+        "slot_rates": slot_rates(done, running, now),
+        "elapsed_seconds": busy_seconds(spans),
+        "eta_seconds": 0.0 if complete else run_eta(plan, jobs, now),
+        "failed": sum(m.get("n_failed", 0) for m in done),
+        "slots": per_slot(done),
+        "running": jobs.stale + running,  # a live job shows over a dead one of its slot
+        "stopped": stopped,  # the last stopped job of each shard no job runs now
+        "pool_slots": where.get("slots"),
+        "broken": jobs.broken,  # an in-place output's parts gone or changed
+        "run_active": run_active(layout.run_lock),  # a command of the run is on
+        # `pseudo_ppl` and `pllr`: the mutants' run of their own, under the outdir's mutants/
+        "mutants": read_state(Path(layout.mutants.outdir), now)
+        if Path(layout.mutants.plan).exists()
+        else None,
+    }
+
+
+def slot_rates(done: list[dict], running: list[dict], now: float) -> dict:
+    """Each device slot's rate, counted as the run's: its finished and running jobs."""
+    return {
         key: computed_rate(
             [m for m in done if slot_key(m) == key],
             [r for r in running if slot_key(r) == key],
@@ -111,17 +167,20 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         )
         for key in {slot_key(job) for job in [*done, *running]}
     }
-    # The ETA in the shard step's cost units (esmshard.input.balance): a job computes its longest
-    # proteins first, whose residues cost more, so that residues/s would understate the rest.
+
+
+def run_eta(plan: list[dict], jobs: Jobs, now: float) -> float | None:
+    """The seconds left, in the shard step's cost units (esmshard.input.balance): a job
+    computes its longest proteins first, whose residues cost more, so that residues/s would
+    understate the rest. The rate leaves out a running job's first batch, which pays the job's
+    start-up (the first allocations and kernels): from that batch's end to its last update."""
     cost_of = {p["shard"]: float(p["estimated_cost"]) for p in plan}
     share = {p["shard"]: 1 / max(int(p["n_residues"]), 1) for p in plan}
-    done_cost = sum(cost_of[s] for s in shards_finished)
-    done_cost += sum(cost_of[s] * kept * share[s] for s, kept in waiting.items())
-    # Its rate leaves out a running job's first batch, which pays the job's start-up (the first
-    # allocations and kernels): from that batch's end to the job's last update.
-    computed_cost = sum(job_cost(m, cost_of[m["shard"]], True)[1] for m in done)
-    cost_spans = [computing_span(m, now) for m in done]
-    for r in running:
+    done_cost = sum(cost_of[s] for s in jobs.finished)
+    done_cost += sum(cost_of[s] * kept * share[s] for s, kept in jobs.waiting.items())
+    computed_cost = sum(job_cost(m, cost_of[m["shard"]], True)[1] for m in jobs.done)
+    cost_spans = [computing_span(m, now) for m in jobs.done]
+    for r in jobs.running:
         job_done, job_computed = job_cost(r, cost_of[r["shard"]], False)
         done_cost += job_done
         updated = min(now, last_update(r, now))
@@ -132,43 +191,8 @@ def read_state(outdir: Path, now: float | None = None) -> dict:
         else:  # in its first batch (nothing computed yet), or of an earlier version: whole
             computed_cost += job_computed
             cost_spans.append(computing_span(r, updated))
-    ran = busy_seconds(cost_spans)
-    cost_rate = computed_cost / ran if computed_cost and ran > 0 else None
-    if complete:
-        eta = 0.0
-    else:
-        left = max(0.0, sum(cost_of.values()) - done_cost)
-        eta = left / cost_rate if cost_rate else None
-    return {
-        "outdir": str(outdir),
-        "planned": True,
-        "complete": complete,
-        "shards_total": len(plan),
-        "shards_done": len(shards_finished),
-        "unreadable_metrics": len(shards_finished) - len(done),
-        "residues_total": total_residues,
-        "residues_done": done_residues,
-        "residues_kept": kept,
-        "residues_computed": computed,
-        "residues_per_second": computed_rate(done, running, now),
-        # with masked scores a residue is a forward pass of the whole protein: the tokens say
-        # what the device does
-        "tokens_per_second": tokens_rate(done, running, now) if masked_run(where) else None,
-        "slot_rates": slot_rates,
-        "elapsed_seconds": elapsed,
-        "eta_seconds": eta,
-        "failed": sum(m.get("n_failed", 0) for m in done),
-        "slots": per_slot(done),
-        "running": stale + running,  # a live job shows over a dead one of its slot
-        "stopped": stopped,  # the last stopped job of each shard no job runs now
-        "pool_slots": (read_json_object(Path(layout.plan_json)) or {}).get("slots"),
-        "broken": broken,  # an in-place output's parts gone or changed
-        "run_active": run_active(layout.run_lock),  # a command of the run is on
-        # `pseudo_ppl` and `pllr`: the mutants' run of their own, under the outdir's mutants/
-        "mutants": read_state(Path(layout.mutants.outdir), now)
-        if Path(layout.mutants.plan).exists()
-        else None,
-    }
+    left = sum(cost_of.values()) - done_cost
+    return eta_seconds(left, computed_cost, busy_seconds(cost_spans))
 
 
 def current_stopped(layout: Layout, plan: list[dict], live: set[str]) -> list[dict]:

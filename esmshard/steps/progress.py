@@ -134,6 +134,15 @@ def since_warm(job: dict, until: float) -> tuple[float, tuple[float, float]] | N
     return max(0.0, job["cost_done"] - warm_cost), (warm, max(warm, until))
 
 
+def eta_seconds(cost_left: float, cost_computed: float, seconds: float) -> float | None:
+    """Return the seconds that `cost_left` takes at the rate of `cost_computed` in `seconds`
+    (the shard step's cost units): the one ETA of a job's progress line and of `esmshard
+    status`; None before anything is computed."""
+    if cost_computed <= 0 or seconds <= 0:
+        return None
+    return max(0.0, cost_left) * seconds / cost_computed
+
+
 def computed_residues(m: dict) -> int:
     """The residues a finished shard's job computed: its own, less what earlier jobs of the
     shard kept (esmshard.store.pieces), which count as done but not towards its speed."""
@@ -235,11 +244,8 @@ class Progress:
         speed = (done - f.get("kept_residues", 0)) / seconds if seconds > 0 else None
         cost, warmed = f.get("cost"), since_warm(f, now)
         work, (start, end) = warmed or (0.0, (now, now))
-        eta = (
-            f"ETA {duration((cost - f['cost_done']) * (end - start) / work)}"
-            if cost and work > 0 and end > start
-            else "ETA ?"
-        )
+        left = eta_seconds(cost - f["cost_done"], work, end - start) if cost else None
+        eta = f"ETA {duration(left)}" if left is not None else "ETA ?"
         return (
             f"esmshard: shard {f.get('shard')}: {done:,}/{total:,} residues "
             f"({100 * done / max(total, 1):.0f}%), {rate(speed)} residues/s, {eta}"
