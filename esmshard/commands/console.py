@@ -123,103 +123,32 @@ def run_quietly(
     Snakemake's."""
     console = Console(outdir, stream, every)
     log = tempfile.NamedTemporaryFile("w", prefix="esmshard-run-", suffix=".log", delete=False)
-    # Snakemake under esmshard.commands.guard, in a session of its own: a signal to this
-    # command's group (Ctrl-C, a closed terminal, `kill -- -PGID`) reaches it once, through
-    # this process; and the guard ends it with this process, however that ends.
-    child = subprocess.Popen(
-        [sys.executable, "-m", guard.__name__, *cmd],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**env, guard.PARENT_ENV: str(os.getpid()), LAUNCHER_ENV: str(os.getpid())},
-        bufsize=1,
-        start_new_session=True,
-    )
+    child = start_guarded(cmd, env)
     lines: queue.Queue = queue.Queue()
     unlogged = []  # why Snakemake's output could not all be logged (a full disk)
-
-    def read():
-        for line in child.stdout:
-            if not unlogged:
-                try:
-                    log.write(line)
-                except OSError as err:  # the run goes on; the user is told at its end
-                    unlogged.append(err)
-            lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    interrupted = False
-
-    # SIGTERM (a scheduler, kill), SIGINT (Ctrl-C) and SIGHUP (a closed terminal) are passed on
-    # to the guard, which stops Snakemake and its jobs (they keep what they finished); this
-    # process waits for them to stop.
-    def on_signal(signum, frame):
-        nonlocal interrupted
-        interrupted = interrupted or signum == signal.SIGINT
-        child.send_signal(signum)
-
-    for signum in guard.FORWARDED:
-        signal.signal(signum, on_signal)
-    failed_logs, finished, said, stop_said, read = [], False, False, False, False
-    last = collections.deque(maxlen=UNEXPLAINED_LINES)  # Snakemake's, if it stops unexplained
-    while not finished:
-        try:
-            deadline = time.monotonic() + REFRESH_SECONDS
-            while time.monotonic() < deadline:
-                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
-                if line is None:
-                    finished = True
-                    break
-                last.append(line)
-                failed = FAILED_LOG.match(line)
-                if failed:
-                    failed_logs.append(failed["path"])
-                read = read or bool(WORKFLOW_READ.match(line))
-                if NOTHING_TO_DO.match(line):
-                    console.say(
-                        "esmshard run: nothing to do: every output is there and up to date "
-                        "(another input, model or setting would run again)"
-                    )
-                ours = OURS.match(line)
-                # The workflow's lines and the jobs' warnings; a job's error is said once, below.
-                if ours and ours["level"] in (None, "WARNING"):
-                    if ours["message"].startswith("stopped; "):  # the run's last word, last
-                        stop_said = True
-                        if read:
-                            console.progress(final=True)
-                    console.say(f"esmshard: {ours['message']}")
-                    said = True
-        except queue.Empty:
-            pass
-        if read:
+    threading.Thread(target=copy_output, args=(child, log, lines, unlogged), daemon=True).start()
+    signals = ForwardedSignals(child)
+    heard = Heard()
+    while not heard.finished:
+        heard.follow(lines, console)
+        if heard.read:
             console.progress()
     status = child.wait()
     # a command refused as Snakemake reads the workflow ran nothing to show; a stopped one's
     # progress came before its line
-    if read and not stop_said:
+    if heard.read and not heard.stop_said:
         console.progress(final=True)
     try:
         log.close()
     except OSError as err:
         unlogged.append(err)
-    for path in dict.fromkeys([] if interrupted else failed_logs):  # stopped by Ctrl-C
-        reason, *more = job_reason(path)
-        console.say(f"esmshard run: a job failed (its log: {path}): {reason}")
-        for line in more:
-            console.say(f"  {line}")
-    if status and not (interrupted or failed_logs or said):  # no line of ours says why
-        console.say("esmshard run: Snakemake stopped:")
-        for line in last:
-            if not SNAKEMAKE_PREAMBLE.match(line):
-                console.say(f"  {line}")
+    heard.explain(console, status, signals.interrupted)
     kept = None
     try:
         kept = keep_log(log.name, outdir)
     except OSError as err:
         unlogged.append(err)
-    if interrupted and not stop_said:  # the workflow's line says what is kept, and this command
+    if signals.interrupted and not heard.stop_said:  # the workflow's line says what is kept
         console.say("esmshard run: interrupted; the same command goes on where this one stopped")
     if unlogged:
         why = unlogged[0].strerror or unlogged[0]
@@ -229,7 +158,108 @@ def run_quietly(
         )
     elif kept:
         console.say(f"esmshard run: Snakemake's whole output is in {kept}")
-    return 128 + signal.SIGINT if interrupted else status
+    return 128 + signal.SIGINT if signals.interrupted else status
+
+
+def start_guarded(cmd: list[str], env: dict) -> subprocess.Popen:
+    """Start Snakemake under esmshard.commands.guard, in a session of its own: a signal to this
+    command's group (Ctrl-C, a closed terminal, `kill -- -PGID`) reaches it once, through this
+    process; and the guard ends it with this process, however that ends."""
+    return subprocess.Popen(
+        [sys.executable, "-m", guard.__name__, *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**env, guard.PARENT_ENV: str(os.getpid()), LAUNCHER_ENV: str(os.getpid())},
+        bufsize=1,
+        start_new_session=True,
+    )
+
+
+def copy_output(child: subprocess.Popen, log, lines: queue.Queue, unlogged: list) -> None:
+    """Copy the child's output into `log` and, line by line, into `lines` (None at its end);
+    the run goes on where the log cannot be written (its error in `unlogged`)."""
+    for line in child.stdout:
+        if not unlogged:
+            try:
+                log.write(line)
+            except OSError as err:  # the user is told at the run's end
+                unlogged.append(err)
+        lines.put(line.rstrip("\n"))
+    lines.put(None)
+
+
+class ForwardedSignals:
+    """SIGTERM (a scheduler, kill), SIGINT (Ctrl-C) and SIGHUP (a closed terminal) passed on to
+    the guard, which stops Snakemake and its jobs (they keep what they finished); this process
+    waits for them to stop. `interrupted`: a Ctrl-C came."""
+
+    def __init__(self, child: subprocess.Popen):
+        self.child, self.interrupted = child, False
+        for signum in guard.FORWARDED:
+            signal.signal(signum, self.forward)
+
+    def forward(self, signum, frame) -> None:
+        self.interrupted = self.interrupted or signum == signal.SIGINT
+        self.child.send_signal(signum)
+
+
+class Heard:
+    """What Snakemake's output has said so far, and esmshard's lines of it shown."""
+
+    def __init__(self):
+        self.failed_logs: list[str] = []
+        self.finished = self.said = self.stop_said = self.read = False
+        self.last = collections.deque(maxlen=UNEXPLAINED_LINES)  # if it stops unexplained
+
+    def follow(self, lines: queue.Queue, console: "Console") -> None:
+        """Hear the lines that come within REFRESH_SECONDS, until the output ends."""
+        deadline = time.monotonic() + REFRESH_SECONDS
+        try:
+            while time.monotonic() < deadline:
+                line = lines.get(timeout=max(0.01, deadline - time.monotonic()))
+                if line is None:
+                    self.finished = True
+                    return
+                self.hear(line, console)
+        except queue.Empty:
+            pass
+
+    def hear(self, line: str, console: "Console") -> None:
+        """Note one line of Snakemake's output, and show it where it is esmshard's."""
+        self.last.append(line)
+        failed = FAILED_LOG.match(line)
+        if failed:
+            self.failed_logs.append(failed["path"])
+        self.read = self.read or bool(WORKFLOW_READ.match(line))
+        if NOTHING_TO_DO.match(line):
+            console.say(
+                "esmshard run: nothing to do: every output is there and up to date "
+                "(another input, model or setting would run again)"
+            )
+        ours = OURS.match(line)
+        # The workflow's lines and the jobs' warnings; a job's error is said once, at the end.
+        if ours and ours["level"] in (None, "WARNING"):
+            if ours["message"].startswith("stopped; "):  # the run's last word, last
+                self.stop_said = True
+                if self.read:
+                    console.progress(final=True)
+            console.say(f"esmshard: {ours['message']}")
+            self.said = True
+
+    def explain(self, console: "Console", status: int, interrupted: bool) -> None:
+        """Say why the run failed: each failed job's reason (none after a Ctrl-C), or, where no
+        line of ours says why, Snakemake's last lines."""
+        for path in dict.fromkeys([] if interrupted else self.failed_logs):
+            reason, *more = job_reason(path)
+            console.say(f"esmshard run: a job failed (its log: {path}): {reason}")
+            for line in more:
+                console.say(f"  {line}")
+        if status and not (interrupted or self.failed_logs or self.said):
+            console.say("esmshard run: Snakemake stopped:")
+            for line in self.last:
+                if not SNAKEMAKE_PREAMBLE.match(line):
+                    console.say(f"  {line}")
 
 
 def keep_log(temporary: str, outdir: str) -> str | None:
