@@ -71,8 +71,24 @@ def test_fast_path_equals_fair_esm(model, budget, dense, batching, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
-def test_onednn_dense_layers_are_used_on_cpu():
+def test_onednn_dense_layers_are_used_on_cpu(model, monkeypatch):
+    # Each of the 6 layers' four dense products (q-k-v, the attention's output, the GELU and
+    # the residual one) goes through oneDNN in fp32 on a CPU; under autocast none does.
     assert layers.onednn_available()
+    calls = []
+    real = layers.onednn_dense
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layers, "onednn_dense", counted)
+    embedder(model, True).forward(SEQUENCES[:2])
+    assert len(calls) == 6 * 4
+    assert sum(bool(kw.get("gelu")) for kw in calls) == 6
+    calls.clear()
+    embedder(model, True, "bf16").forward(SEQUENCES[:2])
+    assert calls == []
 
 
 @pytest.mark.parametrize("shape", [(7, 32), (2, 5, 32)], ids=["packed", "padded"])
