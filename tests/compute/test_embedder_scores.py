@@ -74,7 +74,7 @@ def test_logits_and_masked_marginals_equal_fair_esm_forward_pass(model, packed):
 
 
 def test_packed_and_padded_masked_marginals_agree_whatever_the_batches(model):
-    """Within the packing tolerance of the representations (1e-5, test_models_esm2), carried
+    """Within the packing tolerance of the representations (1e-5, test_esm2), carried
     through a head whose logits reach ~50 under random weights: measured up to 2.6e-5."""
     padded = scored(model, SEQUENCES, False, budget=4096)
     for packed, budget in ((True, 4096), (True, 150), (False, 62)):  # 62: a copy per pass
