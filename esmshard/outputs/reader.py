@@ -19,6 +19,7 @@ from typing import Iterator, NamedTuple
 import h5py
 import numpy as np
 
+from ..compute.provenance import MADE_BY
 from ..embeddings_h5 import attentions, contacts
 from ..embeddings_h5.id_index import find_row, has_id_index
 from ..embeddings_h5.in_place import Parts, PlacedValues, checksum_cache, is_in_place
@@ -30,7 +31,6 @@ from ..embeddings_h5.representations import (
     absolute_layers,
 )
 from ..files import DamagedFileError, atomic_path, write_tsv
-from ..steps.provenance import MADE_BY
 from ..store import changed_files
 from ..store.shardfile import dataset
 
@@ -177,7 +177,7 @@ class Embeddings:
 
     @property
     def made_by(self) -> dict:
-        """What made these numbers (esmshard.steps.provenance.MADE_BY): the model as given, its
+        """What made these numbers (esmshard.compute.provenance.MADE_BY): the model as given, its
         family and shape, the weights' source and SHA-256 (or random), the settings key,
         esmshard's version and the precision; a file of an earlier version has fewer of them."""
         attrs = self.h5.attrs

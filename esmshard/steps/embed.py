@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 
 from .. import models
-from ..compute import pool, telemetry
+from ..compute import pool, provenance, telemetry
 from ..compute.batching import make_batches, token_budget
 from ..compute.precision import resolve as resolve_precision
 from ..embeddings_h5 import attentions
@@ -36,7 +36,6 @@ from ..store import Store, add_settings, write_manifest
 from ..store.passes import Passes
 from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.shardfile import Failure, output_bytes
-from . import provenance
 from .embed_metrics import job_metrics
 from .progress import (
     Progress,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compute import provenance
 from ..embeddings_h5.representations import (
     SQUARE,
     TRIANGLE,
@@ -31,7 +32,6 @@ from ..store import (
 )
 from ..store.runlock import current_run
 from ..version import __version__
-from . import provenance
 from .merge_output import Output
 from .merge_rows import (
     PartMembers,
@@ -125,7 +125,7 @@ def merge(
 def output_attributes(
     scan: Scan, shapes: Shapes, card, settings, output_dtype, in_place, compression, contacts_dtype
 ) -> dict:
-    """embeddings.h5's attributes: the run's card (esmshard.steps.provenance), its counts and
+    """embeddings.h5's attributes: the run's card (esmshard.compute.provenance), its counts and
     settings, and how the values are held."""
     attrs = {name: -1 if value is None else value for name, value in card.items()}
     attrs.update(

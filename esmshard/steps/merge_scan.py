@@ -11,13 +11,13 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
+from ..compute import provenance
 from ..compute.telemetry import peak_memory_mb
 from ..embeddings_h5 import contacts
 from ..embeddings_h5.representations import KINDS, PER_TOK_OFFSETS, SQUARE, TRIANGLE, UNLAYERED
 from ..input.records import source
 from ..store import check_part, part_problem, rows_of, set_aside
 from ..store.shardfile import dataset, read_index
-from . import provenance
 from .merge_rows import PartMembers, PartRows, record_rows
 
 log = logging.getLogger(__name__)

@@ -5,13 +5,13 @@ import html
 import re
 import time
 
+from ..compute.provenance import COMPUTED_WITH, mixed_precisions
 from ..models import FAMILIES
 from ..version import __version__
 from .progress import (
     duration,
     rate,
 )
-from .provenance import COMPUTED_WITH, mixed_precisions
 from .report_scaling import MODELLED_GPUS
 
 TITLE = f"esmshard {__version__} scaling report"

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..compute.pool import no_usable_gpu, pool_devices, visible_devices
+from ..compute.provenance import mixed_precisions
 from ..files import read_tsv
 from ..input.sizing import (
     CPU_FLOPS,
@@ -51,7 +52,6 @@ from .progress import (
     duration,
     rate,
 )
-from .provenance import mixed_precisions
 from .shard import plan_problem
 
 # What Snakemake's log says of a run that a signal stopped (Ctrl-C; SIGTERM to a job).

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..compute.provenance import made_by_of
 from ..files import atomic_path, write_json
 from ..input.variants import (
     ALL,
@@ -32,7 +33,6 @@ from ..input.variants import (
 )
 from ..outputs.reader import Embeddings
 from ..outputs.variant_writer import ROWS_PER_GROUP, ScoreWriter, column_types, counts_line
-from .provenance import made_by_of
 from .variant_strategies import pllr_of, pseudo_ppls, table_scores
 from .variant_substitutions import all_substitutions
 

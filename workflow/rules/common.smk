@@ -85,7 +85,7 @@ from esmshard.input.variants import ALL as VARIANTS_ALL, mutant_kinds
 from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
-from esmshard.steps.provenance import made_by_of
+from esmshard.compute.provenance import made_by_of
 from esmshard.steps.invocation import Invocation, StartRefused, command_line
 from esmshard.steps.start import EMBED_THREADS, RunStart
 from esmshard.store import Store, settings_key

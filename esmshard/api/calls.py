@@ -1,19 +1,19 @@
-"""esmshard's Python API: `embed` computes embeddings in this process, `open_embeddings` reads a
-run's. Each imports what it needs when called, so that `import esmshard` stays quick (every
-workflow job imports it)."""
+"""esmshard's Python API: `embed` computes embeddings in this process (esmshard.api.in_process),
+`open_embeddings` reads a run's. Each imports what it needs when called, so that `import
+esmshard` stays quick (every workflow job imports it)."""
 
 import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .input.given import Sequences
-    from .outputs.reader import Embeddings
+    from ..input.given import Sequences
+    from ..outputs.reader import Embeddings
 
 
 def open_embeddings(path) -> "Embeddings":
     """Open a run's embeddings.h5 (or the outdir that holds it) for reading: esmshard.outputs.reader."""
-    from .outputs.reader import Embeddings
+    from ..outputs.reader import Embeddings
 
     return Embeddings(path)
 

@@ -1,4 +1,4 @@
-"""`esmshard.embed` (esmshard.api): embeddings in the calling process, by the workflow's own steps.
+"""`esmshard.embed` (esmshard.api.calls): embeddings in the calling process, by the workflow's own steps.
 
     emb = esmshard.embed({"P1": "MKTAYIAKQR", "P2": "MSHHWGYGKH"}, "esm2_t33_650M_UR50D")
     emb["P1"].mean[33]
@@ -23,24 +23,24 @@ from pathlib import Path
 
 import yaml
 
-from .commands.launch import workflow_root
-from .compute.pool import no_usable_gpu
-from .config import ConfigError, embedding_settings
-from .files import unwritable, write_json
-from .input.given import Sequences, fasta_of, given_by_item
-from .input.sizing import ModelSize, cpu_memory_problem, host_memory_bytes
-from .layout import Layout
-from .models import ModelError, ModelSpec, attention_values, ensure_available, parse_spec
-from .outputs.reader import Embeddings, read_failed
-from .steps.checks import check_config, defaults
-from .steps.embed import run_shard
-from .steps.merge import merge
-from .steps.shard import write_shards
-from .store import Store, read_json_object, settings_key
-from .store.leftovers import remove_leftovers
-from .store.pieces import Pieces
-from .store.runlock import new_run
-from .store.storelock import shared
+from ..commands.launch import workflow_root
+from ..compute.pool import no_usable_gpu
+from ..config import ConfigError, embedding_settings
+from ..files import unwritable, write_json
+from ..input.given import Sequences, fasta_of, given_by_item
+from ..input.sizing import ModelSize, cpu_memory_problem, host_memory_bytes
+from ..layout import Layout
+from ..models import ModelError, ModelSpec, attention_values, ensure_available, parse_spec
+from ..outputs.reader import Embeddings, read_failed
+from ..steps.checks import check_config, defaults
+from ..steps.embed import run_shard
+from ..steps.merge import merge
+from ..steps.shard import write_shards
+from ..store import Store, read_json_object, settings_key
+from ..store.leftovers import remove_leftovers
+from ..store.pieces import Pieces
+from ..store.runlock import new_run
+from ..store.storelock import shared
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def saying_what_is_kept(store: Store, key: str, shards: list[str], computing: in
 
 def embed_in_process(sequences: Sequences, settings: dict) -> Embeddings:
     """Embed `sequences` with the config keys `settings` through the shard, embed and merge
-    steps in a temporary folder, and return the result held in memory (esmshard.api.embed)."""
+    steps in a temporary folder, and return the result held in memory (esmshard.api.calls.embed)."""
     torch = imported_torch()
     with tempfile.TemporaryDirectory(prefix="esmshard-embed-") as tmp:
         call = Call.of(settings, Path(tmp))

@@ -8,7 +8,7 @@ from conftest import NEW, A, config, fasta, run_json, snakemake
 
 from esmshard import __version__
 from esmshard.compute.precision import CPU_AUTO_ENV
-from esmshard.steps.provenance import COMPUTED_WITH
+from esmshard.compute.provenance import COMPUTED_WITH
 from esmshard.store import Store
 
 
