@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import MODEL, PROTEINS, PROTEOME, REPO, TINY_MODEL, config, read_records, snakemake
+from helpers import MODEL, PROTEINS, PROTEOME, REPO, TINY_MODEL, config, read_records, snakemake
 
 import esmshard
 from esmshard.config import ConfigError

@@ -1,6 +1,6 @@
 import pytest
 import yaml
-from conftest import REPO
+from helpers import REPO
 from snakemake.utils import validate
 
 from esmshard.config import coerce_config

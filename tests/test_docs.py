@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from conftest import DATA, PROTEINS, REPO, TINY_MODEL, clone_of_workflow, read_records
+from helpers import DATA, PROTEINS, REPO, TINY_MODEL, clone_of_workflow, read_records
 
 import esmshard
 

@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import small_disk
+from helpers import small_disk
 
 from esmshard.files import DiskFullError, atomic_path, read_tsv, write_json, write_tsv
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import tomllib
-from conftest import REPO
+from helpers import REPO
 
 PACKAGE = REPO / "esmshard"
 # The stages from the bottom up: a module imports only from its own stage or one below.

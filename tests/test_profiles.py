@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from conftest import PROTEINS, REPO, TINY_MODEL, doc_block, snakemake
+from helpers import PROTEINS, REPO, TINY_MODEL, doc_block, snakemake
 
 # What each executor plugin reads for a job's GPU (from the plugins' sources: slurm's `gpu`
 # -> --gpus; kubernetes needs gpu_manufacturer beside `gpu`; googlebatch reads nvidia_gpu;

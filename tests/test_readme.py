@@ -12,7 +12,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from conftest import PROTEINS, REPO, TINY_MODEL, doc_block, read_records
+from helpers import PROTEINS, REPO, TINY_MODEL, doc_block, read_records
 
 VENV = Path(sys.prefix)
 ENV = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}

@@ -4,7 +4,7 @@ that fills up."""
 import subprocess
 import sys
 
-from conftest import fill, small_disk
+from helpers import fill, small_disk
 
 
 def test_a_disk_that_fills_while_the_output_is_logged_is_one_line_and_the_run_goes_on(tmp_path):

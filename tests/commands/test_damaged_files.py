@@ -17,7 +17,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from conftest import MODEL, PROTEINS, snakemake
+from helpers import MODEL, PROTEINS, snakemake
 
 import esmshard
 from esmshard.commands import cli

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import clone_of_workflow, read_only
+from helpers import clone_of_workflow, read_only
 
 ESMSHARD = Path(sys.executable).parent / "esmshard"
 

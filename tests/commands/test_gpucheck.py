@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import torch
-from conftest import PROTEINS, REPO, clone_of_workflow, read_records
+from helpers import PROTEINS, REPO, clone_of_workflow, read_records
 
 from esmshard.commands import gpucheck, gpucheck_markdown
 from esmshard.compute.embedder import Embedder

@@ -1,7 +1,7 @@
 """`esmshard run`'s snakemake command (the runs themselves are in test_install and test_readme)."""
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from esmshard.commands.cli import main
 from esmshard.commands.launch import (

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import yaml
-from conftest import (
+from helpers import (
     MODEL,
     PROTEINS,
     PROTEOME,

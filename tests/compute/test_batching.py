@@ -1,5 +1,5 @@
 import pytest
-from conftest import PROTEINS, REPO, read_records
+from helpers import PROTEINS, REPO, read_records
 
 from esmshard.compute import batching
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     PROTEINS,
     config,
     read_records,

@@ -3,7 +3,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, read_records, seeded_esmc
+from helpers import PROTEINS, TINY_MODEL, read_records, seeded_esmc
 
 from esmshard import models
 from esmshard.compute.batching import make_batches

@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEOME, TINY_MODEL, read_records
+from helpers import PROTEOME, TINY_MODEL, read_records
 
 from esmshard import models
 from esmshard.compute.batching import make_batches

@@ -9,7 +9,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, read_records
+from helpers import PROTEINS, read_records
 
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import FP8_CAPABILITY, PRECISIONS

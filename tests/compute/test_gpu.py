@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, read_records
+from helpers import PROTEINS, read_records
 
 from esmshard.compute import telemetry
 from esmshard.compute.batching import make_batches, token_budget

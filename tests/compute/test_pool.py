@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import MODEL, PROTEINS, REPO, snakemake_command
+from helpers import MODEL, PROTEINS, REPO, snakemake_command
 
 from esmshard.compute import pool
 

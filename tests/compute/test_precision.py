@@ -1,7 +1,7 @@
 import pytest
 import torch
 import yaml
-from conftest import REPO
+from helpers import REPO
 
 from esmshard.compute import precision
 

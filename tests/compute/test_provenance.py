@@ -4,7 +4,7 @@ import json
 
 import h5py
 import torch
-from conftest import NEW, A, config, fasta, run_json, snakemake
+from helpers import NEW, A, config, fasta, run_json, snakemake
 
 from esmshard import __version__
 from esmshard.compute.precision import CPU_AUTO_ENV

@@ -5,7 +5,7 @@ import os
 import sys
 
 import pytest
-from conftest import MODEL, PROTEINS, REPO, snakemake
+from helpers import MODEL, PROTEINS, REPO, snakemake
 
 from esmshard.compute import telemetry
 

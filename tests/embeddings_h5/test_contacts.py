@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
+from helpers import PROTEINS, TINY_MODEL, read_records, snakemake
 
 import esmshard
 from esmshard.compute.embedder import Embedder

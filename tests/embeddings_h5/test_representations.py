@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO
+from helpers import REPO
 
 from esmshard.embeddings_h5 import contacts
 from esmshard.embeddings_h5.representations import (

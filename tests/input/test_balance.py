@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from conftest import PROTEINS, PROTEOME, read_records
+from helpers import PROTEINS, PROTEOME, read_records
 
 from esmshard.input.balance import assign, estimated_cost, record_cost, record_costs
 

@@ -5,7 +5,7 @@ delins of SARS-CoV-2's polyprotein cut to 1,000-7,096 residues; here its recipe'
 
 import numpy as np
 import pytest
-from conftest import LONG_PROTEIN, read_records
+from helpers import LONG_PROTEIN, read_records
 
 from esmshard.embeddings_h5.scores import AMINO_ACIDS
 from esmshard.input.changes import Change, crop, first_difference, one_pass_pll

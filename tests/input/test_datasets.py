@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from conftest import PROTEOME, REPO, read_records
+from helpers import PROTEOME, REPO, read_records
 
 from esmshard.input import datasets
 

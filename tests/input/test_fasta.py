@@ -6,7 +6,7 @@ import lzma
 import re
 
 import pytest
-from conftest import (
+from helpers import (
     ALIGNED,
     GENE_CALLER,
     LONG_PROTEIN,

@@ -5,7 +5,7 @@ import gzip
 
 import pandas as pd
 import pytest
-from conftest import PROTEINS, PROTEOME, plan_shards, read_records
+from helpers import PROTEINS, PROTEOME, plan_shards, read_records
 
 from esmshard.input.fasta import FastaError, read_raw
 from esmshard.input.scan import pieces

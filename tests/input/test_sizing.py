@@ -1,7 +1,7 @@
 import bz2
 import gzip
 
-from conftest import PROTEINS
+from helpers import PROTEINS
 
 from esmshard.input.sizing import (
     JOB_OVERHEAD_SECONDS,

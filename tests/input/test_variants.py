@@ -2,7 +2,7 @@
 per problem naming the table's file and line."""
 
 import pytest
-from conftest import PROTEINS, read_records
+from helpers import PROTEINS, read_records
 
 from esmshard.input.variants import Substitution, parse_mutant, problems, read_table
 

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     PROTEOME,
     hidden_states_alone,
     hub_cache,

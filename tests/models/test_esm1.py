@@ -10,7 +10,7 @@ import esm
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, read_records, refused_before_any_job, snakemake
+from helpers import PROTEINS, read_records, refused_before_any_job, snakemake
 
 import esmshard
 from esmshard.models import ESM1, parse_spec

@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, read_records
+from helpers import PROTEINS, read_records
 
 from esmshard.compute.batching import make_batches
 from esmshard.compute.embedder import Embedder

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     PROTEINS,
     TINY_MODEL,
     fasta,

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     TINY_MODEL,
     fasta,
     hidden_states_alone,

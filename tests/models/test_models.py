@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, refused_before_any_job, snakemake
+from helpers import PROTEINS, TINY_MODEL, refused_before_any_job, snakemake
 
 import esmshard
 from esmshard import models

@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from conftest import (
+from helpers import (
     PROTEOME,
     fasta,
     hidden_states_alone,

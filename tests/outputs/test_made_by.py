@@ -9,7 +9,7 @@ from pathlib import Path
 import h5py
 import pyarrow.dataset as ds
 import torch
-from conftest import MODEL, PROTEINS, config, snakemake
+from helpers import MODEL, PROTEINS, config, snakemake
 
 ESMSHARD = Path(sys.executable).parent / "esmshard"
 

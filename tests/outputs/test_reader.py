@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from conftest import PROTEINS, TINY_MODEL, read_records, snakemake
+from helpers import PROTEINS, TINY_MODEL, read_records, snakemake
 
 import esmshard
 from esmshard.embeddings_h5.id_index import id_hash, id_hashes, write_id_index

@@ -1,7 +1,7 @@
 """The whole config checked before any job (esmshard.steps.checks), without Snakemake."""
 
 import yaml
-from conftest import GENE_CALLER, REPO
+from helpers import GENE_CALLER, REPO
 
 from esmshard.config import fp8_problems
 from esmshard.models import T5

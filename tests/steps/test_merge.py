@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import assert_same_values, every_value, write_part
+from helpers import assert_same_values, every_value, write_part
 
 from esmshard.embeddings_h5.representations import LAYERED, Representation
 from esmshard.files import read_tsv
@@ -290,7 +290,7 @@ def test_a_run_with_other_settings_than_its_plan_is_refused(run):
 def realistic(tmp_path):
     """400 records with the real proteome's first lengths, two shards, per-residue and mean rows
     of ESM-2-like scale (normal, sd 0.5, a few large values) in 32 dimensions."""
-    from conftest import PROTEOME, read_records
+    from helpers import PROTEOME, read_records
 
     lengths = [min(len(s), 300) for _, s in read_records(PROTEOME)[:400]]
     rng = np.random.default_rng(0)

@@ -6,7 +6,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import MODEL, PROTEINS, REPO, config, snakemake, snakemake_command
+from helpers import MODEL, PROTEINS, REPO, config, snakemake, snakemake_command
 
 from esmshard.steps.report import write_report
 from esmshard.steps.report_scaling import replay

@@ -4,7 +4,7 @@ from hashlib import sha256
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import (
+from helpers import (
     NUCLEOTIDE,
     PROTEINS,
     SHARD_SETTINGS,

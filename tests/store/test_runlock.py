@@ -5,7 +5,7 @@ import sys
 import time
 
 import pytest
-from conftest import run_lock_holder as holder
+from helpers import run_lock_holder as holder
 
 from esmshard.store import runlock
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     COPIES,
     MODEL,
     NEW,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import PROTEOME, fair_esm_model, fasta, jobs_run, read_records, small_disk, snakemake
+from helpers import PROTEOME, fair_esm_model, fasta, jobs_run, read_records, small_disk, snakemake
 
 import esmshard
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from helpers import (
     GENE_CALLER,
     LONG_PROTEIN,
     MODEL,

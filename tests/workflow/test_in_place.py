@@ -10,7 +10,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from conftest import MODEL, PROTEINS, assert_same_values, every_value, run_json, snakemake
+from helpers import MODEL, PROTEINS, assert_same_values, every_value, run_json, snakemake
 
 from esmshard.files import DamagedFileError
 from esmshard.outputs.reader import Embeddings

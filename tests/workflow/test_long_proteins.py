@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import (
+from helpers import (
     LONG_PROTEIN,
     MODEL,
     PROTEOME,

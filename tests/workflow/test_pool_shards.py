@@ -5,7 +5,7 @@ import json
 
 import h5py
 import numpy as np
-from conftest import MODEL, jobs_run, run_json, snakemake, write_subset
+from helpers import MODEL, jobs_run, run_json, snakemake, write_subset
 from test_workflow import load_metrics
 
 # 300 real proteins: every 14th record of the E. coli proteome.

@@ -13,7 +13,7 @@ import time
 import h5py
 import numpy as np
 import pytest
-from conftest import (
+from helpers import (
     ALIGNED,
     GENE_CALLER,
     LONG_PROTEIN,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import slurm_cluster
 import yaml
-from conftest import (
+from helpers import (
     MODEL,
     PROTEINS,
     REPO,

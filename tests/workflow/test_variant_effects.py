@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import (
+from helpers import (
     PROTEOME,
     WITHOUT_TEST_EXTRAS,
     doc_block,
@@ -487,7 +487,7 @@ def test_indels_and_multi_residue_changes_are_scored_by_pllr_as_esm_variants_doe
     a double substitution and a change near residue 2,000 of a 3,000-residue protein (cropped
     to one window): the unmasked one-pass PLL of the mutant minus the wild type's, within 1e-3;
     the stop-gain's and the other strategies' cells of rows they cannot score left empty."""
-    from conftest import LONG_PROTEIN
+    from helpers import LONG_PROTEIN
 
     short_id, short = IDS[0], SEQUENCE[IDS[0]]
     long_id, long = "R1AB_first_3000", read_records(LONG_PROTEIN)[0][1][:3000]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import (
+from helpers import (
     MODEL,
     NUCLEOTIDE,
     PROTEINS,

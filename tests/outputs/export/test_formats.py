@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
-from conftest import MODEL, PROTEINS, fill, read_records, small_disk, snakemake
+from helpers import MODEL, PROTEINS, fill, read_records, small_disk, snakemake
 
 from esmshard.outputs import export as exports
 from esmshard.outputs.export import blocks, parquet, pt_name
