@@ -1,5 +1,6 @@
-# `make run`: the workflow on the example input; `make test`: the test suite; `make lint`: the
-# format and lint checks CI runs; `make wheel`: the wheel in dist/; `make release`: the tag
+# `make run`: the workflow on the example input; `make test`: the test suite (`make test-fast`:
+# its tests that start no program); `make lint`: the format and lint checks CI runs; `make
+# wheel`: the wheel in dist/; `make release`: the tag
 # vX.Y.Z of esmshard/version.py and its wheel. Each creates .venv with the project and what
 # running needs installed (the test and lint tools only for `make test` and `make lint`). TORCH picks the
 # torch build (default: the release this project is tested with); ARGS passes extra options to
@@ -35,7 +36,7 @@ EXAMPLE = resources/ecoli_k12_example.fasta
 VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' esmshard/version.py)
 DEFAULT_MODEL = esm2_t33_650M_UR50D
 
-.PHONY: run test lint clean wheel release wheelhouse gpu-check
+.PHONY: run test test-fast lint clean wheel release wheelhouse gpu-check
 
 $(BIN)/snakemake: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +83,11 @@ run: $(BIN)/snakemake $(if $(findstring input=,$(ARGS)),,$(EXAMPLE))
 TEST_WORKERS ?= 3
 test: $(VENV)/.test-tools
 	OMP_WAIT_POLICY=PASSIVE PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(ARGS)
+
+# `make test-fast`: the inner loop, the tests that start no program (tests/conftest.py marks the
+# others e2e: the workflow through `snakemake`, the console script, pip, SLURM), in minutes.
+test-fast: $(VENV)/.test-tools
+	OMP_WAIT_POLICY=PASSIVE PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e" --durations=10 $(ARGS)
 
 lint: $(VENV)/.lint-tools
 	$(BIN)/snakefmt --check Snakefile workflow

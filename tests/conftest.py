@@ -1,6 +1,8 @@
 """The suite's set-up: the order of the test files, the end-to-end mark, and the fixtures (what
 the tests share besides them is in helpers.py)."""
 
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -31,9 +33,44 @@ LONGEST_FIRST = (
 )
 
 
+# A call that starts the workflow or another program: a test that makes one, itself or through
+# a fixture or a helper of its module, is end-to-end (`make test-fast` leaves it out).
+STARTS_A_PROGRAM = re.compile(
+    r"\b(?:snakemake|snakemake_command|kill_9_when|kill_9_after_shards|run_lock_holder"
+    r"|subprocess\.\w+|Popen|esmshard_\w+|make_\w+)\("
+)
+
+
 def pytest_collection_modifyitems(items):
     rank = {Path(__file__).parent / name: k for k, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
+    for item in items:
+        if starts_a_program(item):
+            item.add_marker(pytest.mark.e2e)
+
+
+def starts_a_program(item) -> bool:
+    """Whether the test, its fixtures or the functions of its module they call start a program."""
+    info = getattr(item, "_fixtureinfo", None)
+    fixtures = [d.func for defs in (info.name2fixturedefs.values() if info else []) for d in defs]
+    todo, seen = [getattr(item, "function", None), *fixtures], set()
+    while todo:
+        function = todo.pop()
+        if function is None or function in seen:
+            continue
+        seen.add(function)
+        try:
+            source = inspect.getsource(function)
+        except (OSError, TypeError):
+            continue
+        if STARTS_A_PROGRAM.search(source):
+            return True
+        module = inspect.getmodule(function)
+        for name in re.findall(r"\b(\w+)\(", source):
+            called = inspect.unwrap(getattr(module, name, None) or len)
+            if inspect.isfunction(called) and called.__module__ == module.__name__:
+                todo.append(called)
+    return False
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,37 @@
+"""The suite's own set-up: `make test-fast` leaves out exactly the tests that start a program."""
+
+import os
+import subprocess
+import sys
+
+from helpers import REPO
+
+UNIT = "tests/steps/test_progress.py::test_the_eta_is_the_cost_left_at_the_rate_computed"
+# through a helper of its module that calls `snakemake`
+THROUGH_A_HELPER = "tests/store/test_store.py::test_the_same_command_again_computes_nothing"
+# through a module-scoped fixture that runs the workflow
+THROUGH_A_FIXTURE = "tests/outputs/test_reader.py::test_a_protein_by_id_holds_every_kind_and_layer"
+
+
+def collected(*args: str) -> set[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    return {line for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_a_test_that_starts_a_program_is_marked_end_to_end():
+    tests = (UNIT, THROUGH_A_HELPER, THROUGH_A_FIXTURE)
+    assert collected("-m", "e2e", *tests) == {THROUGH_A_HELPER, THROUGH_A_FIXTURE}
+    assert collected("-m", "not e2e", *tests) == {UNIT}
+
+
+def test_make_test_fast_runs_the_tests_not_marked_end_to_end():
+    # a user's shell, not `make test`'s recipe: its make would have this one print its folder
+    made = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "ARGS")
+    shell = {k: v for k, v in os.environ.items() if k not in made}
+    done = subprocess.run(["make", "-n", "test-fast"], cwd=REPO, env=shell, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert '-m "not e2e"' in done.stdout.splitlines()[-1]
