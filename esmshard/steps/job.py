@@ -14,6 +14,23 @@ from ..compute.telemetry import peak_memory_mb
 from ..layout import every_attempt
 
 
+def job_logging(log_path) -> logging.Logger:
+    """Log to the job's log, this attempt's and (appended) every attempt's, and problems alone
+    to the run's output (the job's stderr)."""
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)
+    attempts = every_attempt(log_path)
+    os.makedirs(os.path.dirname(attempts), exist_ok=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[logging.FileHandler(path, mode="a") for path in (log_path, attempts)]
+        + [console],
+    )
+    logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
+    return logging.getLogger("esmshard")
+
+
 def run_step(log_path, step, **kwargs):
     """Run one workflow step with its log file, which records how the step ended, whatever it
     was, and end the job's process.
@@ -28,20 +45,7 @@ def run_step(log_path, step, **kwargs):
     from ..models import ModelError
     from .merge import MergeError
 
-    # The job log gets everything, this attempt's and (appended) every attempt's; the run's
-    # output (the job's stderr) only problems.
-    console = logging.StreamHandler(sys.stderr)
-    console.setLevel(logging.WARNING)
-    attempts = every_attempt(log_path)
-    os.makedirs(os.path.dirname(attempts), exist_ok=True)
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        handlers=[logging.FileHandler(path, mode="a") for path in (log_path, attempts)]
-        + [console],
-    )
-    logging.raiseExceptions = False  # a log on a full disk drops lines instead of tracebacks
-    log = logging.getLogger("esmshard")
+    log = job_logging(log_path)
     name = step.rpartition(":")[2] if isinstance(step, str) else step.__name__
 
     # Cluster walltime and `kill` send SIGTERM: unwind like Ctrl-C, so that what is finished is
