@@ -99,6 +99,20 @@ def option_problem(fmt: str, given: dict) -> str | None:
     )
 
 
+def check_target(out: Path) -> None:
+    """Refuse an `--out` that exists, dangles, or lies where nothing can be written."""
+    if out.is_symlink() and not out.exists():
+        raise ExportError(f"{out} is a link to {os.readlink(out)}, which does not exist; "
+                          "remove the link or choose another --out")  # fmt: skip
+    if out.exists():
+        raise ExportError(f"{out} exists; remove it or choose another --out")
+    if not out.parent.is_dir():
+        raise ExportError(f"{out.parent} is not a folder; make it, or choose another --out")
+    problem = unwritable(out.parent)
+    if problem:
+        raise ExportError(f"{problem}; choose another --out")
+
+
 def export(
     outdir,
     fmt: str,
@@ -120,16 +134,7 @@ def export(
         raise ExportError(problem)
     layout = Layout(str(outdir))
     out = Path(out)
-    if out.is_symlink() and not out.exists():
-        raise ExportError(f"{out} is a link to {os.readlink(out)}, which does not exist; "
-                          "remove the link or choose another --out")  # fmt: skip
-    if out.exists():
-        raise ExportError(f"{out} exists; remove it or choose another --out")
-    if not out.parent.is_dir():
-        raise ExportError(f"{out.parent} is not a folder; make it, or choose another --out")
-    problem = unwritable(out.parent)
-    if problem:
-        raise ExportError(f"{problem}; choose another --out")
+    check_target(out)
     if not Path(layout.embeddings).exists():
         raise ExportError(f"{layout.embeddings} does not exist: give the outdir of a finished run")
     sequences_needed = fmt == "biotrainer" or fmt == "per-protein-h5" and (key or "hash") == "hash"
