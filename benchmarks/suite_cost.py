@@ -1,0 +1,141 @@
+"""Measure the test suite's CPU-seconds and line coverage at one commit.
+
+Usage: python benchmarks/suite_cost.py COMMIT [--out FILE] [--pytest-args ARGS]
+
+The commit is cloned beside the checkout (so that its tests find ../shared), its test tools
+installed, and `make test` run with coverage.py started in every Python process of the
+clone's virtualenv (Snakemake, its jobs and the workflow's scripts included). The CPU-seconds
+are the user and system time of the whole process tree that `make test` waited for; the
+coverage is that of esmshard/, every process's data combined. Both commits of a comparison are
+measured the same way, one after the other on one machine, so coverage's own cost is on both
+sides.
+"""
+
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+# Every Python process of the venv starts coverage where COVERAGE_PROCESS_START names a file.
+STARTUP_PTH = "import coverage; coverage.process_startup()\n"
+
+COVERAGERC = """[run]
+parallel = true
+data_file = {data}
+source_pkgs = esmshard
+disable_warnings = no-data-collected, module-not-imported, module-not-measured
+[paths]
+esmshard =
+    {clone}/esmshard
+    */esmshard
+"""
+
+
+def clone_at(commit: str) -> Path:
+    """Clone the checkout at COMMIT into a fresh folder beside it."""
+    sha = subprocess.check_output(["git", "rev-parse", commit], cwd=CHECKOUT, text=True).strip()
+    clone = CHECKOUT.parent / f"suite-cost-{sha[:7]}"
+    subprocess.run(["rm", "-rf", str(clone), str(records_of(clone))], check=True)
+    subprocess.run(["git", "clone", "-q", str(CHECKOUT), str(clone)], check=True)
+    subprocess.run(["git", "checkout", "-q", sha], cwd=clone, check=True)
+    return clone
+
+
+def records_of(clone: Path) -> Path:
+    """Return the folder beside the clone that holds its coverage data and logs."""
+    return clone.with_name(clone.name + "-records")
+
+
+def install(clone: Path) -> Path:
+    """Install the clone's test tools and coverage, and return its coverage settings file."""
+    subprocess.run(["make", ".venv/.test-tools"], cwd=clone, check=True)
+    python = clone / ".venv/bin/python"
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "coverage>=7.4"], check=True)
+    site = subprocess.check_output(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    ).strip()
+    Path(site, "suite-cost-coverage.pth").write_text(STARTUP_PTH)
+    data = records_of(clone) / ".coverage"
+    data.parent.mkdir(exist_ok=True)
+    rc = records_of(clone) / "coveragerc"
+    rc.write_text(COVERAGERC.format(data=data, clone=clone))
+    return rc
+
+
+def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
+    """Run `make test` in the clone and return its CPU-seconds, wall time and summary line."""
+    env = {**os.environ, "COVERAGE_PROCESS_START": str(rc)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    # Ctrl-C reaches the tests' own children as a user's would: reset, not inherited ignored.
+    done = subprocess.run(
+        ["make", "test", f"ARGS={pytest_args}"],
+        cwd=clone,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    (records_of(clone) / "make-test.log").write_text(done.stdout)
+    summary = [line for line in done.stdout.splitlines() if re.search(r" in [\d.]+s", line)]
+    return {
+        "returncode": done.returncode,
+        "summary": summary[-1].strip("= ") if summary else "",
+        "wall_seconds": round(wall),
+        "cpu_seconds": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime),
+    }
+
+
+def coverage_of(clone: Path, rc: Path) -> dict:
+    """Combine every process's coverage data and return esmshard/'s line coverage."""
+    python = str(clone / ".venv/bin/python")
+    subprocess.run([python, "-m", "coverage", "combine", f"--rcfile={rc}", "-q"], check=True)
+    report = records_of(clone) / "coverage.json"
+    subprocess.run(
+        [python, "-m", "coverage", "json", f"--rcfile={rc}", "-q", "-o", str(report)], check=True
+    )
+    totals = json.loads(report.read_text())["totals"]
+    return {
+        "statements": totals["num_statements"],
+        "covered": totals["covered_lines"],
+        "percent": round(100 * totals["covered_lines"] / totals["num_statements"], 1),
+    }
+
+
+def main() -> None:
+    """Measure one commit's suite and print (and optionally write) the figures as JSON."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("commit")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--pytest-args", default="", help="passed to make test's ARGS")
+    args = parser.parse_args()
+    clone = clone_at(args.commit)
+    rc = install(clone)
+    figures = {
+        "commit": subprocess.check_output(
+            ["git", "rev-parse", "HEAD"], cwd=clone, text=True
+        ).strip()
+    }
+    figures.update(run_suite(clone, rc, args.pytest_args))
+    figures["coverage"] = coverage_of(clone, rc)
+    figures["machine"] = f"{os.cpu_count()} cores, {os.uname().machine}"
+    text = json.dumps(figures, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    sys.exit(figures["returncode"])
+
+
+if __name__ == "__main__":
+    main()
