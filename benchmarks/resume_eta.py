@@ -6,7 +6,7 @@ A run of every `--every`-th protein of the E. coli proteome (../shared/data) wit
 ESM-2 of esm2_t6's shape on this machine's CPU is stopped as a user stops it (SIGINT to its
 process group, Ctrl-C) once `--stop-at` of its residues are done, then the same command runs
 again. While it runs, the run's state is read each second as `esmshard status` and `esmshard
-run`'s progress display read it (esmshard.commands.status.read_state); the first ETA with a
+run`'s progress display read it (esmshard.steps.run_state.read_state); the first ETA with a
 job computing is set against the time from that moment to the run's end (its merge). Then the
 numbers a person reads are set side by side: the kept and computed work in the last line,
 run.json and `esmshard status`, and the rate of status and of the report.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from scale import PROTEOME, REPO, cpu_model, memory_gib
 
-from esmshard.commands.status import read_state
+from esmshard.steps.run_state import read_state
 from esmshard.layout import Layout
 
 

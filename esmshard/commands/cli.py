@@ -12,10 +12,11 @@ from ..input.fasta import FastaError
 from ..layout import Layout
 from ..models import families_named
 from ..outputs import export as exports
+from ..steps.run_state import merged as status_merged
+from ..steps.run_state import read_state
 from ..version import __version__
 from . import console, launch
-from .status import merged as status_merged
-from .status import read_state, render
+from .status import render
 from .store import show_store
 
 

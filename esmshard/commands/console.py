@@ -20,9 +20,10 @@ from pathlib import Path
 
 from ..layout import Layout
 from ..steps.progress import slot_key
+from ..steps.run_state import read_state
 from ..store.runlock import LAUNCHER_ENV
 from . import guard
-from .status import progress_line, read_state
+from .status import progress_line
 
 # esmshard's lines in Snakemake's output: the workflow's ("esmshard: ..."), and a job's
 # warnings and errors as its log formats them ("<date> <time> WARNING esmshard: ...").

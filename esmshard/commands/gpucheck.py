@@ -33,10 +33,11 @@ from ..files import unwritable, write_json, write_text
 from ..input.datasets import shared_data_dir, write_every_nth_record
 from ..layout import Layout
 from ..models import ESM2
+from ..steps.run_state import read_state
 from ..version import __version__
 from .gpucheck_markdown import markdown
 from .gpucheck_plan import CPU_PLAN, GPU_PLAN, PROTEOME, STAGES
-from .status import read_state, render
+from .status import render
 
 REPO = Path(__file__).resolve().parents[2]
 # The packages the check imports beside a run's needs (the gpu-check extra), and what each is for.

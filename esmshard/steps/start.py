@@ -52,6 +52,7 @@ from .progress import (
     duration,
     rate,
 )
+from .run_state import read_state
 from .shard import plan_problem
 
 # What Snakemake's log says of a run that a signal stopped (Ctrl-C; SIGTERM to a job).
@@ -355,8 +356,6 @@ class RunStart:
 
     def _state(self) -> dict:
         """The run's progress, as `esmshard status` reads it ({} where it cannot be read)."""
-        from .status import read_state
-
         try:
             return read_state(Path(self.run.outdir))
         except (OSError, ValueError, KeyError, TypeError):

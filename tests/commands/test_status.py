@@ -9,6 +9,7 @@ import pytest
 
 from esmshard.commands import status
 from esmshard.layout import Layout
+from esmshard.steps import run_state
 from esmshard.steps.progress import Progress, shards_done
 from esmshard.store import Store
 
@@ -50,7 +51,7 @@ def test_the_eta_is_in_cost_units_a_long_proteins_residues_costing_more(run_in_p
     progress = json.loads(Path(layout.progress("shard_0001")).read_text())
     progress.update(cost=3000.0, kept_cost=0.0, cost_done=2250.0, computing_since=102.0)
     Path(layout.progress("shard_0001")).write_text(json.dumps(progress))
-    state = status.read_state(run_in_progress, now=120.0)
+    state = run_state.read_state(run_in_progress, now=120.0)
     # 1000 (shard_0000) + 2250 computed in 18 s; 750 left of 4000
     assert state["eta_seconds"] == pytest.approx(750 / (3250 / 18))
     assert state["residues_per_second"] == 2000 / 18  # the rate shown stays in residues
@@ -58,12 +59,12 @@ def test_the_eta_is_in_cost_units_a_long_proteins_residues_costing_more(run_in_p
     # over the shard's 8 s and 104 s to 120 s (the two side by side once: 18 s)
     progress.update(warm_at=104.0, warm_cost=250.0)
     Path(layout.progress("shard_0001")).write_text(json.dumps(progress))
-    state = status.read_state(run_in_progress, now=120.0)
+    state = run_state.read_state(run_in_progress, now=120.0)
     assert state["eta_seconds"] == pytest.approx(750 / (3000 / 18))
 
 
 def test_status_of_a_run_in_progress(run_in_progress):
-    state = status.read_state(run_in_progress, now=120.0)
+    state = run_state.read_state(run_in_progress, now=120.0)
     # 2,000 residues computed while a job computed: 102 s (shard_0000 loaded) to 120 s (now)
     assert state["residues_done"] == 2000 and state["residues_per_second"] == 2000 / 18
     assert state["eta_seconds"] == pytest.approx(18.0) and [
@@ -86,7 +87,7 @@ def test_status_of_a_run_in_progress(run_in_progress):
 def test_every_slot_of_the_pool_shows_those_that_ran_nothing_too(run_in_progress):
     plan = run_in_progress / "shards" / "plan.json"
     plan.write_text(json.dumps({**json.loads(plan.read_text()), "slots": 4}))
-    text = status.render(status.read_state(run_in_progress, now=120.0))
+    text = status.render(run_state.read_state(run_in_progress, now=120.0))
     assert "node7:cpu0" in text and "node7:00000000:43:00.0" in text
     assert [line.split()[:2] for line in text.splitlines() if "no shard yet" in line] == [
         ["slot", "2"],
@@ -96,7 +97,7 @@ def test_every_slot_of_the_pool_shows_those_that_ran_nothing_too(run_in_progress
 
 def test_a_shard_whose_part_is_not_in_the_store_is_not_finished(run_in_progress):
     """A job killed after writing its metrics, before renaming its part into place."""
-    state = status.read_state(run_in_progress, now=120.0)
+    state = run_state.read_state(run_in_progress, now=120.0)
     store = Store(str(run_in_progress / "store"))
     os.unlink(store.part("k1", "shard_0000"))
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
@@ -108,7 +109,7 @@ def test_a_shard_whose_part_is_not_in_the_store_is_not_finished(run_in_progress)
         Layout(str(run_in_progress)).progress("shard_0000"), **fields, shard="shard_0000",
         host=socket.gethostname(), pid=int(gone.stdout),
     ).update(1000)  # fmt: skip
-    killed = status.read_state(run_in_progress, now=120.0)
+    killed = run_state.read_state(run_in_progress, now=120.0)
     assert (state["shards_done"], killed["shards_done"]) == (1, 0)
     text = status.render(killed)
     assert "shards 0/2 (0%)" in text and f"process {int(gone.stdout)} is gone" in text
@@ -128,7 +129,7 @@ def test_console_script_prints_the_same(run_in_progress):
 def test_before_sharding(tmp_path, mark):
     (tmp_path / mark).parent.mkdir()
     (tmp_path / mark).write_text("")
-    assert "not sharded yet" in status.render(status.read_state(tmp_path))
+    assert "not sharded yet" in status.render(run_state.read_state(tmp_path))
 
 
 def esmshard_status(*args):
@@ -193,7 +194,7 @@ def test_a_plan_without_shards(tmp_path):
         "shard\tn_sequences\tn_residues\testimated_cost\n"
     )
     (tmp_path / "shards" / "plan.json").write_text(json.dumps({"store": "", "key": ""}))
-    text = status.render(status.read_state(tmp_path))
+    text = status.render(run_state.read_state(tmp_path))
     assert "shards 0/0 (100%)" in text and "finished" in text
 
 
@@ -211,7 +212,7 @@ def test_files_of_an_earlier_sharding_count_for_nothing(run_in_progress):
         os.utime(path, (plan.stat().st_mtime,) * 2)
     metrics = run_in_progress / "metrics" / "shard_0000.json"
     os.utime(metrics, (plan.stat().st_mtime,) * 2)
-    state = status.read_state(run_in_progress, now=120.0)
+    state = run_state.read_state(run_in_progress, now=120.0)
     assert (state["shards_done"], state["shards_total"]) == (1, 2)
     assert state["residues_done"] == 2000 and state["eta_seconds"] == pytest.approx(18.0)
     assert shards_done(Layout(str(run_in_progress)), json.loads(metrics.read_text())) == (1, 2)
@@ -226,8 +227,8 @@ def test_a_job_that_died_shows_stale(tmp_path):
         "started_at": 100.0,
         "updated_at": 110.0,
     }
-    assert status.stale_reason(here, now=111.0) == f"process {int(dead)} is gone"
-    assert status.stale_reason({**here, "pid": os.getpid()}, now=111.0) is None
+    assert run_state.stale_reason(here, now=111.0) == f"process {int(dead)} is gone"
+    assert run_state.stale_reason({**here, "pid": os.getpid()}, now=111.0) is None
     elsewhere = {**here, "host": "another-node"}
-    assert status.stale_reason(elsewhere, now=111.0) is None
-    assert status.stale_reason(elsewhere, now=110.0 + 31 * 60) == "no update for 31m00s"
+    assert run_state.stale_reason(elsewhere, now=111.0) is None
+    assert run_state.stale_reason(elsewhere, now=110.0 + 31 * 60) == "no update for 31m00s"

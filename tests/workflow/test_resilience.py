@@ -30,6 +30,7 @@ from helpers import (
 )
 
 from esmshard.commands import status
+from esmshard.steps import run_state
 
 CONFIG = {"input": str(PROTEINS), "model": MODEL, "shards": 6}
 IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
@@ -65,7 +66,7 @@ def test_kill_9_then_same_command_reruns_only_unfinished_shards(tmp_path, baseli
     shard_files = [parts[s] for s in finished]
     before = stamps(shard_files)
     assert 2 <= len(finished) < 6
-    midway = status.render(status.read_state(tmp_path / "results"))
+    midway = status.render(run_state.read_state(tmp_path / "results"))
     assert (
         f"shards {len(finished)}/6 ({100 * len(finished) / 6:.0f}%)" in midway
         and "finished" not in midway

@@ -23,9 +23,9 @@ from helpers import (
     snakemake_command,
 )
 
-from esmshard.commands import status
 from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.layout import Layout, every_attempt
+from esmshard.steps import run_state
 from esmshard.steps.progress import PROGRESS_LINE_ENV
 from esmshard.store import piece_files
 
@@ -177,7 +177,7 @@ def test_a_killed_shard_resumes_computing_only_what_was_not_kept(tmp_path, whole
     said = f"{run['computed']} computed ({run['computed'] - kept} by this command, {kept} kept"
     said += f" from stopped jobs: {metrics['kept_residues']:,} residues)"
     assert said in done.stderr, done.stderr[-2000:]
-    state = status.read_state(outdir)
+    state = run_state.read_state(outdir)
     assert state["residues_kept"] == metrics["kept_residues"]
     assert state["residues_computed"] == computed
     assert state["residues_per_second"] == pytest.approx(computed / metrics["compute_seconds"])
