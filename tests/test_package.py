@@ -50,6 +50,28 @@ def imports(path: Path, modules: set[str]) -> set[str]:
     return found - {name}
 
 
+def missing_modules(path: Path, modules: set[str]) -> list[str]:
+    """The package's modules that `path` imports from, at its top or inside functions, and that
+    do not exist (a module moved, an import left behind)."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    missing = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level or node.module.startswith("esmshard")):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            target = ".".join(base + [node.module] if node.module else base)
+            if target not in modules:
+                missing.append(f"{name}:{node.lineno} imports from {target}")
+    return missing
+
+
+def test_every_import_of_the_package_names_a_module_it_has():
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    folders = {module_name(p / "__init__.py") for p in PACKAGE.rglob("*") if p.is_dir()}
+    known = set(paths) | folders  # a folder without __init__.py is a namespace package
+    assert [m for path in paths.values() for m in missing_modules(path, known)] == []
+
+
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     found, done = [], set()
 
