@@ -25,8 +25,8 @@ from pathlib import Path
 
 from scale import PROTEOME, REPO, cpu_model, memory_gib
 
-from esmshard.steps.run_state import read_state
 from esmshard.layout import Layout
+from esmshard.steps.run_state import read_state
 
 
 def subset(every: int, target: Path) -> int:

@@ -2,11 +2,7 @@
 slots and a progress line."""
 
 from ..embeddings_h5.in_place import REPAIR
-from ..steps.progress import (
-    duration,
-    rate,
-    slot_key,
-)
+from ..steps.progress import duration, rate, slot_key
 
 GIB = 1 << 30
 

@@ -16,9 +16,7 @@ from ..version import __version__
 from . import bert_files, esm2_files, esm2_hf, esmc_weights
 from .families import BERT, ESMC, FAIR_ESM, load
 from .spec import ModelError, ModelSpec, shape_named
-from .weights import (
-    shapes_only,
-)
+from .weights import shapes_only
 
 
 def file_problems(spec: ModelSpec) -> list[str]:

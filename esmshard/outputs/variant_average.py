@@ -7,9 +7,7 @@ import numpy as np
 
 from ..files import atomic_path
 from ..input.fasta import printable
-from ..input.variants import (
-    SCORES,
-)
+from ..input.variants import SCORES
 from .variant_writer import float32_cells
 
 

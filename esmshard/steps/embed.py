@@ -37,13 +37,7 @@ from ..store.passes import Passes
 from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.shardfile import Failure, output_bytes
 from .embed_metrics import job_metrics
-from .progress import (
-    Progress,
-    RecordProgress,
-    forget_stopped,
-    rate,
-    shards_done,
-)
+from .progress import Progress, RecordProgress, forget_stopped, rate, shards_done
 from .shard import read_shard
 from .writing_behind import WritingBehind
 

@@ -20,23 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from ..compute import provenance
-from ..embeddings_h5.representations import (
-    SQUARE,
-    TRIANGLE,
-)
+from ..embeddings_h5.representations import SQUARE, TRIANGLE
 from ..files import temporary_folder, write_json, write_tsv
 from ..input.records import source
-from ..store import (
-    Store,
-    settings_key,
-)
+from ..store import Store, settings_key
 from ..store.runlock import current_run
 from ..version import __version__
 from .merge_output import Output
-from .merge_rows import (
-    PartMembers,
-    record_rows,
-)
+from .merge_rows import PartMembers, record_rows
 from .merge_scan import MergeError, Scan, Shapes, output_shapes, scan_parts
 from .progress import read_metrics
 

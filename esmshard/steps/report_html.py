@@ -8,10 +8,7 @@ import time
 from ..compute.provenance import COMPUTED_WITH, mixed_precisions
 from ..models import FAMILIES
 from ..version import __version__
-from .progress import (
-    duration,
-    rate,
-)
+from .progress import duration, rate
 from .report_scaling import MODELLED_GPUS
 
 TITLE = f"esmshard {__version__} scaling report"

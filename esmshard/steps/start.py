@@ -35,23 +35,10 @@ from ..layout import Layout
 from ..outputs.variant_writer import counts_line, read_counts
 from ..store import Store, in_place_problems, read_json_object
 from ..store.leftovers import remove_leftovers
-from ..store.runlock import (
-    TYPED_COMMAND_ENV,
-    active_run_problem,
-    current_run_id,
-    hold,
-    run_active,
-)
+from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
 from .invocation import CLUSTER_JOBS_ENV, Invocation, StartRefused, placeholder_advice
-from .progress import (
-    METRICS_FIELDS,
-    busy_seconds,
-    computing_span,
-    current_files,
-    duration,
-    rate,
-)
+from .progress import METRICS_FIELDS, busy_seconds, computing_span, current_files, duration, rate
 from .run_state import read_state
 from .shard import plan_problem
 

@@ -6,9 +6,7 @@ import numpy as np
 
 from ..embeddings_h5.scores import AMINO_ACIDS, COLUMN, residue_columns
 from ..input.fasta import read_raw
-from ..input.variants import (
-    PSEUDO_PPL,
-)
+from ..input.variants import PSEUDO_PPL
 from ..outputs.variant_writer import ROWS_PER_GROUP, ScoreWriter
 from .variant_strategies import Matrices, differences, relative_plls
 
