@@ -4,7 +4,9 @@ Usage: python benchmarks/suite_cost.py COMMIT [--out FILE] [--pytest-args ARGS]
 
 The commit is cloned beside the checkout (so that its tests find ../shared), its test tools
 installed, and `make test` run with coverage.py started in every Python process of the
-clone's virtualenv (Snakemake, its jobs and the workflow's scripts included). The CPU-seconds
+clone's virtualenv (Snakemake, its jobs and the workflow's scripts included). Nothing else may
+use that virtualenv while the suite runs: a test run from another checkout with that Python
+(make run VENV=...) would install that checkout's package into it. The CPU-seconds
 are the user and system time of the whole process tree that `make test` waited for; the
 coverage is that of esmshard/, every process's data combined. Both commits of a comparison are
 measured the same way, one after the other on one machine, so coverage's own cost is on both
@@ -56,13 +58,20 @@ def records_of(clone: Path) -> Path:
 
 def install(clone: Path) -> Path:
     """Install the clone's test tools and coverage, and return its coverage settings file."""
-    subprocess.run(["make", ".venv/.test-tools"], cwd=clone, check=True)
+    # the clone's own install, whatever pip's cache holds of other checkouts'
+    env = {**os.environ, "PIP_NO_CACHE_DIR": "1"}
+    subprocess.run(["make", ".venv/.test-tools"], cwd=clone, env=env, check=True)
     python = clone / ".venv/bin/python"
     subprocess.run([python, "-m", "pip", "install", "--quiet", "coverage>=7.4"], check=True)
     site = subprocess.check_output(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
     ).strip()
     Path(site, "suite-cost-coverage.pth").write_text(STARTUP_PTH)
+    imported = subprocess.check_output(
+        [python, "-c", "import esmshard; print(esmshard.__file__)"], cwd="/", text=True
+    )
+    if not Path(imported).is_relative_to(clone):  # pip reused another checkout's install
+        sys.exit(f"{python} imports esmshard from {imported.strip()}, not from {clone}")
     data = records_of(clone) / ".coverage"
     data.parent.mkdir(exist_ok=True)
     rc = records_of(clone) / "coveragerc"
