@@ -6,6 +6,7 @@ import torch
 from helpers import PROTEINS, TINY_MODEL, read_records, seeded_esmc
 
 from esmshard import models
+from esmshard.compute import embedder as embedder_module
 from esmshard.compute.batching import make_batches
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
@@ -82,13 +83,13 @@ def test_only_the_kinds_asked_for_leave_the_device(embedder, monkeypatch):
 
 def test_a_non_finite_value_fails_only_its_sequence(embedder, monkeypatch):
     sequences = SEQUENCES[:4]
-    reduce = Embedder.reduce
+    reduce = embedder_module.reduce
 
     def poisoned(reps, residue, kinds, bos):
         reps[-1][2, 5, 0] = float("nan")  # sequence 2, its fifth residue, at the last layer
         return reduce(reps, residue, kinds, bos)
 
-    monkeypatch.setattr(Embedder, "reduce", staticmethod(poisoned))
+    monkeypatch.setattr(embedder_module, "reduce", poisoned)
     failed = []
     ((done, reps),) = embedder.embed([10, 11, 12, 13], sequences, failed)
     assert done == [10, 11, 13] and failed == [(12, "non-finite values in the representations")]
