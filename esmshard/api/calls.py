@@ -2,7 +2,10 @@
 `open_embeddings` reads a run's. Each imports what it needs when called, so that `import
 esmshard` stays quick (every workflow job imports it)."""
 
+import importlib
 import os
+import signal
+import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
@@ -13,9 +16,7 @@ if TYPE_CHECKING:
 
 def open_embeddings(path) -> "Embeddings":
     """Open a run's embeddings.h5 (or the outdir that holds it) for reading: esmshard.outputs.reader."""
-    from ..outputs.reader import Embeddings
-
-    return Embeddings(path)
+    return imported_whole("esmshard.outputs.reader").Embeddings(path)
 
 
 def embed(
@@ -86,6 +87,24 @@ def embed(
     """
     # The keywords are config keys: taken as one mapping, checked as a run's config is.
     settings = {key: value for key, value in locals().items() if key != "sequences"}
-    from .in_process import embed_in_process
+    in_process = imported_whole("esmshard.api.in_process", "torch")
+    return in_process.embed_in_process(sequences, settings)
 
-    return embed_in_process(sequences, settings)
+
+def imported_whole(*modules: str):
+    """Import `modules` and return the first, a Ctrl-C meanwhile landing once they are whole: a
+    module cut short midway (numpy's, torch's) cannot be imported again in the process, and
+    every later call would fail on it."""
+    handler = signal.getsignal(signal.SIGINT)
+    main = threading.current_thread() is threading.main_thread()
+    if handler is None or not main:  # a handler set outside Python, or no signals here
+        return [importlib.import_module(name) for name in modules][0]
+    arrived = []
+    signal.signal(signal.SIGINT, lambda *_: arrived.append(True))
+    try:
+        loaded = [importlib.import_module(name) for name in modules][0]
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    if arrived:
+        signal.raise_signal(signal.SIGINT)  # to the caller's handler: KeyboardInterrupt
+    return loaded

@@ -13,10 +13,8 @@ keys and defaults (config/config.yaml), validated by the same schema.
 import contextlib
 import io
 import logging
-import signal
 import sys
 import tempfile
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,26 +66,6 @@ def settings_of(options: dict, model) -> dict:
     return checked.config
 
 
-def imported_torch():
-    """torch, imported whole: a Ctrl-C meanwhile lands once it is (a torch cut short midway
-    cannot be imported again in the process, and every later call would fail on it)."""
-    handler = signal.getsignal(signal.SIGINT)
-    main = threading.current_thread() is threading.main_thread()
-    if "torch" in sys.modules or handler is None or not main:  # a handler set outside Python
-        import torch
-
-        return torch
-    arrived = []
-    signal.signal(signal.SIGINT, lambda *_: arrived.append(True))
-    try:
-        import torch
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    if arrived:
-        signal.raise_signal(signal.SIGINT)  # to the caller's handler: KeyboardInterrupt
-    return torch
-
-
 @contextlib.contextmanager
 def saying_what_is_kept(store: Store, key: str, shards: list[str], computing: int):
     """Where the block stops (an exception), say what of the call's work `store` keeps: the
@@ -112,7 +90,8 @@ def saying_what_is_kept(store: Store, key: str, shards: list[str], computing: in
 def embed_in_process(sequences: Sequences, settings: dict) -> Embeddings:
     """Embed `sequences` with the config keys `settings` through the shard, embed and merge
     steps in a temporary folder, and return the result held in memory (esmshard.api.calls.embed)."""
-    torch = imported_torch()
+    import torch  # imported whole by esmshard.api.calls.embed, a Ctrl-C deferred
+
     with tempfile.TemporaryDirectory(prefix="esmshard-embed-") as tmp:
         call = Call.of(settings, Path(tmp))
         fasta = fasta_of(sequences, Path(tmp), call.config["nucleotide_check"])
