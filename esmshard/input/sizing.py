@@ -68,10 +68,15 @@ class ModelSize(NamedTuple):
 
 
 def estimated_text_bytes(paths) -> int:
-    """The inputs' size once decompressed, estimated from the files' sizes."""
-    return int(
-        sum(os.path.getsize(p) * (COMPRESSED_EXPANSION if compression(p) else 1) for p in paths)
-    )
+    """The inputs' size once decompressed, estimated from the files' sizes (`paths` a mapping:
+    the sizes of objects that are not on this machine, by path)."""
+    if isinstance(paths, dict):  # objects: compressed by their names
+        packed = {p: p.endswith((".gz", ".bz2", ".xz")) for p in paths}
+        sizes = paths
+    else:
+        packed = {p: compression(p) is not None for p in paths}
+        sizes = {p: os.path.getsize(p) for p in paths}
+    return int(sum(size * (COMPRESSED_EXPANSION if packed[p] else 1) for p, size in sizes.items()))
 
 
 def estimated_records(paths) -> int:

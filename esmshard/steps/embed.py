@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import h5py
 import numpy as np
@@ -33,6 +34,7 @@ from ..input.balance import record_costs, record_tokens
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
 from ..store import Store, add_settings, write_manifest
+from ..store.objects import ObjectStore
 from ..store.passes import Passes
 from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.shardfile import Failure, output_bytes
@@ -85,6 +87,7 @@ class EmbedTask:
     keep_every: float
     stopped_keeps: str
     threads: int
+    on_kept: Callable[[], None] | None = None
 
 
 def run_shard(
@@ -105,6 +108,7 @@ def run_shard(
     progress_json,
     telemetry_tsv,
     outdir,
+    on_kept=None,
 ):
     """Embed one shard's sequences on a pooled device and write its outputs atomically.
 
@@ -117,11 +121,12 @@ def run_shard(
     alone, which any later call or run finds in the store. `out_h5` is a store part
     (esmshard.store): it is renamed into place last, after its manifest and this job's other
     outputs, so that a part that exists is a finished job whatever happens to the run.
+    `on_kept` is called after each piece is kept (esmshard.steps.object_store sends it on).
     """
     task = EmbedTask(
         shard_tsv, out_h5, manifest_json, metrics_json, progress_json, telemetry_tsv, outdir,
         shard, settings, toks_per_batch, gpus, batching, compile, keep_every, stopped_keeps,
-        threads,
+        threads, on_kept,
     )  # fmt: skip
     return ShardJob(task).run()
 
@@ -249,7 +254,7 @@ class ShardJob:
         keys, long_sequences = self.keys, self.task.settings["long_sequences"]
         # What earlier jobs of this shard kept is not computed again; the rest is batched as
         # an uninterrupted job batches it (whole batches were kept, the longest first).
-        self.pieces = Pieces(self.store, self.settings_key, self.task.shard)
+        self.pieces = Pieces(self.store, self.settings_key, self.task.shard, self.task.on_kept)
         kept = self.kept = self.pieces.kept()
         self.todo = [k for k in self.batched if keys[k] not in kept.keys]
         if kept.paths:
@@ -445,9 +450,11 @@ class ShardJob:
         # the plan this shard belongs to: the records' or the mutants' (pseudo_ppl), whose run
         # holds its progress file
         layout = Layout(str(Path(self.task.progress_json).parent.parent))
-        done, total = shards_done(layout, metrics)
+        place = ""
+        if ObjectStore.from_env() is None:  # jobs that share no filesystem see no other's
+            place = "{}/{} ".format(*shards_done(layout, metrics))
         console(
-            f"shard {done}/{total} done on {self.device}: {shard}, "
+            f"shard {place}done on {self.device}: {shard}, "
             f"{rate(metrics['residues_per_second'])} residues/s"
             + (f", {n_failed} failed" if n_failed else "")
         )

@@ -59,6 +59,9 @@ class Invocation:
     gpu_resource: int | None = None  # --resources gpu=N
     placeholders: tuple[str, ...] = ()  # resources still holding PLACEHOLDER
     profiles: tuple[str, ...] = ()
+    storage_provider: str | None = None  # --default-storage-provider: jobs share no filesystem
+    storage_prefix: str | None = None  # --default-storage-prefix
+    storage_endpoint: str | None = None  # --storage-s3-endpoint-url
 
     @classmethod
     def of(cls, args, remote_job: bool = False) -> "Invocation":
@@ -80,6 +83,9 @@ class Invocation:
             gpu_resource=getattr((args.resources or {}).get("gpu"), "value", None),
             placeholders=tuple(value for value in given if PLACEHOLDER in value),
             profiles=tuple(args.profile or ()),
+            storage_provider=getattr(args, "default_storage_provider", None),
+            storage_prefix=getattr(args, "default_storage_prefix", None),
+            storage_endpoint=untagged(getattr(args, "storage_s3_endpoint_url", None)),
         )
 
     @property
@@ -91,6 +97,14 @@ class Invocation:
     def jobs_here(self) -> bool:
         """The jobs run on this machine (a cluster job's on its node)."""
         return self.executor in LOCAL_EXECUTORS or self.remote_job
+
+
+def untagged(value):
+    """A storage plugin's setting as Snakemake parses it (a list of values, each for a tag: the
+    first is the default provider's), or None."""
+    if isinstance(value, (list, tuple)):
+        return str(value[0]) if value else None
+    return value
 
 
 def command_line():

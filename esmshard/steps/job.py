@@ -43,6 +43,7 @@ def run_step(log_path, step, **kwargs):
     from ..files import DiskFullError, quiet_hdf5_cleanup
     from ..input.fasta import FastaError
     from ..models import ModelError
+    from ..store.objects import ObjectStoreError
     from .merge import MergeError
 
     log = job_logging(log_path)
@@ -78,7 +79,14 @@ def run_step(log_path, step, **kwargs):
             module, _, function = step.partition(":")
             step = getattr(importlib.import_module(module), function)
         step(**kwargs)
-    except (FastaError, ModelError, MergeError, DiskFullError, ValueError) as err:
+    except (
+        FastaError,
+        ModelError,
+        MergeError,
+        DiskFullError,
+        ObjectStoreError,
+        ValueError,
+    ) as err:
         log.error("%s", err)
         _exit(1)
     except KeyboardInterrupt:

@@ -35,6 +35,7 @@ from ..layout import Layout
 from ..outputs.variant_writer import counts_line, read_counts
 from ..store import Store, in_place_problems, read_json_object
 from ..store.leftovers import remove_leftovers
+from ..store.objects import ObjectStore
 from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
 from .invocation import CLUSTER_JOBS_ENV, Invocation, StartRefused, placeholder_advice
@@ -77,6 +78,7 @@ class RunStart:
     earlier: dict | None
     log: Log
     store_unwritable: str | None = None
+    object_store: ObjectStore | None = None  # jobs that share no filesystem: no lock to take
 
     @property
     def cores(self) -> int:

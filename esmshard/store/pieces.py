@@ -80,9 +80,10 @@ def kept_residues(store: Store, key: str, shards) -> dict[str, int]:
 class Pieces:
     """The kept pieces of one shard, computed with the settings `key` stands for."""
 
-    def __init__(self, store: Store, key: str, shard: str):
+    def __init__(self, store: Store, key: str, shard: str, on_kept=None):
         self.folder = Path(store.folder(key)) / PIECES / shard  # Store.pieces lists them
         self.key, self.shard = key, shard
+        self.on_kept = on_kept  # called once a piece is in place
 
     def present(self) -> list[Path]:
         """The pieces in place, in the order they were written."""
@@ -171,6 +172,8 @@ class PieceWriter:
         self.written.append(self.target)
         self.h5 = self.writer = self.tmp = self.target = None
         self.members, self.sequences, self.residues = [], 0, 0
+        if self.pieces.on_kept:
+            self.pieces.on_kept()
 
     def discard(self) -> None:
         """Drop the current piece unkept (it could not be kept: a full disk)."""

@@ -87,6 +87,13 @@ from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.compute.provenance import made_by_of
 from esmshard.steps.invocation import Invocation, StartRefused, command_line
+from esmshard.steps.object_run import (
+    check_object_run,
+    planned_in_object_store,
+    run_object_store,
+    see_new_directories,
+)
+from esmshard.store.objects import OBJECT_STORE_ENV
 from esmshard.steps.start import EMBED_THREADS, RunStart
 from esmshard.store import Store, settings_key
 from esmshard.store.checksums import file_checksums
@@ -101,19 +108,44 @@ INVOCATION = Invocation.of(command_line(), workflow.remote_exec)
 # `~` means the home folder in every path key. `--lint` needs no input.
 with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
     SCHEMA = yaml.safe_load(fh)
-CHECKED = check_config({**defaults(SCHEMA), **config}, SCHEMA, inputs=not INVOCATION.lint)
+# With --default-storage-provider the inputs are objects, checked below with the store's access.
+CHECKED = check_config(
+    {**defaults(SCHEMA), **config},
+    SCHEMA,
+    inputs=not (INVOCATION.lint or INVOCATION.storage_provider),
+)
 if CHECKED.problems:
     stop(*CHECKED.problems)
 config.update(CHECKED.config)
 
+# Jobs that share no filesystem (--default-storage-provider s3): the store is in the bucket too,
+# and each job fetches what it needs of it (esmshard.steps.object_store); they find it here.
+try:
+    OBJECT_STORE = run_object_store(INVOCATION, config)
+except StartRefused as refused:
+    stop(*refused.problems)
+if OBJECT_STORE:
+    os.environ[OBJECT_STORE_ENV] = OBJECT_STORE.to_env()
+    see_new_directories()
+    OBJECT_RUN = check_object_run(
+        OBJECT_STORE,
+        INVOCATION.storage_prefix,
+        [] if INVOCATION.lint else config["input"],
+        writes=not (INVOCATION.lint or INVOCATION.remote_job),
+    )
+    if OBJECT_RUN.problems:
+        stop(*OBJECT_RUN.problems)
+
 INPUTS = config["input"]
+# What the steps' memory is sized by: the input files, or the objects' sizes.
+INPUT_SIZES = OBJECT_RUN.input_bytes if OBJECT_STORE else INPUTS
 MODEL = CHECKED.model
 FAMILY = MODEL.family
 RUN = Layout(config["outdir"])
 STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
 # A store that cannot be written is used for reuse alone (the shard step refuses a run that
 # would add to it): no lock is taken in it, nothing cleaned up.
-STORE_UNWRITABLE = unwritable(STORE.root)
+STORE_UNWRITABLE = None if OBJECT_STORE else unwritable(STORE.root)
 MODEL_SIZE = ModelSize(MODEL.params, MODEL.embed_dim)  # read from the model's files
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
@@ -145,7 +177,10 @@ def shard_params(inputs, settings):
     mutants' of `pseudo_ppl`)."""
     return dict(
         # New content under an old mtime re-runs this step too (esmshard.store.checksums).
-        input_sha256=lambda wildcards: file_checksums(inputs, RUN.checksums),
+        # (objects: Snakemake's own record of their modification times)
+        input_sha256=lambda wildcards: (
+            None if OBJECT_STORE else file_checksums(inputs, RUN.checksums)
+        ),
         shards=config["shards"],
         # embed jobs at once, on one machine or a cluster: `shards: auto` makes at least as
         # many shards (on a cluster, where the work allows)
@@ -165,13 +200,15 @@ def shard_params(inputs, settings):
 def shard_mem_mb(wildcards, threads):
     """The shard step's memory: streaming, at most ~32 bytes per record (esmshard.steps.shard),
     and each reading process's ~400 MB."""
-    return records_mem_mb(INPUTS, 32) + 400 * threads
+    return records_mem_mb(INPUT_SIZES, 32) + 400 * threads
 
 
 def planned_shards(wildcards=None, checkpoint="shard", layout=RUN):
     """A run's shards (the records', or with `shard_mutants` the mutants'): known once its
     shard step (a checkpoint) has read the input and the store."""
     getattr(checkpoints, checkpoint).get()
+    if OBJECT_STORE:  # the step ran on another node: its plan is in the object store
+        return planned_in_object_store(INVOCATION.storage_prefix, OBJECT_STORE, layout)
     return [row["shard"] for row in read_tsv(layout.plan)]
 
 
@@ -182,7 +219,8 @@ def merge_inputs_of(checkpoint, layout, key):
     return {
         "records": layout.records,
         "plan": layout.plan_json,
-        "shards": [STORE.part(key, shard) for shard in shards],
+        # (in object storage, merge fetches the parts itself, with those of earlier runs)
+        "shards": [] if OBJECT_STORE else [STORE.part(key, shard) for shard in shards],
         "metrics": [layout.metrics(shard) for shard in shards],
     }
 
@@ -230,6 +268,7 @@ START = RunStart(
     earlier=made_by_of(RUN.embeddings),
     log=logger,
     store_unwritable=STORE_UNWRITABLE,
+    object_store=OBJECT_STORE,
 )
 try:
     START.begin()

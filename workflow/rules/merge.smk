@@ -12,7 +12,7 @@ rule merge:
     resources:
         runtime=io_runtime,
         # windows of 128 MB and 9 to 30 bytes per record (esmshard.steps.merge)
-        mem_mb=lambda wildcards: records_mem_mb(INPUTS, 32),
+        mem_mb=lambda wildcards: records_mem_mb(INPUT_SIZES, 32),
     params:
         **EMBEDDING_PARAMS,
         store=STORE.root,

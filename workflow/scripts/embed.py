@@ -2,7 +2,7 @@ from esmshard.steps.job import run_step
 
 run_step(
     snakemake.log[0],
-    "esmshard.steps.embed:run_shard",
+    "esmshard.steps.object_store:run_shard",
     shard_tsv=snakemake.input.shard,
     outdir=snakemake.config["outdir"],
     out_h5=snakemake.output.embeddings,

@@ -10,7 +10,7 @@ store_root = settings.pop("store")
 run = Layout(snakemake.config["outdir"])
 run_step(
     snakemake.log[0],
-    "esmshard.steps.merge:merge",
+    "esmshard.steps.object_store:merge_step",
     records=snakemake.input.records,
     plan_json=snakemake.input.plan,
     store_root=store_root,

@@ -5,7 +5,7 @@ params = dict(snakemake.params.items())
 del params["input_sha256"]  # there to re-run this step when an input's content changes
 run_step(
     snakemake.log[0],
-    "esmshard.steps.shard:shard_step",
+    "esmshard.steps.object_store:shard_step",
     inputs=list(snakemake.input),
     shard_dir=snakemake.output[0],
     store_root=params.pop("store"),

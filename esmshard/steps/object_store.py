@@ -1,0 +1,54 @@
+"""The shard step, embed jobs and merge where the store is in object storage: each works on its
+own copy of what it needs of the store (esmshard.store.mirror), fetched before it runs and sent
+back as it goes, so that no job reads a file that another job wrote on its node.
+"""
+
+from pathlib import Path
+
+from ..store import MARKER, PIECES, settings_key
+from ..store.mirror import JOB_STORE_FOLDER, mirrored
+from ..store.objects import ObjectStore
+from . import embed, merge, shard
+
+
+def is_piece(relative: str) -> bool:
+    return f"/{PIECES}/" in f"/{relative}"
+
+
+def key_scope(key: str) -> tuple[str, ...]:
+    """A settings key's folder and the store's mark: what the shard step and merge read."""
+    return (f"{key}/", MARKER)
+
+
+def shard_step(settings: dict, model_size, store_root, **params):
+    """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key (the
+    parts and manifests; not the kept pieces, which only their shard's job reads)."""
+    if ObjectStore.from_env() is None:
+        return shard.shard_step(settings, model_size, store_root=store_root, **params)
+    key = settings_key(settings)
+    with mirrored(JOB_STORE_FOLDER, key_scope(key), skip=is_piece):
+        return shard.shard_step(settings, model_size, store_root=JOB_STORE_FOLDER, **params)
+
+
+def merge_step(settings: dict, store_root, **params):
+    """`esmshard.steps.merge.merge` on the job's copy of the store's settings key."""
+    if ObjectStore.from_env() is None:
+        return merge.merge(settings=settings, store_root=store_root, **params)
+    key = settings_key(settings)
+    with mirrored(JOB_STORE_FOLDER, key_scope(key), skip=is_piece):
+        return merge.merge(settings=settings, store_root=JOB_STORE_FOLDER, **params)
+
+
+def run_shard(out_h5, shard, settings: dict, **params):
+    """`esmshard.steps.embed.run_shard` with its shard's kept pieces fetched first and each piece
+    sent to the object store as it is kept, so that the next job of the shard, on any node,
+    resumes from them; once the part is made, its pieces are removed there too."""
+    if ObjectStore.from_env() is None:
+        return embed.run_shard(out_h5=out_h5, shard=shard, settings=settings, **params)
+    store = embed.part_store(out_h5)
+    key = Path(out_h5).parent.name
+    scope = (f"{key}/{PIECES}/{shard}/", f"{key}/settings.json")
+    with mirrored(store.root, scope) as mirror:
+        return embed.run_shard(
+            out_h5=out_h5, shard=shard, settings=settings, on_kept=mirror.push, **params
+        )

@@ -1,0 +1,178 @@
+"""Object storage (S3 and servers that speak its protocol): where the store lives when the jobs
+share no filesystem (docs/store.md, "A store in object storage").
+
+Objects are written whole or not at all (a PUT, or a multipart upload's completion), so a key
+that exists holds a whole file; a part is put only where its key is free (a conditional write,
+`If-None-Match: *`), so two runs never replace each other's objects.
+"""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+# Set by the workflow for its jobs: where the store's objects are, and the server's address.
+OBJECT_STORE_ENV = "ESMSHARD_OBJECT_STORE"
+SCHEMES = ("s3",)
+
+
+class ObjectStoreError(OSError):
+    """The object store cannot be used: one line naming the URL and what to do."""
+
+
+def is_object_url(path) -> bool:
+    """Whether `path` names an object store location (s3://bucket/prefix) rather than a folder."""
+    return "://" in str(path)
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """An object store location: `url` (s3://bucket/prefix), reached at `endpoint_url` (None:
+    the provider's own), with the credentials boto3 finds (environment, ~/.aws, the node's role)."""
+
+    url: str
+    endpoint_url: str | None = None
+
+    @property
+    def bucket(self) -> str:
+        return urlparse(self.url).netloc
+
+    @property
+    def prefix(self) -> str:
+        return urlparse(self.url).path.strip("/")
+
+    def key(self, relative: str) -> str:
+        return "/".join(filter(None, [self.prefix, relative.replace(os.sep, "/")]))
+
+    def to_env(self) -> str:
+        return json.dumps({"url": self.url, "endpoint_url": self.endpoint_url})
+
+    @classmethod
+    def from_env(cls) -> "ObjectStore | None":
+        """The store's location that the workflow set for its jobs, or None (a folder)."""
+        found = os.environ.get(OBJECT_STORE_ENV)
+        return cls(**json.loads(found)) if found else None
+
+    def client(self):
+        import boto3
+        from botocore.config import Config
+
+        # A stopped server fails a job within a minute, not after boto3's minutes of retries.
+        config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3})
+        return boto3.client("s3", endpoint_url=self.endpoint_url, config=config)
+
+
+class Bucket:
+    """The objects under one ObjectStore location, read and written by relative key."""
+
+    def __init__(self, where: ObjectStore):
+        self.where = where
+        self.s3 = where.client()
+
+    def listing(self, under: str = "") -> dict[str, int]:
+        """Every object under `under` (a relative key prefix): its relative key and size."""
+        found, root = {}, self.where.key("")
+        prefix = self.where.key(under)
+        pages = self.s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.where.bucket, Prefix=prefix
+        )
+        for page in self._calling(pages.__iter__):
+            for item in page.get("Contents", []):
+                found[item["Key"][len(root) :].lstrip("/")] = item["Size"]
+        return found
+
+    def size(self, relative: str) -> int | None:
+        """The object's size, or None where there is none."""
+        try:
+            found = self.s3.head_object(Bucket=self.where.bucket, Key=self.where.key(relative))
+        except Exception as err:
+            if error_code(err) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self.failure(err) from err
+        return found["ContentLength"]
+
+    def read(self, relative: str) -> bytes:
+        found = self._calling(
+            self.s3.get_object, Bucket=self.where.bucket, Key=self.where.key(relative)
+        )
+        return found["Body"].read()
+
+    def download(self, relative: str, path: Path) -> None:
+        """Fetch one object to `path`, under a temporary name first (a stop leaves no half file)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.download")
+        self._calling(self.s3.download_file, self.where.bucket, self.where.key(relative), str(tmp))
+        os.replace(tmp, path)
+
+    def upload(self, path: Path, relative: str, only_new: bool = False) -> bool:
+        """Put the file `path` at `relative`; with `only_new`, only where no object is there yet
+        (False: another writer's object was there first, and stays)."""
+        extra = {"IfNoneMatch": "*"} if only_new else {}
+        with open(path, "rb") as fh:
+            try:
+                self.s3.put_object(
+                    Bucket=self.where.bucket, Key=self.where.key(relative), Body=fh, **extra
+                )
+            except Exception as err:
+                if error_code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
+                    return False
+                raise self.failure(err) from err
+        return True
+
+    def delete(self, relative: str) -> None:
+        self._calling(
+            self.s3.delete_object, Bucket=self.where.bucket, Key=self.where.key(relative)
+        )
+
+    def _calling(self, call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except Exception as err:
+            raise self.failure(err) from err
+
+    def failure(self, err: Exception) -> ObjectStoreError:
+        """`err` as one line: the location, what the server said, and what to do."""
+        return ObjectStoreError(failure_line(self.where, err))
+
+
+def error_code(err: Exception) -> str:
+    return str(getattr(err, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def failure_line(where: ObjectStore, err: Exception) -> str:
+    """What went wrong reaching `where`, and what to do about it, in one line."""
+    from botocore.exceptions import EndpointConnectionError, NoCredentialsError
+
+    server = where.endpoint_url or "the provider's endpoint"
+    code = error_code(err)
+    if isinstance(err, EndpointConnectionError) or "Could not connect" in str(err):
+        return (
+            f"{where.url}: cannot reach the object store at {server}: check the address "
+            "(--storage-s3-endpoint-url) and that the server is up"
+        )
+    if isinstance(err, NoCredentialsError):
+        return (
+            f"{where.url}: no credentials for the object store: set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws, or the node's role)"
+        )
+    if code == "NoSuchBucket":
+        return f"{where.url}: bucket {where.bucket!r} does not exist at {server}: create it first"
+    if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return (
+            f"{where.url}: the object store refused access ({code}): give these credentials "
+            f"read and write permission on s3://{where.bucket}/{where.prefix}"
+        )
+    return f"{where.url}: the object store failed ({code or type(err).__name__}: {err})"
+
+
+def check_writable(where: ObjectStore) -> None:
+    """Write, read back and delete one small object under `where`, so that a run that could not
+    keep its results stops before any job; raises ObjectStoreError with one line."""
+    bucket = Bucket(where)
+    probe = f".esmshard-write-check-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        bucket.s3.put_object(Bucket=where.bucket, Key=where.key(probe), Body=b"esmshard")
+        bucket.s3.delete_object(Bucket=where.bucket, Key=where.key(probe))
+    except Exception as err:
+        raise bucket.failure(err) from err
