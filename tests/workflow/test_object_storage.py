@@ -1,0 +1,243 @@
+"""Runs whose jobs share no filesystem: input, outputs and the store in S3 (moto's server on
+loopback, through a proxy that can stop), every job in an empty folder of its own (the
+cluster-generic executor with tests/workflow/isolated/), as on a cloud batch service."""
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from helpers import MODEL, REPO, SLICE, fasta, jobs_run, snakemake_command
+
+from esmshard.outputs.reader import Embeddings
+
+ISOLATED = REPO / "tests" / "workflow" / "isolated"
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+ENV = {**CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+RECORDS = SLICE[:30]
+SETTINGS = [f"model={MODEL}", "repr_layers=[-1]", "include=[mean,per_tok]"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proxy:
+    """A TCP proxy to the object store that can stop (connections refused, open ones cut) and
+    start again on its port, the server's objects kept behind it: a server that goes away."""
+
+    def __init__(self, target_port: int):
+        self.port, self.target = free_port(), target_port
+        self.open: list[socket.socket] = []
+        self.listener = None
+        self.start()
+
+    def start(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self.accept, args=(self.listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        self.listener.close()
+        for conn in self.open:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        self.open.clear()
+
+    def accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def pipe(source, sink) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for conn in (source, sink):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def start_moto(port: int, env: dict | None = None) -> subprocess.Popen:
+    moto = Path(sys.executable).with_name("moto_server")
+    server = subprocess.Popen(
+        [str(moto), "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("moto_server did not start")
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server behind a Proxy, with the bucket `lab`."""
+    port = free_port()
+    server = start_moto(port)
+    proxy = Proxy(port)
+    client(proxy.port).create_bucket(Bucket="lab")
+    yield proxy
+    proxy.stop()
+    server.terminate()
+    server.wait()
+
+
+def client(port: int, credentials: dict = CREDENTIALS):
+    return boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+    )
+
+
+def upload(s3, key: str, records) -> None:
+    text = "".join(f"{header}\n{sequence}\n" for header, sequence in records)
+    client(s3.port).put_object(Bucket="lab", Key=key, Body=text.encode())
+
+
+def objects(s3, prefix: str) -> dict[str, bytes]:
+    found = {}
+    for page in (
+        client(s3.port).get_paginator("list_objects_v2").paginate(Bucket="lab", Prefix=prefix)
+    ):
+        for item in page.get("Contents", []):
+            body = client(s3.port).get_object(Bucket="lab", Key=item["Key"])["Body"].read()
+            found[item["Key"]] = body
+    return found
+
+
+def cloud_command(workdir: Path, port: int, prefix: str, *more, env: dict | None = None):
+    """The `snakemake` command of a run in object storage, each job in an empty folder (no
+    config file: a job's node would not have it)."""
+    workdir.mkdir(parents=True)
+    _, full_env = snakemake_command(workdir, {}, env={**ENV, **(env or {})})
+    cmd = [
+        "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+        "--executor", "cluster-generic",
+        "--cluster-generic-submit-cmd", str(ISOLATED / "submit"),
+        "--cluster-generic-status-cmd", str(ISOLATED / "status"),
+        "--jobs", "4",
+        "--default-storage-provider", "s3",
+        "--default-storage-prefix", f"s3://lab/{prefix}",
+        "--storage-s3-endpoint-url", f"http://127.0.0.1:{port}",
+        "--shared-fs-usage", "none",
+        "--config", "input=proteins.fasta", "outdir=out", *SETTINGS, *more,
+    ]  # fmt: skip
+    return cmd, full_env
+
+
+def run(cmd, env, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert not check or done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def values(h5_bytes: bytes) -> dict[tuple, np.ndarray]:
+    """Each record's values of every kind and layer, by (id, kind, layer)."""
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"esmshard-{os.getpid()}-{time.time()}.h5"
+    path.write_bytes(h5_bytes)
+    try:
+        with Embeddings(path) as emb:
+            return {
+                (id_, kind, layer): emb.values(id_, kind, layer)
+                for kind, layers in emb.layers.items()
+                for layer in layers
+                for id_ in emb.ids()
+            }
+    finally:
+        path.unlink()
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """The same input embedded by a run on this machine's filesystem."""
+    work = tmp_path_factory.mktemp("local")
+    fasta(work / "proteins.fasta", RECORDS)
+    cmd, env = snakemake_command(work / "run", {})
+    run(cmd + ["--config", f"input={work / 'proteins.fasta'}", "outdir=out", *SETTINGS], env)
+    return values((work / "run" / "out" / "embeddings.h5").read_bytes())
+
+
+@pytest.fixture(scope="module")
+def first(s3, tmp_path_factory):
+    upload(s3, "a/proteins.fasta", RECORDS)
+    cmd, env = cloud_command(tmp_path_factory.mktemp("a") / "run", s3.port, "a")
+    return run(cmd, env)
+
+
+def assert_close(found: dict, expected: dict) -> None:
+    assert found.keys() <= expected.keys() and found
+    for name, value in found.items():
+        np.testing.assert_allclose(value, expected[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_outputs_in_the_bucket_equal_a_local_run(s3, first, local):
+    assert jobs_run(first) == {"shard": 1, "embed": 1, "merge": 1, "report": 1}
+    found = objects(s3, "a/out/")
+    values_found = values(found["a/out/embeddings.h5"])
+    assert values_found.keys() == local.keys()
+    assert_close(values_found, local)
+    assert json.loads(found["a/out/run.json"])["computed"] == len(RECORDS)
+    assert "a/out/report/scaling_report.html" in found
+    # the store is under the run's prefix: a part, its manifest, what its key stands for
+    parts = [k for k in found if k.startswith("a/out/store/") and k.endswith(".h5")]
+    assert len(parts) == 1 and "/.pieces/" not in parts[0]
+    manifest = json.loads(found[parts[0].removesuffix(".h5") + ".json"])
+    assert manifest["sha256"] == hashlib.sha256(found[parts[0]]).hexdigest()
+
+
+def test_the_same_command_elsewhere_computes_nothing(s3, first, tmp_path):
+    cmd, env = cloud_command(tmp_path / "elsewhere", s3.port, "a")
+    again = run(cmd, env)
+    assert jobs_run(again) == {}, again.stderr[-3000:]
+
+
+def test_a_grown_input_computes_only_its_new_sequences(s3, first, tmp_path, local):
+    new = SLICE[30:34]
+    upload(s3, "a/proteins.fasta", RECORDS + new)
+    cmd, env = cloud_command(tmp_path / "grown", s3.port, "a")
+    grown = run(cmd, env)
+    assert jobs_run(grown)["embed"] == 1
+    found = objects(s3, "a/out/")
+    summary = json.loads(found["a/out/run.json"])
+    assert (summary["computed"], summary["from_store"]) == (len(new), len(RECORDS))
+    assert_close(
+        {
+            k: v
+            for k, v in values(found["a/out/embeddings.h5"]).items()
+            if k[0] in {i for i, _, _ in local}
+        },
+        local,
+    )
