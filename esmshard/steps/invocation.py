@@ -7,7 +7,7 @@ scheduled).
 
 import inspect
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..install import CLONE, SHIPPED
@@ -21,6 +21,13 @@ CLUSTER_JOBS_ENV = "ESMSHARD_CLUSTER_JOBS"
 # Set by `esmshard plan` (esmshard.commands.plan) to the executor of the run it plans, for the
 # shard step it runs on this machine: the step plans that run's shards (how many jobs at once).
 PLAN_ENV = "ESMSHARD_PLAN"
+# The S3 plugin's settings that esmshard's own access to the store needs too.
+S3_CREDENTIALS = {
+    "access_key": "AWS_ACCESS_KEY_ID",
+    "secret_key": "AWS_SECRET_ACCESS_KEY",
+    "token": "AWS_SESSION_TOKEN",
+    "region": "AWS_DEFAULT_REGION",
+}
 
 
 def placeholder_advice(profiles: tuple[str, ...]) -> str:
@@ -62,6 +69,9 @@ class Invocation:
     storage_provider: str | None = None  # --default-storage-provider: jobs share no filesystem
     storage_prefix: str | None = None  # --default-storage-prefix
     storage_endpoint: str | None = None  # --storage-s3-endpoint-url
+    # --storage-s3-access-key, -secret-key, -token, -region (or their SNAKEMAKE_STORAGE_S3_*
+    # variables, as a job gets them), by the name boto3 reads them from
+    storage_credentials: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, args, remote_job: bool = False) -> "Invocation":
@@ -72,6 +82,10 @@ class Invocation:
         given = list(getattr(args.default_resources, "args", None) or [])
         for resources in (args.set_resources or {}).values():
             given += getattr(resources, "args", None) or []
+        credentials = {
+            variable: untagged(getattr(args, f"storage_s3_{name}", None))
+            for name, variable in S3_CREDENTIALS.items()
+        }
         return cls(
             dry_run=bool(args.dryrun),
             lint=bool(args.lint),
@@ -86,6 +100,7 @@ class Invocation:
             storage_provider=getattr(args, "default_storage_provider", None),
             storage_prefix=getattr(args, "default_storage_prefix", None),
             storage_endpoint=untagged(getattr(args, "storage_s3_endpoint_url", None)),
+            storage_credentials={k: v for k, v in credentials.items() if v},
         )
 
     @property
@@ -101,10 +116,10 @@ class Invocation:
 
 def untagged(value):
     """A storage plugin's setting as Snakemake parses it (a list of values, each for a tag: the
-    first is the default provider's), or None."""
+    first is the default provider's), or None where it is not given."""
     if isinstance(value, (list, tuple)):
-        return str(value[0]) if value else None
-    return value
+        value = value[0] if value else None
+    return value if isinstance(value, str) else None
 
 
 def command_line():

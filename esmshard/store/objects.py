@@ -154,7 +154,8 @@ def failure_line(where: ObjectStore, err: Exception) -> str:
     if isinstance(err, NoCredentialsError):
         return (
             f"{where.url}: no credentials for the object store: set AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY (or a profile in ~/.aws, or the node's role)"
+            "AWS_SECRET_ACCESS_KEY (or --storage-s3-access-key and --storage-s3-secret-key, a "
+            "profile in ~/.aws, or the node's role)"
         )
     if code == "NoSuchBucket":
         return f"{where.url}: bucket {where.bucket!r} does not exist at {server}: create it first"

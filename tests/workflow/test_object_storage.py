@@ -5,6 +5,7 @@ cluster-generic executor with tests/workflow/isolated/), as on a cloud batch ser
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,8 +16,19 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
-from helpers import MODEL, REPO, SLICE, fasta, jobs_run, snakemake_command
+from helpers import (
+    MODEL,
+    REPO,
+    SLICE,
+    fasta,
+    jobs_run,
+    kill_9_when,
+    refused_before_any_job,
+    snakemake_command,
+)
 
+from esmshard.compute.embedder import SLOW_BATCHES_ENV
+from esmshard.files import TEMPORARY_NAME
 from esmshard.outputs.reader import Embeddings
 
 ISOLATED = REPO / "tests" / "workflow" / "isolated"
@@ -240,4 +252,177 @@ def test_a_grown_input_computes_only_its_new_sequences(s3, first, tmp_path, loca
             if k[0] in {i for i, _, _ in local}
         },
         local,
+    )
+
+
+def test_a_killed_embed_job_resumes_on_another_node(s3, tmp_path, local):
+    upload(s3, "k/proteins.fasta", RECORDS)
+    slow = {SLOW_BATCHES_ENV: "0.3"}
+    more = ["toks_per_batch=1024", "keep_every=1"]
+    cmd, env = cloud_command(tmp_path / "killed", s3.port, "k", *more, env=slow)
+
+    def piece_kept() -> bool:
+        listed = client(s3.port).list_objects_v2(Bucket="lab", Prefix="k/out/store/")
+        return any("/.pieces/" in o["Key"] for o in listed.get("Contents", []))
+
+    kill_9_when(cmd, env, piece_kept)  # the run, and with it every node's job
+    cmd, env = cloud_command(tmp_path / "another", s3.port, "k", *more)
+    resumed = run(cmd, env)
+    assert jobs_run(resumed)["embed"] == 1
+    found = objects(s3, "k/out/")
+    (log,) = [body.decode() for key, body in found.items() if "/logs/embed/" in key]
+    kept, left = map(
+        int,
+        re.search(r"(\d+) sequences kept by an earlier job .*, (\d+) to compute", log).groups(),
+    )
+    assert kept > 0 and kept + left == len(RECORDS), log
+    assert not [key for key in found if "/.pieces/" in key]  # merged into the part, then gone
+    assert_close(values(found["k/out/embeddings.h5"]), local)
+
+
+def store_is_whole(s3, prefix: str) -> list[str]:
+    """The store's parts, each checked against its manifest, with no piece or temporary left."""
+    found = objects(s3, prefix)
+    parts = [key for key in found if key.endswith(".h5")]
+    for key in parts:
+        manifest = json.loads(found[key.removesuffix(".h5") + ".json"])
+        assert manifest["sha256"] == hashlib.sha256(found[key]).hexdigest(), key
+    left = [key for key in found if "/.pieces/" in key or TEMPORARY_NAME.match(key.split("/")[-1])]
+    assert not left
+    return parts
+
+
+def test_two_runs_share_one_store_at_once(s3, tmp_path, local):
+    halves = {"c1": RECORDS[:20], "c2": RECORDS[10:]}
+    started = []
+    for prefix, records in halves.items():
+        upload(s3, f"{prefix}/proteins.fasta", records)
+        cmd, env = cloud_command(tmp_path / prefix, s3.port, prefix, "store=s3://lab/shared")
+        started.append(subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True))
+    for process in started:
+        assert process.wait(timeout=900) == 0, process.stderr.read()[-4000:]
+    for prefix, records in halves.items():
+        found = objects(s3, f"{prefix}/out/")
+        summary = json.loads(found[f"{prefix}/out/run.json"])
+        assert summary["computed"] + summary["from_store"] == len(records)
+        assert_close(values(found[f"{prefix}/out/embeddings.h5"]), local)
+        assert not [key for key in found if key.startswith(f"{prefix}/out/store/")]
+    assert len(store_is_whole(s3, "shared/")) == 2  # one part of each run's shard
+
+
+def test_a_server_that_stops_mid_run_fails_the_job_in_one_line(s3, tmp_path, local):
+    upload(s3, "s/proteins.fasta", RECORDS)
+    slow = {SLOW_BATCHES_ENV: "0.3"}
+    more = ["toks_per_batch=1024", "keep_every=1"]
+    cmd, env = cloud_command(tmp_path / "stopped", s3.port, "s", *more, env=slow)
+    process = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 600
+    while not any("/.pieces/" in k for k in listing(s3, "s/out/store/")):
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    s3.stop()
+    try:
+        assert process.wait(timeout=600) != 0
+    finally:
+        s3.start()
+    (node,) = [
+        p.parent
+        for p in (tmp_path / "stopped").parent.glob("node.*/job.sh")
+        if "embed:" in p.read_text()
+    ]
+    said = [
+        line for line in (node / "job.out").read_text().splitlines() if " ERROR esmshard" in line
+    ]
+    assert (
+        len(said) == 1
+        and f"cannot reach the object store at http://127.0.0.1:{s3.port}" in said[0]
+    ), said
+    assert not [key for key in listing(s3, "s/out/") if key.endswith("embeddings.h5")]
+    store_is_whole(s3, "s/out/store/")
+    cmd, env = cloud_command(tmp_path / "back", s3.port, "s", *more)
+    run(cmd, env)
+    assert_close(values(objects(s3, "s/out/")["s/out/embeddings.h5"]), local)
+
+
+def listing(s3, prefix: str) -> list[str]:
+    listed = client(s3.port).list_objects_v2(Bucket="lab", Prefix=prefix)
+    return [item["Key"] for item in listed.get("Contents", [])]
+
+
+@pytest.fixture(scope="module")
+def read_only_server():
+    """moto's server with the bucket `lab` holding an input, and credentials that may read
+    but not write there."""
+    port = free_port()
+    server = start_moto(port, {"INITIAL_NO_AUTH_ACTION_COUNT": "5"})
+    admin = client(port)
+    admin.create_bucket(Bucket="lab")
+    admin.put_object(Bucket="lab", Key="f/proteins.fasta", Body=b">a\nMKV\n")
+    iam = boto3.client("iam", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                       aws_access_key_id="test", aws_secret_access_key="test")  # fmt: skip
+    iam.create_user(UserName="reader")
+    policy = [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"},
+              {"Effect": "Deny", "Action": "s3:PutObject", "Resource": "*"}]  # fmt: skip
+    iam.put_user_policy(
+        UserName="reader",
+        PolicyName="read",
+        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": policy}),
+    )
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    yield (
+        port,
+        {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]},
+    )
+    server.terminate()
+    server.wait()
+
+
+def test_an_unreachable_server_is_said_before_any_job(tmp_path):
+    port = free_port()
+    cmd, env = cloud_command(tmp_path / "run", port, "f")
+    line = refused_before_any_job(run(cmd, env, check=False))
+    assert line == (
+        f"esmshard: s3://lab/f: cannot reach the object store at http://127.0.0.1:{port}: check "
+        "the address (--storage-s3-endpoint-url) and that the server is up"
+    )
+
+
+def test_missing_credentials_are_said_before_any_job(s3, tmp_path):
+    nowhere = str(tmp_path / "none")
+    unset = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+             "AWS_SHARED_CREDENTIALS_FILE": nowhere, "AWS_CONFIG_FILE": nowhere}  # fmt: skip
+    cmd, env = cloud_command(tmp_path / "run", s3.port, "f", env=unset)
+    line = refused_before_any_job(run(cmd, env, check=False))
+    assert line.startswith("esmshard: s3://lab/f: no credentials for the object store: set AWS_")
+
+
+def test_a_missing_bucket_is_said_before_any_job(s3, tmp_path):
+    cmd, env = cloud_command(tmp_path / "run", s3.port, "f")
+    cmd[cmd.index("s3://lab/f")] = "s3://nolab/f"
+    line = refused_before_any_job(run(cmd, env, check=False))
+    assert line == (
+        f"esmshard: s3://nolab/f: bucket 'nolab' does not exist at http://127.0.0.1:{s3.port}: "
+        "create it first"
+    )
+
+
+def test_no_permission_to_write_is_said_before_any_job(read_only_server, tmp_path):
+    port, reader = read_only_server
+    cmd, env = cloud_command(tmp_path / "run", port, "f", env=reader)
+    line = refused_before_any_job(run(cmd, env, check=False))
+    assert line.startswith(
+        "esmshard: s3://lab/f: the object store refused access (AccessDenied): "
+    )
+    assert line.endswith("give these credentials read and write permission on s3://lab/f")
+
+
+def test_an_input_not_in_the_bucket_is_said_before_any_job(s3, tmp_path):
+    cmd, env = cloud_command(tmp_path / "run", s3.port, "nothing-here")
+    line = refused_before_any_job(run(cmd, env, check=False))
+    assert line == (
+        "esmshard: input proteins.fasta is not in the object store "
+        "(s3://lab/nothing-here/proteins.fasta): upload it there, or give its path relative to "
+        "--default-storage-prefix"
     )

@@ -93,7 +93,7 @@ from esmshard.steps.object_run import (
     run_object_store,
     see_new_directories,
 )
-from esmshard.store.objects import OBJECT_STORE_ENV
+from esmshard.store.objects import OBJECT_STORE_ENV, is_object_url
 from esmshard.steps.start import EMBED_THREADS, RunStart
 from esmshard.store import Store, settings_key
 from esmshard.store.checksums import file_checksums
@@ -126,6 +126,7 @@ except StartRefused as refused:
     stop(*refused.problems)
 if OBJECT_STORE:
     os.environ[OBJECT_STORE_ENV] = OBJECT_STORE.to_env()
+    os.environ.update(INVOCATION.storage_credentials)  # where boto3 reads them
     see_new_directories()
     OBJECT_RUN = check_object_run(
         OBJECT_STORE,
@@ -170,6 +171,12 @@ MUTANT_KEY = settings_key(MUTANT_PARAMS)
 
 wildcard_constraints:
     shard=r"[0-9a-f]+-[0-9]+",
+
+
+def in_store(path):
+    """A file of the store as a rule names it: an object of a store given as an s3:// URL is
+    Snakemake's `storage` object (the other paths take --default-storage-prefix)."""
+    return storage(path) if is_object_url(path) else path
 
 
 def shard_params(inputs, settings):

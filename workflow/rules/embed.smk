@@ -4,8 +4,8 @@ rule embed:
         plan=RUN.plan,
     output:
         # The part is renamed into the store last: once it exists, so do the others.
-        embeddings=STORE.part(KEY, "{shard}"),
-        manifest=STORE.manifest(KEY, "{shard}"),
+        embeddings=in_store(STORE.part(KEY, "{shard}")),
+        manifest=in_store(STORE.manifest(KEY, "{shard}")),
         metrics=RUN.metrics("{shard}"),
         telemetry=RUN.telemetry("{shard}"),
         progress=RUN.progress("{shard}"),
@@ -28,4 +28,4 @@ rule embed:
 # cannot name jobs that exist only once the shard step, a checkpoint, has run).
 rule embedded:
     input:
-        lambda wildcards: [STORE.part(KEY, shard) for shard in planned_shards()],
+        lambda wildcards: [in_store(STORE.part(KEY, shard)) for shard in planned_shards()],

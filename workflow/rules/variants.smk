@@ -67,8 +67,8 @@ use rule embed as embed_mutants with:
         shard=MUTANTS.shard_tsv("{shard}"),
         plan=MUTANTS.plan,
     output:
-        embeddings=STORE.part(MUTANT_KEY, "{shard}"),
-        manifest=STORE.manifest(MUTANT_KEY, "{shard}"),
+        embeddings=in_store(STORE.part(MUTANT_KEY, "{shard}")),
+        manifest=in_store(STORE.manifest(MUTANT_KEY, "{shard}")),
         metrics=MUTANTS.metrics("{shard}"),
         telemetry=MUTANTS.telemetry("{shard}"),
         progress=MUTANTS.progress("{shard}"),
