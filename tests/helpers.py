@@ -486,3 +486,55 @@ def refused_before_any_job(result) -> str:
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
     return line
+
+
+def free_port() -> int:
+    """A TCP port of the loopback that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+# What a run against moto's server needs in its environment (no instance metadata to ask).
+S3_ENV = {**S3_CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@contextlib.contextmanager
+def moto_server(env: dict | None = None):
+    """moto's S3 server on a port of the loopback, for the duration: its port."""
+    import socket
+
+    port = free_port()
+    moto = Path(sys.executable).with_name("moto_server")
+    server = subprocess.Popen(
+        [str(moto), "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(400):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield port
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def s3_client(port: int, credentials: dict = S3_CREDENTIALS):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{port}",
+        region_name="us-east-1",
+        aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
+    )

@@ -3,11 +3,22 @@ reads, as Snakemake itself resolves them from the profile (the plugins are not i
 the profile runs a dry run with the local executor instead)."""
 
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
-from helpers import PROTEINS, REPO, TINY_MODEL, doc_block, snakemake
+from helpers import (
+    PROTEINS,
+    REPO,
+    S3_ENV,
+    TINY_MODEL,
+    doc_block,
+    moto_server,
+    refused_before_any_job,
+    s3_client,
+    snakemake,
+)
 
 # What each executor plugin reads for a job's GPU (from the plugins' sources: slurm's `gpu`
 # -> --gpus; kubernetes needs gpu_manufacturer beside `gpu`; googlebatch reads nvidia_gpu;
@@ -16,10 +27,13 @@ GPU_RESOURCES = {
     "slurm": {"gpu": "1"},
     "kubernetes": {"gpu": "1", "gpu_manufacturer": "nvidia"},
     "googlebatch": {"nvidia_gpu": "1"},
+    "awsbatch": {"_gpus": "1"},
     "htcondor": {"request_gpus": "1"},
     "lsf": {"lsf_extra": "-gpu num=1:mode=exclusive_process"},
 }
 GPU_NAMES = {name for resources in GPU_RESOURCES.values() for name in resources} - {"gpu"}
+# The profiles of services whose jobs share no filesystem: their runs are in S3.
+CLOUD = {"awsbatch": "aws-batch", "kubernetes": "kubernetes", "googlebatch": "googlebatch"}
 
 
 def test_every_shipped_cluster_profile_is_checked():
@@ -44,7 +58,15 @@ def sharded(tmp_path_factory):
     return workdir, config
 
 
-@pytest.mark.parametrize("executor", sorted(GPU_RESOURCES))
+def assert_gpu_resources(name: str, dry_run: str) -> None:
+    jobs = job_resources(dry_run)
+    assert {"embed", "merge", "report"} <= set(jobs), dry_run[-2000:]
+    assert GPU_RESOURCES[name].items() <= jobs["embed"].items()
+    for rule in ("merge", "report"):  # no GPU for the steps that need none
+        assert not (GPU_NAMES | {"gpu"}) & set(jobs[rule])
+
+
+@pytest.mark.parametrize("executor", sorted(set(GPU_RESOURCES) - set(CLOUD)))
 def test_the_profile_gives_the_embed_jobs_a_gpu_as_its_plugin_reads_it(
     executor, sharded, tmp_path
 ):
@@ -55,12 +77,59 @@ def test_the_profile_gives_the_embed_jobs_a_gpu_as_its_plugin_reads_it(
     copy = tmp_path / executor
     copy.mkdir()
     (copy / "config.yaml").write_text(yaml.safe_dump(profile))
-    dry_run = snakemake(workdir, config, "--profile", str(copy), "--dry-run").stdout
-    jobs = job_resources(dry_run)
-    assert {"embed", "merge", "report"} <= set(jobs), dry_run[-2000:]
-    assert GPU_RESOURCES[executor].items() <= jobs["embed"].items()
-    for rule in ("merge", "report"):  # no GPU for the steps that need none
-        assert not (GPU_NAMES | {"gpu"}) & set(jobs[rule])
+    assert_gpu_resources(
+        executor, snakemake(workdir, config, "--profile", str(copy), "--dry-run").stdout
+    )
+
+
+@pytest.fixture(scope="module")
+def moto():
+    with moto_server() as port:
+        s3_client(port).create_bucket(Bucket="lab")
+        yield port
+
+
+def edited_cloud_profile(name: str, port: int, folder) -> Path:
+    """A copy of the cloud profile `name` as its user edits it, for moto's server and the local
+    executor: its bucket and server set, its placeholders gone, its plugin's own settings left
+    out (the plugin is not installed here)."""
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    plugin = profile.pop("executor")
+    assert plugin == CLOUD[name] and profile["shared-fs-usage"] == "none"
+    assert profile["default-storage-provider"] == "s3"
+    assert profile["default-storage-prefix"] == "s3://CHANGE-ME-bucket/esmshard"
+    profile["default-storage-prefix"] = f"s3://lab/{name}"
+    profile["storage-s3-endpoint-url"] = f"http://127.0.0.1:{port}"
+    for key in [k for k in profile if k.startswith(f"{plugin}-") or k == "container-image"]:
+        del profile[key]
+    assert "CHANGE-ME" not in yaml.safe_dump(profile)
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(CLOUD))
+def test_a_cloud_profile_runs_in_s3_and_gives_the_embed_jobs_a_gpu(name, moto, tmp_path):
+    s3_client(moto).upload_file(str(PROTEINS), "lab", f"{name}/proteins.fasta")
+    copy = edited_cloud_profile(name, moto, tmp_path / name)
+    config = {"input": ["proteins.fasta"], "model": f"random:{TINY_MODEL}", "shards": 2}
+    workdir = tmp_path / "run"
+    snakemake(workdir, config, "--profile", str(copy), "--until", "shard", env=S3_ENV)
+    dry_run = snakemake(workdir, config, "--profile", str(copy), "--dry-run", env=S3_ENV).stdout
+    assert_gpu_resources(name, dry_run)
+
+
+@pytest.mark.parametrize("name", sorted(CLOUD))
+def test_a_cloud_profile_with_its_placeholders_is_refused_in_one_line(name, tmp_path):
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    for key in [k for k in profile if k.startswith(f"{CLOUD[name]}-")]:
+        del profile[key]  # the plugin is not installed here: its own settings would not parse
+    profile["executor"] = "cluster-generic"  # an executor that submits, installed here
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(profile))
+    config = {"input": ["proteins.fasta"], "model": f"random:{TINY_MODEL}"}
+    result = snakemake(tmp_path / "run", config, "--profile", str(tmp_path), check=False)
+    line = refused_before_any_job(result)
+    assert "still holds placeholders" in line and "CHANGE-ME-bucket" in line, line
 
 
 class Resources(dict):

@@ -82,6 +82,12 @@ class Invocation:
         given = list(getattr(args.default_resources, "args", None) or [])
         for resources in (args.set_resources or {}).values():
             given += getattr(resources, "args", None) or []
+        # the executor's and the storage's settings (a cloud profile's queue, image, bucket)
+        given += [
+            f"{name}={untagged(value)}"
+            for name, value in sorted(vars(args).items())
+            if PLACEHOLDER in (untagged(value) or "")
+        ]
         credentials = {
             variable: untagged(getattr(args, f"storage_s3_{name}", None))
             for name, variable in S3_CREDENTIALS.items()

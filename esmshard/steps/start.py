@@ -103,7 +103,7 @@ class RunStart:
         if not found or self.invocation.jobs_here or self.invocation.lint:
             return
         problem = (
-            f"the cluster resources still hold placeholders ({', '.join(found)}): "
+            f"the profile still holds placeholders ({', '.join(found)}): "
             f"{placeholder_advice(self.invocation.profiles)} (docs/clusters.md)"
         )
         if self.invocation.dry_run:

@@ -120,7 +120,7 @@ def test_a_profiles_placeholders_are_refused_before_a_submission_and_said_by_a_d
     dry = run_start(tmp_path, Invocation.of(cli(**{**vars(SLURM), "dryrun": True})))
     dry.begin()
     (line,) = dry.log.lines
-    assert line.startswith("esmshard: the cluster resources still hold placeholders (")
+    assert line.startswith("esmshard: the profile still holds placeholders (")
     assert line.endswith("before a run submits jobs")
     local = cli(default_resources=Resources("slurm_partition=CHANGE-ME-partition"))
     run_start(tmp_path, Invocation.of(local), model="random:esm2_t6_8M_UR50D").begin()

@@ -8,7 +8,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -19,11 +18,15 @@ import pytest
 from helpers import (
     MODEL,
     REPO,
+    S3_ENV,
     SLICE,
     fasta,
+    free_port,
     jobs_run,
     kill_9_when,
+    moto_server,
     refused_before_any_job,
+    s3_client,
     snakemake_command,
 )
 
@@ -32,16 +35,8 @@ from esmshard.files import TEMPORARY_NAME
 from esmshard.outputs.reader import Embeddings
 
 ISOLATED = REPO / "tests" / "workflow" / "isolated"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
-ENV = {**CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
 RECORDS = SLICE[:30]
 SETTINGS = [f"model={MODEL}", "repr_layers=[-1]", "include=[mean,per_tok]"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Proxy:
@@ -94,44 +89,17 @@ class Proxy:
                     pass
 
 
-def start_moto(port: int, env: dict | None = None) -> subprocess.Popen:
-    moto = Path(sys.executable).with_name("moto_server")
-    server = subprocess.Popen(
-        [str(moto), "-H", "127.0.0.1", "-p", str(port)],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return server
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("moto_server did not start")
-
-
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server behind a Proxy, with the bucket `lab`."""
-    port = free_port()
-    server = start_moto(port)
-    proxy = Proxy(port)
-    client(proxy.port).create_bucket(Bucket="lab")
-    yield proxy
-    proxy.stop()
-    server.terminate()
-    server.wait()
+    with moto_server() as port:
+        proxy = Proxy(port)
+        client(proxy.port).create_bucket(Bucket="lab")
+        yield proxy
+        proxy.stop()
 
 
-def client(port: int, credentials: dict = CREDENTIALS):
-    return boto3.client(
-        "s3",
-        endpoint_url=f"http://127.0.0.1:{port}",
-        region_name="us-east-1",
-        aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
-    )
+client = s3_client
 
 
 def upload(s3, key: str, records) -> None:
@@ -154,7 +122,7 @@ def cloud_command(workdir: Path, port: int, prefix: str, *more, env: dict | None
     """The `snakemake` command of a run in object storage, each job in an empty folder (no
     config file: a job's node would not have it)."""
     workdir.mkdir(parents=True)
-    _, full_env = snakemake_command(workdir, {}, env={**ENV, **(env or {})})
+    _, full_env = snakemake_command(workdir, {}, env={**S3_ENV, **(env or {})})
     cmd = [
         "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
         "--executor", "cluster-generic",
@@ -364,8 +332,12 @@ def listing(s3, prefix: str) -> list[str]:
 def read_only_server():
     """moto's server with the bucket `lab` holding an input, and credentials that may read
     but not write there."""
-    port = free_port()
-    server = start_moto(port, {"INITIAL_NO_AUTH_ACTION_COUNT": "5"})
+    with moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "5"}) as port:
+        yield port, read_only_user(port)
+
+
+def read_only_user(port: int) -> dict:
+    """The credentials of a new user who may read but not write."""
     admin = client(port)
     admin.create_bucket(Bucket="lab")
     admin.put_object(Bucket="lab", Key="f/proteins.fasta", Body=b">a\nMKV\n")
@@ -380,12 +352,10 @@ def read_only_server():
         PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": policy}),
     )
     key = iam.create_access_key(UserName="reader")["AccessKey"]
-    yield (
-        port,
-        {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]},
-    )
-    server.terminate()
-    server.wait()
+    return {
+        "AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+    }
 
 
 def test_an_unreachable_server_is_said_before_any_job(tmp_path):

@@ -86,7 +86,7 @@ from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.compute.provenance import made_by_of
-from esmshard.steps.invocation import Invocation, StartRefused, command_line
+from esmshard.steps.invocation import PLACEHOLDER, Invocation, StartRefused, command_line
 from esmshard.steps.object_run import (
     check_object_run,
     planned_in_object_store,
@@ -128,11 +128,13 @@ if OBJECT_STORE:
     os.environ[OBJECT_STORE_ENV] = OBJECT_STORE.to_env()
     os.environ.update(INVOCATION.storage_credentials)  # where boto3 reads them
     see_new_directories()
+    # (a profile's placeholder bucket is said by the run's start, in its words)
+    UNCHECKED = INVOCATION.lint or PLACEHOLDER in OBJECT_STORE.url
     OBJECT_RUN = check_object_run(
         OBJECT_STORE,
         INVOCATION.storage_prefix,
-        [] if INVOCATION.lint else config["input"],
-        writes=not (INVOCATION.lint or INVOCATION.remote_job),
+        [] if UNCHECKED else config["input"],
+        writes=not (UNCHECKED or INVOCATION.remote_job),
     )
     if OBJECT_RUN.problems:
         stop(*OBJECT_RUN.problems)
