@@ -56,6 +56,7 @@ def merge(
     metrics_files=(),
     run_lock: str | None = None,
     output_values: str = "copy",
+    store_name: str | None = None,
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
@@ -96,7 +97,7 @@ def merge(
     write_failed(failed_tsv, records, scan.failures)
     # where embeddings.h5's values are: in the file, or in the store's parts
     values_at = {"output_values": "in_place" if in_place else "copy",
-                 "store": str(Path(store_root).resolve())}  # fmt: skip
+                 "store": store_name or str(Path(store_root).resolve())}  # fmt: skip
     counts = run_counts(plan, scan, shapes, settings, card, metrics_files, run_lock, values_at)
     write_json(run_json, counts)
     log.info(

@@ -4,6 +4,7 @@ store is in object storage, and the checks said before any job (docs/clusters.md
 
 import csv
 import io
+import json
 import os
 import posixpath
 from typing import NamedTuple
@@ -42,6 +43,11 @@ def run_object_store(invocation: Invocation, config: dict) -> ObjectStore | None
         raise StartRefused(
             f"store {store} is {unseen}: give an s3:// URL, or leave it unset for a store "
             "under the run's outdir"
+        )
+    if config["output_values"] == "in_place":
+        raise StartRefused(
+            "output_values: in_place reads the store's parts where they lie, which jobs that "
+            "share no filesystem cannot: set output_values: copy"
         )
     prefix = (invocation.storage_prefix or "").rstrip("/")
     url = store or f"{prefix}/{posixpath.normpath(config['outdir'])}/store"
@@ -91,3 +97,13 @@ def planned_in_object_store(prefix: str, store: ObjectStore, layout: Layout) -> 
     """The shards that the shard step of `layout`'s run planned, read from the object store."""
     text = Bucket(ObjectStore(prefix, store.endpoint_url)).read(posixpath.normpath(layout.plan))
     return [row["shard"] for row in csv.DictReader(io.StringIO(text.decode()), delimiter="\t")]
+
+
+def read_run_json(prefix: str, store: ObjectStore, layout: Layout) -> dict | None:
+    """The run's run.json in the object store, or None where it cannot be read (the run's
+    last lines are then left out: the run itself said what went wrong)."""
+    try:
+        found = Bucket(ObjectStore(prefix, store.endpoint_url)).read(layout.run_json)
+        return json.loads(found)
+    except (ObjectStoreError, ValueError):
+        return None

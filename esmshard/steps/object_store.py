@@ -32,11 +32,14 @@ def shard_step(settings: dict, model_size, store_root, **params):
 
 def merge_step(settings: dict, store_root, **params):
     """`esmshard.steps.merge.merge` on the job's copy of the store's settings key."""
-    if ObjectStore.from_env() is None:
+    where = ObjectStore.from_env()
+    if where is None:
         return merge.merge(settings=settings, store_root=store_root, **params)
     key = settings_key(settings)
     with mirrored(JOB_STORE_FOLDER, key_scope(key), skip=is_piece):
-        return merge.merge(settings=settings, store_root=JOB_STORE_FOLDER, **params)
+        return merge.merge(
+            settings=settings, store_root=JOB_STORE_FOLDER, store_name=where.url, **params
+        )
 
 
 def run_shard(out_h5, shard, settings: dict, **params):

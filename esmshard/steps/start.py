@@ -39,6 +39,7 @@ from ..store.objects import ObjectStore
 from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
 from .invocation import CLUSTER_JOBS_ENV, Invocation, StartRefused, placeholder_advice
+from .object_run import read_run_json
 from .progress import METRICS_FIELDS, busy_seconds, computing_span, current_files, duration, rate
 from .run_state import read_state
 from .shard import plan_problem
@@ -362,26 +363,44 @@ class RunStart:
             + (f" ({kept:,} kept from stopped jobs)" if kept else "")
         )
 
+    def read_run_json(self) -> dict | None:
+        """The run's run.json: in the outdir, or in the object store."""
+        if self.object_store:
+            return read_run_json(self.invocation.storage_prefix, self.object_store, self.run)
+        if not os.path.isfile(self.run.run_json):
+            return None
+        with open(self.run.run_json) as fh:
+            return json.load(fh)
+
+    def where(self, path: str) -> str:
+        """Where a file of the run is, as its user finds it (an object's URL)."""
+        prefix = (self.invocation.storage_prefix or "").rstrip("/")
+        return f"{prefix}/{path}" if self.object_store else path
+
+    def computed_part(self, run: dict) -> str:
+        """'N computed (M by this command, K kept from stopped jobs: R residues)'."""
+        said = []
+        # run.json of an earlier command (nothing was left to merge): this one computed nothing;
+        # in object storage no run lock tells the two apart, and this is left out.
+        if not self.object_store:
+            this = run.get("run_id") == current_run_id(self.run.run_lock)
+            said.append(f"{run.get('computed_by_this_command', 0) if this else 0} by this command")
+        kept, residues = (run.get(k, 0) for k in ("kept_from_stopped_jobs",
+                                                   "residues_kept_from_stopped_jobs"))  # fmt: skip
+        if kept:
+            said.append(
+                f"{kept} kept from stopped jobs" + (f": {residues:,} residues" if residues else "")
+            )
+        return f"{run['computed']} computed" + (f" ({', '.join(said)})" if said else "")
+
     def summary(self) -> None:
         """The run's last lines: what was computed (by the plan, and by this command: a command
         that finishes a killed one computes part of it) or reused, and how many sequences failed
         (only when merge ran, e.g. not with --until)."""
-        run_json = self.run.run_json
-        if not os.path.isfile(run_json):
+        run = self.read_run_json()
+        if run is None:
             return
-        with open(run_json) as fh:
-            run = json.load(fh)
         config = self.config
-        # run.json of an earlier command (nothing was left to merge): this one computed nothing.
-        by_this_command = (
-            run.get("computed_by_this_command", 0)
-            if run.get("run_id") == current_run_id(self.run.run_lock)
-            else 0
-        )
-        kept, residues = (run.get(k, 0) for k in ("kept_from_stopped_jobs",
-                                                   "residues_kept_from_stopped_jobs"))  # fmt: skip
-        kept = f", {kept} kept from stopped jobs" if kept else ""
-        kept += f": {residues:,} residues" if kept and residues else ""
         long = {"truncate": "truncated", "chunk": "chunked", "skip": "skipped"}
         beyond = (
             f"; {run['long_records']} longer than truncation_seq_length, "
@@ -397,13 +416,13 @@ class RunStart:
             f"esmshard: {plural(run['records'], 'record')}, "
             f"{plural(run['unique_sequences'], 'unique sequence')}, "
             f"embedded with {run.get('made_by', {}).get('model', config['model'])}: "
-            f"{run['computed']} computed ({by_this_command} by this command{kept}), "
+            f"{self.computed_part(run)}, "
             f"{run['from_store']} from the store ({run['store']}); {run['failed']} records "
-            f"failed, listed in {self.run.failed}{beyond}"
+            f"failed, listed in {self.where(self.run.failed)}{beyond}"
         )
         outputs = [self.run.embeddings, self.run.failed, self.run.run_json, self.run.scaling_html]
         outputs += [self.run.variant_scores] if config["variants"] else []
-        self.log.info(f"esmshard: outputs: {', '.join(outputs)}")
+        self.log.info(f"esmshard: outputs: {', '.join(map(self.where, outputs))}")
         counts = read_counts(self.run.variant_summary) if config["variants"] else None
         if counts:
             self.log.info(f"esmshard: {counts_line(counts, self.run.variant_scores)}")

@@ -193,6 +193,12 @@ def test_outputs_in_the_bucket_equal_a_local_run(s3, first, local):
     assert_close(values_found, local)
     assert json.loads(found["a/out/run.json"])["computed"] == len(RECORDS)
     assert "a/out/report/scaling_report.html" in found
+    # the run's last lines, read from the bucket, name the objects
+    n = len(RECORDS)
+    assert f": {n} computed, 0 from the store (s3://lab/a/out/store); 0 records failed, " in (
+        first.stderr
+    )
+    assert "esmshard: outputs: s3://lab/a/out/embeddings.h5, " in first.stderr
     # the store is under the run's prefix: a part, its manifest, what its key stands for
     parts = [k for k in found if k.startswith("a/out/store/") and k.endswith(".h5")]
     assert len(parts) == 1 and "/.pieces/" not in parts[0]
