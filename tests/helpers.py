@@ -9,9 +9,11 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -490,8 +492,6 @@ def refused_before_any_job(result) -> str:
 
 def free_port() -> int:
     """A TCP port of the loopback that nothing listens on now."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -505,8 +505,6 @@ S3_ENV = {**S3_CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA
 @contextlib.contextmanager
 def moto_server(env: dict | None = None):
     """moto's S3 server on a port of the loopback, for the duration: its port."""
-    import socket
-
     port = free_port()
     moto = Path(sys.executable).with_name("moto_server")
     server = subprocess.Popen(
@@ -528,6 +526,60 @@ def moto_server(env: dict | None = None):
         server.wait()
 
 
+class Proxy:
+    """A TCP proxy to the object store that can stop (connections refused, open ones cut) and
+    start again on its port, the server's objects kept behind it: a server that goes away."""
+
+    def __init__(self, target_port: int):
+        self.port, self.target = free_port(), target_port
+        self.open: list[socket.socket] = []
+        self.listener = None
+        self.sent = {"to the server": 0, "from the server": 0}  # bytes, for benchmarks
+        self.start()
+
+    def start(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self.accept, args=(self.listener,), daemon=True).start()
+
+    def stop(self) -> None:
+        self.listener.close()
+        for conn in self.open:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            conn.close()
+        self.open.clear()
+
+    def accept(self, listener) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.open += [client, server]
+            for a, b, way in (
+                (client, server, "to the server"),
+                (server, client, "from the server"),
+            ):
+                threading.Thread(target=self.pipe, args=(a, b, way), daemon=True).start()
+
+    def pipe(self, source, sink, way: str) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+                self.sent[way] += len(data)
+        except OSError:
+            pass
+        finally:
+            for conn in (source, sink):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
 def s3_client(port: int, credentials: dict = S3_CREDENTIALS):
     import boto3
 
@@ -538,3 +590,26 @@ def s3_client(port: int, credentials: dict = S3_CREDENTIALS):
         aws_access_key_id=credentials["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=credentials["AWS_SECRET_ACCESS_KEY"],
     )
+
+
+# The profiles of services whose jobs share no filesystem (their runs are in S3): their plugins.
+CLOUD = {"awsbatch": "aws-batch", "kubernetes": "kubernetes", "googlebatch": "googlebatch"}
+
+
+def edited_cloud_profile(name: str, prefix: str, port: int, folder: Path) -> Path:
+    """A copy of the cloud profile `name` as its user edits it, for moto's server and the local
+    executor: its prefix and server set, its placeholders gone, its plugin's own settings left
+    out (the plugin is not installed here)."""
+    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
+    plugin = profile.pop("executor")
+    assert plugin == CLOUD[name] and profile["shared-fs-usage"] == "none"
+    assert profile["default-storage-provider"] == "s3"
+    assert profile["default-storage-prefix"] == "s3://CHANGE-ME-bucket/esmshard"
+    profile["default-storage-prefix"] = prefix
+    profile["storage-s3-endpoint-url"] = f"http://127.0.0.1:{port}"
+    for key in [k for k in profile if k.startswith(f"{plugin}-") or k == "container-image"]:
+        del profile[key]
+    assert "CHANGE-ME" not in yaml.safe_dump(profile)
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
+    return folder

@@ -13,7 +13,19 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from helpers import DATA, PROTEINS, REPO, TINY_MODEL, clone_of_workflow, read_records
+from helpers import (
+    CLOUD,
+    DATA,
+    PROTEINS,
+    REPO,
+    S3_ENV,
+    TINY_MODEL,
+    clone_of_workflow,
+    edited_cloud_profile,
+    moto_server,
+    read_records,
+    s3_client,
+)
 
 import esmshard
 
@@ -143,13 +155,26 @@ def test_every_command_is_run_by_a_test():
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
-    """A fresh clone's files, with the input files the docs' commands name."""
+def s3_port():
+    """moto's S3 server, whose bucket holds the input that the docs' cloud commands name."""
+    with moto_server() as port:
+        s3_client(port).create_bucket(Bucket="lab")
+        yield port
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory, s3_port) -> Path:
+    """A fresh clone's files, with the input files and the edited cloud profiles
+    (`my-awsbatch`, against moto's server) that the docs' commands name."""
     folder = clone_of_workflow(tmp_path_factory.mktemp("clone"))
+    for name in CLOUD:
+        edited_cloud_profile(name, "s3://lab/esmshard", s3_port, folder / f"my-{name}")
     for name in ("proteome.fasta.gz", "a.fasta", "b.fasta"):
         subprocess.run(f"gzip -c {PROTEINS} > {name}" if name.endswith(".gz")
                        else f"cp {PROTEINS} {name}", shell=True, cwd=folder, check=True)  # fmt: skip
     subprocess.run(["cp", "-r", "profiles/slurm", "profiles/mycluster"], cwd=folder, check=True)
+    s3_client(s3_port).upload_file(str(folder / "proteome.fasta.gz"), "lab",
+                                   "esmshard/proteome.fasta.gz")  # fmt: skip
     header, sequence = read_records(PROTEINS)[0]  # a variant of the input's first record
     (folder / "variants.csv").write_text(f"id,mutant\n{header[1:].split()[0]},{sequence[0]}1A\n")
     example = "resources/ecoli_k12_example.fasta"  # what `make run` writes
@@ -170,7 +195,7 @@ def test_every_workflow_command_runs_as_a_dry_run(command, clone, tmp_path):
         argv += ["--config", f"model=random:{TINY_MODEL}"]
     argv += (["--"] if argv[0] == "esmshard" else []) + ["--dry-run"]
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "HOME": str(tmp_path),
-           "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}  # fmt: skip
+           "ESMSHARD_POOL_DIR": str(tmp_path / "pool"), **S3_ENV}  # fmt: skip
     done = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True)
     assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
     assert "rule shard" in done.stdout + done.stderr or "checkpoint shard" in done.stdout

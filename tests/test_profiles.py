@@ -3,17 +3,18 @@ reads, as Snakemake itself resolves them from the profile (the plugins are not i
 the profile runs a dry run with the local executor instead)."""
 
 import re
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
 from helpers import (
+    CLOUD,
     PROTEINS,
     REPO,
     S3_ENV,
     TINY_MODEL,
     doc_block,
+    edited_cloud_profile,
     moto_server,
     refused_before_any_job,
     s3_client,
@@ -32,8 +33,6 @@ GPU_RESOURCES = {
     "lsf": {"lsf_extra": "-gpu num=1:mode=exclusive_process"},
 }
 GPU_NAMES = {name for resources in GPU_RESOURCES.values() for name in resources} - {"gpu"}
-# The profiles of services whose jobs share no filesystem: their runs are in S3.
-CLOUD = {"awsbatch": "aws-batch", "kubernetes": "kubernetes", "googlebatch": "googlebatch"}
 
 
 def test_every_shipped_cluster_profile_is_checked():
@@ -89,29 +88,10 @@ def moto():
         yield port
 
 
-def edited_cloud_profile(name: str, port: int, folder) -> Path:
-    """A copy of the cloud profile `name` as its user edits it, for moto's server and the local
-    executor: its bucket and server set, its placeholders gone, its plugin's own settings left
-    out (the plugin is not installed here)."""
-    profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
-    plugin = profile.pop("executor")
-    assert plugin == CLOUD[name] and profile["shared-fs-usage"] == "none"
-    assert profile["default-storage-provider"] == "s3"
-    assert profile["default-storage-prefix"] == "s3://CHANGE-ME-bucket/esmshard"
-    profile["default-storage-prefix"] = f"s3://lab/{name}"
-    profile["storage-s3-endpoint-url"] = f"http://127.0.0.1:{port}"
-    for key in [k for k in profile if k.startswith(f"{plugin}-") or k == "container-image"]:
-        del profile[key]
-    assert "CHANGE-ME" not in yaml.safe_dump(profile)
-    folder.mkdir()
-    (folder / "config.yaml").write_text(yaml.safe_dump(profile))
-    return folder
-
-
 @pytest.mark.parametrize("name", sorted(CLOUD))
 def test_a_cloud_profile_runs_in_s3_and_gives_the_embed_jobs_a_gpu(name, moto, tmp_path):
     s3_client(moto).upload_file(str(PROTEINS), "lab", f"{name}/proteins.fasta")
-    copy = edited_cloud_profile(name, moto, tmp_path / name)
+    copy = edited_cloud_profile(name, f"s3://lab/{name}", moto, tmp_path / name)
     config = {"input": ["proteins.fasta"], "model": f"random:{TINY_MODEL}", "shards": 2}
     workdir = tmp_path / "run"
     snakemake(workdir, config, "--profile", str(copy), "--until", "shard", env=S3_ENV)

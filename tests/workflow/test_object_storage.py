@@ -6,9 +6,7 @@ import hashlib
 import json
 import os
 import re
-import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +18,7 @@ from helpers import (
     REPO,
     S3_ENV,
     SLICE,
+    Proxy,
     fasta,
     free_port,
     jobs_run,
@@ -37,56 +36,6 @@ from esmshard.outputs.reader import Embeddings
 ISOLATED = REPO / "tests" / "workflow" / "isolated"
 RECORDS = SLICE[:30]
 SETTINGS = [f"model={MODEL}", "repr_layers=[-1]", "include=[mean,per_tok]"]
-
-
-class Proxy:
-    """A TCP proxy to the object store that can stop (connections refused, open ones cut) and
-    start again on its port, the server's objects kept behind it: a server that goes away."""
-
-    def __init__(self, target_port: int):
-        self.port, self.target = free_port(), target_port
-        self.open: list[socket.socket] = []
-        self.listener = None
-        self.start()
-
-    def start(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", self.port))
-        threading.Thread(target=self.accept, args=(self.listener,), daemon=True).start()
-
-    def stop(self) -> None:
-        self.listener.close()
-        for conn in self.open:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            conn.close()
-        self.open.clear()
-
-    def accept(self, listener) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            self.open += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def pipe(source, sink) -> None:
-        try:
-            while data := source.recv(1 << 16):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for conn in (source, sink):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 @pytest.fixture(scope="module")

@@ -125,6 +125,8 @@ try:
 except StartRefused as refused:
     stop(*refused.problems)
 if OBJECT_STORE:
+    # values in place would point at parts that only the merge job's node had
+    config["output_values"] = "copy"
     os.environ[OBJECT_STORE_ENV] = OBJECT_STORE.to_env()
     os.environ.update(INVOCATION.storage_credentials)  # where boto3 reads them
     see_new_directories()
