@@ -60,7 +60,10 @@ class ObjectStore:
 
         # A stopped server fails a job within a minute, not after boto3's minutes of retries.
         config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3})
-        return boto3.client("s3", endpoint_url=self.endpoint_url, config=config)
+        # a session of its own: credentials as the environment holds them now
+        return boto3.session.Session().client(
+            "s3", endpoint_url=self.endpoint_url, config=config
+        )
 
 
 class Bucket:
@@ -73,13 +76,15 @@ class Bucket:
     def listing(self, under: str = "") -> dict[str, int]:
         """Every object under `under` (a relative key prefix): its relative key and size."""
         found, root = {}, self.where.key("")
-        prefix = self.where.key(under)
         pages = self.s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.where.bucket, Prefix=prefix
+            Bucket=self.where.bucket, Prefix=self.where.key(under)
         )
-        for page in self._calling(pages.__iter__):
-            for item in page.get("Contents", []):
-                found[item["Key"][len(root) :].lstrip("/")] = item["Size"]
+        try:
+            for page in pages:
+                for item in page.get("Contents", []):
+                    found[item["Key"][len(root) :].lstrip("/")] = item["Size"]
+        except Exception as err:
+            raise self.failure(err) from err
         return found
 
     def size(self, relative: str) -> int | None:
