@@ -23,9 +23,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from helpers import PROTEOME, S3_ENV, Proxy, moto_server, read_records, s3_client  # noqa: E402
+from helpers import (  # noqa: E402
+    PROTEOME,
+    S3_ENV,
+    Proxy,
+    in_s3_isolated,
+    moto_server,
+    read_records,
+    s3_client,
+)
 
-ISOLATED = REPO / "tests" / "workflow" / "isolated"
 SETTINGS = ["model=random:esm2_t6_8M_UR50D", "repr_layers=[-1]", "include=[mean]"]
 
 
@@ -61,14 +68,7 @@ def s3_run(folder: Path, proxy: Proxy, prefix: str, fasta: bytes) -> tuple[float
     before = dict(proxy.sent)
     seconds = snakemake(
         folder / "run",
-        "--executor", "cluster-generic",
-        "--cluster-generic-submit-cmd", str(ISOLATED / "submit"),
-        "--cluster-generic-status-cmd", str(ISOLATED / "status"),
-        "--jobs", "4",
-        "--default-storage-provider", "s3",
-        "--default-storage-prefix", f"s3://lab/{prefix}",
-        "--storage-s3-endpoint-url", f"http://127.0.0.1:{proxy.port}",
-        "--shared-fs-usage", "none",
+        *in_s3_isolated(proxy.port, prefix),
         "--config", "input=proteins.fasta", "outdir=out", *SETTINGS,
         env=S3_ENV,
     )  # fmt: skip

@@ -580,6 +580,24 @@ class Proxy:
                     pass
 
 
+ISOLATED = REPO / "tests" / "workflow" / "isolated"
+
+
+def in_s3_isolated(port: int, prefix: str) -> list[str]:
+    """`snakemake`'s options for a run whose input, outputs and store are under s3://lab/PREFIX
+    on moto's server at `port`, each job in an empty folder of its own (tests/workflow/isolated)."""
+    return [
+        "--executor", "cluster-generic",
+        "--cluster-generic-submit-cmd", str(ISOLATED / "submit"),
+        "--cluster-generic-status-cmd", str(ISOLATED / "status"),
+        "--jobs", "4",
+        "--default-storage-provider", "s3",
+        "--default-storage-prefix", f"s3://lab/{prefix}",
+        "--storage-s3-endpoint-url", f"http://127.0.0.1:{port}",
+        "--shared-fs-usage", "none",
+    ]  # fmt: skip
+
+
 def s3_client(port: int, credentials: dict = S3_CREDENTIALS):
     import boto3
 

@@ -61,9 +61,7 @@ class ObjectStore:
         # A stopped server fails a job within a minute, not after boto3's minutes of retries.
         config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3})
         # a session of its own: credentials as the environment holds them now
-        return boto3.session.Session().client(
-            "s3", endpoint_url=self.endpoint_url, config=config
-        )
+        return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
 
 
 class Bucket:

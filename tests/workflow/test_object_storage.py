@@ -21,6 +21,7 @@ from helpers import (
     Proxy,
     fasta,
     free_port,
+    in_s3_isolated,
     jobs_run,
     kill_9_when,
     moto_server,
@@ -33,7 +34,6 @@ from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.files import TEMPORARY_NAME
 from esmshard.outputs.reader import Embeddings
 
-ISOLATED = REPO / "tests" / "workflow" / "isolated"
 RECORDS = SLICE[:30]
 SETTINGS = [f"model={MODEL}", "repr_layers=[-1]", "include=[mean,per_tok]"]
 
@@ -74,14 +74,7 @@ def cloud_command(workdir: Path, port: int, prefix: str, *more, env: dict | None
     _, full_env = snakemake_command(workdir, {}, env={**S3_ENV, **(env or {})})
     cmd = [
         "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-        "--executor", "cluster-generic",
-        "--cluster-generic-submit-cmd", str(ISOLATED / "submit"),
-        "--cluster-generic-status-cmd", str(ISOLATED / "status"),
-        "--jobs", "4",
-        "--default-storage-provider", "s3",
-        "--default-storage-prefix", f"s3://lab/{prefix}",
-        "--storage-s3-endpoint-url", f"http://127.0.0.1:{port}",
-        "--shared-fs-usage", "none",
+        *in_s3_isolated(port, prefix),
         "--config", "input=proteins.fasta", "outdir=out", *SETTINGS, *more,
     ]  # fmt: skip
     return cmd, full_env

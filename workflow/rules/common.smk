@@ -178,7 +178,7 @@ wildcard_constraints:
 
 
 def in_store(path):
-    """A file of the store as a rule names it: an object of a store given as an s3:// URL is
+    """A file of the store, as the rules name it. An object of a store given as an s3:// URL is
     Snakemake's `storage` object (the other paths take --default-storage-prefix)."""
     return storage(path) if is_object_url(path) else path
 
