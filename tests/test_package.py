@@ -15,6 +15,7 @@ PACKAGE = REPO / "esmshard"
 # api, esmshard.embed, which runs the steps in the calling process.
 STAGES = (
     "",
+    "search",
     "embeddings_h5",
     "input",
     "store",

@@ -16,6 +16,7 @@ from ..steps.run_state import merged as status_merged
 from ..steps.run_state import read_state
 from ..version import __version__
 from . import console, launch
+from .neighbours import add_neighbours_command, neighbours
 from .status import render
 from .store import show_store
 
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_status_command(commands)
     add_store_command(commands)
     add_export_command(commands)
+    add_neighbours_command(commands)
     add_variant_commands(commands)
     add_setup_commands(commands)
     return parser
@@ -431,6 +433,7 @@ HANDLERS = {
     "heatmap": heatmap,
     "ensemble": ensemble,
     "export": export,
+    "neighbours": neighbours,
     "status": status,
 }
 

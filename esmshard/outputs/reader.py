@@ -410,6 +410,14 @@ class Embeddings:
                 start, self.ids(start, stop), data[bounds[0] : bounds[-1]], bounds - bounds[0]
             )
 
+    def nearest(self, query, k: int = 10, metric: str = "euclidean", layer: int | None = None):
+        """The `k` proteins nearest to `query` (one of this file's IDs, left out of its own
+        answer, or a vector of its width) by their mean embeddings at `layer` (default: the
+        last held), nearest first, as (id, distance) pairs; `metric`: euclidean or cosine."""
+        from .nearest import nearest_to
+
+        return nearest_to(self, query, k, metric, layer)
+
     def dataset(self, kind: str = "mean", layer: int | None = None):
         """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.outputs.torchdata)."""
         from .torchdata import EmbeddingDataset

@@ -1,0 +1,114 @@
+"""`esmshard neighbours`: each query's k nearest proteins in a reference embedded earlier (an
+outdir or an embeddings.h5 of the same model), with the neighbours' annotations and, per query,
+the nearest annotated neighbour's annotation and its reliability index (esmshard.search).
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from ..files import write_tsv
+from ..outputs import nearest as found
+from ..outputs.reader import Embeddings
+from ..search import METRICS
+
+
+def add_neighbours_command(commands) -> None:
+    """Add `esmshard neighbours`."""
+    command = commands.add_parser(
+        "neighbours",
+        help="find each query's k nearest proteins in a reference, and carry annotations over",
+        description="Write each query's K nearest proteins of REFERENCE (exact search of the "
+        "mean embeddings), nearest first: id, rank, neighbour, distance, and the neighbour's "
+        "annotation columns. QUERIES and REFERENCE are outdirs or embeddings.h5 files of the "
+        "same model; the same file for both searches it against itself, each protein's own row "
+        "left out.",
+    )
+    command.add_argument("queries", type=Path, help="the queries' outdir or embeddings.h5")
+    command.add_argument("--reference", required=True, type=Path, help="the reference's")
+    command.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
+    command.add_argument("--metric", choices=METRICS, default="euclidean")
+    command.add_argument("--layer", type=int, help="the mean layer (default: the last held)")
+    command.add_argument("-o", "--out", required=True, type=Path, help="the TSV to write")
+    command.add_argument(
+        "--annotations",
+        type=Path,
+        help="a CSV or TSV with an `id` column and the reference's columns to carry over; the "
+        "nearest annotated neighbour of each query, its distance and reliability index are "
+        "then written to --transferred",
+    )
+    command.add_argument(
+        "--transferred",
+        type=Path,
+        help="with --annotations, the per-query TSV (default: beside --out, NAME.annotations.tsv)",
+    )
+
+
+def say(line: str) -> None:
+    print(f"esmshard neighbours: {line}", file=sys.stderr)
+
+
+def neighbours(parser, args) -> int:
+    """Search, then write the neighbours and (with annotations) what they carry over."""
+    if args.k < 1:
+        parser.exit(2, "esmshard neighbours: -k must be 1 or more\n")
+    try:
+        with Embeddings(args.queries) as queries, Embeddings(args.reference) as reference:
+            annotations = found.read_annotations(args.annotations) if args.annotations else {}
+            hits, ids = search(queries, reference, args)
+            query_ids = queries.ids()
+    except (OSError, KeyError, ValueError) as err:
+        parser.exit(1, f"esmshard neighbours: {err.args[0] if err.args else err}\n")
+    columns = found.annotation_columns(annotations)
+    rows = [
+        [
+            query,
+            rank + 1,
+            ids[row],
+            f"{d:.7g}",
+            *(annotations.get(ids[row], {}).get(column, "") for column in columns),
+        ]  # fmt: skip
+        for query, q_rows, q_distances in zip(query_ids, hits.rows, hits.distances)
+        for rank, (row, d) in enumerate(zip(q_rows, q_distances))
+        if row >= 0
+    ]
+    write_tsv(args.out, ["id", "rank", "neighbour", "distance", *columns], rows)
+    if args.annotations:
+        say_missing(annotations, set(ids), args.annotations, args.reference)
+        transfer = found.transferred(hits, ids, annotations, args.metric)
+        where = args.transferred or args.out.with_suffix(".annotations.tsv")
+        names = ["id", "neighbour", "distance", "reliability_index", *columns]
+        write_tsv(where, names, [[q, *t.values()] for q, t in zip(query_ids, transfer)])
+        say(f"wrote {args.out} and {where}")
+    else:
+        say(f"wrote {args.out}")
+    return 0
+
+
+def search(queries: Embeddings, reference: Embeddings, args):
+    """The hits of every query, and the reference's IDs; the k past the reference said."""
+    layer = found.comparable_layer(queries, reference, args.layer)
+    itself = Path(queries.name).resolve() == Path(reference.name).resolve()
+    available = len(reference) - (1 if itself else 0)
+    if args.k > available:
+        say(
+            f"-k {args.k} asks for more than {reference.name} holds: each query gets "
+            f"{available} neighbour{'s' if available != 1 else ''}"
+        )
+    vectors = np.asarray(queries.array("mean", layer), dtype=np.float32)
+    own = np.arange(len(queries)) if itself else None
+    hits = found.search(
+        vectors, reference, layer, min(args.k, max(available, 1)), args.metric, own
+    )
+    return hits, reference.ids()
+
+
+def say_missing(annotations: dict, reference_ids: set, table: Path, reference: Path) -> None:
+    """Count the annotated IDs that are not in the reference: they carry nothing over."""
+    missing = [name for name in annotations if name not in reference_ids]
+    if missing:
+        say(
+            f"{len(missing):,} of the {len(annotations):,} IDs of {table} are not in "
+            f"{reference} (e.g. {missing[0]}): they carry nothing over"
+        )

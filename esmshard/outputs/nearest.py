@@ -1,0 +1,125 @@
+"""Nearest neighbours between two embeddings.h5 files (or a file and itself), by their mean
+embeddings at one layer: the reference read in blocks of rows, so that its size does not set the
+memory; the neighbours' annotations carried over (esmshard.search). The files are open
+`Embeddings` (esmshard.outputs.reader, whose `nearest` calls this module).
+"""
+
+import csv
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from ..search import Hits, merged, nearest, reliability_index
+
+REFERENCE_ROWS_AT_ONCE = 1 << 14  # with 4,096 queries at once: 256 MB of fp32 products
+
+
+class Neighbour(NamedTuple):
+    id: str
+    distance: float
+
+
+def model_of(emb) -> str:
+    """What must match for two files' embeddings to be comparable: the weights (by SHA-256;
+    random weights by the model's name)."""
+    made = emb.made_by
+    weights = made.get("weights_sha256")
+    return made.get("model", "?") if weights in (None, "random") else f"weights {weights}"
+
+
+def comparable_layer(queries, reference, layer: int | None) -> int:
+    """The mean layer both files hold (default: the queries' last); ValueError in one line
+    naming both files where the model, the layer or the width differ."""
+    names = f"{queries.name} and {reference.name}"
+    if model_of(queries) != model_of(reference):
+        raise ValueError(
+            f"{names} were embedded with other models ({model_of(queries)}, "
+            f"{model_of(reference)}): embed both with the same model"
+        )
+    chosen = queries.layer("mean", layer)
+    if chosen not in reference.layers.get("mean", []):
+        raise ValueError(
+            f"{reference.name} holds mean embeddings at layers {reference.layers.get('mean', [])}"
+            f", not at {chosen} as {queries.name}: choose a layer both hold"
+        )
+    widths = [emb.stored(f"mean/{chosen}").shape[1] for emb in (queries, reference)]
+    if widths[0] != widths[1]:
+        raise ValueError(f"{names} hold embeddings {widths[0]} and {widths[1]} wide")
+    return chosen
+
+
+def search(
+    queries: np.ndarray,
+    reference,
+    layer: int,
+    k: int,
+    metric: str = "euclidean",
+    own_rows: np.ndarray | None = None,
+) -> Hits:
+    """The `k` nearest reference rows to each query vector, the reference read block by block."""
+    values = reference.stored(f"mean/{layer}")
+    found = None
+    for start in range(0, len(values), REFERENCE_ROWS_AT_ONCE):
+        block = np.asarray(values[start : start + REFERENCE_ROWS_AT_ONCE], dtype=np.float32)
+        hits = nearest(queries, block, k, metric, first_row=start, own_rows=own_rows)
+        found = hits if found is None else merged([found, hits], k)
+    return found if found is not None else nearest(queries, values[:0], k, metric)
+
+
+def nearest_to(emb, query, k: int, metric: str, layer: int | None) -> list[Neighbour]:
+    """`Embeddings.nearest`: the proteins of `emb` nearest to one of its IDs (left out of its own
+    answer) or to a vector of its width."""
+    chosen = emb.layer("mean", layer)
+    if isinstance(query, str):
+        row = emb.row(query)
+        vector, own = emb.values(row, "mean", chosen), np.array([row])
+    else:
+        vector, own = np.asarray(query, dtype=np.float32), None
+        if vector.shape != (emb.dim,):
+            raise ValueError(f"a vector of {emb.dim} values is needed, not {vector.shape}")
+    hits = search(vector[None, :], emb, chosen, k, metric, own)
+    ids = emb.ids()
+    return [
+        Neighbour(ids[row], float(d))
+        for row, d in zip(hits.rows[0], hits.distances[0])
+        if row >= 0
+    ]
+
+
+def read_annotations(path) -> dict[str, dict[str, str]]:
+    """A CSV or TSV with an `id` column: each ID's other columns."""
+    path = Path(path)
+    with open(path, newline="") as fh:
+        sample = fh.read(1 << 16)
+        fh.seek(0)
+        header = sample.splitlines()[0] if sample else ""
+        delimiter = "\t" if "\t" in header else ","
+        rows = list(csv.DictReader(fh, delimiter=delimiter))
+    if not rows or "id" not in rows[0]:
+        raise ValueError(
+            f"{path}: no `id` column (the annotations need one, and the columns to carry over)"
+        )
+    return {row.pop("id"): row for row in rows}
+
+
+def annotation_columns(annotations: dict[str, dict[str, str]]) -> list[str]:
+    return list(next(iter(annotations.values()), {}))
+
+
+def transferred(hits: Hits, ids: list[str], annotations: dict, metric: str) -> list[dict]:
+    """Per query: its nearest annotated neighbour, the distance, its reliability index and its
+    annotation (empty where none of its neighbours is annotated)."""
+    columns = annotation_columns(annotations)
+    found = []
+    for rows, distances in zip(hits.rows, hits.distances):
+        named = [(ids[r], d) for r, d in zip(rows, distances) if r >= 0 and ids[r] in annotations]
+        if named:
+            neighbour, d = named[0]
+            ri = float(reliability_index([d], metric)[0])
+            found.append({"neighbour": neighbour, "distance": float(d),
+                          "reliability_index": round(ri, 6), **annotations[neighbour]})  # fmt: skip
+        else:
+            found.append({"neighbour": "", "distance": "", "reliability_index": "",
+                          **dict.fromkeys(columns, "")})  # fmt: skip
+    return found

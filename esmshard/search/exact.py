@@ -1,0 +1,101 @@
+"""Exact nearest neighbours of query embeddings in a reference: matrix products in blocks, each
+query's candidates re-ranked by distances computed directly in fp32, and the top k of several
+reference shards merged into one.
+
+Distances: `euclidean` (as goPredSim and EAT) and `cosine` (1 - cosine similarity). Ties are
+broken by the reference row, so that a reference cut into shards gives the same table.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+METRICS = ("euclidean", "cosine")
+QUERIES_AT_ONCE = 4096  # a block's products: queries x reference rows of fp32
+EXTRA_CANDIDATES = 16  # re-ranked beyond k: the products' rounding may reorder near ties
+
+
+class Hits(NamedTuple):
+    """Each query's nearest reference rows, nearest first (-1 and inf past the reference's end)."""
+
+    rows: np.ndarray  # (queries, k) int64
+    distances: np.ndarray  # (queries, k) float32
+
+
+def exact_distances(queries: np.ndarray, candidates: np.ndarray, metric: str) -> np.ndarray:
+    """The distance of each query (n, d) to each of its candidates (n, c, d), computed directly."""
+    q = queries[:, None, :].astype(np.float32)
+    c = candidates.astype(np.float32)
+    if metric == "euclidean":
+        return np.sqrt(np.square(c - q).sum(axis=-1, dtype=np.float32))
+    norms = np.linalg.norm(q, axis=-1) * np.linalg.norm(c, axis=-1)
+    cosine = (q * c).sum(axis=-1, dtype=np.float32) / np.maximum(norms, np.float32(1e-30))
+    return (1 - cosine).astype(np.float32)
+
+
+def approximate(queries: np.ndarray, reference: np.ndarray, metric: str) -> np.ndarray:
+    """A score per pair that orders each query's reference rows as its distances do, from one
+    matrix product: squared euclidean distance, or minus the cosine similarity."""
+    products = queries @ reference.T
+    if metric == "euclidean":
+        return np.square(reference).sum(axis=1) - 2 * products  # + |q|², the same along a row
+    norms = np.linalg.norm(reference, axis=1) * np.linalg.norm(queries, axis=1)[:, None]
+    return -products / np.maximum(norms, 1e-30)
+
+
+def nearest(
+    queries: np.ndarray,
+    reference: np.ndarray,
+    k: int,
+    metric: str = "euclidean",
+    first_row: int = 0,
+    own_rows: np.ndarray | None = None,
+) -> Hits:
+    """The `k` nearest rows of `reference` (rows `first_row`... of the whole reference) to each
+    query; `own_rows`: each query's own row in the whole reference, left out (a search of the
+    input against itself; -1 for none)."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
+    n = len(queries)
+    rows = np.full((n, k), -1, dtype=np.int64)
+    distances = np.full((n, k), np.inf, dtype=np.float32)
+    wanted = min(k + EXTRA_CANDIDATES + 1, len(reference))
+    for start in range(0, n, QUERIES_AT_ONCE):
+        block = np.asarray(queries[start : start + QUERIES_AT_ONCE], dtype=np.float32)
+        scores = approximate(block, np.asarray(reference, dtype=np.float32), metric)
+        if own_rows is not None:
+            own = own_rows[start : start + len(block)] - first_row
+            inside = (own >= 0) & (own < len(reference))
+            scores[np.flatnonzero(inside), own[inside]] = np.inf
+        if wanted == 0:
+            continue
+        candidates = np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
+        exact = exact_distances(block, reference[candidates], metric)
+        excluded = np.take_along_axis(scores, candidates, axis=1) == np.inf
+        exact[excluded] = np.inf
+        found = candidates + first_row
+        hits = top_k(found, exact, k)
+        rows[start : start + len(block)] = hits.rows
+        distances[start : start + len(block)] = hits.distances
+    return Hits(rows, distances)
+
+
+def top_k(rows: np.ndarray, distances: np.ndarray, k: int) -> Hits:
+    """Each query's `k` smallest distances among its (rows, distances), ties by row; padded with
+    -1 and inf where it has fewer."""
+    order = np.lexsort((rows, distances), axis=1)[:, :k]
+    kept_rows = np.take_along_axis(rows, order, axis=1)
+    kept = np.take_along_axis(distances, order, axis=1)
+    kept_rows[~np.isfinite(kept)] = -1
+    if kept.shape[1] < k:
+        pad = k - kept.shape[1]
+        kept_rows = np.pad(kept_rows, ((0, 0), (0, pad)), constant_values=-1)
+        kept = np.pad(kept, ((0, 0), (0, pad)), constant_values=np.inf)
+    return Hits(kept_rows, kept.astype(np.float32))
+
+
+def merged(shards: list[Hits], k: int) -> Hits:
+    """The top `k` of several reference shards' hits for the same queries."""
+    rows = np.concatenate([h.rows for h in shards], axis=1)
+    distances = np.concatenate([h.distances for h in shards], axis=1)
+    return top_k(rows, distances, k)
