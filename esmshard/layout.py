@@ -57,6 +57,24 @@ class Layout:
         return self._path("failed_sequences.tsv")
 
     @property
+    def neighbours_tsv(self) -> str:
+        """Each protein's nearest neighbours in the `neighbours` reference (esmshard.steps.neighbours),
+        the same as Parquet, and each protein's nearest annotated neighbour's annotation."""
+        return self._path("neighbours.tsv")
+
+    @property
+    def neighbours_parquet(self) -> str:
+        return self._path("neighbours.parquet")
+
+    @property
+    def annotations_tsv(self) -> str:
+        return self._path("annotations.tsv")
+
+    def neighbour_part(self, part: str) -> str:
+        """One search job's top k, of the reference rows of `part` ("i-of-n")."""
+        return self._path("neighbours", f"{part}.npz")
+
+    @property
     def variant_scores(self) -> str:
         """The variants' scores (esmshard.steps.variants), and the same as a Parquet dataset."""
         return self._path("variant_scores.tsv")
@@ -113,6 +131,9 @@ class Layout:
             self.failed,
             self.variant_scores,
             self.variant_summary,
+            self.neighbours_tsv,
+            self.neighbours_parquet,
+            self.annotations_tsv,
         ]
 
     @property
@@ -120,7 +141,7 @@ class Layout:
         """The outdir's folders that esmshard makes and alone writes in (its files at the top
         level aside): what it may clean up in, recursively."""
         names = ("shards", "metrics", "telemetry", "progress", "logs", "report", ".esmshard",
-                 "variant_scores", "mutants")  # fmt: skip
+                 "variant_scores", "mutants", "neighbours")  # fmt: skip
         return [self._path(name) for name in names]
 
     def log(self, step: str, shard: str | None = None) -> str:

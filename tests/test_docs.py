@@ -43,6 +43,7 @@ RUN_BY = {
     "esmshard plan": "commands/test_plan.py::test_the_docs_plan_shows_what_they_print_and_their_run",
     "esmshard status": "test_readme.py::test_esmshard_run_and_status_as_the_readme_types_them",
     "esmshard export": "test_readme.py::test_reading_and_exporting_as_the_docs_show",
+    "esmshard neighbours": "commands/test_neighbours.py::test_the_docs_command_runs_as_shown",
     "esmshard ensemble": "workflow/test_variant_effects.py::test_an_ensemble_is_the_mean_of_its_runs",
     "esmshard heatmap": "workflow/test_long_proteins.py::test_every_substitution_of_long_proteins_equals_its_recipe",
     "pip install esmshard-": "test_install.py::test_the_wheel_runs_from_an_empty_folder_as_snake",

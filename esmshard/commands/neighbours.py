@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import write_tsv
 from ..outputs import nearest as found
 from ..outputs.reader import Embeddings
 from ..search import METRICS
@@ -60,26 +59,11 @@ def neighbours(parser, args) -> int:
             query_ids = queries.ids()
     except (OSError, KeyError, ValueError) as err:
         parser.exit(1, f"esmshard neighbours: {err.args[0] if err.args else err}\n")
-    columns = found.annotation_columns(annotations)
-    rows = [
-        [
-            query,
-            rank + 1,
-            ids[row],
-            f"{d:.7g}",
-            *(annotations.get(ids[row], {}).get(column, "") for column in columns),
-        ]  # fmt: skip
-        for query, q_rows, q_distances in zip(query_ids, hits.rows, hits.distances)
-        for rank, (row, d) in enumerate(zip(q_rows, q_distances))
-        if row >= 0
-    ]
-    write_tsv(args.out, ["id", "rank", "neighbour", "distance", *columns], rows)
+    where = args.transferred or args.out.with_suffix(".annotations.tsv")
+    tables = found.Tables(str(args.out), transferred=str(where) if args.annotations else None)
+    found.write_tables(tables, hits, query_ids, ids, annotations, args.metric, {})
     if args.annotations:
         say_missing(annotations, set(ids), args.annotations, args.reference)
-        transfer = found.transferred(hits, ids, annotations, args.metric)
-        where = args.transferred or args.out.with_suffix(".annotations.tsv")
-        names = ["id", "neighbour", "distance", "reliability_index", *columns]
-        write_tsv(where, names, [[q, *t.values()] for q, t in zip(query_ids, transfer)])
         say(f"wrote {args.out} and {where}")
     else:
         say(f"wrote {args.out}")

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..files import atomic_path, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
 
 REFERENCE_ROWS_AT_ONCE = 1 << 14  # with 4,096 queries at once: 256 MB of fp32 products
@@ -56,12 +57,16 @@ def search(
     k: int,
     metric: str = "euclidean",
     own_rows: np.ndarray | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> Hits:
-    """The `k` nearest reference rows to each query vector, the reference read block by block."""
+    """The `k` nearest reference rows (of `rows`, a range: default all) to each query vector,
+    the reference read block by block."""
     values = reference.stored(f"mean/{layer}")
+    first, end = rows or (0, len(values))
     found = None
-    for start in range(0, len(values), REFERENCE_ROWS_AT_ONCE):
-        block = np.asarray(values[start : start + REFERENCE_ROWS_AT_ONCE], dtype=np.float32)
+    for start in range(first, end, REFERENCE_ROWS_AT_ONCE):
+        stop = min(start + REFERENCE_ROWS_AT_ONCE, end)
+        block = np.asarray(values[start:stop], dtype=np.float32)
         hits = nearest(queries, block, k, metric, first_row=start, own_rows=own_rows)
         found = hits if found is None else merged([found, hits], k)
     return found if found is not None else nearest(queries, values[:0], k, metric)
@@ -123,3 +128,50 @@ def transferred(hits: Hits, ids: list[str], annotations: dict, metric: str) -> l
             found.append({"neighbour": "", "distance": "", "reliability_index": "",
                           **dict.fromkeys(columns, "")})  # fmt: skip
     return found
+
+
+class Tables(NamedTuple):
+    """What a search writes: its neighbours (TSV and Parquet) and, with annotations, the
+    per-query transfer; None leaves one out."""
+
+    tsv: str
+    parquet: str | None = None
+    transferred: str | None = None
+
+
+def write_tables(
+    to: Tables, hits: Hits, query_ids, reference_ids, annotations: dict, metric: str, card: dict
+) -> None:
+    """Write `hits` as the neighbours' table (id, rank, neighbour, distance, the neighbour's
+    annotation columns), each file whole or not at all; `card` (model, layer, metric,
+    reference) is the Parquet file's metadata."""
+    columns = annotation_columns(annotations)
+    rows = [
+        [query, rank + 1, reference_ids[row], float(d),
+         *(annotations.get(reference_ids[row], {}).get(column, "") for column in columns)]
+        for query, q_rows, q_distances in zip(query_ids, hits.rows, hits.distances)
+        for rank, (row, d) in enumerate(zip(q_rows, q_distances))
+        if row >= 0
+    ]  # fmt: skip
+    names = ["id", "rank", "neighbour", "distance", *columns]
+    write_tsv(to.tsv, names, [[*r[:3], f"{r[3]:.7g}", *r[4:]] for r in rows])
+    if to.parquet:
+        write_parquet(to.parquet, names, rows, card)
+    if to.transferred:
+        transfer = transferred(hits, reference_ids, annotations, metric)
+        names = ["id", "neighbour", "distance", "reliability_index", *columns]
+        write_tsv(to.transferred, names, [[q, *t.values()] for q, t in zip(query_ids, transfer)])
+
+
+def write_parquet(path, names: list[str], rows: list[list], card: dict) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = [pa.string(), pa.int32(), pa.string(), pa.float32()] + [pa.string()] * (len(names) - 4)
+    columns = list(zip(*rows)) if rows else [[] for _ in names]
+    table = pa.table(
+        [pa.array(values, type=t) for values, t in zip(columns, types)],
+        names=names,
+    ).replace_schema_metadata({k: str(v) for k, v in card.items()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)

@@ -37,6 +37,7 @@ from ..models import (
 from ..models.spec import ModelSpec
 from ..store import Store, written_by_layout, written_by_run
 from ..store.storelock import locks_problem
+from .neighbours import neighbour_problems
 
 # Records of each input read when the workflow is read: a nucleotide file shows in its first ones
 # (the shard step still checks every record).
@@ -54,6 +55,16 @@ class Checked(NamedTuple):
 def defaults(schema: dict) -> dict:
     """The config keys' defaults, as the schema gives them."""
     return {k: v["default"] for k, v in schema["properties"].items() if "default" in v}
+
+
+# what the neighbours checks read
+NEIGHBOUR_KEYS = {
+    "neighbours",
+    "neighbours_layer",
+    "neighbours_annotations",
+    "include",
+    "repr_layers",
+}
 
 
 def check_config(
@@ -112,6 +123,8 @@ def check_config(
                 "changes); variants: all is every single substitution, which wt_marginals "
                 "scores as the catalogues do: leave out pllr, or give a table"
             )
+    if valid >= NEIGHBOUR_KEYS:
+        problems += neighbour_problems(config)
     if not problems:
         config = for_family(config, model.family)
         if inputs and config["variants"] not in ("", ALL):

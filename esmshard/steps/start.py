@@ -422,6 +422,8 @@ class RunStart:
         )
         outputs = [self.run.embeddings, self.run.failed, self.run.run_json, self.run.scaling_html]
         outputs += [self.run.variant_scores] if config["variants"] else []
+        outputs += [self.run.neighbours_tsv] if config.get("neighbours") else []
+        outputs += [self.run.annotations_tsv] if config.get("neighbours_annotations") else []
         self.log.info(f"esmshard: outputs: {', '.join(map(self.where, outputs))}")
         counts = read_counts(self.run.variant_summary) if config["variants"] else None
         if counts:

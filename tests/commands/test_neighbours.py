@@ -2,13 +2,14 @@
 search, annotations carried over with their reliability index, bad input said in one line."""
 
 import csv
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import MODEL, SLICE, TINY_MODEL
+from helpers import MODEL, SLICE, TINY_MODEL, doc_block
 
 import esmshard
 from esmshard.outputs.reader import Embeddings
@@ -121,3 +122,20 @@ def test_a_reference_of_another_model_is_refused_in_one_line(saved, tmp_path):
     )
     assert line.endswith("): embed both with the same model")
     assert not (tmp_path / "x.tsv").exists()
+
+
+def test_the_docs_command_runs_as_shown(saved, tmp_path):
+    """docs/outputs.md's command, typed in a folder holding what it names."""
+    line = doc_block("docs/outputs.md", "## Nearest neighbours").strip()
+    (tmp_path / "results").symlink_to(saved / "queries")
+    (tmp_path / "swissprot-run").mkdir()
+    (tmp_path / "swissprot-run" / "results").symlink_to(saved / "reference")
+    (tmp_path / "swissprot-go.tsv").write_text((saved / "go.csv").read_text().replace(",", "\t"))
+    argv = shlex.split(line)
+    done = subprocess.run([str(BIN / argv[0]), *argv[1:]], cwd=tmp_path, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = read(tmp_path / "neighbours.tsv")
+    assert len(rows) == 10 * 12 and rows[0].keys() >= {"go_terms", "name"}
+    transfer = read(tmp_path / "neighbours.annotations.tsv")
+    assert len(transfer) == 12 and all(0 < float(t["reliability_index"]) <= 1 for t in transfer)

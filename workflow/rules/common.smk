@@ -75,6 +75,7 @@ from esmshard.files import read_tsv, unwritable
 from esmshard.input.sizing import (
     ModelSize,
     embed_mem_mb,
+    estimated_records,
     io_runtime_minutes,
     records_mem_mb,
     shard_runtime_minutes,
@@ -86,6 +87,14 @@ from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.compute.provenance import made_by_of
+from esmshard.steps.neighbours import (
+    LAST,
+    SELF,
+    part_names,
+    parts_of,
+    reference_file,
+    stored_rows,
+)
 from esmshard.steps.invocation import PLACEHOLDER, Invocation, StartRefused, command_line
 from esmshard.steps.object_run import (
     check_object_run,
@@ -175,6 +184,7 @@ MUTANT_KEY = settings_key(MUTANT_PARAMS)
 
 wildcard_constraints:
     shard=r"[0-9a-f]+-[0-9]+",
+    part=r"[0-9]+-of-[0-9]+",
 
 
 def in_store(path):
@@ -250,6 +260,38 @@ def variants_inputs(wildcards):
     found = {"embeddings": RUN.embeddings, **variant_table_inputs(wildcards)}
     if MUTANTS_WANTED:
         found["mutants"] = MUTANTS.embeddings
+    return found
+
+
+# `neighbours`: the reference's embeddings.h5 (the run's own for `self`), the layer compared and
+# how many search jobs cut its rows (esmshard.steps.neighbours).
+NEIGHBOUR_REFERENCE = reference_file(config["neighbours"], RUN.embeddings)
+NEIGHBOUR_LAYER = (
+    config["repr_layers"][-1]
+    if config["neighbours_layer"] == LAST
+    else config["neighbours_layer"]
+)
+
+
+def neighbour_parts(wildcards=None):
+    """The search jobs' parts, by the reference's rows (`self`: the input's records, estimated
+    before they are read; each job takes its share of the rows there are)."""
+    if config["neighbours"] == SELF:
+        rows = estimated_records(INPUT_SIZES)
+    else:
+        rows = stored_rows(NEIGHBOUR_REFERENCE)
+    return part_names(parts_of(config["neighbours_shards"], rows))
+
+
+def neighbours_inputs(wildcards):
+    """Every part's top k, the queries, the reference and the annotations where given."""
+    found = {
+        "parts": [RUN.neighbour_part(part) for part in neighbour_parts()],
+        "queries": RUN.embeddings,
+        "reference": NEIGHBOUR_REFERENCE,
+    }
+    if config["neighbours_annotations"]:
+        found["annotations"] = config["neighbours_annotations"]
     return found
 
 

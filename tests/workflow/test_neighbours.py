@@ -1,0 +1,130 @@
+"""The neighbours steps through `snakemake` as users type them: every protein's k neighbours equal
+numpy's exact search of embeddings.h5, annotations carried; 1 and 3 search jobs give the same
+table; a kill during the search loses only the unfinished jobs."""
+
+import csv
+import os
+import subprocess
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from helpers import MODEL, REPO, SLICE, fasta, jobs_run, kill_9_when, snakemake, snakemake_command
+
+from esmshard.outputs.reader import Embeddings
+
+RECORDS = SLICE[:40]
+
+
+def read(path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh, delimiter="\t"))
+
+
+def settings(tmp_path, *more) -> dict:
+    return {"input": [str(fasta(tmp_path / "proteins.fasta", RECORDS))], "model": MODEL,
+            "neighbours": "self", "neighbours_k": 4, **dict(more)}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def annotations(tmp_path_factory):
+    path = tmp_path_factory.mktemp("annotations") / "ec.tsv"
+    ids = [h[1:].split()[0] for h, _ in RECORDS]
+    path.write_text("id\tec\n" + "".join(f"{i}\t3.1.{n}.1\n" for n, i in enumerate(ids[::4])))
+    return path
+
+
+def test_every_proteins_neighbours_equal_numpys_exact_search(tmp_path, annotations):
+    config = settings(tmp_path, ("neighbours_annotations", str(annotations)),
+                      ("neighbours_shards", 3))  # fmt: skip
+    done = snakemake(tmp_path / "run", config)
+    assert jobs_run(done)["neighbour_part"] == 3
+    out = tmp_path / "run" / "results"
+    assert f"{out.relative_to(tmp_path / 'run')}/neighbours.tsv" in done.stderr
+    with Embeddings(out) as emb:
+        values, ids = emb.array("mean").astype(np.float64), emb.ids()
+    distances = np.sqrt(((values[:, None] - values[None]) ** 2).sum(-1))
+    np.fill_diagonal(distances, np.inf)  # each protein's own row left out
+    rows = read(out / "neighbours.tsv")
+    with open(annotations, newline="") as fh:
+        ec = {row["id"]: row["ec"] for row in csv.DictReader(fh, delimiter="\t")}
+    for n, protein in enumerate(ids):
+        order = np.argsort(distances[n], kind="stable")[:4]
+        mine = [row for row in rows if row["id"] == protein]
+        assert [row["neighbour"] for row in mine] == [ids[i] for i in order]
+        np.testing.assert_allclose([float(r["distance"]) for r in mine], distances[n][order],
+                                   rtol=1e-5)  # fmt: skip
+        assert [row["ec"] for row in mine] == [ec.get(ids[i], "") for i in order]
+    # each protein's nearest annotated neighbour among its k, and that distance's RI
+    transfer = {row["id"]: row for row in read(out / "annotations.tsv")}
+    for n, protein in enumerate(ids):
+        order = np.argsort(distances[n], kind="stable")[:4]
+        nearest = next((i for i in order if ids[i] in ec), None)
+        row = transfer[protein]
+        if nearest is None:
+            assert (row["neighbour"], row["ec"], row["reliability_index"]) == ("", "", "")
+            continue
+        assert (row["neighbour"], row["ec"]) == (ids[nearest], ec[ids[nearest]])
+        expected = 0.5 / (0.5 + distances[n][nearest])
+        assert float(row["reliability_index"]) == pytest.approx(expected, abs=1e-6)
+    table = pq.read_table(out / "neighbours.parquet")
+    assert table.num_rows == len(rows)
+    assert table.schema.metadata[b"metric"] == b"euclidean"
+    assert table.schema.metadata[b"reference"] == b"self"
+
+
+def test_one_and_three_search_jobs_give_the_same_table(tmp_path):
+    tables = []
+    for shards in (1, 3):
+        done = snakemake(tmp_path / str(shards), settings(tmp_path, ("neighbours_shards", shards)))
+        assert jobs_run(done)["neighbour_part"] == shards
+        tables.append((tmp_path / str(shards) / "results" / "neighbours.tsv").read_text())
+    assert tables[0] == tables[1]
+
+
+def test_a_reference_embedded_earlier_is_searched(tmp_path):
+    reference = tmp_path / "reference"
+    snakemake(reference, {"input": [str(fasta(tmp_path / "ref.fasta", SLICE[40:100]))],
+                          "model": MODEL})  # fmt: skip
+    config = settings(tmp_path, ("neighbours", str(reference / "results")))
+    snakemake(tmp_path / "run", config)
+    rows = read(tmp_path / "run" / "results" / "neighbours.tsv")
+    reference_ids = {h[1:].split()[0] for h, _ in SLICE[40:100]}
+    assert len(rows) == 4 * len(RECORDS) and {r["neighbour"] for r in rows} <= reference_ids
+
+
+def test_a_killed_search_reruns_only_its_unfinished_jobs(tmp_path):
+    config = settings(tmp_path, ("neighbours_shards", 3))
+    snakemake(tmp_path / "run", config, "--until", "merge")
+    cmd, env = snakemake_command(tmp_path / "run", config)
+    parts = tmp_path / "run" / "results" / "neighbours"
+    kill_9_when(cmd, env, lambda: parts.is_dir() and any(parts.glob("*.npz")))
+    finished = len(list(parts.glob("*.npz")))
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert jobs_run(again).get("neighbour_part", 0) == 3 - finished
+    assert len(read(tmp_path / "run" / "results" / "neighbours.tsv")) == 4 * len(RECORDS)
+
+
+def test_k_past_the_reference_is_said_in_the_search_log(tmp_path):
+    config = settings(tmp_path, ("neighbours_k", 50))
+    snakemake(tmp_path / "run", config)
+    (log,) = (tmp_path / "run" / "results" / "logs" / "neighbours").glob("*.log")
+    assert (
+        "neighbours_k = 50, but the reference holds 40 proteins (its own left out): each "
+        "protein gets 39"
+    ) in log.read_text()
+    rows = read(tmp_path / "run" / "results" / "neighbours.tsv")
+    assert len(rows) == 40 * 39
+
+
+def test_a_reference_that_is_not_there_is_refused_before_any_job(tmp_path):
+    config = settings(tmp_path, ("neighbours", str(tmp_path / "nowhere")))
+    done = snakemake(tmp_path / "run", config, check=False)
+    assert done.returncode != 0 and not jobs_run(done)
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("esmshard:")]
+    assert line == (
+        f"esmshard: neighbours: {tmp_path / 'nowhere'} is neither an embeddings.h5 nor an outdir "
+        "that holds one: give the reference's (embedded with the same model), or self"
+    )
+    assert os.path.exists(tmp_path / "proteins.fasta")

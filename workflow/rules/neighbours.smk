@@ -1,0 +1,41 @@
+# `neighbours`: the run's proteins against a reference cut into parts of its rows, one search job
+# each, then the tables (esmshard.steps.neighbours).
+rule neighbour_part:
+    input:
+        queries=RUN.embeddings,
+        reference=NEIGHBOUR_REFERENCE,
+    output:
+        RUN.neighbour_part("{part}"),
+    log:
+        RUN.log("neighbours", "{part}"),
+    conda:
+        "../../envs/esmshard.yaml"
+    resources:
+        runtime=io_runtime,
+    params:
+        k=config["neighbours_k"],
+        metric=config["neighbours_metric"],
+        layer=NEIGHBOUR_LAYER,
+    script:
+        "../scripts/neighbour_part.py"
+
+
+rule neighbours:
+    input:
+        unpack(neighbours_inputs),
+    output:
+        tsv=RUN.neighbours_tsv,
+        parquet=RUN.neighbours_parquet,
+        annotations=[RUN.annotations_tsv] if config["neighbours_annotations"] else [],
+    log:
+        RUN.log("neighbours"),
+    conda:
+        "../../envs/esmshard.yaml"
+    resources:
+        runtime=io_runtime,
+    params:
+        k=config["neighbours_k"],
+        metric=config["neighbours_metric"],
+        reference=config["neighbours"],
+    script:
+        "../scripts/neighbours.py"
