@@ -71,8 +71,11 @@ class Layout:
         return self._path("annotations.tsv")
 
     def neighbour_part(self, part: str) -> str:
-        """One search job's top k, of the reference rows of `part` ("i-of-n")."""
+        """One search job's top k, of the reference rows of `part` ("i-of-n"), and its figures."""
         return self._path("neighbours", f"{part}.npz")
+
+    def neighbour_metrics(self, part: str) -> str:
+        return self._path("neighbours", f"{part}.json")
 
     @property
     def variant_scores(self) -> str:

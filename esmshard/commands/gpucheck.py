@@ -239,11 +239,16 @@ def clone_first() -> str:
     return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
 
 
-def run_benchmark(out: Path, script: str, args: list[str], plan: dict, log: str = "") -> dict:
+def run_benchmark(
+    out: Path, script: str, args: list[str], plan: dict | None, log: str = ""
+) -> dict:
     """`python benchmarks/<script>.py` on the plan's proteins and budget (`args` may set other
-    ones: they come last); its JSON lines. Its output goes to `<log or script>.log`."""
+    ones: they come last; no plan: `args` alone); its JSON lines. Its output goes to
+    `<log or script>.log`."""
     cmd = [sys.executable, str(REPO / "benchmarks" / f"{script}.py")]
-    cmd += ["--every", str(plan["bench_every"]), "--toks-per-batch", str(plan["toks_per_batch"])]
+    if plan is not None:
+        cmd += ["--every", str(plan["bench_every"])]
+        cmd += ["--toks-per-batch", str(plan["toks_per_batch"])]
     cmd += args
     started = time.time()
     # the log is written as the benchmark runs, unbuffered: a check stopped at a lent GPU's
@@ -321,6 +326,7 @@ def check(out: Path, stages=STAGES) -> dict:
         "peers": None,
         "masked_marginals": None,
         "largest": None,
+        "neighbours": None,
         "finished": False,
         "ok": False,
         "seconds": 0.0,
@@ -357,8 +363,11 @@ def check(out: Path, stages=STAGES) -> dict:
     if "largest" in stages:
         print("gpu-check: the largest models ...", flush=True)
         stage("largest", run_benchmark(out, "peers", plan["largest"], plan, "largest"))
+    if "neighbours" in stages:
+        print("gpu-check: nearest neighbours ...", flush=True)
+        stage("neighbours", run_benchmark(out, "neighbours", plan["neighbours"], None))
     result["finished"] = True
-    benchmarks = ("tests", "throughput", "peers", "masked_marginals", "largest")
+    benchmarks = ("tests", "throughput", "peers", "masked_marginals", "largest", "neighbours")
     result["ok"] = all(run["ok"] for run in result["workflows"].values()) and all(
         result[key]["ok"] for key in benchmarks if result[key] is not None
     )

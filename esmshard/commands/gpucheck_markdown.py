@@ -97,6 +97,8 @@ def markdown(result: dict) -> str:
         lines += throughput_lines(result["throughput"])
     if result["largest"] is not None:
         lines += largest_lines(result["largest"])
+    if result.get("neighbours") is not None:
+        lines += neighbours_lines(result["neighbours"])
     verdict = "pass" if result["ok"] else "FAIL"
     if not result["finished"]:
         return "\n".join(lines + ["", unfinished(result)]) + "\n"
@@ -188,6 +190,22 @@ def peers_lines(peers: dict) -> list[str]:
 
 # The largest models' goals in bf16 on an H200 (GOAL_SHARES: elsewhere), tokens/s
 BIG_GOALS = {"esm2_t36_3B_UR50D": 90_000, "esm2_t48_15B_UR50D": 17_000, "esmc_6b": 40_000}
+
+
+def neighbours_lines(bench: dict) -> list[str]:
+    """Exact nearest neighbours (benchmarks/neighbours.py): the search's time, rate and memory."""
+    lines = ["## Nearest neighbours", "", f"`{bench['command']}`", ""]
+    for row in bench["rows"]:
+        lines.append(
+            f"- {row['queries']:,} proteins against {row['reference']:,} of width "
+            f"{row['width']} on {row['device']}: {row['seconds']} s, "
+            f"{row['reference_rows_per_second']:,} reference rows/s; peak memory "
+            f"{row['peak_rss_gb_search']} GB for a reference of {row['reference_gb']} GB; a "
+            f"sample equal to every distance: {'yes' if row['sample_equal_to_whole_matrix'] else 'NO'}"
+        )
+    if not bench["ok"]:
+        lines.append(f"- failed: `{(bench.get('error') or '')[-300:]}`")
+    return lines + [""]
 
 
 def largest_lines(bench: dict) -> list[str]:

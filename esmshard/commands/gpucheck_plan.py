@@ -23,6 +23,8 @@ GPU_PLAN = {
     # 723k forward tokens: about 2,600 of predict.py's passes)
     "masked": ["--device", "cuda", "--precision", "bf16", "--layers", "33", "--every", "400"]
     + ["--repeats", "1"],
+    # exact nearest neighbours: 10,000 proteins against 1,000,000 of the 650M model's width
+    "neighbours": ["--queries", "10000", "--reference", "1000000", "--device", "cuda"],
     # each one's forward pass in bf16 against its fp32 one: a GPU test
     # (tests/compute/test_families_on_devices.py)
     "families": [family.named for family in FAMILIES.values()],
@@ -45,6 +47,8 @@ CPU_PLAN = {
     + ["--big-layers", "1", "--big-every", "1", "--no-fp8", "--threads", "2", "--every", "1500"],
     "masked": ["--model", "esm2_t6_8M_UR50D", "--layers", "1", "--every", "2000", "--longest"]
     + ["200", "--repeats", "1", "--threads", "2"],
+    "neighbours": ["--queries", "200", "--reference", "20000", "--device", "cpu", "--model"]
+    + ["random:esm2_t6_8M_UR50D"],
     "families": GPU_PLAN["families"],
 }
 
@@ -56,4 +60,4 @@ FP8_GOALS = {"cosine_p1_vs_fp32": 0.999, "cosine_min_per_protein_vs_fp32": 0.999
 # The check's stages in the order it runs them, most telling first, so that a check cut short
 # (a lent GPU's time limit) still has the figures that matter most; `--stages` runs some alone.
 STAGES = ("tests", "whole-run", "masked-marginals", "peers", "throughput", "esmc-whole-run",
-          "largest")  # fmt: skip
+          "largest", "neighbours")  # fmt: skip

@@ -82,9 +82,9 @@ def search(queries: Embeddings, reference: Embeddings, args):
         )
     vectors = np.asarray(queries.array("mean", layer), dtype=np.float32)
     own = np.arange(len(queries)) if itself else None
-    hits = found.search(
-        vectors, reference, layer, min(args.k, max(available, 1)), args.metric, own
-    )
+    k = min(args.k, max(available, 1))
+    # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
+    hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
     return hits, reference.ids()
 
 

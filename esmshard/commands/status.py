@@ -72,6 +72,11 @@ def render(state: dict) -> str:
     mutants = state.get("mutants")
     if mutants and mutants.get("planned"):
         lines.append(f"mutants ({mutants['outdir']}): {progress_line(mutants)}")
+    neighbours = state.get("neighbours")
+    if neighbours:
+        written = "; neighbours.tsv written" if neighbours["written"] else ""
+        lines.append(f"neighbours: {neighbours['done']} of {neighbours['planned']} search jobs "
+                     f"done{written}")  # fmt: skip
     live = [r for r in state["running"] if not r["stale"]]
     if not state["complete"] and not live and not state["run_active"]:
         left = state["residues_total"] - state["residues_done"]

@@ -58,16 +58,17 @@ def search(
     metric: str = "euclidean",
     own_rows: np.ndarray | None = None,
     rows: tuple[int, int] | None = None,
+    device: str | None = None,
 ) -> Hits:
     """The `k` nearest reference rows (of `rows`, a range: default all) to each query vector,
-    the reference read block by block."""
+    the reference read block by block; `device`: where the products run (esmshard.search)."""
     values = reference.stored(f"mean/{layer}")
     first, end = rows or (0, len(values))
     found = None
     for start in range(first, end, REFERENCE_ROWS_AT_ONCE):
         stop = min(start + REFERENCE_ROWS_AT_ONCE, end)
         block = np.asarray(values[start:stop], dtype=np.float32)
-        hits = nearest(queries, block, k, metric, first_row=start, own_rows=own_rows)
+        hits = nearest(queries, block, k, metric, start, own_rows, device)
         found = hits if found is None else merged([found, hits], k)
     return found if found is not None else nearest(queries, values[:0], k, metric)
 

@@ -43,6 +43,41 @@ def approximate(queries: np.ndarray, reference: np.ndarray, metric: str) -> np.n
     return -products / np.maximum(norms, 1e-30)
 
 
+def candidates_here(block, reference, wanted: int, metric: str, own) -> np.ndarray:
+    """Each query's `wanted` best reference rows by one matrix product, with numpy; `own`: each
+    query's row to leave out (or -1)."""
+    scores = approximate(block, reference, metric)
+    inside = np.flatnonzero(own >= 0)
+    scores[inside, own[inside]] = np.inf
+    candidates = np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
+    return candidates
+
+
+def tensor_of(array: np.ndarray, device: str):
+    """`array` as a torch tensor on `device` (a read-only one, as a memory-mapped file's, copied
+    first: torch takes only writable arrays)."""
+    import torch
+
+    return torch.from_numpy(np.require(array, requirements=["W", "C"])).to(device)
+
+
+def candidates_on(device: str, block, reference, wanted: int, metric: str, own) -> np.ndarray:
+    """`candidates_here` with torch on `device` (a GPU): its products and top k there."""
+    import torch
+
+    q = tensor_of(block, device)
+    r = reference if torch.is_tensor(reference) else tensor_of(reference, device)
+    products = q @ r.T
+    if metric == "euclidean":
+        scores = (r * r).sum(dim=1) - 2 * products
+    else:
+        norms = torch.linalg.vector_norm(q, dim=1)[:, None] * torch.linalg.vector_norm(r, dim=1)
+        scores = -products / norms.clamp_min(1e-30)
+    inside = torch.from_numpy(np.flatnonzero(own >= 0)).to(device)
+    scores[inside, torch.from_numpy(own[own >= 0]).to(device)] = float("inf")
+    return torch.topk(scores, wanted, dim=1, largest=False).indices.cpu().numpy()
+
+
 def nearest(
     queries: np.ndarray,
     reference: np.ndarray,
@@ -50,31 +85,37 @@ def nearest(
     metric: str = "euclidean",
     first_row: int = 0,
     own_rows: np.ndarray | None = None,
+    device: str | None = None,
 ) -> Hits:
     """The `k` nearest rows of `reference` (rows `first_row`... of the whole reference) to each
     query; `own_rows`: each query's own row in the whole reference, left out (a search of the
-    input against itself; -1 for none)."""
+    input against itself; -1 for none). `device`: a torch device for the products (None: numpy
+    on the CPU); the candidates are re-ranked on the CPU either way."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
     n = len(queries)
+    reference = np.asarray(reference, dtype=np.float32)
     rows = np.full((n, k), -1, dtype=np.int64)
     distances = np.full((n, k), np.inf, dtype=np.float32)
     wanted = min(k + EXTRA_CANDIDATES + 1, len(reference))
+    if wanted == 0:
+        return Hits(rows, distances)
+    on_device = reference
+    if device is not None:
+        on_device = tensor_of(reference, device)  # once for every block of queries
     for start in range(0, n, QUERIES_AT_ONCE):
         block = np.asarray(queries[start : start + QUERIES_AT_ONCE], dtype=np.float32)
-        scores = approximate(block, np.asarray(reference, dtype=np.float32), metric)
+        own = np.full(len(block), -1, dtype=np.int64)
         if own_rows is not None:
             own = own_rows[start : start + len(block)] - first_row
-            inside = (own >= 0) & (own < len(reference))
-            scores[np.flatnonzero(inside), own[inside]] = np.inf
-        if wanted == 0:
-            continue
-        candidates = np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
+            own[(own < 0) | (own >= len(reference))] = -1
+        if device is None:
+            candidates = candidates_here(block, reference, wanted, metric, own)
+        else:
+            candidates = candidates_on(device, block, on_device, wanted, metric, own)
         exact = exact_distances(block, reference[candidates], metric)
-        excluded = np.take_along_axis(scores, candidates, axis=1) == np.inf
-        exact[excluded] = np.inf
-        found = candidates + first_row
-        hits = top_k(found, exact, k)
+        exact[candidates == own[:, None]] = np.inf
+        hits = top_k(candidates + first_row, exact, k)
         rows[start : start + len(block)] = hits.rows
         distances[start : start + len(block)] = hits.distances
     return Hits(rows, distances)

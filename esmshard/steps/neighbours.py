@@ -6,11 +6,13 @@ is the only one the same command runs again.
 
 import logging
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 
-from ..files import atomic_path
+from ..compute import pool
+from ..files import atomic_path, write_json
 from ..outputs import nearest as found
 from ..outputs.reader import Embeddings
 from ..search import Hits, merged
@@ -30,24 +32,53 @@ def rows_of(part: str, n_rows: int) -> tuple[int, int]:
     return i * n_rows // n, (i + 1) * n_rows // n
 
 
-def search_part(queries_h5, reference_h5, out_npz, part: str, k: int, metric: str, layer):
-    """Each query's `k` nearest rows among the reference's rows of `part`."""
+def search_part(
+    queries_h5, reference_h5, out_npz, metrics_json, part: str, k: int, metric: str, layer,
+    gpus="auto",
+):  # fmt: skip
+    """Each query's `k` nearest rows among the reference's rows of `part`, the products on the
+    GPU the job holds from the pool (esmshard.compute.pool), or on the CPU without one; the
+    job's figures in `metrics_json` (for the scaling report), written first."""
     itself = Path(queries_h5).resolve() == Path(reference_h5).resolve()
-    with Embeddings(queries_h5) as queries, Embeddings(reference_h5) as reference:
+    with (
+        pool.acquire(pool.pool_devices(gpus), job=f"neighbours {part}") as slot,
+        Embeddings(queries_h5) as queries,
+        Embeddings(reference_h5) as reference,
+    ):
+        device = search_device(slot)
         chosen = found.comparable_layer(queries, reference, layer)
         rows = rows_of(part, len(reference))
         vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
         own = np.arange(len(queries)) if itself else None
-        hits = found.search(vectors, reference, chosen, k, metric, own, rows)
-        n_reference = len(reference)
-    log.info("part %s: reference rows %d to %d, %d queries", part, *rows, len(vectors))
+        started = time.perf_counter()
+        hits = found.search(vectors, reference, chosen, k, metric, own, rows, device)
+        seconds = time.perf_counter() - started
+        say_k_past(k, len(reference), itself)
+    searched = rows[1] - rows[0]
+    log.info("part %s on %s: reference rows %d to %d against %d queries in %.1f s",
+             part, device, *rows, len(vectors), seconds)  # fmt: skip
+    write_json(metrics_json, {
+        "part": part, "device": device, "reference_rows": searched, "queries": len(vectors),
+        "seconds": round(seconds, 3), "rows_per_second": round(searched / max(seconds, 1e-9)),
+    })  # fmt: skip
+    with atomic_path(out_npz) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, rows=hits.rows, distances=hits.distances, layer=chosen)
+
+
+def say_k_past(k: int, n_reference: int, itself: bool) -> None:
     available = n_reference - (1 if itself else 0)
     if k > available:
         log.warning("neighbours_k = %d, but the reference holds %d proteins%s: each protein "
                     "gets %d", k, n_reference, " (its own left out)" if itself else "",
                     max(available, 0))  # fmt: skip
-    with atomic_path(out_npz) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, rows=hits.rows, distances=hits.distances, layer=chosen)
+
+
+def search_device(slot) -> str:
+    """A GPU slot's CUDA device where torch can use it, else the CPU (torch's top k there is
+    about 2.5 times numpy's partition)."""
+    import torch
+
+    return "cuda" if slot.cuda_visible_devices and torch.cuda.is_available() else "cpu"
 
 
 def write_neighbours(

@@ -19,12 +19,20 @@ from .report_html import (
     computed_with_section,
     device_rows,
     mutants_section,
+    neighbours_section,
     render_html,
     speedup_rows,
     table_rows,
 )
 from .report_plots import figures
-from .report_scaling import load_metrics, mutants_summary, read_telemetry, scaling, step_seconds
+from .report_scaling import (
+    load_metrics,
+    mutants_summary,
+    neighbours_summary,
+    read_telemetry,
+    scaling,
+    step_seconds,
+)
 
 
 def write_figures(folder, shown: dict[str, bytes], result: dict) -> None:
@@ -54,13 +62,16 @@ def write_report(
     out_figures=None,
     mutant_metric_files=(),
     mutants_run_json=None,
+    neighbour_metric_files=(),
 ) -> dict:
     """The scaling report of a run's embed jobs (and of its mutants' run, `mutants_run_json`
-    and its jobs' metrics, where `pseudo_ppl` or `pllr` made one)."""
+    and its jobs' metrics, where `pseudo_ppl` or `pllr` made one, and of its `neighbours`
+    search jobs)."""
     run = json.loads(Path(run_json).read_text()) if run_json else {}
     computed_with = computed_with_section(run) if run else ""
     metrics = load_metrics(metric_files)
     mutants = mutants_summary(mutant_metric_files, mutants_run_json)
+    neighbours = neighbours_summary(neighbour_metric_files)
     if not metrics:  # every sequence came from the store: no job to report on
         result = {
             "n_shards": 0,
@@ -68,19 +79,21 @@ def write_report(
             "note": NOTHING_COMPUTED,
             "esmshard_version": __version__,
             "mutants": mutants,
+            "neighbours": neighbours,
         }
         write_json(out_json, result)
+        sections = mutants_section(mutants) + neighbours_section(neighbours) + computed_with
         write_text(
             out_html,
             f"<!doctype html><html><body><h1>{TITLE}</h1>"
-            f"<p>{NOTHING_COMPUTED}</p>{mutants_section(mutants)}{computed_with}</body></html>\n",
+            f"<p>{NOTHING_COMPUTED}</p>{sections}</body></html>\n",
         )
         if out_figures:
             with atomic_path(out_figures) as tmp:
                 Path(tmp).mkdir()
         return result
     result = {**scaling(metrics), "made_by": run.get("made_by"), "esmshard_version": __version__}
-    result["mutants"] = mutants
+    result["mutants"], result["neighbours"] = mutants, neighbours
     if run_json:
         result["step_seconds"] = step_seconds(run_json)
     write_json(out_json, result)

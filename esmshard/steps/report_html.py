@@ -20,6 +20,8 @@ LISTED_SHARDS = 100
 
 # Each table column's heading, with its unit: one place for every table of the report.
 HEADINGS = {
+    "reference_rows": "reference rows",
+    "rows_per_second": "reference rows/s",
     "gpus": "GPUs",
     "modelled_makespan_seconds": "modelled time (s)",
     "modelled_speedup": "modelled speedup (×)",
@@ -354,6 +356,7 @@ shard on the first GPU to free up. {_words(cap)}</p>
 <h2>Shards</h2>
 {shards_section(result, tables)}
 {mutants_section(result.get("mutants"))}
+{neighbours_section(result.get("neighbours"))}
 {computed_with}
 </body></html>
 """
@@ -364,6 +367,19 @@ def mutants_section(mutants: dict | None) -> str:
         return ""
     table = _table(mutants_rows(mutants), ["what", "value"], text=("value",), labels=("what",))
     return f"<h2>The mutants' run (pseudo_ppl, pllr)</h2>{table}"
+
+
+def neighbours_section(neighbours: dict | None) -> str:
+    """The search jobs of `neighbours`: each part's rows, device, time and rate."""
+    if not neighbours:
+        return ""
+    columns = ["part", "device", "reference_rows", "queries", "seconds", "rows_per_second"]
+    overall = (
+        f"<p>{neighbours['jobs']} search jobs: {neighbours['reference_rows']:,} reference rows "
+        f"against {neighbours['queries']:,} proteins in {duration(neighbours['seconds'])} of "
+        f"search, {rate(neighbours['rows_per_second'])} reference rows/s.</p>"
+    )
+    return f"<h2>Nearest neighbours</h2>{overall}" + _table(neighbours["parts"], columns)
 
 
 def computed_with_section(run: dict) -> str:

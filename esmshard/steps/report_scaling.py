@@ -229,3 +229,16 @@ def mutants_summary(metric_files, run_json) -> dict | None:
         found |= {key: mutants[key] for key in ("n_shards", "jobs_seconds", "forward_tokens",
                                                  "forward_tokens_per_second", "n_failed")}  # fmt: skip
     return found
+
+
+def neighbours_summary(metric_files) -> dict | None:
+    """The `neighbours` search jobs' figures (esmshard.steps.neighbours), or None without them."""
+    parts = [json.loads(Path(path).read_text()) for path in metric_files]
+    if not parts:
+        return None
+    rows, seconds = sum(p["reference_rows"] for p in parts), sum(p["seconds"] for p in parts)
+    return {
+        "jobs": len(parts), "reference_rows": rows, "queries": parts[0]["queries"],
+        "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
+        "parts": sorted(parts, key=lambda p: int(p["part"].split("-")[0])),
+    }  # fmt: skip

@@ -147,7 +147,19 @@ def planned_state(layout: Layout, plan: list[dict], now: float) -> dict:
         "mutants": read_state(Path(layout.mutants.outdir), now)
         if Path(layout.mutants.plan).exists()
         else None,
+        "neighbours": neighbour_jobs(layout),
     }
+
+
+def neighbour_jobs(layout: Layout) -> dict | None:
+    """The `neighbours` search jobs done of those planned (their parts' names say how many:
+    "i-of-n"), and whether the tables are written; None before any."""
+    parts = [p.stem for p in Path(layout.neighbour_part("x")).parent.glob("*-of-*.npz")]
+    if not parts:
+        return None
+    planned = max(int(p.rpartition("-of-")[2]) for p in parts)
+    done = sum(1 for p in parts if p.endswith(f"-of-{planned}"))
+    return {"done": done, "planned": planned, "written": Path(layout.neighbours_tsv).exists()}
 
 
 def slot_rates(done: list[dict], running: list[dict], now: float) -> dict:

@@ -216,3 +216,18 @@ def test_stages_run_alone_say_so_and_leave_the_others_out(tmp_path):
     page = (out / "gpu-check.md").read_text()
     assert "Stages: esmc-whole-run (of tests, whole-run, masked-marginals, peers," in page
     assert "Verdict: **pass**" in page
+
+
+def test_the_neighbours_stage_says_its_rate_its_memory_and_its_check(tmp_path):
+    row = {"queries": 10000, "reference": 1000000, "width": 1280, "k": 10, "device": "cuda",
+           "seconds": 12.5, "reference_rows_per_second": 80000, "pairs_per_second": 8 * 10**8,
+           "reference_gb": 5.12, "peak_rss_gb_before_search": 0.4, "peak_rss_gb_search": 1.1,
+           "sample_equal_to_whole_matrix": True}  # fmt: skip
+    bench = {"command": "python benchmarks/neighbours.py --queries 10000", "ok": True,
+             "seconds": 60.0, "rows": [row], "error": None}  # fmt: skip
+    page = recorded_page(tmp_path, None, neighbours=bench, finished=True, ok=True, seconds=60.0)
+    assert (
+        "- 10,000 proteins against 1,000,000 of width 1280 on cuda: 12.5 s, 80,000 reference "
+        "rows/s; peak memory 1.1 GB for a reference of 5.12 GB; a sample equal to every "
+        "distance: yes"
+    ) in page

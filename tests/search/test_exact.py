@@ -75,3 +75,14 @@ def test_an_unknown_metric_is_refused(embeddings):
         ValueError, match="unknown metric 'manhattan': use one of euclidean, cosine"
     ):
         nearest(queries, reference, 3, "manhattan")
+
+
+@pytest.mark.parametrize("metric", ["euclidean", "cosine"])
+def test_products_in_torch_give_the_same_hits(embeddings, metric):
+    """The device path (torch's products and top k), here on the CPU: a GPU runs the same."""
+    queries, reference = embeddings
+    own = np.arange(len(queries))
+    here = nearest(queries, reference, 7, metric, own_rows=own)
+    torch_path = nearest(queries, reference, 7, metric, own_rows=own, device="cpu")
+    np.testing.assert_array_equal(torch_path.rows, here.rows)
+    np.testing.assert_array_equal(torch_path.distances, here.distances)

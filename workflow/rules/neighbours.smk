@@ -5,12 +5,15 @@ rule neighbour_part:
         queries=RUN.embeddings,
         reference=NEIGHBOUR_REFERENCE,
     output:
-        RUN.neighbour_part("{part}"),
+        # the top k last: once it exists, so do the figures
+        hits=RUN.neighbour_part("{part}"),
+        metrics=RUN.neighbour_metrics("{part}"),
     log:
         RUN.log("neighbours", "{part}"),
     conda:
         "../../envs/esmshard.yaml"
     resources:
+        gpu=1,
         runtime=io_runtime,
     params:
         k=config["neighbours_k"],

@@ -10,6 +10,12 @@ rule report:
             else []
         ),
         mutants_run=[MUTANTS.run_json] if MUTANTS_WANTED else [],
+        # `neighbours`: its search jobs' figures
+        neighbour_metrics=lambda wildcards: (
+            [RUN.neighbour_metrics(part) for part in neighbour_parts()]
+            if config["neighbours"]
+            else []
+        ),
     output:
         json=RUN.scaling_json,
         html=report(

@@ -11,4 +11,5 @@ run_step(
     out_figures=snakemake.output.figures,
     mutant_metric_files=list(snakemake.input.mutant_metrics),
     mutants_run_json=snakemake.input.mutants_run[0] if snakemake.input.mutants_run else None,
+    neighbour_metric_files=list(snakemake.input.neighbour_metrics),
 )

@@ -3,8 +3,11 @@ numpy's exact search of embeddings.h5, annotations carried; 1 and 3 search jobs 
 table; a kill during the search loses only the unfinished jobs."""
 
 import csv
+import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -67,6 +70,16 @@ def test_every_proteins_neighbours_equal_numpys_exact_search(tmp_path, annotatio
         assert (row["neighbour"], row["ec"]) == (ids[nearest], ec[ids[nearest]])
         expected = 0.5 / (0.5 + distances[n][nearest])
         assert float(row["reliability_index"]) == pytest.approx(expected, abs=1e-6)
+    # the search jobs in the scaling report and in `esmshard status`
+    report = json.loads((out / "report" / "scaling.json").read_text())["neighbours"]
+    assert (report["jobs"], report["reference_rows"], report["queries"]) == (3, 40, 40)
+    assert (
+        "<h2>Nearest neighbours</h2><p>3 search jobs: 40 reference rows against 40 "
+        in (out / "report" / "scaling_report.html").read_text()
+    )
+    status = subprocess.run([str(Path(sys.executable).parent / "esmshard"), "status", str(out)],
+                            capture_output=True, text=True)  # fmt: skip
+    assert "neighbours: 3 of 3 search jobs done; neighbours.tsv written" in status.stdout
     table = pq.read_table(out / "neighbours.parquet")
     assert table.num_rows == len(rows)
     assert table.schema.metadata[b"metric"] == b"euclidean"
