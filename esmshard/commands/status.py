@@ -13,6 +13,20 @@ def _memory(used, total) -> str:
     return f"{used / GIB:.1f}/{total / GIB:.1f} GiB"
 
 
+def later_steps(state: dict) -> list[str]:
+    """The lines of the steps after the embed jobs: the mutants' run, the neighbours search."""
+    lines = []
+    mutants = state.get("mutants")
+    if mutants and mutants.get("planned"):
+        lines.append(f"mutants ({mutants['outdir']}): {progress_line(mutants)}")
+    neighbours = state.get("neighbours")
+    if neighbours:
+        written = "; neighbours.tsv written" if neighbours["written"] else ""
+        lines.append(f"neighbours: {neighbours['done']} of {neighbours['planned']} search jobs "
+                     f"done{written}")  # fmt: skip
+    return lines
+
+
 def render(state: dict) -> str:
     """Draw a run's state: its slots, the running and stopped jobs, and its progress."""
     if state.get("damaged"):
@@ -69,14 +83,7 @@ def render(state: dict) -> str:
     lines = [f"esmshard status {state['outdir']}"]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.append(progress_line(state))
-    mutants = state.get("mutants")
-    if mutants and mutants.get("planned"):
-        lines.append(f"mutants ({mutants['outdir']}): {progress_line(mutants)}")
-    neighbours = state.get("neighbours")
-    if neighbours:
-        written = "; neighbours.tsv written" if neighbours["written"] else ""
-        lines.append(f"neighbours: {neighbours['done']} of {neighbours['planned']} search jobs "
-                     f"done{written}")  # fmt: skip
+    lines += later_steps(state)
     live = [r for r in state["running"] if not r["stale"]]
     if not state["complete"] and not live and not state["run_active"]:
         left = state["residues_total"] - state["residues_done"]
