@@ -267,9 +267,7 @@ def variants_inputs(wildcards):
 # how many search jobs cut its rows (esmshard.steps.neighbours).
 NEIGHBOUR_REFERENCE = reference_file(config["neighbours"], RUN.embeddings)
 NEIGHBOUR_LAYER = (
-    config["repr_layers"][-1]
-    if config["neighbours_layer"] == LAST
-    else config["neighbours_layer"]
+    config["repr_layers"][-1] if config["neighbours_layer"] == LAST else config["neighbours_layer"]
 )
 
 
