@@ -292,7 +292,7 @@ def test_the_6b_on_a_cpu_with_less_memory_is_refused_before_any_job_and_planned_
     assert "checkpoint shard:" in planned.stdout and "This was a dry-run" in planned.stdout
     said = (planned.stdout + planned.stderr).splitlines()  # a dry run logs to stdout
     (line,) = [ln for ln in said if ln.startswith("esmshard:")]
-    assert "still hold placeholders (slurm_partition=CHANGE-ME-partition" in line, line
+    assert "still holds placeholders (slurm_partition=CHANGE-ME-partition" in line, line
     assert not (tmp_path / "results" / "shards").exists()  # planned, nothing run
 
 

@@ -10,7 +10,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pytest
 from helpers import (
@@ -33,6 +32,9 @@ from helpers import (
 from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.files import TEMPORARY_NAME
 from esmshard.outputs.reader import Embeddings
+
+# the `cloud` extra, beside the tests' (a GPU node's `make gpu-check` collects these without it)
+boto3 = pytest.importorskip("boto3")
 
 RECORDS = SLICE[:30]
 SETTINGS = [f"model={MODEL}", "repr_layers=[-1]", "include=[mean,per_tok]"]
