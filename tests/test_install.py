@@ -224,8 +224,11 @@ def test_make_gpu_check_runs_in_a_gpu_nodes_python_with_the_wheelhouse_and_says_
         fp8 = peers[model, "esmshard packed compiled", "fp8"]
         assert 0.99 < fp8["cosine_min_per_protein_vs_fp32"] < 1
         assert 0.99 < fp8["cosine_p1_vs_fp32"] < 1
-    # the largest models' code on their stand-ins (the 3B, 15B and ESM C 6B on a GPU), last
-    assert result["stages"][-1] == "largest" and result["largest"]["ok"]
+    # the largest models' code on their stand-ins (the 3B, 15B and ESM C 6B on a GPU), then
+    # nearest neighbours, last
+    assert result["stages"][-2:] == ["largest", "neighbours"] and result["largest"]["ok"]
+    (searched,) = result["neighbours"]["rows"]
+    assert searched["sample_equal_to_whole_matrix"] and searched["reference"] == 20000
     big = {(r["model"], r["precision"]): r for r in result["largest"]["rows"]}
     assert set(big) == {("esm2_t6_8M_UR50D", "bf16"), ("esmc_300m", "bf16")}
     assert all(r["layers"] == 1 and r["tokens_per_s"] > 0 for r in big.values())
@@ -245,6 +248,7 @@ def test_make_gpu_check_runs_in_a_gpu_nodes_python_with_the_wheelhouse_and_says_
         and "tokens/s; built with random weights on the device in " in largest
     )
     assert "Stages:" not in page  # all of them
+    assert "## Nearest neighbours" in page and "a sample equal to every distance: yes" in page
     said = [line for line in page.splitlines() if " in fp8 against fp32: " in line]
     assert [line.split(" in fp8")[0] for line in said] == ["esm2_t6_8M_UR50D", "esmc_300m"]
     for line in said:
