@@ -147,8 +147,10 @@ def test_the_signature_names_every_setting_with_the_workflows_defaults():
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     keywords = dict(inspect.signature(esmshard.embed).parameters)
     # keep_every is for runs: a stopped call keeps what it finished as a part instead; variant
-    # effects are a run's variant_scores.tsv (a call returns the scores they come from)
+    # effects are a run's variant_scores.tsv (a call returns the scores they come from); the
+    # neighbours are a run's step after its merge (a call's result searches with `nearest`)
     runs_only = {"input", "outdir", "keep_every", "variants", "variant_scoring", "variant_offset"}
+    runs_only |= {key for key in schema["properties"] if key.startswith("neighbours")}
     assert set(keywords) == set(schema["properties"]) - runs_only | {"sequences"}
     for name, parameter in keywords.items():
         if name not in ("sequences", "store"):

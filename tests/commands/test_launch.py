@@ -65,7 +65,10 @@ def test_a_profile_is_named_or_given_as_a_folder(tmp_path):
     [
         (Launch(["a.fasta"], "out", gpus="0,x"), "--gpus 0,x: give device indices"),
         (Launch(["a.fasta"], "out", gpus="1,1"), "--gpus 1,1: give device indices"),
-        (Launch(["a.fasta"], "out", profile="pbs"), "it ships: googlebatch, htcondor, kubernetes"),
+        (
+            Launch(["a.fasta"], "out", profile="pbs"),
+            "it ships: awsbatch, googlebatch, htcondor, kubernetes",
+        ),
         (Launch(["a.fasta"], "out", profile="slurm", gpus="0"), "--gpus goes with a workstation"),
         (Launch(["a.fasta"], "out", config=["outdir=x"]), "--config outdir= and the option for"),
         (Launch([], "out"), "give the protein FASTA files to embed"),
