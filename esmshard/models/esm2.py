@@ -165,6 +165,9 @@ class FastESM2(FastForward):
             for linear in (qkv, layer.self_attn.out_proj, layer.fc1, layer.fc2)
         ]
 
+    def feed_forward_products(self) -> list[torch.nn.Linear]:
+        return [linear for layer in self.model.layers for linear in (layer.fc1, layer.fc2)]
+
     def attention(self, attn, qkv, x, cos, sin, mask, dense):
         """Self-attention `attn` on `x`: B × L × D with `mask`, or T × D packed (`mask` a Packed)."""
         shape = x.shape

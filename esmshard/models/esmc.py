@@ -113,6 +113,9 @@ class ESMC(FastForward):
             for linear in (*block.attn_in, block.out_proj, *block.ffn_in, block.down)
         ]
 
+    def feed_forward_products(self) -> list[torch.nn.Linear]:
+        return [linear for block in self.layers for linear in (*block.ffn_in, block.down)]
+
     def residual(self, x, out, dense, linear):
         """x + linear(out) / residual_scale; one fused call where the scale is 1 (the 600M)."""
         if self.residual_scale == 1:

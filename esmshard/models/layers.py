@@ -293,6 +293,11 @@ class FastForward(torch.nn.Module):
         without FP8 products has none."""
         return []
 
+    def feed_forward_products(self) -> list[torch.nn.Linear]:
+        """The feed-forward's share of `dense_products`: the ones FP8 computes within its error
+        goals where the attention's do not (docs/performance.md)."""
+        return []
+
     def use_fp8(self, products=None) -> None:
         """The repeated layers' dense products in FP8 from now on (`fp8_dense`): `products`, or
         all of them (`dense_products`); embeddings, norms, attention, the language-model head

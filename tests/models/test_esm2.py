@@ -270,12 +270,13 @@ def test_fp8_on_cpu_stays_close_for_every_protein(model, batching):
 
 def test_products_left_out_of_fp8_are_computed_as_bf16_computes_them(model):
     """`use_fp8(products)`: those in FP8, the others as bf16 computes them (benchmarks/
-    fp8_layers.py measures each kind's error so)."""
+    fp8_layers.py measures each kind's error so); `feed_forward_products` are fc1 and fc2."""
     seqs = [s for s in SEQUENCES if len(s) < 300][:4]
     bf16, none, feed_forward = (embedder(copy.deepcopy(model), True, "bf16") for _ in range(3))
     none.net.use_fp8([])
     products = feed_forward.net.dense_products()
-    chosen = [p for i, p in enumerate(products) if i % 4 >= 2]  # each layer's fc1 and fc2
+    chosen = feed_forward.net.feed_forward_products()
+    assert chosen == [p for i, p in enumerate(products) if i % 4 >= 2]  # each layer's fc1, fc2
     feed_forward.net.use_fp8(chosen)
     assert {p.weight.dtype for p in chosen} == {layers.FP8}
     assert layers.FP8 not in {p.weight.dtype for p in products if all(p is not c for c in chosen)}

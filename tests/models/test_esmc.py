@@ -452,6 +452,9 @@ def test_fp8_takes_every_dense_product_and_stays_close_to_fp32(small_folder, res
     assert len(products) == 3 * 7 and all(linear.weight.dtype == FP8 for linear in products)
     fused_net, fused = embedded("fp8", fused=True)
     assert len(fused_net.dense_products()) == 3 * 4
+    # the feed-forward's: gate and up (one product, fused) and down, of each block
+    (block, *_), feed_forward = fused_net.layers, fused_net.feed_forward_products()
+    assert feed_forward[:2] == [*block.ffn_in, block.down] and len(feed_forward) == 3 * 2
     _, want = embedded("fp32")
     means = [(g[3].mean, w[3].mean, f[3].mean) for g, w, f in zip(got, want, fused)]
     least = min(float(g @ w / np.linalg.norm(g) / np.linalg.norm(w)) for g, w, _ in means)
