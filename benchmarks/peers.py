@@ -56,6 +56,13 @@ from esmshard.models.weights import on_meta
 
 # The largest published shapes (`--big`): the ones no peer publishes an inference figure for.
 BIG = ("esm2_t36_3B_UR50D", "esm2_t48_15B_UR50D", "esmc_6b")
+# FP8's recipes (`--fp8-recipes`): the products each computes in FP8, the rest as bf16 computes
+# them. `fp8` is `precision: fp8`'s; `fp8-feed-forward` keeps the attention's in bf16, the
+# products that carry FP8's error (benchmarks/fp8_layers.py).
+FP8_RECIPES = {"fp8": "dense_products", "fp8-feed-forward": "feed_forward_products"}
+# The seed of the largest models' random weights: their fp32 reference and each precision's
+# model are built with the same values
+BIG_SEED = 0
 
 
 def masked_means(hidden, toks, lengths):
@@ -205,47 +212,57 @@ def esm2_sides(name, sequences, args, device):
     compiled_layers = {args.precision: layer}
     if args.fp8:
         fresh = lambda: (copy.deepcopy(fp32), net.alphabet)  # noqa: E731 (on the device already)
-        sides += fp8_sides(fresh, layers, sequences, packed, "ESM-2", compiled_layers, device)
+        sides += fp8_sides(fresh, layers, sequences, packed, "ESM-2", compiled_layers, args,
+                           device)  # fmt: skip
     return sides, compiled_layers
 
 
-def fp8_sides(fresh, layer, sequences, batches, family, compiled_layers, device) -> list:
-    """esmshard packed and packed compiled in fp8 at `layer`, each on a fresh fp32 model
-    (`fresh()`: (model, alphabet), as esmshard.models.load gives them; an Embedder in fp8 makes
-    its model's products FP8); the compiled layer into `compiled_layers`."""
-    fp8_packed, fp8_compiled = (
-        Embedder(*fresh(), [layer], device, PRECISIONS["fp8"], kinds=["mean"], packed=True)
-        for _ in range(2)
-    )
-    run_fp8, compiled_layers["fp8"] = compiled_side(
-        fp8_compiled, sequences, batches, family, "fp8"
-    )
-    return [
-        ("esmshard packed", "fp8", esmshard_side(fp8_packed, sequences, batches)),
-        ("esmshard packed compiled", "fp8", run_fp8),
-    ]
+def fp8_embedder(model, alphabet, layer, device, recipe, kinds=("mean",)):
+    """An Embedder of `model` at `layer`, packed, with `recipe`'s products in FP8 (FP8_RECIPES)
+    and the rest as bf16 computes them (for `fp8`, what `precision: fp8` gives)."""
+    embedder = Embedder(model, alphabet, [layer], device, PRECISIONS["bf16"], kinds=list(kinds),
+                        packed=True)  # fmt: skip
+    embedder.net.use_fp8(getattr(embedder.net, FP8_RECIPES[recipe])())
+    return embedder
 
 
-def fp8_error(fresh, layer, sequences, args, device) -> dict[str, float]:
-    """FP8's error against fp32 at `layer`, esmshard's forward pass on the same weights
-    (`fresh()`: a new fp32 model and its alphabet each call) and proteins (packed, as the run
-    computes): the per-residue cosine at the 1st percentile, and the least protein's cosine of
-    its means."""
-    want, got = (
-        embedded(Embedder(*fresh(), [layer], device, PRECISIONS[precision],
-                          kinds=["mean", "per_tok"], packed=True), layer, sequences, args)
-        for precision in ("fp32", "fp8")
-    )  # fmt: skip
-    return error_against(want, got)
+def fp8_sides(fresh, layer, sequences, batches, family, compiled_layers, args, device) -> list:
+    """esmshard packed and packed compiled in each of `args.fp8_recipes` at `layer`, each on a
+    fresh fp32 model (`fresh()`: (model, alphabet), as esmshard.models.load gives them); the
+    compiled layers into `compiled_layers`."""
+    sides = []
+    for recipe in args.fp8_recipes:
+        packed, compiled = (fp8_embedder(*fresh(), layer, device, recipe) for _ in range(2))
+        run, compiled_layers[recipe] = compiled_side(compiled, sequences, batches, family, recipe)
+        sides += [
+            ("esmshard packed", recipe, esmshard_side(packed, sequences, batches)),
+            ("esmshard packed compiled", recipe, run),
+        ]
+    return sides
 
 
-def embedded(embedder, layer, sequences, args) -> list:
-    """Each protein's representation at `layer` (packed batches of `args.toks_per_batch`)."""
+def fp8_errors(fresh, layer, sequences, args, device) -> dict[str, dict[str, float]]:
+    """Each FP8 recipe's error against fp32 at `layer` (`error_against`), esmshard's forward
+    pass on the same weights (`fresh()`: a new fp32 model and its alphabet each call) and
+    proteins (packed, as the run computes)."""
+    want = embedded(Embedder(*fresh(), [layer], device, PRECISIONS["fp32"],
+                             kinds=["mean", "per_tok"], packed=True), layer, sequences, args)  # fmt: skip
+    return {
+        recipe: error_against(want, embedded(
+            fp8_embedder(*fresh(), layer, device, recipe, ("mean", "per_tok")),
+            layer, sequences, args))
+        for recipe in args.fp8_recipes
+    }  # fmt: skip
+
+
+def embedded(embedder, layer, sequences, args, kinds=None) -> list:
+    """Each protein's representation at `layer` (packed batches of `args.toks_per_batch`), of
+    `kinds` (default: the Embedder's)."""
     batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
     found = {}
     with torch.inference_mode():
         for batch in batches:
-            for done, reps in embedder.embed(batch, [sequences[i] for i in batch], []):
+            for done, reps in embedder.embed(batch, [sequences[i] for i in batch], [], kinds):
                 found.update((i, rep[layer]) for i, rep in zip(done, reps))
     return [found[i] for i in range(len(sequences))]
 
@@ -298,7 +315,8 @@ def esmc_sides(name, sequences, args, device, folder):
     compiled_layers = {args.precision: layer}
     if args.fp8:
         fresh = fresh_esmc(folder)
-        sides += fp8_sides(fresh, layers, sequences, packed, "ESM C", compiled_layers, device)
+        sides += fp8_sides(fresh, layers, sequences, packed, "ESM C", compiled_layers, args,
+                           device)  # fmt: skip
     return sides, compiled_layers
 
 
@@ -415,7 +433,9 @@ def built_on(device, build):
 
 def big_model(name: str, device, layers: int | None):
     """(esmshard's model of the published shape `name`, its first `layers` layers (all by
-    default), random weights on `device` (`built_on`); its alphabet; its family's title)."""
+    default), random weights on `device` (`built_on`) drawn from BIG_SEED: the same values at
+    each build; its alphabet; its family's title)."""
+    torch.manual_seed(BIG_SEED)
     if name in ESMC.archs:
         arch = ESMC.archs[name]
         arch = arch._replace(layers=layers or arch.layers)
@@ -432,39 +452,64 @@ def big_model(name: str, device, layers: int | None):
     return net, net.alphabet, "ESM-2"
 
 
+def big_embedder(name, precision, args, device):
+    """(`big_model(name)` in an Embedder of `precision` or FP8 recipe, packed, at its last
+    layer; the family's title)."""
+    net, alphabet, family = big_model(name, device, args.big_layers)
+    if precision in FP8_RECIPES:
+        return fp8_embedder(net, alphabet, net.num_layers, device, precision), family
+    embedder = Embedder(net, alphabet, [net.num_layers], device, PRECISIONS[precision],
+                        kinds=["mean"], packed=True)  # fmt: skip
+    return embedder, family
+
+
 def big(sequences, args, device) -> None:
     """The largest models (`--big-models`), esmshard packed and compiled as `compile: auto`
-    runs a cluster's shard, in `--precision` and in fp8 where `--fp8`: a JSON line each with
-    tokens/s, the device's peak memory, the seconds of building the model on the device (random
-    weights: not a checkpoint's loading) and of compiling its layer. One precision's model at a
-    time on the device."""
+    runs a cluster's shard, in `--precision` and in each FP8 recipe where `--fp8`: a JSON line
+    each with tokens/s, the device's peak memory, the seconds of building the model on the
+    device (random weights: not a checkpoint's loading) and of compiling its layer, and its
+    error against fp32 on the same weights (`error_against`) over the first
+    `--big-error-sequences` proteins. One model at a time on the device: the fp32 one first
+    (the 15B's 60 GB), for the reference."""
     batches = make_batches([len(s) for s in sequences], args.toks_per_batch, True)
     tokens = sum(len(s) + 2 for s in sequences)
+    checked = sequences[: args.big_error_sequences]
+    kinds = ["mean", "per_tok"]
     for name in args.big_models:
-        for precision in [args.precision] + ["fp8"] * args.fp8:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats(device)
+        fresh_device(device)
+        embedder, _ = big_embedder(name, "fp32", args, device)
+        want = embedded(embedder, embedder.net.num_layers, checked, args, kinds)
+        del embedder
+        for precision in [args.precision] + (args.fp8_recipes if args.fp8 else []):
+            fresh_device(device)
             started = time.perf_counter()
-            net, alphabet, family = big_model(name, device, args.big_layers)
-            embedder = Embedder(net, alphabet, [net.num_layers], device, PRECISIONS[precision],
-                                kinds=["mean"], packed=True)  # fmt: skip
+            embedder, family = big_embedder(name, precision, args, device)
             built = time.perf_counter() - started
             run, layer = compiled_side(embedder, sequences, batches, family, precision)
             seconds = timed(run, device)
             layer.finish()
+            layers = embedder.net.num_layers
+            got = embedded(embedder, layers, checked, args, kinds)
             print(json.dumps({
-                "model": name, "layers": net.num_layers, "side": "esmshard packed compiled",
+                "model": name, "layers": layers, "side": "esmshard packed compiled",
                 "precision": precision, "device": device_name(device),
                 "sequences": len(sequences), "tokens": tokens,
                 "seconds": seconds, "tokens_per_s": tokens / seconds,
                 "peak_memory_bytes": torch.cuda.max_memory_allocated(device)
                 if device.type == "cuda" else None,
                 "build_seconds": built, "compile_seconds": layer.seconds,
-                "compiled_graphs": layer.graphs,
+                "compiled_graphs": layer.graphs, "error_sequences": len(checked),
+                **error_against(want, got),
             }), flush=True)  # fmt: skip
-            del embedder, net, run, layer
+            del embedder, run, layer
             torch._dynamo.reset()  # its compiled graphs hold the model's weights on the device
+
+
+def fresh_device(device) -> None:
+    """The device's cached memory freed and its peak reset, before the next model."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def main():
@@ -483,6 +528,10 @@ def main():
                         help="the largest models on every N-th of the proteins")  # fmt: skip
     parser.add_argument("--fp8", action=argparse.BooleanOptionalAction, default=None,
                         help="ESM-2 and ESM C in fp8 too (default: where the device computes it)")  # fmt: skip
+    parser.add_argument("--fp8-recipes", nargs="+", default=list(FP8_RECIPES),
+                        choices=list(FP8_RECIPES), help="the FP8 recipes (`FP8_RECIPES`)")  # fmt: skip
+    parser.add_argument("--big-error-sequences", type=int, default=16,
+                        help="the largest models' error against fp32 on the first N of theirs")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--toks-per-batch", type=int, default=65536)
@@ -506,7 +555,7 @@ def main():
             errors = {}
             if args.fp8:
                 fresh = fresh_esm2(name)
-                errors["fp8"] = fp8_error(fresh, ESM2.archs[name].layers, sequences, args, device)
+                errors = fp8_errors(fresh, ESM2.archs[name].layers, sequences, args, device)
             measure(name, ESM2.archs[name], sides, layers_of, sequences, args, device, errors)
         for name in args.esmc if not skipped("ESM C's peers", "transformers") else []:
             chosen = records[: args.esmc_sequences]
@@ -516,8 +565,8 @@ def main():
             arch = arch._replace(layers=args.esmc_layers or arch.layers)
             errors = {}
             if args.fp8:
-                fresh = fresh_esmc(Path(tmp) / name)
-                errors["fp8"] = fp8_error(fresh, arch.layers, sequences, args, device)
+                errors = fp8_errors(fresh_esmc(Path(tmp) / name), arch.layers, sequences, args,
+                                    device)  # fmt: skip
             measure(name, arch, sides, layers_of, sequences, args, device, errors)
         if args.big if args.big is not None else device.type == "cuda":
             chosen = records[:: args.big_every]

@@ -210,7 +210,9 @@ def neighbours_lines(bench: dict) -> list[str]:
 
 def largest_lines(bench: dict) -> list[str]:
     lines = ["", "## The largest models", f"`{bench['command']}`", ""]
-    lines += [big_line(r) for r in bench["rows"] if "build_seconds" in r]
+    rows = [r for r in bench["rows"] if "build_seconds" in r]
+    lines += [big_line(r) for r in rows]
+    lines += fp8_lines(rows)
     if bench["error"]:
         lines += ["The benchmark failed:", "```", bench["error"], "```"]
     return lines
@@ -218,7 +220,8 @@ def largest_lines(bench: dict) -> list[str]:
 
 def big_line(row: dict) -> str:
     """A largest model's row (benchmarks/peers.py --big): its speed against its goal on the GPUs
-    that have one, its peak memory, and its build's and compile's seconds."""
+    that have one, its peak memory, its error against fp32 (bf16's), and its build's and
+    compile's seconds."""
     goal = ""
     if row["precision"] == "bf16" and row["model"] in BIG_GOALS:
         on = goal_on(row["device"], BIG_GOALS[row["model"]])
@@ -228,19 +231,26 @@ def big_line(row: dict) -> str:
         if row["peak_memory_bytes"] is not None
         else ""
     )
+    error = (
+        f"; per-residue cosine to fp32 {row['cosine_p1_vs_fp32']:.5f} at the 1st percentile"
+        if "cosine_p1_vs_fp32" in row and not row["precision"].startswith("fp8")
+        else ""
+    )  # fp8's: fp8_lines
     return (
         f"\n{row['model']} ({row['layers']} layer{'s' * (row['layers'] != 1)}), {row['side']} "
         f"({row['precision']}): "
-        f"{row['tokens_per_s']:,.0f} tokens/s{goal}{memory}; built with random weights on the "
-        f"device in {row['build_seconds']:.1f} s, compiled in {row['compile_seconds']:.1f} s."
+        f"{row['tokens_per_s']:,.0f} tokens/s{goal}{memory}{error}; built with random weights on "
+        f"the device in {row['build_seconds']:.1f} s, compiled in {row['compile_seconds']:.1f} s."
     )
 
 
 def fp8_lines(rows: list[dict]) -> list[str]:
-    """FP8's rows of the peers table against their goals: its error, and its tokens/s over the
-    same side's in bf16."""
+    """FP8's rows (each recipe's: benchmarks/peers.py FP8_RECIPES) of the peers table or the
+    largest models against their goals: its error, and its tokens/s over the same side's in
+    bf16."""
     lines = []
-    for row in (r for r in rows if "cosine_p1_vs_fp32" in r and r["side"].endswith("compiled")):
+    for row in (r for r in rows if r["precision"].startswith("fp8") and "cosine_p1_vs_fp32" in r
+                and r["side"].endswith("compiled")):  # fmt: skip
         bf16 = [r for r in rows if r["model"] == row["model"] and r["side"] == row["side"]
                 and r["precision"] == "bf16"]  # fmt: skip
         speed = (
@@ -250,7 +260,7 @@ def fp8_lines(rows: list[dict]) -> list[str]:
             else ""
         )
         lines.append(
-            f"\n{row['model']} in fp8 against fp32: per-residue cosine "
+            f"\n{row['model']} in {row['precision']} against fp32: per-residue cosine "
             f"{row['cosine_p1_vs_fp32']:.5f} at the 1st percentile (goal "
             f"{FP8_GOALS['cosine_p1_vs_fp32']}), least protein's "
             f"{row['cosine_min_per_protein_vs_fp32']:.5f} (goal "

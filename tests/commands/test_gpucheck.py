@@ -189,16 +189,29 @@ def test_the_largest_models_are_set_against_their_goals_on_the_gpus_that_have_on
         "model": "esm2_t48_15B_UR50D", "layers": 48, "side": "esmshard packed compiled",
         "precision": "bf16", "device": "NVIDIA H200", "tokens_per_s": 18_123.4,
         "peak_memory_bytes": 35.25 * 2**30, "build_seconds": 1.23, "compile_seconds": 14.04,
+        "cosine_p1_vs_fp32": 0.999981, "cosine_min_per_protein_vs_fp32": 0.999994,
     }  # fmt: skip
     assert gpucheck_markdown.big_line(row) == (
         "\nesm2_t48_15B_UR50D (48 layers), esmshard packed compiled (bf16): 18,123 tokens/s "
-        "(goal on an H200: 17,000), peak memory 35.2 GiB; built with random weights on the "
-        "device in 1.2 s, compiled in 14.0 s."
+        "(goal on an H200: 17,000), peak memory 35.2 GiB; per-residue cosine to fp32 0.99998 at "
+        "the 1st percentile; built with random weights on the device in 1.2 s, compiled in "
+        "14.0 s."
     )
     h100 = gpucheck_markdown.big_line({**row, "device": "NVIDIA H100 80GB HBM3"})
     assert "(goal on an H100: 15,300)" in h100
     for other in ({"precision": "fp8"}, {"device": "NVIDIA A100-SXM4-80GB"}):
         assert "goal" not in gpucheck_markdown.big_line({**row, **other})
+    # each FP8 recipe's error and speed against its goals, beside its model's bf16 row
+    fp8 = {**row, "precision": "fp8-feed-forward", "tokens_per_s": 21_748.1,
+           "cosine_p1_vs_fp32": 0.99951, "cosine_min_per_protein_vs_fp32": 0.99968}  # fmt: skip
+    page = "\n".join(gpucheck_markdown.largest_lines(
+        {"command": "python benchmarks/peers.py --big", "rows": [row, fp8], "error": None}))  # fmt: skip
+    assert "per-residue cosine to fp32" not in page.split("(fp8-feed-forward): ")[1]
+    assert page.endswith(
+        "\nesm2_t48_15B_UR50D in fp8-feed-forward against fp32: per-residue cosine 0.99951 at "
+        "the 1st percentile (goal 0.999), least protein's 0.99968 (goal 0.9997); 1.20× bf16's "
+        "tokens/s (goal 1.3×)."
+    )
 
 
 def test_stages_run_alone_say_so_and_leave_the_others_out(tmp_path):
