@@ -33,6 +33,7 @@ import argparse
 import copy
 import importlib.util
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -382,10 +383,43 @@ def measure(name, arch, sides, layers_of, sequences, args, device, errors=None) 
         print(json.dumps(row), flush=True)
 
 
+# The classes of a profile's kernels (`by_class`): the first whose pattern a kernel's name
+# holds; element-wise work and copies (rotary embeddings, residual additions, casts) are the rest.
+KERNEL_CLASSES = {
+    "attention": r"flash|fmha|attention|scaled_dot_product",
+    # cuBLAS's and CUTLASS's kernels; aten's and oneDNN's products on a CPU
+    "products": r"gemm|nvjet|cutlass|xmma|cublas|scaled_mm|addmm|\bb?mm\b|matmul|linear",
+    # a compiled layer's one kernel per product (each row's scale and cast); eager, its
+    # division and cast are element-wise
+    "FP8 quantization": r"amax|float8|fp8",
+    "norms": r"layer_norm|layernorm|rms_norm",
+    "activation": r"gelu|silu",
+}
+ELEMENT_WISE = "element-wise and copies"
+
+
+def kernel_class(name: str) -> str:
+    """The class of KERNEL_CLASSES a kernel or operation named `name` is in."""
+    found = (c for c, pattern in KERNEL_CLASSES.items() if re.search(pattern, name.lower()))
+    return next(found, ELEMENT_WISE)
+
+
+def by_class(events, cuda: bool) -> dict[str, float]:
+    """Seconds of a profile's `events` (torch's key averages) per `kernel_class`: the device's
+    kernels, or a CPU's operations (their own time) without one."""
+    kind = torch.autograd.DeviceType.CUDA if cuda else torch.autograd.DeviceType.CPU
+    seconds = dict.fromkeys([*KERNEL_CLASSES, ELEMENT_WISE], 0.0)
+    for event in (e for e in events if e.device_type == kind):
+        own = event.self_device_time_total if cuda else event.self_cpu_time_total
+        seconds[kernel_class(event.key)] += own / 1e6
+    return seconds
+
+
 def profile(name, sides, device, path: Path) -> None:
     """One run of each esmshard packed side under torch's profiler: its busiest operations
     (self time on the device, or on the CPU without one) into `path`, and a JSON line with the
-    wall time and the device's busy time (the sum of its kernels' own times)."""
+    wall time, the device's busy time (the sum of its kernels' own times), the rest of the wall
+    time (the host's gaps) and the kernels' seconds per class (`by_class`)."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as profiler
 
@@ -406,6 +440,8 @@ def profile(name, sides, device, path: Path) -> None:
         print(json.dumps({
             "model": name, "side": side, "precision": precision, "profiled_seconds": seconds,
             "device_busy_seconds": busy, "device_busy_share": busy / seconds if cuda else None,
+            "host_gap_seconds": seconds - busy if cuda else None,
+            "seconds_by_class": by_class(events, cuda),
         }), flush=True)  # fmt: skip
         table = events.table(sort_by=sort, row_limit=25, max_name_column_width=60)
         tables.append(f"# {name}, {side} ({precision}): {seconds:.3f} s wall\n{table}")

@@ -174,18 +174,27 @@ def peers_lines(peers: dict) -> list[str]:
     profiled = [r for r in peers["rows"] if "profiled_seconds" in r]
     if profiled:
         lines += ["", "Where the time goes (torch's profiler, one run each; profile.txt):", ""]
-    lines += [
-        f"- {r['model']}, {r['side']} ({r['precision']}): {r['profiled_seconds']:.2f} s"
-        + (
-            f", the device busy {r['device_busy_share']:.0%} of it"
-            if r["device_busy_share"] is not None
-            else ""
-        )
-        for r in profiled
-    ]
+    lines += [profiled_line(r) for r in profiled]
     if peers["error"]:
         lines += ["The benchmark failed:", "```", peers["error"], "```"]
     return lines
+
+
+def profiled_line(row: dict) -> str:
+    """A profiled side (benchmarks/peers.py --profile): its wall time, the device's busy share,
+    and where the time went, class by class (its kernels', and the host's gaps)."""
+    busy = row["device_busy_share"]
+    spent = {**row["seconds_by_class"], "host gaps": row["host_gap_seconds"] or 0.0}
+    classes = ", ".join(
+        f"{name} {seconds:.3f} s ({seconds / row['profiled_seconds']:.0%})"
+        for name, seconds in sorted(spent.items(), key=lambda item: -item[1])
+        if seconds > 0
+    )
+    return (
+        f"- {row['model']}, {row['side']} ({row['precision']}): {row['profiled_seconds']:.2f} s"
+        + (f", the device busy {busy:.0%} of it" if busy is not None else "")
+        + f": {classes}"
+    )
 
 
 # The largest models' goals in bf16 on an H200 (GOAL_SHARES: elsewhere), tokens/s

@@ -162,6 +162,50 @@ def test_the_peers_eager_side_stays_eager_where_the_model_is_its_own_forward_pas
     layer.finish()
 
 
+def test_a_profiles_kernels_fall_in_the_classes_the_gpu_work_is_planned_by(monkeypatch):
+    """benchmarks/peers.py --profile: the kernels an H200's profile of t33 named (its record,
+    eager and compiled, bf16), each in its class; then a line of the record, class by class."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import peers
+
+    kernels = {
+        "nvjet_sm90_tst_128x248_64x4_2x1_v_bz_coopA_bias_TNT": "products",
+        "nvjet_sm90_tst_192x208_64x4_1x2_h_bz_coopB_gelubias_TNT": "products",  # GELU in it
+        "aten::_addmm_activation": "products",
+        "mkldnn::_linear_pointwise": "products",  # a CPU's, through oneDNN
+        "aten::mm": "products",
+        "aten::_scaled_mm": "products",  # FP8's
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_tra...": "attention",
+        "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+        "triton_red_fused__to_copy_add_native_layer_norm_0": "norms",
+        # the record's table cuts names short; the profile's events hold them whole
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, "
+        "float>(int, float, c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, "
+        "float*, float*, c10::BFloat16*)": "norms",
+        "triton_red_fused__to_copy_abs_amax_clamp_div_gelu_0": "FP8 quantization",
+        "triton_poi_fused_gelu_2": "activation",
+        "triton_poi_fused_add_cat_mul_neg_split_view_1": "element-wise and copies",  # rotary
+        "void at::native::(anonymous namespace)::CatArrayBatchedCo...": "element-wise and copies",
+        "aten::addcmul_": "element-wise and copies",
+    }
+    assert {name: peers.kernel_class(name) for name in kernels} == kernels
+    record = (REPO / "benchmarks/results/2026-11-29-NVIDIA-H200/profile.txt").read_text()
+    assert all(name.split("<")[0] in record for name in list(kernels)[:3] + list(kernels)[6:7])
+
+    row = {
+        "model": "esm2_t33_650M_UR50D", "side": "esmshard packed compiled", "precision": "bf16",
+        "profiled_seconds": 1.089, "device_busy_share": 0.9, "host_gap_seconds": 0.109,
+        "seconds_by_class": {"products": 0.652, "attention": 0.150, "norms": 0.118,
+                             "FP8 quantization": 0.0, "activation": 0.0,
+                             "element-wise and copies": 0.0606},
+    }  # fmt: skip
+    assert gpucheck_markdown.profiled_line(row) == (
+        "- esm2_t33_650M_UR50D, esmshard packed compiled (bf16): 1.09 s, the device busy 90% of "
+        "it: products 0.652 s (60%), attention 0.150 s (14%), norms 0.118 s (11%), host gaps "
+        "0.109 s (10%), element-wise and copies 0.061 s (6%)"
+    )
+
+
 def test_the_gpu_plans_whole_run_is_set_against_its_goal_on_the_gpus_that_have_one():
     run = {
         "command": "snakemake ...", "shards": 1, "sequences": 4403, "tokens": 1_346_422,
