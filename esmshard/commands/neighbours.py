@@ -63,7 +63,9 @@ def neighbours(parser, args) -> int:
     tables = found.Tables(str(args.out), transferred=str(where) if args.annotations else None)
     found.write_tables(tables, hits, query_ids, ids, annotations, args.metric, {})
     if args.annotations:
-        say_missing(annotations, set(ids), args.annotations, args.reference)
+        unmatched = found.unmatched_line(annotations, ids, args.annotations, args.reference)
+        if unmatched:
+            say(unmatched)
         say(f"wrote {args.out} and {where}")
     else:
         say(f"wrote {args.out}")
@@ -86,13 +88,3 @@ def search(queries: Embeddings, reference: Embeddings, args):
     # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
     hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
     return hits, reference.ids()
-
-
-def say_missing(annotations: dict, reference_ids: set, table: Path, reference: Path) -> None:
-    """Count the annotated IDs that are not in the reference: they carry nothing over."""
-    missing = [name for name in annotations if name not in reference_ids]
-    if missing:
-        say(
-            f"{len(missing):,} of the {len(annotations):,} IDs of {table} are not in "
-            f"{reference} (e.g. {missing[0]}): they carry nothing over"
-        )

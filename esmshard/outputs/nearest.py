@@ -109,6 +109,19 @@ def read_annotations(path) -> dict[str, dict[str, str]]:
     return {row.pop("id"): row for row in rows}
 
 
+def unmatched_line(annotations: dict, reference_ids, table, reference) -> str | None:
+    """The line that counts the IDs of the annotations' `table` absent from `reference`'s
+    `reference_ids` (they carry nothing over), or None where all are there."""
+    present = set(reference_ids)
+    missing = [name for name in annotations if name not in present]
+    if not missing:
+        return None
+    return (
+        f"{len(missing):,} of the {len(annotations):,} IDs of {table} are not in {reference} "
+        f"(e.g. {missing[0]}): they carry nothing over"
+    )
+
+
 def annotation_columns(annotations: dict[str, dict[str, str]]) -> list[str]:
     return list(next(iter(annotations.values()), {}))
 

@@ -93,10 +93,9 @@ def write_neighbours(
         query_ids, reference_ids = queries.ids(), reference.ids()
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
                 "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
-    missing = [name for name in table if name not in set(reference_ids)]
-    if missing:
-        log.warning("%d of the %d IDs of %s are not in the reference (e.g. %s): they carry "
-                    "nothing over", len(missing), len(table), annotations, missing[0])  # fmt: skip
+    unmatched = found.unmatched_line(table, reference_ids, annotations, "the reference")
+    if unmatched:
+        log.warning(unmatched)
     found.write_tables(tables, hits, query_ids, reference_ids, table, metric, card)
 
 

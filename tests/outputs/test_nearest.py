@@ -51,3 +51,10 @@ def test_another_layer_is_refused_in_one_line_naming_both(saved):
         with pytest.raises(KeyError, match="holds 'mean' at layers"):
             neighbours.comparable_layer(q, r, 3)
         assert neighbours.comparable_layer(q, r, 0) == 0
+
+
+def test_annotated_ids_absent_from_the_reference_are_counted_in_one_line():
+    annotations = {"P1": {"go": "a"}, "X9": {"go": "b"}, "X8": {"go": "c"}}
+    line = neighbours.unmatched_line(annotations, ["P1", "P2"], "go.tsv", "ref.h5")
+    assert line == "2 of the 3 IDs of go.tsv are not in ref.h5 (e.g. X9): they carry nothing over"
+    assert neighbours.unmatched_line(annotations, ["X8", "X9", "P1"], "go.tsv", "ref.h5") is None
