@@ -93,9 +93,14 @@ def see_new_directories() -> None:
     StorageObject.is_dir = lambda self: any(self.get_subkeys())
 
 
+def run_bucket(prefix: str, store: ObjectStore) -> Bucket:
+    """The bucket under the run's `prefix`, on `store`'s server."""
+    return Bucket(ObjectStore(prefix, store.endpoint_url))
+
+
 def planned_in_object_store(prefix: str, store: ObjectStore, layout: Layout) -> list[str]:
     """The shards that the shard step of `layout`'s run planned, read from the object store."""
-    text = Bucket(ObjectStore(prefix, store.endpoint_url)).read(posixpath.normpath(layout.plan))
+    text = run_bucket(prefix, store).read(posixpath.normpath(layout.plan))
     return [row["shard"] for row in csv.DictReader(io.StringIO(text.decode()), delimiter="\t")]
 
 
@@ -103,7 +108,7 @@ def read_run_json(prefix: str, store: ObjectStore, layout: Layout) -> dict | Non
     """The run's run.json in the object store, or None where it cannot be read (the run's
     last lines are then left out: the run itself said what went wrong)."""
     try:
-        found = Bucket(ObjectStore(prefix, store.endpoint_url)).read(layout.run_json)
+        found = run_bucket(prefix, store).read(layout.run_json)
         return json.loads(found)
     except (ObjectStoreError, ValueError):
         return None
