@@ -342,7 +342,11 @@ def measure(name, arch, sides, layers_of, sequences, args, device, errors=None) 
     precisions = {p for _, p, _ in sides}
 
     def peaks_now() -> dict[str, float]:
-        return {p: max(matmul_peaks(dim, p, device).values()) for p in precisions}
+        # an FP8 recipe's share is of FP8's peak, the attention's products in bf16 or not
+        return {
+            p: max(matmul_peaks(dim, "fp8" if p in FP8_RECIPES else p, device).values())
+            for p in precisions
+        }
 
     # The peak before the sides and after them, the better kept: on a machine that something
     # else slows meanwhile (a CPU shared with other work), one reading can fall below what a
