@@ -16,7 +16,11 @@ per token's row of activations and per row of the weight); the others are emulat
 rounded to FP8 with its scales and back, then multiplied in fp32 (the FP8 product's numbers, up
 to the order of its sums): `tensor`, one scale per operand; `1x128`, a scale per 128 values of a
 token's row and per block of 128 x 128 weights (DeepSeek-V3's); `1x32`, a scale per 32 values of
-either operand's rows (the MX formats' blocks).
+either operand's rows (the MX formats' blocks); `delayed`, one scale per product kept from the
+batches before (the largest magnitude they held; the first batch's own), values past FP8's
+largest saturated, and a scale per row of the weight: quantization without a reduction before
+the product (Transformer Engine's delayed scaling), which needs several batches
+(`--toks-per-batch 512`).
 """
 
 import argparse
@@ -47,12 +51,14 @@ CHOICES = {
     "all": ROLES,
 }
 # (the activations' block, the weight's block) of each emulated scale: (rows, columns) sharing a
-# scale, None for all of them
+# scale, None for all of them; DELAYED for the activations: one scale kept from earlier batches
+DELAYED = "delayed"
 SCALES = {
     "row": None,  # `precision: fp8`'s own product
     "tensor": ((None, None), (None, None)),
     "1x128": ((1, 128), (128, 128)),
     "1x32": ((1, 32), (1, 32)),
+    DELAYED: (DELAYED, (1, None)),
 }
 
 
@@ -68,6 +74,18 @@ def rounded(t: torch.Tensor, rows: int | None, columns: int | None) -> torch.Ten
     return values[: t.shape[0], : t.shape[1]]
 
 
+def rounded_delayed(t: torch.Tensor, linear) -> torch.Tensor:
+    """`t` in fp32 as FP8 holds it with one scale from the largest magnitude that `linear`'s
+    earlier batches held (the first batch: its own), values past FP8's largest saturated: a
+    quantization with no reduction before it. The largest magnitude seen is updated after."""
+    t = t.float()
+    largest = t.abs().amax()
+    seen = getattr(linear, "largest_seen", largest)
+    scale = (seen / FP8_MAX).clamp(min=LEAST_SCALE)
+    linear.largest_seen = torch.maximum(seen, largest)
+    return (t / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8).float() * scale
+
+
 def emulate_fp8(net, products, scales) -> None:
     """`products` of `net` computed as FP8 with `scales` would compute them (`SCALES`): the
     weights rounded once, each batch's activations at every product, the sums in fp32 and one
@@ -79,7 +97,11 @@ def emulate_fp8(net, products, scales) -> None:
     def dense(x, linear, gelu=False, residual=None):
         if not hasattr(linear, "rounded_weight"):
             return torch_dense(x, linear, gelu, residual)
-        rows = rounded(x.reshape(-1, x.shape[-1]), *activations)
+        rows = x.reshape(-1, x.shape[-1])
+        if activations == DELAYED:
+            rows = rounded_delayed(rows, linear)
+        else:
+            rows = rounded(rows, *activations)
         with torch.autocast(x.device.type, enabled=False):
             out = torch.addmm(linear.bias.float(), rows, linear.rounded_weight.t())
         out = out.to(torch.bfloat16).view(*x.shape[:-1], out.shape[-1])
