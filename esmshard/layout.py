@@ -70,12 +70,16 @@ class Layout:
     def annotations_tsv(self) -> str:
         return self._path("annotations.tsv")
 
+    @property
+    def neighbours_dir(self) -> str:
+        return self._path("neighbours")
+
     def neighbour_part(self, part: str) -> str:
         """One search job's top k, of the reference rows of `part` ("i-of-n"), and its figures."""
-        return self._path("neighbours", f"{part}.npz")
+        return os.path.join(self.neighbours_dir, f"{part}.npz")
 
     def neighbour_metrics(self, part: str) -> str:
-        return self._path("neighbours", f"{part}.json")
+        return os.path.join(self.neighbours_dir, f"{part}.json")
 
     @property
     def variant_scores(self) -> str:

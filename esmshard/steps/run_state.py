@@ -154,7 +154,7 @@ def planned_state(layout: Layout, plan: list[dict], now: float) -> dict:
 def neighbour_jobs(layout: Layout) -> dict | None:
     """The `neighbours` search jobs done of those planned (their parts' names say how many:
     "i-of-n"), and whether the tables are written; None before any."""
-    parts = [p.stem for p in Path(layout.neighbour_part("x")).parent.glob("*-of-*.npz")]
+    parts = [p.stem for p in Path(layout.neighbours_dir).glob("*-of-*.npz")]
     if not parts:
         return None
     planned = max(int(p.rpartition("-of-")[2]) for p in parts)
