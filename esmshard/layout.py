@@ -4,8 +4,30 @@ Paths are strings, so that the rules can pass a wildcard such as "{shard}" for t
 """
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
+
+# A `neighbours` search job's part as its files name it: "i-of-n"
+PART_NAME = re.compile(r"^(\d+)-of-(\d+)$")
+
+
+class NeighbourPart(NamedTuple):
+    """A `neighbours` search job's share of the reference's rows: the `index`-th of `count`."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def named(cls, name: str) -> "NeighbourPart | None":
+        """The part named `name` ("i-of-n"), or None for another name."""
+        found = PART_NAME.match(name)
+        return cls(*map(int, found.groups())) if found else None
+
+    @property
+    def name(self) -> str:
+        return f"{self.index}-of-{self.count}"
 
 
 @dataclass(frozen=True)

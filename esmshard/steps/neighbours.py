@@ -5,7 +5,6 @@ is the only one the same command runs again.
 """
 
 import logging
-import re
 import time
 from pathlib import Path
 
@@ -13,22 +12,21 @@ import numpy as np
 
 from ..compute import pool
 from ..files import atomic_path, write_json
+from ..layout import NeighbourPart
 from ..outputs import nearest as found
 from ..outputs.reader import Embeddings
 from ..search import Hits, merged
 
 log = logging.getLogger(__name__)
 
-PART = re.compile(r"^(\d+)-of-(\d+)$")
-
 
 def part_names(parts: int) -> list[str]:
-    return [f"{i}-of-{parts}" for i in range(parts)]
+    return [NeighbourPart(i, parts).name for i in range(parts)]
 
 
 def rows_of(part: str, n_rows: int) -> tuple[int, int]:
     """The reference rows of `part` ("i-of-n"): n ranges of sizes that differ by one at most."""
-    i, n = map(int, PART.match(part).groups())
+    i, n = NeighbourPart.named(part)
     return i * n_rows // n, (i + 1) * n_rows // n
 
 

@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from ..layout import Layout
+from ..layout import Layout, NeighbourPart
 from .progress import (
     busy_seconds,
     computed_residues,
@@ -240,5 +240,5 @@ def neighbours_summary(metric_files) -> dict | None:
     return {
         "jobs": len(parts), "reference_rows": rows, "queries": parts[0]["queries"],
         "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
-        "parts": sorted(parts, key=lambda p: int(p["part"].split("-")[0])),
+        "parts": sorted(parts, key=lambda p: NeighbourPart.named(p["part"]).index),
     }  # fmt: skip

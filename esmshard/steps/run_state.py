@@ -14,7 +14,7 @@ from typing import NamedTuple
 from ..embeddings_h5.in_place import checksum_cache
 from ..embeddings_h5.scores import MASKED
 from ..files import read_tsv
-from ..layout import Layout
+from ..layout import Layout, NeighbourPart
 from ..store import Store, in_place_problems, read_json_object
 from ..store.pieces import kept_residues
 from ..store.runlock import STALE_AFTER_SECONDS, process_alive, run_active
@@ -154,11 +154,12 @@ def planned_state(layout: Layout, plan: list[dict], now: float) -> dict:
 def neighbour_jobs(layout: Layout) -> dict | None:
     """The `neighbours` search jobs done of those planned (their parts' names say how many:
     "i-of-n"), and whether the tables are written; None before any."""
-    parts = [p.stem for p in Path(layout.neighbours_dir).glob("*-of-*.npz")]
+    parts = [NeighbourPart.named(p.stem) for p in Path(layout.neighbours_dir).glob("*.npz")]
+    parts = [part for part in parts if part is not None]
     if not parts:
         return None
-    planned = max(int(p.rpartition("-of-")[2]) for p in parts)
-    done = sum(1 for p in parts if p.endswith(f"-of-{planned}"))
+    planned = max(part.count for part in parts)
+    done = sum(1 for part in parts if part.count == planned)
     return {"done": done, "planned": planned, "written": Path(layout.neighbours_tsv).exists()}
 
 

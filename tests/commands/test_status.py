@@ -232,3 +232,16 @@ def test_a_job_that_died_shows_stale(tmp_path):
     elsewhere = {**here, "host": "another-node"}
     assert run_state.stale_reason(elsewhere, now=111.0) is None
     assert run_state.stale_reason(elsewhere, now=110.0 + 31 * 60) == "no update for 31m00s"
+
+
+def test_the_neighbours_line_counts_the_parts_of_the_latest_cut(tmp_path):
+    """Parts named "i-of-n": those of the largest n are the planned ones (a run that cut the
+    reference anew leaves the old cut's), and a file of another name there is not a part."""
+    layout = Layout(str(tmp_path))
+    Path(layout.neighbours_dir).mkdir()
+    for name in ("0-of-2", "0-of-3", "2-of-3", "notes"):
+        Path(layout.neighbour_part(name)).write_bytes(b"")
+    assert run_state.neighbour_jobs(layout) == {"done": 2, "planned": 3, "written": False}
+    assert status.later_steps({"neighbours": run_state.neighbour_jobs(layout)}) == [
+        "neighbours: 2 of 3 search jobs done"
+    ]
