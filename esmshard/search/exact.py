@@ -49,8 +49,7 @@ def candidates_here(block, reference, wanted: int, metric: str, own) -> np.ndarr
     scores = approximate(block, reference, metric)
     inside = np.flatnonzero(own >= 0)
     scores[inside, own[inside]] = np.inf
-    candidates = np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
-    return candidates
+    return np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
 
 
 def tensor_of(array: np.ndarray, device: str):
@@ -61,12 +60,12 @@ def tensor_of(array: np.ndarray, device: str):
     return torch.from_numpy(np.require(array, requirements=["W", "C"])).to(device)
 
 
-def candidates_on(device: str, block, reference, wanted: int, metric: str, own) -> np.ndarray:
-    """`candidates_here` with torch on `device` (a GPU): its products and top k there."""
+def candidates_on(device: str, block, r, wanted: int, metric: str, own) -> np.ndarray:
+    """`candidates_here` with torch on `device` (a GPU): its products and top k there, against
+    the reference `r` already there (`tensor_of`)."""
     import torch
 
     q = tensor_of(block, device)
-    r = reference if torch.is_tensor(reference) else tensor_of(reference, device)
     products = q @ r.T
     if metric == "euclidean":
         scores = (r * r).sum(dim=1) - 2 * products
