@@ -123,8 +123,7 @@ def throughput_lines(bench: dict) -> list[str]:
                 f"{r['fraction_of_peak']:.1%} | {r['speedup_vs_peer']:.2f}× | "
                 + (f"{r['host_fraction']:.0%} |" if r.get("host_fraction") is not None else "– |")
             )
-    if bench["error"]:
-        lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    lines += failure_lines(bench)
     return lines
 
 
@@ -151,8 +150,7 @@ def masked_lines(bench: dict) -> list[str]:
         for r in bench["rows"]
         if "extrapolated" in r
     ]
-    if bench["error"]:
-        lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    lines += failure_lines(bench)
     return lines
 
 
@@ -175,8 +173,7 @@ def peers_lines(peers: dict) -> list[str]:
     if profiled:
         lines += ["", "Where the time goes (torch's profiler, one run each; profile.txt):", ""]
     lines += [profiled_line(r) for r in profiled]
-    if peers["error"]:
-        lines += ["The benchmark failed:", "```", peers["error"], "```"]
+    lines += failure_lines(peers)
     return lines
 
 
@@ -201,6 +198,11 @@ def profiled_line(row: dict) -> str:
 BIG_GOALS = {"esm2_t36_3B_UR50D": 90_000, "esm2_t48_15B_UR50D": 17_000, "esmc_6b": 40_000}
 
 
+def failure_lines(bench: dict) -> list[str]:
+    """What a failed benchmark printed last (gpucheck.run_benchmark keeps it), as a block."""
+    return ["The benchmark failed:", "```", bench["error"], "```"] if bench["error"] else []
+
+
 def neighbours_lines(bench: dict) -> list[str]:
     """Exact nearest neighbours (benchmarks/neighbours.py): the search's time, rate and memory."""
     lines = ["## Nearest neighbours", "", f"`{bench['command']}`", ""]
@@ -212,9 +214,7 @@ def neighbours_lines(bench: dict) -> list[str]:
             f"{row['peak_rss_gb_search']} GB for a reference of {row['reference_gb']} GB; a "
             f"sample equal to every distance: {'yes' if row['sample_equal_to_whole_matrix'] else 'NO'}"
         )
-    if not bench["ok"]:
-        lines.append(f"- failed: `{(bench.get('error') or '')[-300:]}`")
-    return lines + [""]
+    return lines + failure_lines(bench) + [""]
 
 
 def largest_lines(bench: dict) -> list[str]:
@@ -222,8 +222,7 @@ def largest_lines(bench: dict) -> list[str]:
     rows = [r for r in bench["rows"] if "build_seconds" in r]
     lines += [big_line(r) for r in rows]
     lines += fp8_lines(rows)
-    if bench["error"]:
-        lines += ["The benchmark failed:", "```", bench["error"], "```"]
+    lines += failure_lines(bench)
     return lines
 
 

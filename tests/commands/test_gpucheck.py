@@ -288,3 +288,7 @@ def test_the_neighbours_stage_says_its_rate_its_memory_and_its_check(tmp_path):
         "rows/s; peak memory 1.1 GB for a reference of 5.12 GB; a sample equal to every "
         "distance: yes"
     ) in page
+    # a stage that failed shows what the benchmark printed last, as every stage does
+    failed = {**bench, "ok": False, "rows": [], "error": "torch.OutOfMemoryError: CUDA out of"}
+    page = gpucheck_markdown.neighbours_lines(failed)
+    assert page[-5:] == ["The benchmark failed:", "```", failed["error"], "```", ""]
