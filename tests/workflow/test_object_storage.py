@@ -182,8 +182,12 @@ def test_a_killed_embed_job_resumes_on_another_node(s3, tmp_path, local):
     cmd, env = cloud_command(tmp_path / "killed", s3.port, "k", *more, env=slow)
 
     def piece_kept() -> bool:
+        # a piece counts once its .h5 is there (its manifest is sent first: esmshard.store.pieces)
         listed = client(s3.port).list_objects_v2(Bucket="lab", Prefix="k/out/store/")
-        return any("/.pieces/" in o["Key"] for o in listed.get("Contents", []))
+        return any(
+            "/.pieces/" in o["Key"] and o["Key"].endswith(".h5")
+            for o in listed.get("Contents", [])
+        )
 
     kill_9_when(cmd, env, piece_kept)  # the run, and with it every node's job
     cmd, env = cloud_command(tmp_path / "another", s3.port, "k", *more)
