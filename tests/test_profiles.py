@@ -1,4 +1,4 @@
-"""The executor profiles: each gives the embed jobs a GPU under the resource names its plugin
+"""The executor profiles: each gives the embed and neighbours search jobs a GPU under the resource names its plugin
 reads, as Snakemake itself resolves them from the profile (the plugins are not installed here:
 the profile runs a dry run with the local executor instead)."""
 
@@ -52,15 +52,17 @@ def job_resources(dry_run: str) -> dict[str, dict[str, str]]:
 def sharded(tmp_path_factory):
     """A run folder whose shard step has run, so that a dry run lists the embed jobs."""
     workdir = tmp_path_factory.mktemp("sharded")
-    config = {"input": [str(PROTEINS)], "model": f"random:{TINY_MODEL}", "shards": 2}
+    config = {"input": [str(PROTEINS)], "model": f"random:{TINY_MODEL}", "shards": 2,
+              "neighbours": "self"}  # fmt: skip
     snakemake(workdir, config, "--until", "shard")
     return workdir, config
 
 
 def assert_gpu_resources(name: str, dry_run: str) -> None:
     jobs = job_resources(dry_run)
-    assert {"embed", "merge", "report"} <= set(jobs), dry_run[-2000:]
-    assert GPU_RESOURCES[name].items() <= jobs["embed"].items()
+    assert {"embed", "neighbour_part", "merge", "report"} <= set(jobs), dry_run[-2000:]
+    for rule in ("embed", "neighbour_part"):
+        assert GPU_RESOURCES[name].items() <= jobs[rule].items(), rule
     for rule in ("merge", "report"):  # no GPU for the steps that need none
         assert not (GPU_NAMES | {"gpu"}) & set(jobs[rule])
 
@@ -92,7 +94,8 @@ def moto():
 def test_a_cloud_profile_runs_in_s3_and_gives_the_embed_jobs_a_gpu(name, moto, tmp_path):
     s3_client(moto).upload_file(str(PROTEINS), "lab", f"{name}/proteins.fasta")
     copy = edited_cloud_profile(name, f"s3://lab/{name}", moto, tmp_path / name)
-    config = {"input": ["proteins.fasta"], "model": f"random:{TINY_MODEL}", "shards": 2}
+    config = {"input": ["proteins.fasta"], "model": f"random:{TINY_MODEL}", "shards": 2,
+              "neighbours": "self"}  # fmt: skip
     workdir = tmp_path / "run"
     snakemake(workdir, config, "--profile", str(copy), "--until", "shard", env=S3_ENV)
     dry_run = snakemake(workdir, config, "--profile", str(copy), "--dry-run", env=S3_ENV).stdout
