@@ -28,7 +28,12 @@ class DiskFullError(OSError):
 
 class DamagedFileError(ValueError):
     """A file esmshard wrote that is no longer what it wrote: cut short, replaced by another
-    program's file or a folder; the message names it and what to do."""
+    program's file or a folder; the message names it and what to do, `problem` only what is
+    wrong (for a file the user gave, where removing it is no advice)."""
+
+    def __init__(self, message: str, problem: str | None = None):
+        super().__init__(message)
+        self.problem = problem or message
 
 
 def human_bytes(n: float) -> str:

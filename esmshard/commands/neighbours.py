@@ -3,14 +3,21 @@ outdir or an embeddings.h5 of the same model), with the neighbours' annotations 
 the nearest annotated neighbour's annotation and its reliability index (esmshard.search).
 """
 
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from ..files import DamagedFileError
 from ..outputs import nearest as found
 from ..outputs.reader import Embeddings
-from ..search import METRICS
+from ..search import METRICS, read_annotations
+from ..search.annotations import unmatched_line
+from ..store.objects import is_object_url
+
+# what to give instead of a file that is not an esmshard run's embeddings
+GIVE = "give an esmshard run's outdir or its embeddings.h5"
 
 
 def add_neighbours_command(commands) -> None:
@@ -24,18 +31,22 @@ def add_neighbours_command(commands) -> None:
         "same model; the same file for both searches it against itself, each protein's own row "
         "left out.",
     )
-    command.add_argument("queries", type=Path, help="the queries' outdir or embeddings.h5")
-    command.add_argument("--reference", required=True, type=Path, help="the reference's")
+    command.add_argument("queries", help="the queries' outdir or embeddings.h5")
+    command.add_argument("--reference", required=True, help="the reference's")
     command.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
     command.add_argument("--metric", choices=METRICS, default="euclidean")
     command.add_argument("--layer", type=int, help="the mean layer (default: the last held)")
-    command.add_argument("-o", "--out", required=True, type=Path, help="the TSV to write")
+    command.add_argument(
+        "-o", "--out", required=True, type=Path,
+        help="the table to write: TSV, or Parquet (naming model, layer, metric, reference and k) "
+        "where the name ends in .parquet",
+    )  # fmt: skip
     command.add_argument(
         "--annotations",
         type=Path,
-        help="a CSV or TSV with an `id` column and the reference's columns to carry over; the "
-        "nearest annotated neighbour of each query, its distance and reliability index are "
-        "then written to --transferred",
+        help="a CSV or TSV with an `id` column and the reference's columns to carry over (a row "
+        "per ID, or several: their values joined by ;); the nearest annotated neighbour of each "
+        "query, its distance and reliability index are then written to --transferred",
     )
     command.add_argument(
         "--transferred",
@@ -52,18 +63,34 @@ def neighbours(parser, args) -> int:
     """Search, then write the neighbours and (with annotations) what they carry over."""
     if args.k < 1:
         parser.exit(2, "esmshard neighbours: -k must be 1 or more\n")
+    where = args.transferred or args.out.with_suffix(".annotations.tsv")
+    outputs = {"-o": args.out, **({"--transferred": where} if args.annotations else {})}
+    problem = path_problem(args, outputs)
+    if problem:
+        parser.exit(2, f"esmshard neighbours: {problem}\n")
     try:
         with Embeddings(args.queries) as queries, Embeddings(args.reference) as reference:
-            annotations = found.read_annotations(args.annotations) if args.annotations else {}
-            hits, ids = search(queries, reference, args)
+            annotations = read_annotations(args.annotations) if args.annotations else {}
+            hits, ids, layer = search(queries, reference, args)
             query_ids = queries.ids()
-    except (OSError, KeyError, ValueError) as err:
+            model = queries.made_by.get("model")
+    except DamagedFileError as err:
+        parser.exit(1, f"esmshard neighbours: {err.problem}: {GIVE}\n")
+    except OSError as err:
+        parser.exit(1, f"esmshard neighbours: {err.filename}: {err.strerror}\n")
+    except (KeyError, ValueError) as err:
         parser.exit(1, f"esmshard neighbours: {err.args[0] if err.args else err}\n")
-    where = args.transferred or args.out.with_suffix(".annotations.tsv")
-    tables = found.Tables(str(args.out), transferred=str(where) if args.annotations else None)
-    found.write_tables(tables, hits, query_ids, ids, annotations, args.metric, {})
+    parquet = args.out.suffix == ".parquet"
+    tables = found.Tables(
+        None if parquet else str(args.out),
+        parquet=str(args.out) if parquet else None,
+        transferred=str(where) if args.annotations else None,
+    )
+    card = {"model": model, "layer": layer, "metric": args.metric,
+            "reference": args.reference, "k": args.k}  # fmt: skip
+    found.write_tables(tables, hits, query_ids, ids, annotations, args.metric, card)
     if args.annotations:
-        unmatched = found.unmatched_line(annotations, ids, args.annotations, args.reference)
+        unmatched = unmatched_line(annotations, ids, args.annotations, args.reference)
         if unmatched:
             say(unmatched)
         say(f"wrote {args.out} and {where}")
@@ -72,8 +99,45 @@ def neighbours(parser, args) -> int:
     return 0
 
 
+def path_problem(args, outputs: dict[str, Path]) -> str | None:
+    """Why the paths cannot be searched or written, before anything is read: an input absent
+    or in object storage, an output that names an input or another output, or whose folder is
+    absent."""
+    inputs = {"QUERIES": args.queries, "--reference": args.reference}
+    for name, path in inputs.items():
+        if is_object_url(path):
+            return (
+                f"{name} {path} is in object storage: esmshard neighbours reads files; copy its "
+                "embeddings.h5 here first"
+            )
+        if not os.path.exists(path):
+            return f"{name} {path} does not exist: {GIVE}"
+    read = {name: embeddings_file(path) for name, path in inputs.items()}
+    if args.annotations:
+        read["--annotations"] = args.annotations
+    seen = {}
+    for name, path in outputs.items():
+        same = next((n for n, p in {**read, **seen}.items() if same_file(p, path)), None)
+        if same:
+            return f"{name} {path} is also {same}'s file: choose another path for {name}"
+        if not path.parent.is_dir():
+            return f"{name} {path}: the folder {path.parent} does not exist: create it first"
+        seen[name] = path
+    return None
+
+
+def embeddings_file(path) -> Path:
+    path = Path(path)
+    return path / "embeddings.h5" if path.is_dir() else path
+
+
+def same_file(a: Path, b: Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
 def search(queries: Embeddings, reference: Embeddings, args):
-    """The hits of every query, and the reference's IDs; the k past the reference said."""
+    """The hits of every query, the reference's IDs and the layer compared; the k past the
+    reference, and the queries whose embeddings are not numbers, said."""
     layer = found.comparable_layer(queries, reference, args.layer)
     itself = Path(queries.name).resolve() == Path(reference.name).resolve()
     available = len(reference) - (1 if itself else 0)
@@ -83,8 +147,11 @@ def search(queries: Embeddings, reference: Embeddings, args):
             f"{available} neighbour{'s' if available != 1 else ''}"
         )
     vectors = np.asarray(queries.array("mean", layer), dtype=np.float32)
+    not_numbers = found.not_numbers_line(vectors, queries)
+    if not_numbers:
+        say(not_numbers)
     own = np.arange(len(queries)) if itself else None
     k = min(args.k, max(available, 1))
     # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
     hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
-    return hits, reference.ids()
+    return hits, reference.ids(), layer

@@ -118,18 +118,23 @@ def weights_source(spec: ModelSpec) -> str:
     return str(Path(spec.path).resolve())
 
 
+def weights_sha256(spec: ModelSpec, checksum_cache) -> str:
+    """`spec`'s weights by the SHA-256 of their files (file=digest for several), computed once
+    per file version; "random", or "unknown" where no file is there yet."""
+    if spec.kind == "random":
+        return "random"
+    files = weight_files(spec)
+    digests = file_checksums(files, checksum_cache) if files else []
+    if len(files) == 1:
+        return digests[0]
+    return " ".join(f"{f.name}={d}" for f, d in zip(files, digests)) or "unknown"
+
+
 def made_by(settings: dict, key: str, precision: str, checksum_cache) -> dict:
     """What made the numbers computed with `settings` (the run's embedding settings), keyed as
     MADE_BY: the weights' SHA-256 computed once per file version (`checksum_cache`)."""
     spec = parse_spec(settings["model"])
-    files = weight_files(spec)
-    digests = file_checksums(files, checksum_cache) if files else []
-    if spec.kind == "random":
-        sha256 = "random"
-    elif len(files) == 1:
-        sha256 = digests[0]
-    else:
-        sha256 = " ".join(f"{f.name}={d}" for f, d in zip(files, digests)) or "unknown"
+    sha256 = weights_sha256(spec, checksum_cache)
     return {
         "model": settings["model"],
         "model_family": settings["family"],

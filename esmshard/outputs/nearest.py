@@ -4,14 +4,13 @@ memory; the neighbours' annotations carried over (esmshard.search). The files ar
 `Embeddings` (esmshard.outputs.reader, whose `nearest` calls this module).
 """
 
-import csv
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from ..files import atomic_path, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
+from ..search.annotations import annotation_columns
 
 REFERENCE_ROWS_AT_ONCE = 1 << 14  # with 4,096 queries at once: 256 MB of fp32 products
 
@@ -21,10 +20,10 @@ class Neighbour(NamedTuple):
     distance: float
 
 
-def model_of(emb) -> str:
-    """What must match for two files' embeddings to be comparable: the weights (by SHA-256;
-    random weights by the model's name)."""
-    made = emb.made_by
+def model_of(made: dict) -> str:
+    """What must match for two files' embeddings to be comparable, from what made each
+    (esmshard.compute.provenance): the weights (by SHA-256; random weights by the model's
+    name)."""
     weights = made.get("weights_sha256")
     return made.get("model", "?") if weights in (None, "random") else f"weights {weights}"
 
@@ -33,10 +32,10 @@ def comparable_layer(queries, reference, layer: int | None) -> int:
     """The mean layer both files hold (default: the queries' last); ValueError in one line
     naming both files where the model, the layer or the width differ."""
     names = f"{queries.name} and {reference.name}"
-    if model_of(queries) != model_of(reference):
+    if model_of(queries.made_by) != model_of(reference.made_by):
         raise ValueError(
-            f"{names} were embedded with other models ({model_of(queries)}, "
-            f"{model_of(reference)}): embed both with the same model"
+            f"{names} were embedded with other models ({model_of(queries.made_by)}, "
+            f"{model_of(reference.made_by)}): embed both with the same model"
         )
     chosen = queries.layer("mean", layer)
     if chosen not in reference.layers.get("mean", []):
@@ -73,18 +72,30 @@ def search(
     return found if found is not None else nearest(queries, values[:0], k, metric)
 
 
-def nearest_to(emb, query, k: int, metric: str, layer: int | None) -> list[Neighbour]:
+def nearest_to(emb, query, k: int, metric: str, layer: int | None):
     """`Embeddings.nearest`: the proteins of `emb` nearest to one of its IDs (left out of its own
-    answer) or to a vector of its width."""
+    answer) or to a vector of its width, as Neighbours; to each row of a matrix or each protein
+    of another open embeddings.h5, as a table."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"k must be a whole number of 1 or more, not {k!r}")
+    if hasattr(query, "ids"):
+        return nearest_table(emb, query, k, metric, layer)
     chosen = emb.layer("mean", layer)
     if isinstance(query, str):
         row = emb.row(query)
-        vector, own = emb.values(row, "mean", chosen), np.array([row])
+        vectors, own = emb.values(row, "mean", chosen)[None, :], np.array([row])
     else:
-        vector, own = np.asarray(query, dtype=np.float32), None
-        if vector.shape != (emb.dim,):
-            raise ValueError(f"a vector of {emb.dim} values is needed, not {vector.shape}")
-    hits = search(vector[None, :], emb, chosen, k, metric, own)
+        vectors, own = np.asarray(query, dtype=np.float32), None
+        if vectors.shape[-1:] != (emb.dim,) or vectors.ndim not in (1, 2):
+            raise ValueError(
+                f"a vector of {emb.dim} values, or a matrix of rows that wide, is needed, "
+                f"not one of shape {vectors.shape}"
+            )
+        if not np.isfinite(vectors).all():
+            raise ValueError("the query holds NaN or infinite values: it has no neighbours")
+    hits = search(np.atleast_2d(vectors), emb, chosen, k, metric, own)
+    if np.ndim(query) == 2:
+        return hits_table(hits, list(range(len(vectors))), emb.ids(), "query")
     ids = emb.ids()
     return [
         Neighbour(ids[row], float(d))
@@ -93,37 +104,41 @@ def nearest_to(emb, query, k: int, metric: str, layer: int | None) -> list[Neigh
     ]
 
 
-def read_annotations(path) -> dict[str, dict[str, str]]:
-    """A CSV or TSV with an `id` column: each ID's other columns."""
-    path = Path(path)
-    with open(path, newline="") as fh:
-        sample = fh.read(1 << 16)
-        fh.seek(0)
-        header = sample.splitlines()[0] if sample else ""
-        delimiter = "\t" if "\t" in header else ","
-        rows = list(csv.DictReader(fh, delimiter=delimiter))
-    if not rows or "id" not in rows[0]:
-        raise ValueError(
-            f"{path}: no `id` column (the annotations need one, and the columns to carry over)"
-        )
-    return {row.pop("id"): row for row in rows}
+def nearest_table(emb, queries, k: int, metric: str, layer: int | None):
+    """Each protein of the open embeddings.h5 `queries` against `emb` (the same file: each
+    one's own row left out), as a table: id, rank, neighbour, distance."""
+    chosen = comparable_layer(queries, emb, layer)
+    vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
+    itself = queries.path is not None and queries.path == emb.path
+    own = np.arange(len(queries)) if itself else None
+    hits = search(vectors, emb, chosen, k, metric, own)
+    return hits_table(hits, queries.ids(), emb.ids(), "id")
 
 
-def unmatched_line(annotations: dict, reference_ids, table, reference) -> str | None:
-    """The line that counts the IDs of the annotations' `table` absent from `reference`'s
-    `reference_ids` (they carry nothing over), or None where all are there."""
-    present = set(reference_ids)
-    missing = [name for name in annotations if name not in present]
-    if not missing:
+def hits_table(hits: Hits, query_ids, reference_ids, query_column: str):
+    """`hits` as a pandas DataFrame, a row per query and neighbour, nearest first."""
+    import pandas as pd
+
+    rows = [
+        (query, rank + 1, reference_ids[row], float(d))
+        for query, q_rows, q_distances in zip(query_ids, hits.rows, hits.distances)
+        for rank, (row, d) in enumerate(zip(q_rows, q_distances))
+        if row >= 0
+    ]
+    return pd.DataFrame(rows, columns=[query_column, "rank", "neighbour", "distance"])
+
+
+def not_numbers_line(vectors: np.ndarray, queries) -> str | None:
+    """The line that counts the queries whose embeddings hold NaN or infinite values (they get
+    no neighbours), or None where every one is a number."""
+    bad = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+    if not len(bad):
         return None
     return (
-        f"{len(missing):,} of the {len(annotations):,} IDs of {table} are not in {reference} "
-        f"(e.g. {missing[0]}): they carry nothing over"
+        f"{len(bad):,} of the {len(vectors):,} queries' embeddings in {queries.name} hold NaN "
+        f"or infinite values (e.g. {queries.ids(int(bad[0]), int(bad[0]) + 1)[0]}): they get "
+        "no neighbours; embed them again with precision: fp32"
     )
-
-
-def annotation_columns(annotations: dict[str, dict[str, str]]) -> list[str]:
-    return list(next(iter(annotations.values()), {}))
 
 
 def transferred(hits: Hits, ids: list[str], annotations: dict, metric: str) -> list[dict]:
@@ -136,7 +151,7 @@ def transferred(hits: Hits, ids: list[str], annotations: dict, metric: str) -> l
         if named:
             neighbour, d = named[0]
             ri = float(reliability_index([d], metric)[0])
-            found.append({"neighbour": neighbour, "distance": float(d),
+            found.append({"neighbour": neighbour, "distance": f"{d:.7g}",
                           "reliability_index": round(ri, 6), **annotations[neighbour]})  # fmt: skip
         else:
             found.append({"neighbour": "", "distance": "", "reliability_index": "",
@@ -148,7 +163,7 @@ class Tables(NamedTuple):
     """What a search writes: its neighbours (TSV and Parquet) and, with annotations, the
     per-query transfer; None leaves one out."""
 
-    tsv: str
+    tsv: str | None
     parquet: str | None = None
     transferred: str | None = None
 
@@ -168,7 +183,8 @@ def write_tables(
         if row >= 0
     ]  # fmt: skip
     names = ["id", "rank", "neighbour", "distance", *columns]
-    write_tsv(to.tsv, names, [[*r[:3], f"{r[3]:.7g}", *r[4:]] for r in rows])
+    if to.tsv:
+        write_tsv(to.tsv, names, [[*r[:3], f"{r[3]:.7g}", *r[4:]] for r in rows])
     if to.parquet:
         write_parquet(to.parquet, names, rows, card)
     if to.transferred:

@@ -92,9 +92,13 @@ _H5_PROBLEMS = {"truncated file": "cut short", "file signature not found": "not 
 
 def open_h5(path: Path) -> h5py.File:
     """An embeddings.h5 esmshard wrote, open for reading; anything else: DamagedFileError."""
-    redo = "remove it and run the workflow again to write it"
+
+    def damaged(problem: str) -> DamagedFileError:
+        redo = "remove it and run the workflow again to write it"
+        return DamagedFileError(f"{problem}; {redo}", problem=problem)
+
     if path.is_dir():
-        raise DamagedFileError(f"{path} is a folder, not the embeddings file; {redo}")
+        raise damaged(f"{path} is a folder, not the embeddings file")
     try:
         h5 = h5py.File(path, "r")
     except OSError as err:
@@ -102,12 +106,11 @@ def open_h5(path: Path) -> h5py.File:
             raise
         text = str(err)
         said = next((what for words, what in _H5_PROBLEMS.items() if words in text), text)
-        raise DamagedFileError(f"{path} is not a whole embeddings file ({said}); {redo}") from None
+        raise damaged(f"{path} is not a whole embeddings file ({said})") from None
     if "ids" not in h5:
         h5.close()
-        raise DamagedFileError(
-            f"{path} is an HDF5 file without the ids every embeddings.h5 holds: not a run's "
-            f"output; {redo}"
+        raise damaged(
+            f"{path} is an HDF5 file without the ids every embeddings.h5 holds: not a run's output"
         )
     return h5
 
@@ -413,7 +416,10 @@ class Embeddings:
     def nearest(self, query, k: int = 10, metric: str = "euclidean", layer: int | None = None):
         """The `k` proteins nearest to `query` (one of this file's IDs, left out of its own
         answer, or a vector of its width) by their mean embeddings at `layer` (default: the
-        last held), nearest first, as (id, distance) pairs; `metric`: euclidean or cosine."""
+        last held), nearest first, as (id, distance) pairs; `metric`: euclidean or cosine.
+        For many queries at once, `query` is a matrix (a row each) or another open
+        embeddings.h5 (this one: each protein's own row left out), and the answer a pandas
+        DataFrame: query (the row) or id, rank, neighbour, distance."""
         from .nearest import nearest_to
 
         return nearest_to(self, query, k, metric, layer)

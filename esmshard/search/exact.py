@@ -30,7 +30,8 @@ def exact_distances(queries: np.ndarray, candidates: np.ndarray, metric: str) ->
         return np.sqrt(np.square(c - q).sum(axis=-1, dtype=np.float32))
     norms = np.linalg.norm(q, axis=-1) * np.linalg.norm(c, axis=-1)
     cosine = (q * c).sum(axis=-1, dtype=np.float32) / np.maximum(norms, np.float32(1e-30))
-    return (1 - cosine).astype(np.float32)
+    # rounding can take a vector's cosine with itself past 1: a distance is never below 0
+    return np.clip(1 - cosine, 0, 2).astype(np.float32)
 
 
 def approximate(queries: np.ndarray, reference: np.ndarray, metric: str) -> np.ndarray:

@@ -124,7 +124,7 @@ def check_config(
                 "scores as the catalogues do: leave out pllr, or give a table"
             )
     if valid >= NEIGHBOUR_KEYS:
-        problems += neighbour_problems(config)
+        problems += neighbour_problems(config, model)
     if not problems:
         config = for_family(config, model.family)
         if inputs and config["variants"] not in ("", ALL):

@@ -11,11 +11,14 @@ from pathlib import Path
 import numpy as np
 
 from ..compute import pool
-from ..files import atomic_path, write_json
-from ..layout import NeighbourPart
+from ..compute.provenance import weights_sha256
+from ..files import DamagedFileError, atomic_path, write_json
+from ..layout import Layout, NeighbourPart
 from ..outputs import nearest as found
 from ..outputs.reader import Embeddings
-from ..search import Hits, merged
+from ..search import AnnotationsError, Hits, merged, read_annotations
+from ..search.annotations import unmatched_line
+from ..store.objects import is_object_url
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +51,10 @@ def search_part(
         rows = rows_of(part, len(reference))
         vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
         own = np.arange(len(queries)) if itself else None
+        k = usable_k(k, len(reference), itself)
         started = time.perf_counter()
         hits = found.search(vectors, reference, chosen, k, metric, own, rows, device)
         seconds = time.perf_counter() - started
-        say_k_past(k, len(reference), itself)
     searched = rows[1] - rows[0]
     log.info("part %s on %s: reference rows %d to %d against %d queries in %.1f s",
              part, device, *rows, len(vectors), seconds)  # fmt: skip
@@ -63,12 +66,14 @@ def search_part(
         np.savez(fh, rows=hits.rows, distances=hits.distances, layer=chosen)
 
 
-def say_k_past(k: int, n_reference: int, itself: bool) -> None:
+def usable_k(k: int, n_reference: int, itself: bool) -> int:
+    """`k`, or the proteins the reference holds (said in the log) where it holds fewer."""
     available = n_reference - (1 if itself else 0)
     if k > available:
         log.warning("neighbours_k = %d, but the reference holds %d proteins%s: each protein "
                     "gets %d", k, n_reference, " (its own left out)" if itself else "",
                     max(available, 0))  # fmt: skip
+    return max(min(k, available), 1)
 
 
 def search_device(slot) -> str:
@@ -85,15 +90,20 @@ def write_neighbours(
     """Merge the parts' top k and write the tables; the annotations' IDs absent from the
     reference are counted in the log."""
     loaded = [np.load(path) for path in parts]
-    hits = merged([Hits(p["rows"], p["distances"]) for p in loaded], k)
-    table = found.read_annotations(annotations) if annotations else {}
+    table = read_annotations(annotations) if annotations else {}
     with Embeddings(queries_h5) as queries, Embeddings(reference_h5) as reference:
         query_ids, reference_ids = queries.ids(), reference.ids()
+        itself = Path(queries_h5).resolve() == Path(reference_h5).resolve()
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
                 "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
-    unmatched = found.unmatched_line(table, reference_ids, annotations, "the reference")
-    if unmatched:
-        log.warning(unmatched)
+        not_numbers = found.not_numbers_line(
+            np.asarray(queries.array("mean", card["layer"]), dtype=np.float32), queries
+        )
+    hits = merged([Hits(p["rows"], p["distances"]) for p in loaded],
+                  usable_k(k, len(reference_ids), itself))  # fmt: skip
+    for line in (not_numbers, unmatched_line(table, reference_ids, annotations, "the reference")):
+        if line:
+            log.warning(line)
     found.write_tables(tables, hits, query_ids, reference_ids, table, metric, card)
 
 
@@ -115,33 +125,82 @@ def parts_of(setting, reference_rows: int) -> int:
     return setting if isinstance(setting, int) else max(1, -(-reference_rows // ROWS_PER_PART))
 
 
-def neighbour_problems(config: dict) -> list[str]:
-    """Why the neighbours keys cannot run as given, one line each."""
+def neighbour_problems(config: dict, model=None) -> list[str]:
+    """Why the neighbours keys cannot run as given, one line each: the reference and the
+    annotations read as far as a check needs, before any job. `model`: the run's (ModelSpec)."""
     setting, annotations = config["neighbours"], config["neighbours_annotations"]
     if not setting:
         return ["neighbours_annotations: needs neighbours (the reference to search)"] * bool(
             annotations
         )
     problems = []
-    if setting != SELF and not Path(reference_file(setting, "")).is_file():
-        problems.append(
-            f"neighbours: {setting} is neither an embeddings.h5 nor an outdir that holds one: "
-            "give the reference's (embedded with the same model), or self"
-        )
     if "mean" not in config["include"]:
         problems.append("neighbours: the search compares mean embeddings: add mean to include")
     layer = config["neighbours_layer"]
-    if layer != LAST and layer not in config["repr_layers"]:
+    num_layers = model.num_layers if model is not None else None
+    kept = {stored_layer(n, num_layers) for n in config["repr_layers"]}
+    if layer != LAST and stored_layer(layer, num_layers) not in kept:
         problems.append(
             f"neighbours_layer: {layer} is not one of repr_layers {config['repr_layers']}: "
             "add it there"
         )
-    if annotations and not Path(annotations).is_file():
+    if setting != SELF:
+        problems += reference_problems(setting, config, model)
+    if annotations:
+        try:
+            read_annotations(annotations, head=True)
+        except AnnotationsError as err:
+            problems.append(f"neighbours_annotations: {err}")
+    return problems
+
+
+def stored_layer(layer: int, num_layers: int | None) -> int:
+    """The layer's stored number (-1: the model's last) where the model's depth is known."""
+    return layer + num_layers + 1 if layer < 0 and num_layers else layer
+
+
+def reference_problems(setting: str, config: dict, model) -> list[str]:
+    """Why the reference `setting` cannot be searched: not a run's embeddings, another model's,
+    or without the layer compared."""
+    give = "give the reference's esmshard outdir or embeddings.h5 (embedded with the same model)"
+    path = reference_file(setting, "")
+    if is_object_url(setting) or not Path(path).is_file():
+        return [f"neighbours: {setting} is neither an embeddings.h5 nor an outdir that holds "
+                "one: give the reference's (embedded with the same model), or self"]  # fmt: skip
+    try:
+        with Embeddings(path) as reference:
+            made, layers = reference.made_by, reference.layers.get("mean", [])
+            num_layers = reference.num_layers
+    except DamagedFileError as err:
+        return [f"neighbours: {err.problem}: {give}, or self"]
+    except OSError as err:
+        return [f"neighbours: {path}: {err.strerror}: {give}, or self"]
+    problems = []
+    ours = run_model(config, model)
+    if ours and found.model_of(made) != ours:
         problems.append(
-            f"neighbours_annotations: {annotations} does not exist: give a CSV or TSV with an "
-            "`id` column and the columns to carry over"
+            f"neighbours: {path} was embedded with {found.model_of(made)}, this run with "
+            f"{ours}: {give}"
+        )
+    layer = config["neighbours_layer"]
+    wanted = config["repr_layers"][-1] if layer == LAST else layer
+    if stored_layer(wanted, num_layers) not in layers:
+        problems.append(
+            f"neighbours: {path} holds mean embeddings at layers {layers}, not at "
+            f"{wanted}: set neighbours_layer to one of them (and in repr_layers)"
         )
     return problems
+
+
+def run_model(config: dict, model) -> str | None:
+    """The run's model as `esmshard.outputs.nearest.model_of` names a file's, or None before
+    its weights are on this machine (a hub model not yet downloaded)."""
+    if model is None or "outdir" not in config:
+        return None
+    sha256 = weights_sha256(model, Layout(config["outdir"]).checksums)
+    if sha256 == "unknown":
+        return None
+    return found.model_of({"model": config["model"], "weights_sha256": sha256})
 
 
 def stored_rows(path) -> int:

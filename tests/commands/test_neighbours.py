@@ -12,6 +12,7 @@ import pytest
 from helpers import MODEL, SLICE, TINY_MODEL, doc_block
 
 import esmshard
+from esmshard.commands import cli
 from esmshard.outputs.reader import Embeddings
 
 BIN = Path(sys.executable).parent
@@ -139,3 +140,120 @@ def test_the_docs_command_runs_as_shown(saved, tmp_path):
     assert len(rows) == 10 * 12 and rows[0].keys() >= {"go_terms", "name"}
     transfer = read(tmp_path / "neighbours.annotations.tsv")
     assert len(transfer) == 12 and all(0 < float(t["reliability_index"]) <= 1 for t in transfer)
+
+
+def typed(capsys, *args) -> tuple[int, list[str]]:
+    """`esmshard ARGS` in this process (cli.main, as the console script calls it): its exit
+    status and its lines on stderr."""
+    try:
+        status = cli.main([str(a) for a in args])
+    except SystemExit as stop:
+        status = stop.code
+    return status, capsys.readouterr().err.splitlines()
+
+
+@pytest.fixture
+def typed_in(saved, tmp_path, monkeypatch, capsys):
+    """`esmshard neighbours ...` typed in a folder holding `queries/`, `ref/` and `ec.tsv`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "queries").symlink_to(saved / "queries")
+    (tmp_path / "ref").mkdir()
+    (tmp_path / "ref" / "embeddings.h5").write_bytes(
+        (saved / "reference" / "embeddings.h5").read_bytes()
+    )
+    (tmp_path / "ec.tsv").write_text((saved / "go.csv").read_text().replace(",", "\t"))
+    return lambda *args: typed(capsys, "neighbours", *args)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["-o", "ec.tsv", "--annotations", "ec.tsv"],
+         "-o ec.tsv is also --annotations's file: choose another path for -o"),
+        (["-o", "ref/embeddings.h5"],
+         "-o ref/embeddings.h5 is also --reference's file: choose another path for -o"),
+        (["-o", "n.tsv", "--annotations", "ec.tsv", "--transferred", "n.tsv"],
+         "--transferred n.tsv is also -o's file: choose another path for --transferred"),
+        (["-o", "nowhere/deeper/n.tsv"],
+         "-o nowhere/deeper/n.tsv: the folder nowhere/deeper does not exist: create it first"),
+    ],
+)  # fmt: skip
+def test_an_output_that_names_an_input_or_output_is_refused_before_any_write(
+    typed_in, tmp_path, args, said
+):
+    before = {p: p.read_bytes() for p in [tmp_path / "ec.tsv", tmp_path / "ref/embeddings.h5"]}
+    status, lines = typed_in("queries", "--reference", "ref", "-k", 3, *args)
+    assert (status, lines) == (2, [f"esmshard neighbours: {said}"])
+    assert {p: p.read_bytes() for p in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ec.tsv", "queries", "ref"]
+
+
+@pytest.mark.parametrize(
+    "reference, said",
+    [
+        ("absent", "--reference absent does not exist: give an esmshard run's outdir or its "
+         "embeddings.h5"),
+        ("s3://lab/ref", "--reference s3://lab/ref is in object storage: esmshard neighbours "
+         "reads files; copy its embeddings.h5 here first"),
+        ("proteins.fasta", "proteins.fasta is not a whole embeddings file (not an HDF5 file): "
+         "give an esmshard run's outdir or its embeddings.h5"),
+        ("cut.h5", "cut.h5 is not a whole embeddings file (cut short): give an esmshard run's "
+         "outdir or its embeddings.h5"),
+    ],
+)  # fmt: skip
+def test_a_reference_that_is_not_embeddings_is_said_without_remove_it(
+    typed_in, tmp_path, reference, said
+):
+    (tmp_path / "proteins.fasta").write_text(">P1\nMKTAYIAKQR\n")
+    whole = (tmp_path / "ref" / "embeddings.h5").read_bytes()
+    (tmp_path / "cut.h5").write_bytes(whole[: len(whole) // 2])
+    status, lines = typed_in("queries", "--reference", reference, "-o", "n.tsv")
+    assert status in (1, 2) and lines == [f"esmshard neighbours: {said}"]
+    assert not (tmp_path / "n.tsv").exists()
+
+
+def test_a_latin_1_annotations_file_is_named_by_line_and_byte(typed_in, tmp_path):
+    (tmp_path / "latin.tsv").write_bytes("id\tname\nP1\tcaf\u00e9\n".encode("latin-1"))
+    status, lines = typed_in("queries", "--reference", "ref", "-o", "n.tsv",
+                             "--annotations", "latin.tsv")  # fmt: skip
+    assert (status, lines) == (1, [
+        "esmshard neighbours: latin.tsv:2: byte 14 (0xe9) is not UTF-8: save the file as UTF-8 "
+        "(in Excel: CSV UTF-8)"
+    ])  # fmt: skip
+
+
+def test_excels_long_form_annotations_keep_every_row_and_the_tables_columns(typed_in, tmp_path):
+    """A UTF-8 file with a byte-order mark, a row per ID and term, and a column named `rank`."""
+    with Embeddings(tmp_path / "ref") as r:
+        ids = r.ids()
+    rows = "".join(
+        f"{i}\tGO:{n}\tspecies\n{i}\tGO:{n + 100}\tspecies\n" for n, i in enumerate(ids)
+    )
+    (tmp_path / "goa.tsv").write_text("\ufeffid\tgo\trank\n" + rows, encoding="utf-8")
+    status, lines = typed_in("queries", "--reference", "ref", "-k", 3, "-o", "n.tsv",
+                             "--annotations", "goa.tsv")  # fmt: skip
+    assert status == 0, lines
+    table = read(tmp_path / "n.tsv")
+    assert list(table[0]) == ["id", "rank", "neighbour", "distance", "go", "annotation_rank"]
+    assert [row["rank"] for row in table[:3]] == ["1", "2", "3"]
+    for row in table:
+        n = ids.index(row["neighbour"])
+        assert (row["go"], row["annotation_rank"]) == (f"GO:{n};GO:{n + 100}", "species")
+    transfer = read(tmp_path / "n.annotations.tsv")
+    assert list(transfer[0])[:4] == ["id", "neighbour", "distance", "reliability_index"]
+    # the same distance, printed alike in both tables
+    first = {row["id"]: row["distance"] for row in table if row["rank"] == "1"}
+    assert all(row["distance"] == first[row["id"]] for row in transfer)
+
+
+def test_a_parquet_table_names_what_made_it(typed_in, tmp_path):
+    import pyarrow.parquet as pq
+
+    status, lines = typed_in("queries", "--reference", "ref", "-k", 2, "-o", "n.parquet")
+    assert (status, lines) == (0, ["esmshard neighbours: wrote n.parquet"])
+    table = pq.read_table(tmp_path / "n.parquet")
+    assert table.column_names == ["id", "rank", "neighbour", "distance"]
+    assert table.num_rows == 2 * 12
+    card = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+    assert (card["metric"], card["reference"], card["k"]) == ("euclidean", "ref", "2")
+    assert card["model"] == MODEL and int(card["layer"]) > 0

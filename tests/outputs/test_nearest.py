@@ -53,8 +53,52 @@ def test_another_layer_is_refused_in_one_line_naming_both(saved):
         assert neighbours.comparable_layer(q, r, 0) == 0
 
 
-def test_annotated_ids_absent_from_the_reference_are_counted_in_one_line():
-    annotations = {"P1": {"go": "a"}, "X9": {"go": "b"}, "X8": {"go": "c"}}
-    line = neighbours.unmatched_line(annotations, ["P1", "P2"], "go.tsv", "ref.h5")
-    assert line == "2 of the 3 IDs of go.tsv are not in ref.h5 (e.g. X9): they carry nothing over"
-    assert neighbours.unmatched_line(annotations, ["X8", "X9", "P1"], "go.tsv", "ref.h5") is None
+def test_many_queries_at_once_give_one_table(saved):
+    with Embeddings(saved / "queries") as q, Embeddings(saved / "reference") as r:
+        table = r.nearest(q, k=3)
+        matrix = r.nearest(q.array("mean"), k=3, metric="cosine")
+        one_by_one = [r.nearest(q.values(i, "mean"), k=3) for i in q.ids()]
+        itself = r.nearest(r, k=2)
+        ids = q.ids()
+    assert list(table.columns) == ["id", "rank", "neighbour", "distance"] and len(table) == 36
+    for n, query in enumerate(ids):
+        mine = table[table["id"] == query]
+        assert list(mine["neighbour"]) == [hit.id for hit in one_by_one[n]]
+        np.testing.assert_allclose(mine["distance"], [hit.distance for hit in one_by_one[n]])
+    assert list(matrix.columns) == ["query", "rank", "neighbour", "distance"]
+    assert list(matrix["query"][:3]) == [0, 0, 0]
+    assert len(itself) == 120 and not (itself["id"] == itself["neighbour"]).any()
+
+
+def test_a_vector_is_its_own_nearest_at_cosine_distance_zero_never_below(saved):
+    with Embeddings(saved / "reference") as r:
+        found = [r.nearest(r.values(i, "mean"), k=1, metric="cosine")[0] for i in r.ids()]
+    assert all(hit.distance >= 0 for hit in found)
+    assert [hit.distance for hit in found] == pytest.approx([0] * len(found), abs=1e-6)
+
+
+@pytest.mark.parametrize("k", [-1, 0, 2.5, True])
+def test_k_that_is_no_count_is_refused_in_one_line(saved, k):
+    with Embeddings(saved / "reference") as r:
+        with pytest.raises(ValueError, match=f"k must be a whole number of 1 or more, not {k!r}"):
+            r.nearest(r.ids()[0], k=k)
+
+
+def test_a_query_that_is_not_numbers_is_refused_not_answered_empty(saved):
+    with Embeddings(saved / "reference") as r:
+        vector = r.values(0, "mean").copy()
+        vector[3] = np.nan
+        with pytest.raises(ValueError, match="the query holds NaN or infinite values"):
+            r.nearest(vector)
+
+
+def test_queries_whose_embeddings_are_not_numbers_are_counted_in_one_line(saved):
+    with Embeddings(saved / "queries") as q:
+        vectors = q.array("mean").astype(np.float32)
+        assert neighbours.not_numbers_line(vectors, q) is None
+        vectors[[2, 5], 0] = np.nan
+        line = neighbours.not_numbers_line(vectors, q)
+        assert line == (
+            f"2 of the 12 queries' embeddings in {q.name} hold NaN or infinite values (e.g. "
+            f"{q.ids()[2]}): they get no neighbours; embed them again with precision: fp32"
+        )

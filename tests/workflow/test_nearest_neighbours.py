@@ -3,6 +3,7 @@ numpy's exact search of embeddings.h5, annotations carried; 1 and 3 search jobs 
 table; a kill during the search loses only the unfinished jobs."""
 
 import csv
+import hashlib
 import json
 import os
 import subprocess
@@ -12,11 +13,26 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import MODEL, REPO, SLICE, fasta, jobs_run, kill_9_when, snakemake, snakemake_command
+from helpers import (
+    MODEL,
+    REPO,
+    SLICE,
+    TINY_MODEL,
+    fasta,
+    jobs_run,
+    kill_9_when,
+    snakemake,
+    snakemake_command,
+)
 
+import esmshard
 from esmshard.outputs.reader import Embeddings
 
 RECORDS = SLICE[:40]
+
+
+def sha256_of(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def read(path) -> list[dict]:
@@ -96,14 +112,72 @@ def test_one_and_three_search_jobs_give_the_same_table(tmp_path):
 
 
 def test_a_reference_embedded_earlier_is_searched(tmp_path):
+    """By the layer's number where the run keeps it as -1, k past the reference clamped to it,
+    and Excel's long-form annotations with a column named as the table's own."""
     reference = tmp_path / "reference"
     snakemake(reference, {"input": [str(fasta(tmp_path / "ref.fasta", SLICE[40:100]))],
                           "model": MODEL})  # fmt: skip
-    config = settings(tmp_path, ("neighbours", str(reference / "results")))
-    snakemake(tmp_path / "run", config)
-    rows = read(tmp_path / "run" / "results" / "neighbours.tsv")
-    reference_ids = {h[1:].split()[0] for h, _ in SLICE[40:100]}
-    assert len(rows) == 4 * len(RECORDS) and {r["neighbour"] for r in rows} <= reference_ids
+    reference_ids = [h[1:].split()[0] for h, _ in SLICE[40:100]]
+    annotations = tmp_path / "excel.csv"
+    annotations.write_text("\ufeffid,ec,distance\n" + "".join(
+        f"{i},3.1.{n}.1,far\n{i},3.2.{n}.1,far\n" for n, i in enumerate(reference_ids)
+    ), encoding="utf-8")  # fmt: skip
+    config = settings(tmp_path, ("neighbours", str(reference / "results")),
+                      ("neighbours_layer", 6), ("neighbours_k", 2_000_000_000),
+                      ("neighbours_annotations", str(annotations)))  # fmt: skip
+    done = snakemake(tmp_path / "run", config)
+    out = tmp_path / "run" / "results"
+    rows = read(out / "neighbours.tsv")
+    assert len(rows) == 60 * len(RECORDS) and {r["neighbour"] for r in rows} == set(reference_ids)
+    assert list(rows[0]) == ["id", "rank", "neighbour", "distance", "ec", "annotation_distance"]
+    for row in rows:
+        n = reference_ids.index(row["neighbour"])
+        assert (row["ec"], row["annotation_distance"]) == (f"3.1.{n}.1;3.2.{n}.1", "far")
+        float(row["distance"])
+    (log,) = (out / "logs" / "neighbours").glob("*.log")
+    assert "neighbours_k = 2000000000, but the reference holds 60 proteins" in log.read_text()
+    assert "annotations.tsv" in done.stderr
+
+
+def test_mistakes_in_the_reference_and_annotations_are_refused_before_any_job(tmp_path):
+    other = tmp_path / "other"
+    esmshard.embed({"a": "MKTAYIAKQR"}, f"random:{TINY_MODEL}", store=tmp_path / "s").save(other)
+    (tmp_path / "accession.tsv").write_text("accession\tec\nP1\t1.1.1.1\n")
+    config = settings(tmp_path, ("neighbours", str(other)),
+                      ("neighbours_annotations", str(tmp_path / "accession.tsv")))  # fmt: skip
+    done = snakemake(tmp_path / "run", config, check=False)
+    assert done.returncode != 0 and not jobs_run(done) and "Traceback" not in done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("esmshard:")]
+    assert lines == [
+        f"esmshard: neighbours: {other / 'embeddings.h5'} was embedded with random:{TINY_MODEL}, "
+        f"this run with weights {sha256_of(MODEL)}: give the reference's esmshard outdir or "
+        "embeddings.h5 (embedded with the same model)",
+        f"esmshard: neighbours_annotations: {tmp_path / 'accession.tsv'}: no `id` column in its "
+        "header (accession, ec): name the column of the reference's IDs `id`",
+    ]
+
+
+@pytest.mark.parametrize("reference", ["proteins.fasta", "cut.h5"])
+def test_a_reference_that_is_not_embeddings_is_refused_in_one_line(tmp_path, reference):
+    whole = tmp_path / "whole"
+    esmshard.embed({"a": "MKTAYIAKQR"}, MODEL, store=tmp_path / "s").save(whole)
+    data = (whole / "embeddings.h5").read_bytes()
+    (tmp_path / "cut.h5").write_bytes(data[: len(data) // 2])
+    (tmp_path / "header.tsv").write_text("\ufeffid\tec\n")
+    config = settings(tmp_path, ("neighbours", str(tmp_path / reference)),
+                      ("neighbours_annotations", str(tmp_path / "header.tsv")))  # fmt: skip
+    done = snakemake(tmp_path / "run", config, check=False)
+    assert done.returncode != 0 and not jobs_run(done) and "Traceback" not in done.stderr
+    said = {"proteins.fasta": "not an HDF5 file", "cut.h5": "cut short"}[reference]
+    lines = [ln for ln in done.stderr.splitlines() if ln.startswith("esmshard:")]
+    assert lines == [
+        f"esmshard: neighbours: {tmp_path / reference} is not a whole embeddings file ({said}): "
+        "give the reference's esmshard outdir or embeddings.h5 (embedded with the same model), "
+        "or self",
+        f"esmshard: neighbours_annotations: {tmp_path / 'header.tsv'} holds a header but no "
+        "rows: give the reference proteins' annotations",
+    ]
+    assert "remove it" not in done.stderr
 
 
 def test_a_killed_search_reruns_only_its_unfinished_jobs(tmp_path):
