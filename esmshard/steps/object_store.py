@@ -1,12 +1,15 @@
 """The shard step, embed jobs and merge where the store is in object storage: each works on its
 own copy of what it needs of the store (esmshard.store.mirror), fetched before it runs and sent
-back as it goes, so that no job reads a file that another job wrote on its node.
+back as it goes, so that no job reads a file that another job wrote on its node, and no job
+sends on what an earlier one left in its folder.
 """
 
+from contextlib import contextmanager
 from pathlib import Path
+from tempfile import TemporaryDirectory
 
 from ..store import MARKER, PIECES, settings_key
-from ..store.mirror import JOB_STORE_FOLDER, mirrored
+from ..store.mirror import mirrored
 from ..store.objects import ObjectStore
 from . import embed, merge, shard
 
@@ -20,14 +23,22 @@ def key_scope(key: str) -> tuple[str, ...]:
     return (f"{key}/", MARKER)
 
 
+@contextmanager
+def key_copy(settings: dict):
+    """The job's own copy of the store's settings key (the parts and manifests; not the kept
+    pieces, which only their shard's job reads), in a temporary folder of its own that goes
+    when the step ends: nothing of it is left for the next job or run in the same folder."""
+    with TemporaryDirectory(prefix="esmshard-store-") as root:
+        with mirrored(root, key_scope(settings_key(settings)), skip=is_piece):
+            yield root
+
+
 def shard_step(settings: dict, model_size, store_root, **params):
-    """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key (the
-    parts and manifests; not the kept pieces, which only their shard's job reads)."""
+    """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key."""
     if ObjectStore.from_env() is None:
         return shard.shard_step(settings, model_size, store_root=store_root, **params)
-    key = settings_key(settings)
-    with mirrored(JOB_STORE_FOLDER, key_scope(key), skip=is_piece):
-        return shard.shard_step(settings, model_size, store_root=JOB_STORE_FOLDER, **params)
+    with key_copy(settings) as root:
+        return shard.shard_step(settings, model_size, store_root=root, **params)
 
 
 def merge_step(settings: dict, store_root, **params):
@@ -35,11 +46,8 @@ def merge_step(settings: dict, store_root, **params):
     where = ObjectStore.from_env()
     if where is None:
         return merge.merge(settings=settings, store_root=store_root, **params)
-    key = settings_key(settings)
-    with mirrored(JOB_STORE_FOLDER, key_scope(key), skip=is_piece):
-        return merge.merge(
-            settings=settings, store_root=JOB_STORE_FOLDER, store_name=where.url, **params
-        )
+    with key_copy(settings) as root:
+        return merge.merge(settings=settings, store_root=root, store_name=where.url, **params)
 
 
 def run_shard(out_h5, shard, settings: dict, **params):

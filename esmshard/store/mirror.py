@@ -88,7 +88,3 @@ def mirrored(root, scope: tuple[str, ...], skip: Callable[[str], bool] = lambda 
         mirror.push()
         raise
     mirror.push()
-
-
-# Where the shard step and merge keep their copy of an object store's files: their own folder.
-JOB_STORE_FOLDER = ".esmshard-store"

@@ -82,8 +82,8 @@ def cloud_command(workdir: Path, port: int, prefix: str, *more, env: dict | None
     return cmd, full_env
 
 
-def run(cmd, env, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+def run(cmd, env, check: bool = True, cwd=REPO) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     assert not check or done.returncode == 0, done.stderr[-4000:]
     return done
 
@@ -359,3 +359,36 @@ def test_an_input_not_in_the_bucket_is_said_before_any_job(s3, tmp_path):
         "(s3://lab/nothing-here/proteins.fasta): upload it there, or give its path relative to "
         "--default-storage-prefix"
     )
+
+
+def test_runs_from_one_folder_keep_each_store_to_its_own_runs(s3, tmp_path):
+    """`esmshard run` typed twice in one folder, into two buckets: the second run's new store
+    computes its sequences and holds only its own; nothing of the first goes to the second
+    bucket, and no copy of a store is left in the folder."""
+    client(s3.port).create_bucket(Bucket="other")
+    records = RECORDS[:6]
+    text = "".join(f"{header}\n{sequence}\n" for header, sequence in records).encode()
+    for bucket in ("lab", "other"):
+        client(s3.port).put_object(Bucket=bucket, Key="w/small.fa", Body=text)
+    work = tmp_path / "work"
+    work.mkdir()
+    _, env = snakemake_command(tmp_path / "settings", {}, env=S3_ENV)
+    esmshard = str(Path(env["PATH"].split(os.pathsep)[0]) / "esmshard")
+    lines = {}
+    for bucket, outdir in (("lab", "e1"), ("other", "e3")):
+        done = run([
+            esmshard, "run", "small.fa", "-o", outdir, "--model", MODEL, "--",
+            "--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/w",
+            "--storage-s3-endpoint-url", f"http://127.0.0.1:{s3.port}", "--shared-fs-usage", "none",
+        ], env, cwd=work)  # fmt: skip
+        lines[outdir] = done.stderr
+    assert ": 6 computed, 0 from the store (s3://other/w/e3/store)" in lines["e3"]
+    listed = client(s3.port).list_objects_v2(Bucket="other")["Contents"]
+    keys = [item["Key"] for item in listed]
+    assert keys and all(k == "w/small.fa" or k.startswith("w/e3/") for k in keys), keys
+    # what docs/writes-and-removes.md says a run in object storage keeps in its folder
+    kept = {p.relative_to(work).as_posix() for p in work.glob("e*/*")}
+    kept |= {p.relative_to(work).as_posix() for p in work.glob("e*/store/*")}
+    assert kept == {"e1/.esmshard", "e1/store", "e1/store/.locks",
+                    "e3/.esmshard", "e3/store", "e3/store/.locks"}, kept  # fmt: skip
+    assert not [p for p in work.rglob("*") if "esmshard-store" in p.name and p.is_dir()]
