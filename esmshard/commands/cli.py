@@ -35,6 +35,15 @@ def cores(text: str) -> str:
     return text
 
 
+def profile_names() -> list[str]:
+    """The profiles esmshard ships, for the help (none where its files are missing: `run`
+    says so)."""
+    try:
+        return launch.shipped_profiles(launch.workflow_root())
+    except launch.LaunchError:
+        return []
+
+
 def add_run_options(command) -> None:
     """What a run is: `esmshard run`'s and `esmshard plan`'s options."""
     command.add_argument(
@@ -56,8 +65,8 @@ def add_run_options(command) -> None:
     )
     command.add_argument(
         "--profile",
-        help="a cluster profile esmshard ships (slurm, kubernetes, googlebatch, htcondor, lsf) "
-        "or a profile folder of your own",
+        help=f"a cluster profile esmshard ships ({', '.join(profile_names())}) or a profile "
+        "folder of your own",
     )
     command.add_argument(
         "--cores", type=cores, default="all", help="CPU cores Snakemake may use (default all)"

@@ -65,11 +65,16 @@ def profile_folder(profile: str, root: Path) -> Path:
     shipped = root / "profiles" / profile
     if shipped.is_dir() and profile != "default":
         return shipped
-    names = sorted(p.name for p in (root / "profiles").iterdir() if p.name != "default")
     raise LaunchError(
         f"--profile {profile}: no such folder, and esmshard ships none of that name "
-        f"(it ships: {', '.join(names)}); give one of those names or a profile folder"
+        f"(it ships: {', '.join(shipped_profiles(root))}); give one of those names or a profile "
+        "folder"
     )
+
+
+def shipped_profiles(root: Path) -> list[str]:
+    """The names of the cluster profiles esmshard ships (not `default`, the workflow's own)."""
+    return sorted(p.name for p in (root / "profiles").iterdir() if p.name != "default")
 
 
 def gpu_list(gpus: str) -> list[int] | str:

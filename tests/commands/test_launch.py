@@ -103,3 +103,12 @@ def test_cores_that_cannot_work_are_refused_at_once(value, capsys):
     assert error.endswith(
         f"argument --cores: {value!r}: give a number of cores of at least 1, or all"
     )
+
+
+def test_the_help_names_every_profile_esmshard_ships(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    shipped = sorted(p.name for p in (REPO / "profiles").iterdir() if p.name != "default")
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"a cluster profile esmshard ships ({', '.join(shipped)})" in said
+    assert "awsbatch" in shipped
