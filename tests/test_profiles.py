@@ -102,15 +102,17 @@ def test_a_cloud_profile_runs_in_s3_and_gives_the_embed_jobs_a_gpu(name, moto, t
     assert_gpu_resources(name, dry_run)
 
 
-@pytest.mark.parametrize("name", sorted(CLOUD))
-def test_a_cloud_profile_with_its_placeholders_is_refused_in_one_line(name, tmp_path):
+@pytest.mark.parametrize(
+    "name, more", [(name, []) for name in sorted(CLOUD)] + [("kubernetes", ["--dry-run"])]
+)
+def test_a_cloud_profile_with_its_placeholders_is_refused_in_one_line(name, more, tmp_path):
     profile = yaml.safe_load((REPO / "profiles" / name / "config.yaml").read_text())
     for key in [k for k in profile if k.startswith(f"{CLOUD[name]}-")]:
         del profile[key]  # the plugin is not installed here: its own settings would not parse
     profile["executor"] = "cluster-generic"  # an executor that submits, installed here
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(profile))
     config = {"input": ["proteins.fasta"], "model": f"random:{TINY_MODEL}"}
-    result = snakemake(tmp_path / "run", config, "--profile", str(tmp_path), check=False)
+    result = snakemake(tmp_path / "run", config, "--profile", str(tmp_path), *more, check=False)
     line = refused_before_any_job(result)
     assert "still holds placeholders" in line and "CHANGE-ME-bucket" in line, line
 

@@ -286,16 +286,20 @@ def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) 
     ]
 
 
-def executor_of(profile: str | None) -> str:
-    """The executor a profile names (Snakemake reads config.v8+.yaml first), else local."""
+def profile_values(profile: str | None) -> dict:
+    """What a profile sets (Snakemake reads config.v8+.yaml first); none: {}."""
     if not profile:
-        return "local"
+        return {}
     folder = launch.profile_folder(profile, launch.workflow_root())
     for name in ("config.v8+.yaml", "config.yaml"):
         if (folder / name).is_file():
-            values = yaml.safe_load((folder / name).read_text()) or {}
-            return str(values.get("executor", "local"))
-    return "local"
+            return yaml.safe_load((folder / name).read_text()) or {}
+    return {}
+
+
+def executor_of(profile: str | None) -> str:
+    """The executor a profile names, else local."""
+    return str(profile_values(profile).get("executor", "local"))
 
 
 def run_snakemake(cmd: list[str], more: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -310,6 +314,15 @@ def plan(planned: launch.Launch, stream=sys.stdout) -> int:
     """Plan the run `planned` describes (its shard step, here), then say what it will submit."""
     cmd = launch.snakemake_command(planned)
     planned = launch.with_config_options(planned)
+    storage = profile_values(planned.profile).get("default-storage-provider")
+    if storage:
+        print(
+            f"esmshard plan: --profile {planned.profile} keeps the run in object storage "
+            f"(default-storage-provider: {storage}), whose plan esmshard plan cannot read yet: "
+            f"`esmshard run ... --profile {planned.profile} -- --dry-run` lists the jobs",
+            file=sys.stderr,
+        )
+        return 2
     executor = executor_of(planned.profile)
     env = {**os.environ, launch.DEFAULTS_ENV: "1"}
     sharded = run_snakemake(cmd, ["planned", "--executor", "local"], {**env, PLAN_ENV: executor})

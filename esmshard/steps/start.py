@@ -38,7 +38,13 @@ from ..store.leftovers import remove_leftovers
 from ..store.objects import ObjectStore
 from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
-from .invocation import CLUSTER_JOBS_ENV, Invocation, StartRefused, placeholder_advice
+from .invocation import (
+    CLUSTER_JOBS_ENV,
+    PLACEHOLDER,
+    Invocation,
+    StartRefused,
+    placeholder_advice,
+)
 from .object_run import read_run_json
 from .progress import METRICS_FIELDS, busy_seconds, computing_span, current_files, duration, rate
 from .run_state import read_state
@@ -99,7 +105,8 @@ class RunStart:
 
     def refuse_placeholders(self) -> None:
         """A cluster profile's resources still holding PLACEHOLDER: refused before anything is
-        submitted; a dry run, which submits nothing, says so and plans."""
+        submitted; a dry run, which submits nothing, says so and plans, but for a placeholder
+        bucket, where there is nothing to plan from."""
         found = self.invocation.placeholders
         if not found or self.invocation.jobs_here or self.invocation.lint:
             return
@@ -107,7 +114,8 @@ class RunStart:
             f"the profile still holds placeholders ({', '.join(found)}): "
             f"{placeholder_advice(self.invocation.profiles)} (docs/clusters.md)"
         )
-        if self.invocation.dry_run:
+        bucket = PLACEHOLDER in (self.invocation.storage_prefix or "")
+        if self.invocation.dry_run and not bucket:
             self.log.warning(f"esmshard: {problem} before a run submits jobs")
         elif not self.invocation.remote_job:
             raise StartRefused(f"{problem}; nothing was submitted")
@@ -422,7 +430,8 @@ class RunStart:
         )
         outputs = [self.run.embeddings, self.run.failed, self.run.run_json, self.run.scaling_html]
         outputs += [self.run.variant_scores] if config["variants"] else []
-        outputs += [self.run.neighbours_tsv] if config.get("neighbours") else []
+        if config.get("neighbours"):
+            outputs += [self.run.neighbours_tsv, self.run.neighbours_parquet]
         outputs += [self.run.annotations_tsv] if config.get("neighbours_annotations") else []
         self.log.info(f"esmshard: outputs: {', '.join(map(self.where, outputs))}")
         counts = read_counts(self.run.variant_summary) if config["variants"] else None

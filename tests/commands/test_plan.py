@@ -281,3 +281,19 @@ def test_a_local_plan_on_a_machine_without_gpus_gives_the_cpus_time(tmp_path, mo
                          r"\(an esm2_t6's on a 2-core machine; other CPUs differ\)", lines[at + 1])  # fmt: skip
     assert shown and int(shown[1]) >= 2, lines[at + 1]
     assert any("GPU-hours on H200s" in line for line in lines)
+
+
+def test_a_plan_in_object_storage_is_said_in_one_line_not_a_traceback(
+    tmp_path, capsys, monkeypatch
+):
+    from esmshard.commands.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    status = main(["plan", str(PROTEINS), "-o", "out", "--model", MODEL, "--profile", "awsbatch"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert status == 2 and line == (
+        "esmshard plan: --profile awsbatch keeps the run in object storage "
+        "(default-storage-provider: s3), whose plan esmshard plan cannot read yet: "
+        "`esmshard run ... --profile awsbatch -- --dry-run` lists the jobs"
+    )
+    assert not list(tmp_path.iterdir())
