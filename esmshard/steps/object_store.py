@@ -33,12 +33,17 @@ def key_copy(settings: dict):
             yield root
 
 
-def shard_step(settings: dict, model_size, store_root, **params):
-    """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key."""
-    if ObjectStore.from_env() is None:
+def shard_step(settings: dict, model_size, store_root, input_names=None, **params):
+    """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key, the
+    plan naming the inputs' objects (`input_names`) and the store by their URLs."""
+    where = ObjectStore.from_env()
+    if where is None:
         return shard.shard_step(settings, model_size, store_root=store_root, **params)
     with key_copy(settings) as root:
-        return shard.shard_step(settings, model_size, store_root=root, **params)
+        return shard.shard_step(
+            settings, model_size, store_root=root, input_names=input_names,
+            store_name=where.url, **params,
+        )  # fmt: skip
 
 
 def merge_step(settings: dict, store_root, **params):

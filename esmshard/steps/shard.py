@@ -181,6 +181,8 @@ def write_shards(
     workers: int = 1,
     attention_values: tuple[int, int] = (0, 0),
     values_bytes: Callable[[np.ndarray], int] | None = None,
+    input_names: list[str] | None = None,
+    store_name: str | None = None,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
@@ -197,7 +199,9 @@ def write_shards(
     one in embeddings.h5: their size is said, and refused before any embed job where the store's
     or the outdir's disk cannot hold it. `values_bytes`: the float32 values of sequences of some
     lengths, in bytes; plan.json then says what the new parts and every record's values take
-    (what `esmshard plan` says of the disk).
+    (what `esmshard plan` says of the disk). `input_names` and `store_name`: what the plan
+    calls the inputs and the store where the step reads copies (a run in object storage: their
+    URLs).
     """
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +232,11 @@ def write_shards(
             _attention_size(attention_values, embedded, new, cut, slots or 1, store,
                             shard_dir.parent)  # fmt: skip
         write_plan_files(building, scan, match, cut, parts, embedded)
-        summary = plan_summary(inputs, store, key, scan, match, cut, scan_settings)
+        summary = plan_summary(store, key, scan, match, cut, scan_settings)
+        summary.update(
+            inputs=input_names or [str(Path(path).resolve()) for path in inputs],
+            store=store_name or summary["store"],
+        )
         # what `esmshard plan` says of the GPU time and the disk
         summary.update(model_params=model_size.params, slots=slots, cluster=cluster)
         if values_bytes is not None:
@@ -329,7 +337,7 @@ def write_plan_files(building: Path, scan: "Scan", match, cut: Cut, parts, embed
     write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
 
 
-def plan_summary(inputs, store, key, scan: "Scan", match, cut: Cut, settings: Settings) -> dict:
+def plan_summary(store, key, scan: "Scan", match, cut: Cut, settings: Settings) -> dict:
     """plan.json: what the run reuses from the store and computes, and its long records."""
     new = int(match.new_records.size)
     return {
@@ -342,7 +350,6 @@ def plan_summary(inputs, store, key, scan: "Scan", match, cut: Cut, settings: Se
         "from_store": match.n_unique - new,
         "computed": new,
         # records beyond truncation_seq_length, and what long_sequences does with them
-        "inputs": [str(Path(path).resolve()) for path in inputs],
         "long_records": scan.found.long.count,
         "long_sequences": settings.long_sequences,
         "long_said": scan.found.long.said(settings.truncation_seq_length, settings.long_sequences),

@@ -135,7 +135,9 @@ def test_outputs_in_the_bucket_equal_a_local_run(s3, first, local):
     values_found = values(found["a/out/embeddings.h5"])
     assert values_found.keys() == local.keys()
     assert_close(values_found, local)
-    assert json.loads(found["a/out/run.json"])["computed"] == len(RECORDS)
+    summary = json.loads(found["a/out/run.json"])
+    assert summary["computed"] == len(RECORDS)
+    assert summary["inputs"] == ["s3://lab/a/proteins.fasta"]  # the object, not a local copy
     assert "a/out/report/scaling_report.html" in found
     # the run's last lines, read from the bucket, name the objects
     n = len(RECORDS)

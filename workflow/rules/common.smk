@@ -193,6 +193,12 @@ def in_store(path):
     return storage(path) if is_object_url(path) else path
 
 
+def object_urls(paths):
+    """The URLs of the run's objects at `paths` (relative to --default-storage-prefix)."""
+    prefix = INVOCATION.storage_prefix.rstrip("/")
+    return [f"{prefix}/{os.path.normpath(path)}" for path in paths]
+
+
 def shard_params(inputs, settings):
     """The shard step's params for `inputs` embedded with `settings` (the records', or the
     mutants' of `pseudo_ppl`)."""
@@ -209,6 +215,8 @@ def shard_params(inputs, settings):
         cluster=lambda wildcards: START.on_cluster if config["shards"] == "auto" else None,
         model_size=list(MODEL_SIZE),
         store=STORE.root,
+        # in object storage, the inputs' objects by URL (the step reads local copies)
+        input_names=object_urls(inputs) if OBJECT_STORE else None,
         settings=settings,
         # with attention maps: their values per pair of residues, and bytes of one in the output
         attention_values=list(attention_values(MODEL, {**config, **settings})),
