@@ -72,7 +72,7 @@ def objects(s3, prefix: str) -> dict[str, bytes]:
 def cloud_command(workdir: Path, port: int, prefix: str, *more, env: dict | None = None):
     """The `snakemake` command of a run in object storage, each job in an empty folder (no
     config file: a job's node would not have it)."""
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     _, full_env = snakemake_command(workdir, {}, env={**S3_ENV, **(env or {})})
     cmd = [
         "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
@@ -273,7 +273,7 @@ def test_a_server_that_stops_mid_run_fails_the_job_in_one_line(s3, tmp_path, loc
     ), said
     assert not [key for key in listing(s3, "s/out/") if key.endswith("embeddings.h5")]
     whole_files(s3, "s/out/store/")
-    cmd, env = cloud_command(tmp_path / "back", s3.port, "s", *more)
+    cmd, env = cloud_command(tmp_path / "stopped", s3.port, "s", *more)  # the same command
     run(cmd, env)
     store_is_whole(s3, "s/out/store/")
     assert_close(values(objects(s3, "s/out/")["s/out/embeddings.h5"]), local, within=1e-5)
