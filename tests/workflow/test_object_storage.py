@@ -117,7 +117,8 @@ def local(tmp_path_factory):
 @pytest.fixture(scope="module")
 def first(s3, tmp_path_factory):
     upload(s3, "a/proteins.fasta", RECORDS)
-    cmd, env = cloud_command(tmp_path_factory.mktemp("a") / "run", s3.port, "a")
+    cmd, env = cloud_command(tmp_path_factory.mktemp("a") / "run", s3.port, "a",
+                             "neighbours=self", "neighbours_k=3")  # fmt: skip
     return run(cmd, env)
 
 
@@ -130,8 +131,14 @@ def assert_close(found: dict, expected: dict, within: float = 1e-6) -> None:
 
 
 def test_outputs_in_the_bucket_equal_a_local_run(s3, first, local):
-    assert jobs_run(first) == {"shard": 1, "embed": 1, "merge": 1, "report": 1}
+    assert jobs_run(first) == {"shard": 1, "embed": 1, "merge": 1, "neighbour_part": 1,
+                               "neighbours": 1, "report": 1}  # fmt: skip
     found = objects(s3, "a/out/")
+    # each job on a node of its own, its Snakemake's folder there too (none shares the run's)
+    nodes = list(Path(first.args[first.args.index("-d") + 1]).parent.glob("node.*/job.sh"))
+    assert len(nodes) == 6 and all(f"--directory {p.parent} " in p.read_text() for p in nodes)
+    table = found["a/out/neighbours.tsv"].decode().splitlines()
+    assert table[0] == "id\trank\tneighbour\tdistance" and len(table) == 1 + 3 * len(RECORDS)
     values_found = values(found["a/out/embeddings.h5"])
     assert values_found.keys() == local.keys()
     assert_close(values_found, local)
