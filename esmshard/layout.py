@@ -103,6 +103,10 @@ class Layout:
     def neighbour_metrics(self, part: str) -> str:
         return os.path.join(self.neighbours_dir, f"{part}.json")
 
+    def neighbour_progress(self, part: str) -> str:
+        """A running search job's rows done (for `esmshard status`), removed once it ends."""
+        return os.path.join(self.neighbours_dir, f"{part}.progress.json")
+
     @property
     def variant_scores(self) -> str:
         """The variants' scores (esmshard.steps.variants), and the same as a Parquet dataset."""

@@ -22,8 +22,13 @@ def later_steps(state: dict) -> list[str]:
     neighbours = state.get("neighbours")
     if neighbours:
         written = "; neighbours.tsv written" if neighbours["written"] else ""
+        running = "".join(
+            f"; {job['part']} at {job['fraction']:.0%}"
+            + (f", ETA {duration(job['eta_seconds'])}" if job["eta_seconds"] is not None else "")
+            for job in neighbours.get("running", [])
+        )
         lines.append(f"neighbours: {neighbours['done']} of {neighbours['planned']} search jobs "
-                     f"done{written}")  # fmt: skip
+                     f"done{running}{written}")  # fmt: skip
     return lines
 
 

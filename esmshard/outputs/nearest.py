@@ -4,7 +4,7 @@ memory; the neighbours' annotations carried over (esmshard.search). The files ar
 `Embeddings` (esmshard.outputs.reader, whose `nearest` calls this module).
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -58,9 +58,11 @@ def search(
     own_rows: np.ndarray | None = None,
     rows: tuple[int, int] | None = None,
     device: str | None = None,
+    on_block: Callable[[int], None] = lambda rows_done: None,
 ) -> Hits:
     """The `k` nearest reference rows (of `rows`, a range: default all) to each query vector,
-    the reference read block by block; `device`: where the products run (esmshard.search)."""
+    the reference read block by block; `device`: where the products run (esmshard.search);
+    `on_block`: called with the rows searched so far after each block."""
     values = reference.stored(f"mean/{layer}")
     first, end = rows or (0, len(values))
     found = None
@@ -69,6 +71,7 @@ def search(
         block = np.asarray(values[start:stop], dtype=np.float32)
         hits = nearest(queries, block, k, metric, start, own_rows, device)
         found = hits if found is None else merged([found, hits], k)
+        on_block(stop - first)
     return found if found is not None else nearest(queries, values[:0], k, metric)
 
 

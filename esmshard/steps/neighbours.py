@@ -7,6 +7,7 @@ is the only one the same command runs again.
 import logging
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from ..outputs.reader import Embeddings
 from ..search import AnnotationsError, Hits, merged, read_annotations
 from ..search.annotations import unmatched_line
 from ..store.objects import is_object_url
+from ..store.runlock import current_run
 
 log = logging.getLogger(__name__)
 
@@ -33,37 +35,87 @@ def rows_of(part: str, n_rows: int) -> tuple[int, int]:
     return i * n_rows // n, (i + 1) * n_rows // n
 
 
+class Search(NamedTuple):
+    """What a search is asked: the neighbours per protein, the metric, the mean layer compared
+    (a number, or `last`'s) and the reference as the config names it (`self`, a path)."""
+
+    k: int
+    metric: str
+    layer: int
+    reference: str
+
+
+class PartProgress:
+    """A search job's reference rows done, written every few seconds for `esmshard status`."""
+
+    EVERY_SECONDS = 2.0
+
+    def __init__(self, path, part: str, rows: int):
+        self.path, self.part, self.rows = path, part, rows
+        self.started = self.written = time.time()
+        self.write(0)
+
+    def write(self, done: int) -> None:
+        write_json(self.path, {"part": self.part, "rows": self.rows, "done": done,
+                               "started_at": self.started, "updated_at": time.time()})  # fmt: skip
+
+    def __call__(self, done: int) -> None:
+        if time.time() - self.written >= self.EVERY_SECONDS:
+            self.written = time.time()
+            self.write(done)
+
+
 def search_part(
-    queries_h5, reference_h5, out_npz, metrics_json, part: str, k: int, metric: str, layer,
-    gpus="auto",
+    queries_h5, reference_h5, out_npz, metrics_json, part: str, search: Search, gpus="auto",
+    run_lock=None,
 ):  # fmt: skip
-    """Each query's `k` nearest rows among the reference's rows of `part`, the products on the
-    GPU the job holds from the pool (esmshard.compute.pool), or on the CPU without one; the
-    job's figures in `metrics_json` (for the scaling report), written first."""
+    """Each query's `search.k` nearest rows among the reference's rows of `part`, the products
+    on the GPU the job holds from the pool (esmshard.compute.pool), or on the CPU without one;
+    its rows done as it goes (esmshard status); the job's figures, the search's settings and
+    the command that ran it (`run_lock`'s) in `metrics_json` (for the scaling report), written
+    first."""
     itself = Path(queries_h5).resolve() == Path(reference_h5).resolve()
+    remove_other_searches(Path(out_npz).parent, part)
+    progress_json = Path(out_npz).with_suffix(".progress.json")
     with (
         pool.acquire(pool.pool_devices(gpus), job=f"neighbours {part}") as slot,
         Embeddings(queries_h5) as queries,
         Embeddings(reference_h5) as reference,
     ):
         device = search_device(slot)
-        chosen = found.comparable_layer(queries, reference, layer)
+        chosen = found.comparable_layer(queries, reference, search.layer)
         rows = rows_of(part, len(reference))
         vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
         own = np.arange(len(queries)) if itself else None
-        k = usable_k(k, len(reference), itself)
+        k = usable_k(search.k, len(reference), itself)
+        progress = PartProgress(progress_json, part, rows[1] - rows[0])
         started = time.perf_counter()
-        hits = found.search(vectors, reference, chosen, k, metric, own, rows, device)
+        hits = found.search(vectors, reference, chosen, k, search.metric, own, rows, device,
+                            on_block=progress)  # fmt: skip
         seconds = time.perf_counter() - started
     searched = rows[1] - rows[0]
     log.info("part %s on %s: reference rows %d to %d against %d queries in %.1f s",
              part, device, *rows, len(vectors), seconds)  # fmt: skip
+    command = current_run(run_lock) if run_lock else {}
     write_json(metrics_json, {
         "part": part, "device": device, "reference_rows": searched, "queries": len(vectors),
         "seconds": round(seconds, 3), "rows_per_second": round(searched / max(seconds, 1e-9)),
+        **search._asdict(), "layer": chosen, "finished_at": time.time(),
+        "command": command.get("typed_command") or command.get("command"),
     })  # fmt: skip
     with atomic_path(out_npz) as tmp, open(tmp, "wb") as fh:
         np.savez(fh, rows=hits.rows, distances=hits.distances, layer=chosen)
+    progress_json.unlink(missing_ok=True)
+
+
+def remove_other_searches(folder: Path, part: str) -> None:
+    """Remove the parts of a search cut into another number of parts (an earlier command's,
+    which no later step reads), so that `esmshard status` counts this search's alone."""
+    count = NeighbourPart.named(part).count
+    for path in folder.glob("*-of-*.*"):
+        other = NeighbourPart.named(path.name.split(".")[0])
+        if other is not None and other.count != count:
+            path.unlink(missing_ok=True)
 
 
 def usable_k(k: int, n_reference: int, itself: bool) -> int:
@@ -85,10 +137,12 @@ def search_device(slot) -> str:
 
 
 def write_neighbours(
-    parts, queries_h5, reference_h5, reference_name, annotations, tables, k, metric
+    parts, queries_h5, reference_h5, reference_name, annotations, tables, k, metric, unwritten=()
 ):
     """Merge the parts' top k and write the tables; the annotations' IDs absent from the
-    reference are counted in the log."""
+    reference are counted in the log. `unwritten`: an earlier search's tables that this one
+    does not write (its annotations.tsv, where this one has none), removed: each table is
+    this search's."""
     loaded = [np.load(path) for path in parts]
     table = read_annotations(annotations) if annotations else {}
     with Embeddings(queries_h5) as queries, Embeddings(reference_h5) as reference:
@@ -104,6 +158,10 @@ def write_neighbours(
     for line in (not_numbers, unmatched_line(table, reference_ids, annotations, "the reference")):
         if line:
             log.warning(line)
+    for path in unwritten:
+        if Path(path).is_file():
+            Path(path).unlink()
+            log.info("removed %s, an earlier search's: this one carries no annotations", path)
     found.write_tables(tables, hits, query_ids, reference_ids, table, metric, card)
 
 

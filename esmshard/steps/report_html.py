@@ -379,7 +379,27 @@ def neighbours_section(neighbours: dict | None) -> str:
         f"against {neighbours['queries']:,} proteins in {duration(neighbours['seconds'])} of "
         f"search, {rate(neighbours['rows_per_second'])} reference rows/s.</p>"
     )
-    return f"<h2>Nearest neighbours</h2>{overall}" + _table(neighbours["parts"], columns)
+    search = neighbours.get("search")
+    asked = (
+        _table(search_rows(search), ["what", "value"], text=("value",), labels=("what",))
+        if search
+        else ""
+    )
+    return f"<h2>Nearest neighbours</h2>{overall}{asked}" + _table(neighbours["parts"], columns)
+
+
+def search_rows(search: dict) -> list[dict]:
+    """What the search was asked, and the command that ran it, which may be a later one than
+    the embedding's (a search added to a finished run)."""
+    rows = [
+        ("reference", search["reference"]),
+        ("neighbours per protein (k)", search["k"]),
+        ("distance", search["metric"]),
+        ("layer of the mean embeddings", search["layer"]),
+        ("command", search.get("command") or "–"),
+        ("finished", _when(search.get("finished_at"))),
+    ]
+    return [{"what": what, "value": value} for what, value in rows]
 
 
 def computed_with_section(run: dict) -> str:

@@ -237,8 +237,13 @@ def neighbours_summary(metric_files) -> dict | None:
     if not parts:
         return None
     rows, seconds = sum(p["reference_rows"] for p in parts), sum(p["seconds"] for p in parts)
+    asked = ("reference", "k", "metric", "layer", "command")
+    last = max(parts, key=lambda p: p.get("finished_at", 0))
     return {
         "jobs": len(parts), "reference_rows": rows, "queries": parts[0]["queries"],
         "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
+        # parts written before the search's settings were recorded have none
+        "search": {**{key: last.get(key) for key in asked}, "finished_at": last.get("finished_at")}
+        if "k" in last else None,
         "parts": sorted(parts, key=lambda p: NeighbourPart.named(p["part"]).index),
     }  # fmt: skip

@@ -147,20 +147,42 @@ def planned_state(layout: Layout, plan: list[dict], now: float) -> dict:
         "mutants": read_state(Path(layout.mutants.outdir), now)
         if Path(layout.mutants.plan).exists()
         else None,
-        "neighbours": neighbour_jobs(layout),
+        "neighbours": neighbour_jobs(layout, now),
     }
 
 
-def neighbour_jobs(layout: Layout) -> dict | None:
+def neighbour_jobs(layout: Layout, now: float) -> dict | None:
     """The `neighbours` search jobs done of those planned (their parts' names say how many:
-    "i-of-n"), and whether the tables are written; None before any."""
-    parts = [NeighbourPart.named(p.stem) for p in Path(layout.neighbours_dir).glob("*.npz")]
+    "i-of-n"), those running with their share done and time left (while a command of the run
+    is on), and whether the tables are written; None before any."""
+    folder = Path(layout.neighbours_dir)
+    parts = [NeighbourPart.named(p.stem) for p in folder.glob("*.npz")]
     parts = [part for part in parts if part is not None]
-    if not parts:
+    running = [read_json_object(p) for p in folder.glob("*.progress.json")]
+    running = [r for r in running if r and {"part", "rows", "done", "started_at"} <= r.keys()]
+    if not run_active(layout.run_lock):
+        running = []  # a killed job's last progress
+    counts = [part.count for part in parts] + [
+        NeighbourPart.named(r["part"]).count for r in running
+    ]
+    if not counts:
         return None
-    planned = max(part.count for part in parts)
-    done = sum(1 for part in parts if part.count == planned)
-    return {"done": done, "planned": planned, "written": Path(layout.neighbours_tsv).exists()}
+    planned = max(counts)
+    return {
+        "done": sum(1 for part in parts if part.count == planned),
+        "planned": planned,
+        "running": [search_progress(r, now) for r in sorted(running, key=lambda r: r["part"])],
+        "written": Path(layout.neighbours_tsv).exists(),
+    }
+
+
+def search_progress(progress: dict, now: float) -> dict:
+    """A running search job's share of its rows done, and its time left at its rate so far
+    (None before its first block)."""
+    rows, done = max(progress["rows"], 1), progress["done"]
+    elapsed = now - progress["started_at"]
+    left = elapsed * (rows - done) / done if done else None
+    return {"part": progress["part"], "fraction": done / rows, "eta_seconds": left}
 
 
 def slot_rates(done: list[dict], running: list[dict], now: float) -> dict:

@@ -241,7 +241,6 @@ def test_the_neighbours_line_counts_the_parts_of_the_latest_cut(tmp_path):
     Path(layout.neighbours_dir).mkdir()
     for name in ("0-of-2", "0-of-3", "2-of-3", "notes"):
         Path(layout.neighbour_part(name)).write_bytes(b"")
-    assert run_state.neighbour_jobs(layout) == {"done": 2, "planned": 3, "written": False}
-    assert status.later_steps({"neighbours": run_state.neighbour_jobs(layout)}) == [
-        "neighbours: 2 of 3 search jobs done"
-    ]
+    found = run_state.neighbour_jobs(layout, 0.0)
+    assert found == {"done": 2, "planned": 3, "running": [], "written": False}
+    assert status.later_steps({"neighbours": found}) == ["neighbours: 2 of 3 search jobs done"]

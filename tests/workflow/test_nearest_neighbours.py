@@ -4,10 +4,13 @@ table; a kill during the search loses only the unfinished jobs."""
 
 import csv
 import hashlib
+import html
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +144,25 @@ def test_a_reference_embedded_earlier_is_searched(tmp_path):
     (log,) = (out / "logs" / "neighbours").glob("*.log")
     assert "neighbours_k = 2000000000, but the reference holds 60 proteins" in log.read_text()
     assert "annotations.tsv" in done.stderr
+    # a later command searches the run against itself in two parts, with no annotations: every
+    # output is its own, the report says what it asked and which command ran it
+    later = snakemake(tmp_path / "run", settings(tmp_path, ("neighbours_shards", 2)))
+    assert jobs_run(later) == {"neighbour_part": 2, "neighbours": 1, "report": 1}
+    assert not (out / "annotations.tsv").exists()
+    assert sorted(p.name for p in (out / "neighbours").iterdir()) == [
+        "0-of-2.json", "0-of-2.npz", "1-of-2.json", "1-of-2.npz"]  # fmt: skip
+    assert len(read(out / "neighbours.tsv")) == 4 * len(RECORDS)
+    report = (out / "report" / "scaling_report.html").read_text()
+    section = report.split("<h2>Nearest neighbours</h2>")[1].split("<h2>")[0]
+    asked = dict(re.findall(r"<td class=label>([^<]*)</td><td class=text>([^<]*)</td>", section))
+    assert {k: asked[k] for k in ("reference", "neighbours per protein (k)", "distance",
+                                  "layer of the mean embeddings")} == {
+        "reference": "self", "neighbours per protein (k)": "4", "distance": "euclidean",
+        "layer of the mean embeddings": "6"}  # fmt: skip
+    assert f"-d {tmp_path / 'run'} " in html.unescape(asked["command"])
+    searched = time.mktime(time.strptime(asked["finished"][:19], "%Y-%m-%d %H:%M:%S"))
+    embedded = json.loads((out / "run.json").read_text())["finished_at"]
+    assert searched > embedded  # the later command's search, not the embedding's
 
 
 def test_mistakes_in_the_reference_and_annotations_are_refused_before_any_job(tmp_path):

@@ -19,6 +19,7 @@ rule neighbour_part:
         k=config["neighbours_k"],
         metric=config["neighbours_metric"],
         layer=NEIGHBOUR_LAYER,
+        reference=config["neighbours"],
     script:
         "../scripts/neighbour_part.py"
 

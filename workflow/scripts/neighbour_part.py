@@ -1,4 +1,6 @@
+from esmshard.layout import Layout
 from esmshard.steps.job import run_step
+from esmshard.steps.neighbours import Search
 
 run_step(
     snakemake.log[0],
@@ -8,8 +10,12 @@ run_step(
     out_npz=snakemake.output.hits,
     metrics_json=snakemake.output.metrics,
     part=snakemake.wildcards.part,
-    k=snakemake.params.k,
-    metric=snakemake.params.metric,
-    layer=snakemake.params.layer,
+    search=Search(
+        snakemake.params.k,
+        snakemake.params.metric,
+        snakemake.params.layer,
+        snakemake.params.reference,
+    ),
     gpus=snakemake.config["gpus"],
+    run_lock=Layout(snakemake.config["outdir"]).run_lock,
 )

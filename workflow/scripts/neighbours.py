@@ -1,6 +1,8 @@
+from esmshard.layout import Layout
 from esmshard.outputs.nearest import Tables
 from esmshard.steps.job import run_step
 
+layout = Layout(snakemake.config["outdir"])
 run_step(
     snakemake.log[0],
     "esmshard.steps.neighbours:write_neighbours",
@@ -16,4 +18,5 @@ run_step(
     ),
     k=snakemake.params.k,
     metric=snakemake.params.metric,
+    unwritten=[] if snakemake.output.annotations else [layout.annotations_tsv],
 )
