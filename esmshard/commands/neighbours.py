@@ -11,6 +11,7 @@ import numpy as np
 
 from ..files import DamagedFileError
 from ..outputs import nearest as found
+from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings
 from ..search import METRICS, read_annotations
 from ..search.annotations import unmatched_line
@@ -29,10 +30,14 @@ def add_neighbours_command(commands) -> None:
         "mean embeddings), nearest first: id, rank, neighbour, distance, and the neighbour's "
         "annotation columns. QUERIES and REFERENCE are outdirs or embeddings.h5 files of the "
         "same model; the same file for both searches it against itself, each protein's own row "
-        "left out.",
+        "left out. REFERENCE may also be a per-protein HDF5 (one dataset per protein: "
+        "UniProt's, EAT's, esmshard export's per-protein-h5) of the same model and width.",
     )
     command.add_argument("queries", help="the queries' outdir or embeddings.h5")
-    command.add_argument("--reference", required=True, help="the reference's")
+    command.add_argument(
+        "--reference", required=True,
+        help="the reference's outdir or embeddings.h5, or a per-protein HDF5",
+    )  # fmt: skip
     command.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
     command.add_argument("--metric", choices=METRICS, default="euclidean")
     command.add_argument("--layer", type=int, help="the mean layer (default: the last held)")
@@ -69,7 +74,7 @@ def neighbours(parser, args) -> int:
     if problem:
         parser.exit(2, f"esmshard neighbours: {problem}\n")
     try:
-        with Embeddings(args.queries) as queries, Embeddings(args.reference) as reference:
+        with Embeddings(args.queries) as queries, open_reference(args.reference) as reference:
             annotations = read_annotations(args.annotations) if args.annotations else {}
             hits, ids, layer = search(queries, reference, args)
             query_ids = queries.ids()
@@ -139,6 +144,8 @@ def search(queries: Embeddings, reference: Embeddings, args):
     """The hits of every query, the reference's IDs and the layer compared; the k past the
     reference, and the queries whose embeddings are not numbers, said."""
     layer = found.comparable_layer(queries, reference, args.layer)
+    if unrecorded_line(reference):
+        say(unrecorded_line(reference))
     itself = Path(queries.name).resolve() == Path(reference.name).resolve()
     available = len(reference) - (1 if itself else 0)
     if args.k > available:

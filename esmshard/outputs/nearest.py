@@ -30,22 +30,28 @@ def model_of(made: dict) -> str:
 
 def comparable_layer(queries, reference, layer: int | None) -> int:
     """The mean layer both files hold (default: the queries' last); ValueError in one line
-    naming both files where the model, the layer or the width differ."""
+    naming both files where the model, the layer or the width differ. A per-protein file from
+    outside esmshard (esmshard.outputs.per_protein) names neither model nor layer: its width
+    alone is checked."""
     names = f"{queries.name} and {reference.name}"
-    if model_of(queries.made_by) != model_of(reference.made_by):
+    known = "model" in reference.made_by  # not in a per-protein file from outside esmshard
+    if known and model_of(queries.made_by) != model_of(reference.made_by):
         raise ValueError(
             f"{names} were embedded with other models ({model_of(queries.made_by)}, "
             f"{model_of(reference.made_by)}): embed both with the same model"
         )
     chosen = queries.layer("mean", layer)
-    if chosen not in reference.layers.get("mean", []):
+    if reference.layers is not None and chosen not in reference.layers.get("mean", []):
         raise ValueError(
             f"{reference.name} holds mean embeddings at layers {reference.layers.get('mean', [])}"
             f", not at {chosen} as {queries.name}: choose a layer both hold"
         )
     widths = [emb.stored(f"mean/{chosen}").shape[1] for emb in (queries, reference)]
     if widths[0] != widths[1]:
-        raise ValueError(f"{names} hold embeddings {widths[0]} and {widths[1]} wide")
+        raise ValueError(
+            f"{names} hold embeddings {widths[0]} and {widths[1]} wide: embed both with the "
+            "same model"
+        )
     return chosen
 
 

@@ -37,7 +37,7 @@ from ..models import (
 from ..models.spec import ModelSpec
 from ..store import Store, written_by_layout, written_by_run
 from ..store.storelock import locks_problem
-from .neighbours import neighbour_problems
+from .neighbour_checks import neighbour_problems
 
 # Records of each input read when the workflow is read: a nucleotide file shows in its first ones
 # (the shard step still checks every record).

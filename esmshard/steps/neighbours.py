@@ -12,14 +12,13 @@ from typing import NamedTuple
 import numpy as np
 
 from ..compute import pool
-from ..compute.provenance import weights_sha256
-from ..files import DamagedFileError, atomic_path, write_json
-from ..layout import Layout, NeighbourPart
+from ..files import atomic_path, write_json
+from ..layout import NeighbourPart
 from ..outputs import nearest as found
+from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings
-from ..search import AnnotationsError, Hits, merged, read_annotations
+from ..search import Hits, merged, read_annotations
 from ..search.annotations import unmatched_line
-from ..store.objects import is_object_url
 from ..store.runlock import current_run
 
 log = logging.getLogger(__name__)
@@ -80,7 +79,7 @@ def search_part(
     with (
         pool.acquire(pool.pool_devices(gpus), job=f"neighbours {part}") as slot,
         Embeddings(queries_h5) as queries,
-        Embeddings(reference_h5) as reference,
+        open_reference(reference_h5) as reference,
     ):
         device = search_device(slot)
         chosen = found.comparable_layer(queries, reference, search.layer)
@@ -145,17 +144,19 @@ def write_neighbours(
     this search's."""
     loaded = [np.load(path) for path in parts]
     table = read_annotations(annotations) if annotations else {}
-    with Embeddings(queries_h5) as queries, Embeddings(reference_h5) as reference:
+    with Embeddings(queries_h5) as queries, open_reference(reference_h5) as reference:
         query_ids, reference_ids = queries.ids(), reference.ids()
         itself = Path(queries_h5).resolve() == Path(reference_h5).resolve()
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
                 "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
+        unrecorded = unrecorded_line(reference)
         not_numbers = found.not_numbers_line(
             np.asarray(queries.array("mean", card["layer"]), dtype=np.float32), queries
         )
     hits = merged([Hits(p["rows"], p["distances"]) for p in loaded],
                   usable_k(k, len(reference_ids), itself))  # fmt: skip
-    for line in (not_numbers, unmatched_line(table, reference_ids, annotations, "the reference")):
+    unmatched = unmatched_line(table, reference_ids, annotations, "the reference")
+    for line in (unrecorded, not_numbers, unmatched):
         if line:
             log.warning(line)
     for path in unwritten:
@@ -183,85 +184,7 @@ def parts_of(setting, reference_rows: int) -> int:
     return setting if isinstance(setting, int) else max(1, -(-reference_rows // ROWS_PER_PART))
 
 
-def neighbour_problems(config: dict, model=None) -> list[str]:
-    """Why the neighbours keys cannot run as given, one line each: the reference and the
-    annotations read as far as a check needs, before any job. `model`: the run's (ModelSpec)."""
-    setting, annotations = config["neighbours"], config["neighbours_annotations"]
-    if not setting:
-        return ["neighbours_annotations: needs neighbours (the reference to search)"] * bool(
-            annotations
-        )
-    problems = []
-    if "mean" not in config["include"]:
-        problems.append("neighbours: the search compares mean embeddings: add mean to include")
-    layer = config["neighbours_layer"]
-    num_layers = model.num_layers if model is not None else None
-    kept = {stored_layer(n, num_layers) for n in config["repr_layers"]}
-    if layer != LAST and stored_layer(layer, num_layers) not in kept:
-        problems.append(
-            f"neighbours_layer: {layer} is not one of repr_layers {config['repr_layers']}: "
-            "add it there"
-        )
-    if setting != SELF:
-        problems += reference_problems(setting, config, model)
-    if annotations:
-        try:
-            read_annotations(annotations, head=True)
-        except AnnotationsError as err:
-            problems.append(f"neighbours_annotations: {err}")
-    return problems
-
-
-def stored_layer(layer: int, num_layers: int | None) -> int:
-    """The layer's stored number (-1: the model's last) where the model's depth is known."""
-    return layer + num_layers + 1 if layer < 0 and num_layers else layer
-
-
-def reference_problems(setting: str, config: dict, model) -> list[str]:
-    """Why the reference `setting` cannot be searched: not a run's embeddings, another model's,
-    or without the layer compared."""
-    give = "give the reference's esmshard outdir or embeddings.h5 (embedded with the same model)"
-    path = reference_file(setting, "")
-    if is_object_url(setting) or not Path(path).is_file():
-        return [f"neighbours: {setting} is neither an embeddings.h5 nor an outdir that holds "
-                "one: give the reference's (embedded with the same model), or self"]  # fmt: skip
-    try:
-        with Embeddings(path) as reference:
-            made, layers = reference.made_by, reference.layers.get("mean", [])
-            num_layers = reference.num_layers
-    except DamagedFileError as err:
-        return [f"neighbours: {err.problem}: {give}, or self"]
-    except OSError as err:
-        return [f"neighbours: {path}: {err.strerror}: {give}, or self"]
-    problems = []
-    ours = run_model(config, model)
-    if ours and found.model_of(made) != ours:
-        problems.append(
-            f"neighbours: {path} was embedded with {found.model_of(made)}, this run with "
-            f"{ours}: {give}"
-        )
-    layer = config["neighbours_layer"]
-    wanted = config["repr_layers"][-1] if layer == LAST else layer
-    if stored_layer(wanted, num_layers) not in layers:
-        problems.append(
-            f"neighbours: {path} holds mean embeddings at layers {layers}, not at "
-            f"{wanted}: set neighbours_layer to one of them (and in repr_layers)"
-        )
-    return problems
-
-
-def run_model(config: dict, model) -> str | None:
-    """The run's model as `esmshard.outputs.nearest.model_of` names a file's, or None before
-    its weights are on this machine (a hub model not yet downloaded)."""
-    if model is None or "outdir" not in config:
-        return None
-    sha256 = weights_sha256(model, Layout(config["outdir"]).checksums)
-    if sha256 == "unknown":
-        return None
-    return found.model_of({"model": config["model"], "weights_sha256": sha256})
-
-
 def stored_rows(path) -> int:
-    """The proteins an embeddings.h5 holds."""
-    with Embeddings(path) as emb:
+    """The proteins an embeddings.h5 (or a per-protein HDF5) holds."""
+    with open_reference(path) as emb:
         return len(emb)

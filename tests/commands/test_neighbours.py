@@ -257,3 +257,46 @@ def test_a_parquet_table_names_what_made_it(typed_in, tmp_path):
     card = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
     assert (card["metric"], card["reference"], card["k"]) == ("euclidean", "ref", "2")
     assert card["model"] == MODEL and int(card["layer"]) > 0
+
+
+def test_a_per_protein_reference_from_outside_esmshard_gives_the_same_neighbours(
+    typed_in, tmp_path
+):
+    """UniProt's and EAT's layout (a dataset per accession, nothing said of the model), and
+    esmshard export's per-protein-h5 (its record IDs in `original_id`, its model named)."""
+    import h5py
+
+    with Embeddings(tmp_path / "ref") as r:
+        ids, means = r.ids(), r.array("mean")
+    with h5py.File(tmp_path / "uniprot.h5", "w") as h5:
+        for id_, values in zip(ids, means):
+            h5[id_] = values
+    exported = esmshard_command("export", tmp_path / "ref", "--format", "per-protein-h5",
+                                "--key", "id", "--out", tmp_path / "export.h5")  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    status, _ = typed_in("queries", "--reference", "ref", "-k", 3, "-o", "own.tsv")
+    assert status == 0
+    status, lines = typed_in("queries", "--reference", "uniprot.h5", "-k", 3, "-o", "uniprot.tsv")
+    assert (status, lines) == (0, [
+        f"esmshard neighbours: uniprot.h5 does not say which model or layer made it: only its "
+        f"width ({means.shape[1]}) was checked; search it with embeddings of the model that "
+        "made it",
+        "esmshard neighbours: wrote uniprot.tsv",
+    ])  # fmt: skip
+    status, lines = typed_in("queries", "--reference", "export.h5", "-k", 3, "-o", "export.tsv")
+    assert (status, lines) == (0, ["esmshard neighbours: wrote export.tsv"])
+    own = (tmp_path / "own.tsv").read_text()
+    assert (tmp_path / "uniprot.tsv").read_text() == own == (tmp_path / "export.tsv").read_text()
+
+
+def test_a_per_protein_file_of_another_width_is_refused_in_one_line(typed_in, tmp_path):
+    import h5py
+
+    with h5py.File(tmp_path / "wide.h5", "w") as h5:
+        h5["P1"], h5["P2"] = np.zeros(1024, "f4"), np.ones(1024, "f4")
+    status, lines = typed_in("queries", "--reference", "wide.h5", "-o", "n.tsv")
+    assert (status, lines) == (1, [
+        "esmshard neighbours: queries/embeddings.h5 and wide.h5 hold "
+        "embeddings 32 and 1024 wide: embed both with the same model"
+    ])  # fmt: skip
+    assert not (tmp_path / "n.tsv").exists()

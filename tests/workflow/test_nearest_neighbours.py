@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -144,20 +145,30 @@ def test_a_reference_embedded_earlier_is_searched(tmp_path):
     (log,) = (out / "logs" / "neighbours").glob("*.log")
     assert "neighbours_k = 2000000000, but the reference holds 60 proteins" in log.read_text()
     assert "annotations.tsv" in done.stderr
-    # a later command searches the run against itself in two parts, with no annotations: every
-    # output is its own, the report says what it asked and which command ran it
-    later = snakemake(tmp_path / "run", settings(tmp_path, ("neighbours_shards", 2)))
+    # a later command searches the same reference as UniProt lays it out (a dataset per
+    # accession), in two parts, with no annotations: the same nearest 4, every output its own
+    first = {(r["id"], r["rank"]): r["neighbour"] for r in rows if int(r["rank"]) <= 4}
+    uniprot = tmp_path / "per-protein.h5"
+    with Embeddings(reference / "results") as r, h5py.File(uniprot, "w") as h5:
+        for id_, values in zip(r.ids(), r.array("mean", 6)):
+            h5[id_] = values
+    later = snakemake(tmp_path / "run", settings(tmp_path, ("neighbours", str(uniprot)),
+                                                 ("neighbours_shards", 2)))  # fmt: skip
     assert jobs_run(later) == {"neighbour_part": 2, "neighbours": 1, "report": 1}
     assert not (out / "annotations.tsv").exists()
     assert sorted(p.name for p in (out / "neighbours").iterdir()) == [
         "0-of-2.json", "0-of-2.npz", "1-of-2.json", "1-of-2.npz"]  # fmt: skip
-    assert len(read(out / "neighbours.tsv")) == 4 * len(RECORDS)
+    assert {(r["id"], r["rank"]): r["neighbour"] for r in read(out / "neighbours.tsv")} == first
+    log = out / "logs" / "neighbours.log"
+    assert f"{uniprot} does not say which model or layer made it: only its width" in (
+        log.read_text()
+    )
     report = (out / "report" / "scaling_report.html").read_text()
     section = report.split("<h2>Nearest neighbours</h2>")[1].split("<h2>")[0]
     asked = dict(re.findall(r"<td class=label>([^<]*)</td><td class=text>([^<]*)</td>", section))
     assert {k: asked[k] for k in ("reference", "neighbours per protein (k)", "distance",
                                   "layer of the mean embeddings")} == {
-        "reference": "self", "neighbours per protein (k)": "4", "distance": "euclidean",
+        "reference": str(uniprot), "neighbours per protein (k)": "4", "distance": "euclidean",
         "layer of the mean embeddings": "6"}  # fmt: skip
     assert f"-d {tmp_path / 'run'} " in html.unescape(asked["command"])
     searched = time.mktime(time.strptime(asked["finished"][:19], "%Y-%m-%d %H:%M:%S"))
