@@ -161,6 +161,8 @@ def run_counts(
         **_computed_by(metrics_files, run_id),
         "run_id": run_id,
         "from_store": plan["from_store"],
+        # store parts that failed their check in the shard step, their sequences recomputed
+        "set_aside": plan.get("set_aside", []),
         "embedded": shapes.n_embedded,
         "failed": len(scan.failures),
         **values_at,

@@ -205,7 +205,7 @@ def write_shards(
     """
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
-    store, key = Store(str(store_root)), settings_key(settings)
+    store, key = Store(str(store_root), store_name), settings_key(settings)
     read_only = unwritable(store.root)  # a store for reuse alone, if it holds every sequence
     # The pieces' spooled sequences and rows, then the shard files.
     needed = 2 * estimated_text_bytes(inputs)
@@ -221,8 +221,10 @@ def write_shards(
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
         embedded = Embedded(lengths, truncation_seq_length, long_sequences)
         parts = store.parts(key)
-        stored = index_store(store, key, parts, Path(work) / "store")
-        match = match_records(lengths.size, run_keys, stored, store, key, parts, checksum_cache)
+        set_aside_parts = []
+        stored = index_store(store, key, parts, Path(work) / "store", set_aside_parts)
+        match = match_records(lengths.size, run_keys, stored, store, key, parts, checksum_cache,
+                              set_aside_parts)  # fmt: skip
         new = match.new_records
         if new.size and read_only:
             raise StoreReadOnlyError(store_lacks(store, match, read_only))
@@ -236,6 +238,7 @@ def write_shards(
         summary.update(
             inputs=input_names or [str(Path(path).resolve()) for path in inputs],
             store=store_name or summary["store"],
+            set_aside=set_aside_parts,
         )
         # what `esmshard plan` says of the GPU time and the disk
         summary.update(model_params=model_size.params, slots=slots, cluster=cluster)

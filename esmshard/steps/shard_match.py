@@ -39,14 +39,18 @@ class KeyBuckets:
         return np.fromfile(path, self.entry)
 
 
-def index_store(store: Store, key: str, parts: list[str], stem: Path) -> KeyBuckets:
-    """The keys every part of the store holds, each with its part's number in `parts`."""
+def index_store(
+    store: Store, key: str, parts: list[str], stem: Path, set_aside_parts: list[str]
+) -> KeyBuckets:
+    """The keys every part of the store holds, each with its part's number in `parts`; a part
+    that cannot be read is set aside, and named in `set_aside_parts`."""
     stored = KeyBuckets(stem, STORED_ENTRY)
     for code, name in enumerate(parts):
         try:
             keys = part_keys(store.part(key, name))
         except (OSError, KeyError, ValueError) as err:
             set_aside(store, key, name, f"unreadable: {err}")
+            set_aside_parts.append(store.shown(store.part(key, name)))
             continue
         stored.add(keys, np.full(keys.size, code, dtype=np.int32))
     stored.flush()
@@ -62,10 +66,12 @@ class Match(NamedTuple):
     n_unique: int
 
 
-def match_records(n, run_keys, stored, store, key, parts, checksum_cache) -> Match:
+def match_records(
+    n, run_keys, stored, store, key, parts, checksum_cache, set_aside_parts
+) -> Match:
     """Find every record's first equal, and the store parts holding the sequences, bucket by
-    bucket; a part to be used must pass its check first (else it is set aside and the lookup
-    done again without it)."""
+    bucket; a part to be used must pass its check first (else it is set aside, named in
+    `set_aside_parts`, and the lookup done again without it)."""
     first_of = np.empty(n, dtype=np.int64 if n >= 2**31 else np.int32)
     stored_in = np.full(n, -1, dtype=np.int32)
     checked, failed = set(), set()
@@ -91,6 +97,7 @@ def match_records(n, run_keys, stored, store, key, parts, checksum_cache) -> Mat
             reason = check_part(store, key, parts[code], checksum_cache)
             if reason:
                 set_aside(store, key, parts[code], reason)
+                set_aside_parts.append(store.shown(store.part(key, parts[code])))
                 failed.add(code)
             checked.add(code)
     new_records = np.concatenate(

@@ -437,6 +437,14 @@ class RunStart:
         counts = read_counts(self.run.variant_summary) if config["variants"] else None
         if counts:
             self.log.info(f"esmshard: {counts_line(counts, self.run.variant_scores)}")
+        set_aside = run.get("set_aside", [])
+        if set_aside:
+            self.log.warning(
+                f"esmshard: {plural(len(set_aside), 'store part')} failed "
+                f"{'its' if len(set_aside) == 1 else 'their'} check, set aside and recomputed "
+                f"({set_aside[0]}{', ...' if len(set_aside) > 1 else ''}; "
+                f"{self.where(self.run.log('shard'))} says why)"
+            )
         mixed = mixed_precisions(run.get("computed_with", []))
         if mixed:
             self.log.warning(f"esmshard: {mixed}")

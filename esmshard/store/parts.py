@@ -93,11 +93,13 @@ SET_ASIDE = ".corrupt"  # the suffix of a part (and its manifest) that failed it
 def set_aside(store: Store, key: str, name: str, reason: str) -> list[str]:
     """Move a part that failed its check, and its manifest, out of the way, so that no run uses
     them again (`esmshard store --prune` removes them); returns where they went."""
-    return set_aside_file(store.part(key, name), store.manifest(key, name), reason)
+    part = store.part(key, name)
+    return set_aside_file(part, store.manifest(key, name), reason, store.shown)
 
 
-def set_aside_file(part, manifest, reason: str) -> list[str]:
-    """`set_aside` for a file of a part's layout (a part, a kept piece) and its manifest."""
+def set_aside_file(part, manifest, reason: str, shown=lambda path: path) -> list[str]:
+    """`set_aside` for a file of a part's layout (a part, a kept piece) and its manifest, named
+    in the log as `shown` names them."""
     moved, kept = [], ""
     for path in (part, manifest):
         try:
@@ -109,9 +111,9 @@ def set_aside_file(part, manifest, reason: str) -> list[str]:
             kept = f"left in place ({err.strerror})"
     log.warning(
         "store part %s fails its check (%s): %s, its sequences are recomputed",
-        part,
+        shown(part),
         reason,
-        kept or "set aside as " + (" and ".join(moved) or "(already gone)"),
+        kept or "set aside as " + (" and ".join(map(shown, moved)) or "(already gone)"),
     )
     return moved
 

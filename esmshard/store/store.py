@@ -44,6 +44,15 @@ class StoreReadOnlyError(ValueError):
 @dataclass(frozen=True)
 class Store:
     root: str
+    # where the store lies for the user, where a job reads a local copy of it (an object
+    # store's URL); None: at `root`
+    url: str | None = None
+
+    def shown(self, path: str) -> str:
+        """`path`, a file of the store, as the user finds it: under `url` where there is one."""
+        if self.url is None:
+            return path
+        return f"{self.url.rstrip('/')}/{Path(os.path.relpath(path, self.root)).as_posix()}"
 
     def folder(self, key: str) -> str:
         return os.path.join(self.root, key)

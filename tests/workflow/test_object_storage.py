@@ -384,14 +384,33 @@ def test_runs_from_one_folder_keep_each_store_to_its_own_runs(s3, tmp_path):
     _, env = snakemake_command(tmp_path / "settings", {}, env=S3_ENV)
     esmshard = str(Path(env["PATH"].split(os.pathsep)[0]) / "esmshard")
     lines = {}
-    for bucket, outdir in (("lab", "e1"), ("other", "e3")):
+
+    def typed(bucket, outdir):
         done = run([
             esmshard, "run", "small.fa", "-o", outdir, "--model", MODEL, "--",
             "--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{bucket}/w",
             "--storage-s3-endpoint-url", f"http://127.0.0.1:{s3.port}", "--shared-fs-usage", "none",
         ], env, cwd=work)  # fmt: skip
-        lines[outdir] = done.stderr
+        return done.stderr
+
+    for bucket, outdir in (("lab", "e1"), ("other", "e3")):
+        lines[outdir] = typed(bucket, outdir)
     assert ": 6 computed, 0 from the store (s3://other/w/e3/store)" in lines["e3"]
+    # a part damaged in the bucket is named by its key, in the driver's output and the log
+    (part,) = [k for k in listing(s3, "w/e1/store/") if k.endswith(".h5")]
+    body = bytearray(client(s3.port).get_object(Bucket="lab", Key=part)["Body"].read())
+    body[len(body) // 2 : len(body) // 2 + 16] = b"\xff" * 16
+    client(s3.port).put_object(Bucket="lab", Key=part, Body=bytes(body))
+    grown = "".join(f"{header}\n{sequence}\n" for header, sequence in RECORDS[:7]).encode()
+    client(s3.port).put_object(Bucket="lab", Key="w/small.fa", Body=grown)
+    again = typed("lab", "e1")
+    assert ": 7 computed, 0 from the store (s3://lab/w/e1/store)" in again
+    assert (
+        f"esmshard: 1 store part failed its check, set aside and recomputed (s3://lab/{part}; "
+        "s3://lab/w/e1/logs/shard.log says why)"
+    ) in again
+    log = client(s3.port).get_object(Bucket="lab", Key="w/e1/logs/shard.log")["Body"].read()
+    assert f"store part s3://lab/{part} fails its check (sha256 " in log.decode()
     listed = client(s3.port).list_objects_v2(Bucket="other")["Contents"]
     keys = [item["Key"] for item in listed]
     assert keys and all(k == "w/small.fa" or k.startswith("w/e3/") for k in keys), keys
