@@ -199,9 +199,8 @@ def write_shards(
     one in embeddings.h5: their size is said, and refused before any embed job where the store's
     or the outdir's disk cannot hold it. `values_bytes`: the float32 values of sequences of some
     lengths, in bytes; plan.json then says what the new parts and every record's values take
-    (what `esmshard plan` says of the disk). `input_names` and `store_name`: what the plan
-    calls the inputs and the store where the step reads copies (a run in object storage: their
-    URLs).
+    (what `esmshard plan` says of the disk). `input_names`, `store_name`: the inputs' and the
+    store's URLs where the step reads local copies (a run in object storage).
     """
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -221,10 +220,10 @@ def write_shards(
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
         embedded = Embedded(lengths, truncation_seq_length, long_sequences)
         parts = store.parts(key)
-        set_aside_parts = []
-        stored = index_store(store, key, parts, Path(work) / "store", set_aside_parts)
+        set_aside = []
+        stored = index_store(store, key, parts, Path(work) / "store", set_aside)
         match = match_records(lengths.size, run_keys, stored, store, key, parts, checksum_cache,
-                              set_aside_parts)  # fmt: skip
+                              set_aside)  # fmt: skip
         new = match.new_records
         if new.size and read_only:
             raise StoreReadOnlyError(store_lacks(store, match, read_only))
@@ -234,12 +233,8 @@ def write_shards(
             _attention_size(attention_values, embedded, new, cut, slots or 1, store,
                             shard_dir.parent)  # fmt: skip
         write_plan_files(building, scan, match, cut, parts, embedded)
-        summary = plan_summary(store, key, scan, match, cut, scan_settings)
-        summary.update(
-            inputs=input_names or [str(Path(path).resolve()) for path in inputs],
-            store=store_name or summary["store"],
-            set_aside=set_aside_parts,
-        )
+        named = input_names or [str(Path(path).resolve()) for path in inputs]
+        summary = plan_summary(named, store, key, scan, match, cut, scan_settings)
         # what `esmshard plan` says of the GPU time and the disk
         summary.update(model_params=model_size.params, slots=slots, cluster=cluster)
         if values_bytes is not None:
@@ -340,13 +335,19 @@ def write_plan_files(building: Path, scan: "Scan", match, cut: Cut, parts, embed
     write_tsv(building / "plan.tsv", PLAN_COLUMNS, rows)
 
 
-def plan_summary(store, key, scan: "Scan", match, cut: Cut, settings: Settings) -> dict:
-    """plan.json: what the run reuses from the store and computes, and its long records."""
+def plan_summary(
+    inputs: list[str], store, key, scan: "Scan", match, cut: Cut, settings: Settings
+) -> dict:
+    """plan.json: what the run reuses from the store and computes, and its long records; the
+    inputs and the store as the user names them (in object storage: their URLs)."""
     new = int(match.new_records.size)
     return {
         "plan": cut.plan_id,
         "planned_at": time.time(),  # the run's start, whichever command finishes it
-        "store": str(Path(store.root).resolve()),
+        "store": store.url or str(Path(store.root).resolve()),
+        "inputs": inputs,
+        # store parts that failed their check, set aside: their sequences are computed again
+        "set_aside": match.set_aside,
         "key": key,
         "records": len(scan.lengths),
         "unique_sequences": match.n_unique,

@@ -64,6 +64,7 @@ class Match(NamedTuple):
     stored_in: np.ndarray  # the store part that holds the sequence, or -1
     new_records: np.ndarray  # the first record of each sequence that the store lacks
     n_unique: int
+    set_aside: list[str]  # the store parts that failed their check, as the user names them
 
 
 def match_records(
@@ -114,7 +115,7 @@ def match_records(
         ]
         or [np.zeros(0, dtype=np.int64)]
     ).astype(first_of.dtype)
-    return Match(first_of, stored_in, new_records, n_unique)
+    return Match(first_of, stored_in, new_records, n_unique, set_aside_parts)
 
 
 def lookup(stored: np.ndarray, keys: np.ndarray, failed: set) -> np.ndarray:

@@ -93,6 +93,7 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
     finished = counts.pop("finished_at")  # after this command's start, and its new plan
     assert finished > counts.pop("started_at") and finished > counts.pop("planned_at")
     assert (counts.pop("long_records"), counts.pop("long_said")) == (0, "")
+    assert counts.pop("set_aside") == []  # no part failed its check
     assert counts == {
         "records": len(B),
         "unique_sequences": unique(B),
