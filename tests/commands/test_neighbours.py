@@ -300,3 +300,26 @@ def test_a_per_protein_file_of_another_width_is_refused_in_one_line(typed_in, tm
         "embeddings 32 and 1024 wide: embed both with the same model"
     ])  # fmt: skip
     assert not (tmp_path / "n.tsv").exists()
+
+
+def test_queries_whose_embeddings_are_nan_are_said_not_dropped_silently(typed_in, tmp_path):
+    import h5py
+
+    nan = tmp_path / "nan.h5"
+    nan.write_bytes((tmp_path / "queries" / "embeddings.h5").read_bytes())
+    with h5py.File(nan, "r+") as h5:
+        (layer,) = [name for name in h5["mean"] if name.isdigit()]
+        h5["mean"][layer][2] = np.nan
+        second = h5["ids"][2].decode()
+    status, lines = typed_in("nan.h5", "--reference", "ref", "-k", 2, "-o", "n.tsv")
+    assert (status, lines) == (0, [
+        "esmshard neighbours: 1 of the 12 queries' embeddings in nan.h5 hold NaN or infinite "
+        f"values (e.g. {second}): they get no neighbours; embed them again with precision: fp32",
+        "esmshard neighbours: wrote n.tsv",
+    ])  # fmt: skip
+    assert {row["id"] for row in read(tmp_path / "n.tsv")} == set(read_ids(nan)) - {second}
+
+
+def read_ids(path) -> list[str]:
+    with Embeddings(path) as emb:
+        return emb.ids()
