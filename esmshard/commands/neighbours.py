@@ -9,16 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import DamagedFileError
+from ..files import DamagedFileError, write_tsv
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings
-from ..search import METRICS, read_annotations
-from ..search.annotations import unmatched_line
+from ..search import METRICS, Hits, read_annotations
+from ..search.annotations import annotation_columns, unmatched_line
+from ..search.transfer import TermTransfer, terms_of, transfer_terms
 from ..store.objects import is_object_url
 
 # what to give instead of a file that is not an esmshard run's embeddings
 GIVE = "give an esmshard run's outdir or its embeddings.h5"
+TIES_SEARCHED = 16  # hits searched past k, that those tied with the k-th may count
 
 
 def add_neighbours_command(commands) -> None:
@@ -58,6 +60,25 @@ def add_neighbours_command(commands) -> None:
         type=Path,
         help="with --annotations, the per-query TSV (default: beside --out, NAME.annotations.tsv)",
     )
+    command.add_argument(
+        "--terms",
+        metavar="COLUMN",
+        help="with --annotations, carry every term of COLUMN (GO terms: values separated by ; or "
+        ",) of the K nearest as goPredSim does: per query and term, the sum of the reliability "
+        "indices of the hits that carry it over the hits counted (those tied at the K-th "
+        "distance too), rounded to 0.01; written to --terms-out",
+    )
+    command.add_argument(
+        "--max-distance",
+        type=float,
+        help="with --terms, count every hit within this distance (of the K searched) instead",
+    )
+    command.add_argument(
+        "--terms-out",
+        type=Path,
+        help="with --terms, the TSV of id, term, reliability, hits (default: beside --out, "
+        "NAME.terms.tsv)",
+    )
 
 
 def say(line: str) -> None:
@@ -68,8 +89,12 @@ def neighbours(parser, args) -> int:
     """Search, then write the neighbours and (with annotations) what they carry over."""
     if args.k < 1:
         parser.exit(2, "esmshard neighbours: -k must be 1 or more\n")
+    if (args.terms or args.max_distance is not None) and not args.annotations:
+        parser.exit(2, "esmshard neighbours: --terms and --max-distance need --annotations\n")
     where = args.transferred or args.out.with_suffix(".annotations.tsv")
     outputs = {"-o": args.out, **({"--transferred": where} if args.annotations else {})}
+    if args.terms:
+        outputs["--terms-out"] = args.terms_out or args.out.with_suffix(".terms.tsv")
     problem = path_problem(args, outputs)
     if problem:
         parser.exit(2, f"esmshard neighbours: {problem}\n")
@@ -79,6 +104,7 @@ def neighbours(parser, args) -> int:
             hits, ids, layer = search(queries, reference, args)
             query_ids = queries.ids()
             model = queries.made_by.get("model")
+            terms = terms_of_column(annotations, args) if args.terms else None
     except DamagedFileError as err:
         parser.exit(1, f"esmshard neighbours: {err.problem}: {GIVE}\n")
     except OSError as err:
@@ -93,7 +119,10 @@ def neighbours(parser, args) -> int:
     )
     card = {"model": model, "layer": layer, "metric": args.metric,
             "reference": args.reference, "k": args.k}  # fmt: skip
-    found.write_tables(tables, hits, query_ids, ids, annotations, args.metric, card)
+    nearest_k = Hits(hits.rows[:, : args.k], hits.distances[:, : args.k])
+    found.write_tables(tables, nearest_k, query_ids, ids, annotations, args.metric, card)
+    if terms is not None:
+        write_terms(outputs["--terms-out"], hits, query_ids, ids, terms, args)
     if args.annotations:
         unmatched = unmatched_line(annotations, ids, args.annotations, args.reference)
         if unmatched:
@@ -140,6 +169,26 @@ def same_file(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def terms_of_column(annotations: dict, args) -> dict[str, list[str]]:
+    """The reference's terms in the annotations' column `args.terms`, by ID."""
+    if args.terms not in annotation_columns(annotations):
+        raise KeyError(
+            f"{args.annotations} has no column {args.terms!r} (it has "
+            f"{', '.join(annotation_columns(annotations))}): name the column of the terms"
+        )
+    return terms_of(annotations, args.terms)
+
+
+def write_terms(path: Path, hits: Hits, query_ids, ids, terms: dict, args) -> None:
+    """The terms carried to each query, goPredSim's way (esmshard.search.transfer)."""
+    counted = {"max_distance": args.max_distance} if args.max_distance is not None else {
+        "k": args.k}  # fmt: skip
+    rows = transfer_terms(hits, query_ids, ids, terms, args.metric, **counted)
+    write_tsv(path, list(TermTransfer._fields), rows)
+    say(f"carried {len(rows):,} terms of {args.terms} to {len({r.id for r in rows}):,} of "
+        f"{len(query_ids):,} queries: {path}")  # fmt: skip
+
+
 def search(queries: Embeddings, reference: Embeddings, args):
     """The hits of every query, the reference's IDs and the layer compared; the k past the
     reference, and the queries whose embeddings are not numbers, said."""
@@ -158,7 +207,8 @@ def search(queries: Embeddings, reference: Embeddings, args):
     if not_numbers:
         say(not_numbers)
     own = np.arange(len(queries)) if itself else None
-    k = min(args.k, max(available, 1))
+    # goPredSim's transfer counts the hits tied at the k-th distance too: a few more searched
+    k = min(args.k + (TIES_SEARCHED if args.terms else 0), max(available, 1))
     # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
     hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
     return hits, reference.ids(), layer

@@ -323,3 +323,46 @@ def test_queries_whose_embeddings_are_nan_are_said_not_dropped_silently(typed_in
 def read_ids(path) -> list[str]:
     with Embeddings(path) as emb:
         return emb.ids()
+
+
+def test_terms_are_carried_as_gopredsim_does_from_every_counted_hit(typed_in, tmp_path, saved):
+    """Each reference protein carries two GO terms of four; per query, each term's index is the
+    sum of the reliability indices of the k nearest that carry it, over k, to 0.01."""
+    with Embeddings(tmp_path / "ref") as r, Embeddings(tmp_path / "queries") as q:
+        ids, query_ids = r.ids(), q.ids()
+        distances = exact(q.array("mean"), r.array("mean"))
+    carried = {i: [f"GO:{n % 4}", f"GO:{(n + 1) % 4}"] for n, i in enumerate(ids)}
+    (tmp_path / "go.tsv").write_text(
+        "id\tgo\n" + "".join(f"{i}\t{';'.join(t)}\n" for i, t in carried.items())
+    )
+    status, lines = typed_in("queries", "--reference", "ref", "-k", 3, "-o", "n.tsv",
+                             "--annotations", "go.tsv", "--terms", "go")  # fmt: skip
+    assert status == 0, lines
+    assert lines[0] == (
+        f"esmshard neighbours: carried {len(read(tmp_path / 'n.terms.tsv'))} terms of go to 12 "
+        "of 12 queries: n.terms.tsv"
+    )
+    found = {(r["id"], r["term"]): (float(r["reliability"]), int(r["hits"]))
+             for r in read(tmp_path / "n.terms.tsv")}  # fmt: skip
+    expected = {}
+    for n, query in enumerate(query_ids):
+        nearest = np.argsort(distances[n], kind="stable")[:3]
+        for term in {t for i in nearest for t in carried[ids[i]]}:
+            with_term = [i for i in nearest if term in carried[ids[i]]]
+            ri = sum(0.5 / (0.5 + distances[n][i]) for i in with_term) / 3
+            if round(ri, 2) > 0:
+                expected[(query, term)] = (round(ri, 2), len(with_term))
+    assert found == expected
+    assert len(read(tmp_path / "n.tsv")) == 3 * 12  # the table keeps its k
+
+
+def test_terms_of_a_column_that_is_not_there_are_refused_in_one_line(typed_in, tmp_path):
+    status, lines = typed_in("queries", "--reference", "ref", "-o", "n.tsv",
+                             "--annotations", "ec.tsv", "--terms", "go")  # fmt: skip
+    assert (status, lines) == (1, [
+        "esmshard neighbours: ec.tsv has no column 'go' (it has go_terms, name): name the "
+        "column of the terms"
+    ])  # fmt: skip
+    status, lines = typed_in("queries", "--reference", "ref", "-o", "n.tsv", "--terms", "go")
+    assert (status, lines) == (2, ["esmshard neighbours: --terms and --max-distance need "
+                                   "--annotations"])  # fmt: skip
