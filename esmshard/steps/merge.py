@@ -56,12 +56,12 @@ def merge(
     metrics_files=(),
     run_lock: str | None = None,
     output_values: str = "copy",
-    store_name: str | None = None,
 ) -> dict:
     """Stream the parts that hold the run's sequences into `out_h5`, every record in input order
     (records with one sequence get the same rows); every record lands there or in `failed_tsv`.
 
-    The parts are this run's shards and the store's (`store_root`, esmshard.store), as
+    The parts are this run's shards and the store's (`store_root`: a folder, or a job's copy of
+    an object store, esmshard.store), as
     `plan_json` and the record table say. Each must be the part it is named as, computed with
     `settings` (the run's embedding settings), and hold its records' sequences: anything else
     is set aside and refused by name rather than merged into a wrong answer. `run_json` gets the
@@ -75,7 +75,7 @@ def merge(
     would pass AUTO_IN_PLACE_BYTES.
     """
     plan = json.loads(Path(plan_json).read_text())
-    store, key = Store(str(store_root)), plan["key"]
+    store, key = Store.at(store_root), plan["key"]
     if settings_key(settings) != key:
         raise MergeError(
             f"{plan_json} was planned with other embedding settings than this run's; delete "
@@ -97,7 +97,7 @@ def merge(
     write_failed(failed_tsv, records, scan.failures)
     # where embeddings.h5's values are: in the file, or in the store's parts
     values_at = {"output_values": "in_place" if in_place else "copy",
-                 "store": store_name or str(Path(store_root).resolve())}  # fmt: skip
+                 "store": store.url or str(Path(store.root).resolve())}  # fmt: skip
     counts = run_counts(plan, scan, shapes, settings, card, metrics_files, run_lock, values_at)
     write_json(run_json, counts)
     log.info(

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from ..store import MARKER, PIECES, settings_key
+from ..store import MARKER, PIECES, Store, settings_key
 from ..store.mirror import mirrored
 from ..store.objects import ObjectStore
 from . import embed, merge, shard
@@ -23,36 +23,39 @@ def key_scope(key: str) -> tuple[str, ...]:
     return (f"{key}/", MARKER)
 
 
+def is_part(relative: str) -> bool:
+    """A part's values (`<key>/<part>.h5`): fetched only where the step opens it."""
+    return relative.count("/") == 1 and relative.endswith(".h5")
+
+
 @contextmanager
 def key_copy(settings: dict):
-    """The job's own copy of the store's settings key (the parts and manifests; not the kept
-    pieces, which only their shard's job reads), in a temporary folder of its own that goes
-    when the step ends: nothing of it is left for the next job or run in the same folder."""
+    """The job's own copy of the store's settings key (the manifests, and each part's values
+    once the step opens them; not the kept pieces, which only their shard's job reads), as a
+    Store, in a temporary folder of its own that goes when the step ends: nothing of it is
+    left for the next job or run in the same folder."""
     with TemporaryDirectory(prefix="esmshard-store-") as root:
-        with mirrored(root, key_scope(settings_key(settings)), skip=is_piece):
-            yield root
+        with mirrored(root, key_scope(settings_key(settings)), is_piece, is_part) as mirror:
+            yield Store(root, mirror.where.url, mirror)
 
 
 def shard_step(settings: dict, model_size, store_root, input_names=None, **params):
     """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key, the
-    plan naming the inputs' objects (`input_names`) and the store by their URLs."""
-    where = ObjectStore.from_env()
-    if where is None:
+    plan naming the inputs' objects (`input_names`) by their URLs."""
+    if ObjectStore.from_env() is None:
         return shard.shard_step(settings, model_size, store_root=store_root, **params)
-    with key_copy(settings) as root:
+    with key_copy(settings) as store:
         return shard.shard_step(
-            settings, model_size, store_root=root, input_names=input_names,
-            store_name=where.url, **params,
-        )  # fmt: skip
+            settings, model_size, store_root=store, input_names=input_names, **params
+        )
 
 
 def merge_step(settings: dict, store_root, **params):
     """`esmshard.steps.merge.merge` on the job's copy of the store's settings key."""
-    where = ObjectStore.from_env()
-    if where is None:
+    if ObjectStore.from_env() is None:
         return merge.merge(settings=settings, store_root=store_root, **params)
-    with key_copy(settings) as root:
-        return merge.merge(settings=settings, store_root=root, store_name=where.url, **params)
+    with key_copy(settings) as store:
+        return merge.merge(settings=settings, store_root=store, **params)
 
 
 def run_shard(out_h5, shard, settings: dict, **params):

@@ -182,7 +182,6 @@ def write_shards(
     attention_values: tuple[int, int] = (0, 0),
     values_bytes: Callable[[np.ndarray], int] | None = None,
     input_names: list[str] | None = None,
-    store_name: str | None = None,
 ) -> dict:
     """Read every input once, check it, and write the shard files of the work the store lacks,
     the record table, `plan.tsv` (this run's shards) and `plan.json` (what the run reuses).
@@ -199,12 +198,12 @@ def write_shards(
     one in embeddings.h5: their size is said, and refused before any embed job where the store's
     or the outdir's disk cannot hold it. `values_bytes`: the float32 values of sequences of some
     lengths, in bytes; plan.json then says what the new parts and every record's values take
-    (what `esmshard plan` says of the disk). `input_names`, `store_name`: the inputs' and the
-    store's URLs where the step reads local copies (a run in object storage).
+    (what `esmshard plan` says of the disk). `store_root`: a folder, or a job's copy of an
+    object store (a Store); `input_names`: the inputs' URLs where the step reads local copies.
     """
     shard_dir = Path(shard_dir)
     shard_dir.parent.mkdir(parents=True, exist_ok=True)
-    store, key = Store(str(store_root), store_name), settings_key(settings)
+    store, key = Store.at(store_root), settings_key(settings)
     read_only = unwritable(store.root)  # a store for reuse alone, if it holds every sequence
     # The pieces' spooled sequences and rows, then the shard files.
     needed = 2 * estimated_text_bytes(inputs)

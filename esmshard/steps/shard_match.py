@@ -9,7 +9,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..files import Buckets
-from ..store import KEY_BYTES, KEY_DTYPE, Store, check_part, part_keys, rows_of, set_aside
+from ..store import KEY_BYTES, KEY_DTYPE, Store, check_part, rows_of, set_aside
+from ..store.parts import stored_keys
 
 N_BUCKETS = 256
 RECORDS_AT_ONCE = 1 << 22
@@ -47,7 +48,7 @@ def index_store(
     stored = KeyBuckets(stem, STORED_ENTRY)
     for code, name in enumerate(parts):
         try:
-            keys = part_keys(store.part(key, name))
+            keys = stored_keys(store, key, name)
         except (OSError, KeyError, ValueError) as err:
             set_aside(store, key, name, f"unreadable: {err}")
             set_aside_parts.append(store.shown(store.part(key, name)))

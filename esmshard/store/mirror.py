@@ -2,12 +2,15 @@
 out as a store folder, so that the steps read and write it as they do any store; what the step
 added, changed or removed there is sent back (`push`).
 
-Only what lies within `scope` is fetched and sent back: the shard step's and merge's scope is
-their settings key's folder without the kept pieces; an embed job's is its shard's pieces.
+Only what lies within `scope` is listed, fetched and sent back: the shard step's and merge's
+scope is their settings key's folder without the kept pieces, each part's values (its .h5)
+fetched only when the step opens it (the parts that hold the run's sequences: the manifests
+say which sequences each part holds); an embed job's is its shard's pieces.
 Manifests go before the files they describe (a part counts once its .h5 is there), parts only
 where their key is free (a part is written once), and a temporary file never leaves the job.
 """
 
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -18,13 +21,17 @@ from .store import COMPILED
 
 NODE_LOCAL = (COMPILED, ".locks")  # compiled layers and locks belong to one node
 
+log = logging.getLogger(__name__)
+
 
 class Mirror:
-    """The files of `where` within `scope` (a relative path: folders end in '/') copied to `root`."""
+    """The files of `where` within `scope` (a relative path: folders end in '/') copied to `root`;
+    those that `lazy` names (a part's values) only when a step opens them (`fetch`)."""
 
-    def __init__(self, where: ObjectStore, root, scope: tuple[str, ...]):
-        self.where, self.root, self.scope = where, Path(root), scope
+    def __init__(self, where: ObjectStore, root, scope: tuple[str, ...], lazy=lambda r: False):
+        self.where, self.root, self.scope, self.lazy = where, Path(root), scope, lazy
         self.bucket = Bucket(where)
+        self.listed: dict[str, int] = {}  # relative path: size, of the objects within the scope
         self.fetched: dict[str, tuple[int, int]] = {}  # relative path: (size, mtime_ns) here
 
     def within(self, relative: str) -> bool:
@@ -35,14 +42,48 @@ class Mirror:
         )
 
     def pull(self, skip: Callable[[str], bool] = lambda relative: False) -> int:
-        """Fetch every object within the scope (but those `skip` names); returns their count."""
-        for relative in sorted(self.bucket.listing()):
-            if self.within(relative) and not skip(relative):
-                path = self.root / relative
-                self.bucket.download(relative, path)
-                stat = path.stat()
-                self.fetched[relative] = (stat.st_size, stat.st_mtime_ns)
+        """List the objects within the scope (its folders alone, not the whole store) and fetch
+        them, but those `skip` names and the lazy ones; returns how many were fetched."""
+        for scope in self.scope:
+            if scope.endswith("/"):
+                found = self.bucket.listing(scope)
+            else:
+                size = self.bucket.size(scope)
+                found = {} if size is None else {scope: size}
+            self.listed.update({r: n for r, n in found.items() if self.within(r) and not skip(r)})
+        for relative in sorted(self.listed):
+            if not self.lazy(relative):
+                self.fetch(relative)
         return len(self.fetched)
+
+    def fetch(self, relative: str) -> None:
+        """Fetch one listed object, once (one not listed, or fetched already: nothing)."""
+        if relative in self.fetched or relative not in self.listed:
+            return
+        path = self.root / relative
+        self.bucket.download(relative, path)
+        stat = path.stat()
+        self.fetched[relative] = (stat.st_size, stat.st_mtime_ns)
+        if self.lazy(relative):
+            log.info("fetched %s/%s (%d bytes): it holds sequences of this run",
+                     self.where.url.rstrip("/"), relative, stat.st_size)  # fmt: skip
+
+    def parts(self, key: str) -> list[str]:
+        """The parts under settings key `key`: listed in the object store, or made here, and
+        not set aside here."""
+        names = {r for r in self.listed if self.fetched.get(r) is None or (self.root / r).exists()}
+        names |= {p.relative_to(self.root).as_posix() for p in (self.root / key).glob("*.h5")}
+        return sorted(
+            Path(r).stem
+            for r in names
+            if r.startswith(f"{key}/") and r.count("/") == 1 and r.endswith(".h5")
+            and not Path(r).name.startswith(".")
+        )  # fmt: skip
+
+    def moved_line(self) -> str:
+        """What the copy cost the object store: the files and bytes fetched."""
+        fetched = sum(size for size, _ in self.fetched.values())
+        return f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, {fetched} bytes"
 
     def local_files(self) -> dict[str, tuple[int, int]]:
         found = {}
@@ -70,15 +111,21 @@ class Mirror:
 
 
 @contextmanager
-def mirrored(root, scope: tuple[str, ...], skip: Callable[[str], bool] = lambda r: False):
+def mirrored(
+    root,
+    scope: tuple[str, ...],
+    skip: Callable[[str], bool] = lambda r: False,
+    lazy: Callable[[str], bool] = lambda r: False,
+):
     """The store folder `root`, fetched from the object store the workflow named for its jobs
-    and sent back after the step (also after a failed one: what it kept is the store's); the
-    Mirror, or None where the store is a folder."""
+    (the files `lazy` names only when opened) and sent back after the step (also after a
+    failed one: what it kept is the store's); the Mirror, or None where the store is a
+    folder."""
     where = ObjectStore.from_env()
     if where is None:
         yield None
         return
-    mirror = Mirror(where, root, scope)
+    mirror = Mirror(where, root, scope, lazy)
     mirror.pull(skip)
     try:
         yield mirror
@@ -88,3 +135,4 @@ def mirrored(root, scope: tuple[str, ...], skip: Callable[[str], bool] = lambda 
         mirror.push()
         raise
     mirror.push()
+    log.info(mirror.moved_line())

@@ -1,5 +1,6 @@
 """A store's parts: their manifests, their checks, and setting aside a part that fails one."""
 
+import base64
 import json
 import logging
 import os
@@ -10,20 +11,23 @@ import numpy as np
 
 from ..files import write_json
 from .checksums import file_checksums, sha256
-from .keys import keys_of, settings_key
+from .keys import KEY_DTYPE, keys_of, settings_key
 from .store import Store
 
 log = logging.getLogger(__name__)
 
 
 def write_manifest(path, part_file, n_sequences: int) -> None:
-    """The manifest of a part about to be renamed into place from `part_file`."""
+    """The manifest of a part about to be renamed into place from `part_file`: its size and
+    sha256, and the keys of the sequences it holds (so that a run learns what a part of an
+    object store holds without fetching its values)."""
     write_json(
         path,
         {
             "sha256": sha256(part_file),
             "bytes": os.path.getsize(part_file),
             "n_sequences": n_sequences,
+            "keys": base64.b64encode(part_keys(part_file).tobytes()).decode("ascii"),
         },
     )
 
@@ -34,11 +38,23 @@ def part_keys(path) -> np.ndarray:
         return keys_of(h5["sequence_sha256"][:])
 
 
+def stored_keys(store: Store, key: str, name: str) -> np.ndarray:
+    """The keys of part `name`'s sequences: from its manifest, or, where that names none (a part
+    written before manifests did), from the part itself."""
+    try:
+        listed = json.loads(Path(store.manifest(key, name)).read_text()).get("keys")
+        if isinstance(listed, str):
+            return np.frombuffer(base64.b64decode(listed, validate=True), dtype=KEY_DTYPE)
+    except (OSError, ValueError, AttributeError):
+        pass  # no readable manifest: the part says, or fails its check
+    return part_keys(store.local(store.part(key, name)))
+
+
 def part_problem(store: Store, key: str, name: str) -> str | None:
     """None if the part is the one its name says: shard `name`, computed with the settings `key`
     stands for (a part copied in from another shard, model or store is not); else what it is."""
     try:
-        with h5py.File(store.part(key, name), "r") as h5:
+        with h5py.File(store.local(store.part(key, name)), "r") as h5:
             shard, found = h5.attrs.get("shard"), json.loads(h5.attrs["settings"])
     except (OSError, KeyError, ValueError) as err:
         return f"unreadable ({err})"
@@ -61,8 +77,10 @@ def part_problem(store: Store, key: str, name: str) -> str | None:
 def check_part(store: Store, key: str, name: str, checksum_cache) -> str | None:
     """None if the part is whole (its manifest's size and sha256) and is what its name says
     (`part_problem`); else what is wrong with it."""
-    problem = check_file(store.part(key, name), store.manifest(key, name), checksum_cache)
-    return problem or part_problem(store, key, name)
+    part = store.local(store.part(key, name))
+    return check_file(part, store.manifest(key, name), checksum_cache) or part_problem(
+        store, key, name
+    )
 
 
 def check_file(part, manifest, checksum_cache=None) -> str | None:

@@ -17,7 +17,7 @@ manifest (both renamed `.corrupt`) and its sequences are computed again.
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..files import write_json
@@ -47,12 +47,26 @@ class Store:
     # where the store lies for the user, where a job reads a local copy of it (an object
     # store's URL); None: at `root`
     url: str | None = None
+    # a job's partial copy of an object store at `root` (esmshard.store.mirror.Mirror): the
+    # parts it lists, each part's file fetched when first opened; None: the store is `root`
+    copy: object = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def at(cls, root) -> "Store":
+        """The store a step is given: a Store (a job's copy of an object store), or a folder."""
+        return root if isinstance(root, Store) else cls(str(root))
 
     def shown(self, path: str) -> str:
         """`path`, a file of the store, as the user finds it: under `url` where there is one."""
         if self.url is None:
             return path
         return f"{self.url.rstrip('/')}/{Path(os.path.relpath(path, self.root)).as_posix()}"
+
+    def local(self, path: str) -> str:
+        """`path`, a file of the store, on this machine: a partial copy fetches it first."""
+        if self.copy is not None:
+            self.copy.fetch(Path(os.path.relpath(path, self.root)).as_posix())
+        return path
 
     def folder(self, key: str) -> str:
         return os.path.join(self.root, key)
@@ -118,6 +132,8 @@ class Store:
 
     def parts(self, key: str) -> list[str]:
         """The parts present under `key` (a part is present once its .h5 is in place)."""
+        if self.copy is not None:
+            return self.copy.parts(key)
         folder = Path(self.folder(key))
         if not folder.is_dir():
             return []

@@ -29,6 +29,7 @@ from helpers import (
     snakemake_command,
 )
 
+import esmshard
 from esmshard.compute.embedder import SLOW_BATCHES_ENV
 from esmshard.files import TEMPORARY_NAME
 from esmshard.outputs.reader import Embeddings
@@ -420,3 +421,56 @@ def test_runs_from_one_folder_keep_each_store_to_its_own_runs(s3, tmp_path):
     assert kept == {"e1/.esmshard", "e1/store", "e1/store/.locks",
                     "e3/.esmshard", "e3/store", "e3/store/.locks"}, kept  # fmt: skip
     assert not [p for p in work.rglob("*") if "esmshard-store" in p.name and p.is_dir()]
+
+
+def fill_store(s3, prefix: str, folder: Path, groups) -> set[str]:
+    """A store of one part per group of records, made here and put under s3://lab/PREFIX; the
+    keys of its parts' objects."""
+    for records in groups:
+        named = {h[1:].split()[0]: s for h, s in records}
+        esmshard.embed(named, MODEL, repr_layers=[-1], include=["mean", "per_tok"], store=folder)
+    put = set()
+    for path in folder.rglob("*"):
+        relative = path.relative_to(folder).as_posix()
+        if path.is_file() and not relative.startswith("."):
+            client(s3.port).upload_file(str(path), "lab", f"{prefix}/{relative}")
+            put.add(f"{prefix}/{relative}")
+        elif path.name == ".esmshard-store.json":
+            client(s3.port).upload_file(str(path), "lab", f"{prefix}/{relative}")
+    return {key for key in put if key.endswith(".h5")}
+
+
+def fetched_bytes(s3, prefix: str) -> tuple[int, list[str]]:
+    """What the shard step and merge of the run under PREFIX fetched of the store, from their
+    logs: the bytes, and the parts' values fetched."""
+    total, parts = 0, []
+    for step in ("shard", "merge"):
+        log = client(s3.port).get_object(Bucket="lab", Key=f"{prefix}/out/logs/{step}.log")
+        text = log["Body"].read().decode()
+        total += sum(
+            map(int, re.findall(r"store copy: \d+ of \d+ files fetched, (\d+) bytes", text))
+        )
+        parts += re.findall(r"fetched s3://lab/(\S+\.h5) \(", text)
+    return total, parts
+
+
+def test_a_run_fetches_only_the_parts_that_hold_its_sequences(s3, tmp_path, local):
+    """Jobs isolated, one store shared: 15 new proteins against a store of 2 parts, then 15 more
+    against 20;
+    neither run fetches the values of a part that holds none of its sequences, and the bytes
+    each fetches stay flat while the store grows tenfold."""
+    groups = [SLICE[40 + 4 * i : 44 + 4 * i] for i in range(20)]
+    filled = fill_store(s3, "grow", tmp_path / "filled", groups[:2])
+    seen = []
+    for prefix, records in (("g1", RECORDS[:15]), ("g2", RECORDS[15:30])):
+        upload(s3, f"{prefix}/proteins.fasta", records)
+        cmd, env = cloud_command(tmp_path / prefix, s3.port, prefix, "store=s3://lab/grow")
+        run(cmd, env)
+        total, parts = fetched_bytes(s3, prefix)
+        assert parts and not set(parts) & filled, parts  # only the parts of its own sequences
+        seen.append(total)
+        found = objects(s3, f"{prefix}/out/")
+        assert_close(values(found[f"{prefix}/out/embeddings.h5"]), local, within=1e-5)
+        filled |= fill_store(s3, "grow", tmp_path / "filled", groups[2:] if prefix == "g1" else [])
+    assert len(filled) == 20
+    assert seen[1] < 1.5 * seen[0], seen  # a store ten times larger, about the same bytes
