@@ -58,6 +58,11 @@ def coerce(value, schema: dict):
         return [coerce(item, schema.get("items", {})) for item in items]
     if kind == "integer" and isinstance(value, str) and INTEGER.fullmatch(value.strip()):
         return int(value)
+    if kind == "number" and isinstance(value, str):
+        try:
+            return float(value)  # e.g. neighbours_max_distance=0.5 on the command line
+        except ValueError:
+            return value
     if kind == "boolean" and isinstance(value, str) and value.strip().lower() in BOOLEANS:
         return BOOLEANS[value.strip().lower()]
     if kind == "string" and isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -93,6 +93,16 @@ class Layout:
         return self._path("annotations.tsv")
 
     @property
+    def transfer_tsv(self) -> str:
+        """The terms carried to each protein, goPredSim's way (esmshard.search.transfer), and
+        the same as Parquet."""
+        return self._path("transfer.tsv")
+
+    @property
+    def transfer_parquet(self) -> str:
+        return self._path("transfer.parquet")
+
+    @property
     def neighbours_dir(self) -> str:
         return self._path("neighbours")
 
@@ -167,6 +177,8 @@ class Layout:
             self.neighbours_tsv,
             self.neighbours_parquet,
             self.annotations_tsv,
+            self.transfer_tsv,
+            self.transfer_parquet,
         ]
 
     @property

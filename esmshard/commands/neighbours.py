@@ -9,18 +9,23 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import DamagedFileError, write_tsv
+from ..files import DamagedFileError
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings
 from ..search import METRICS, Hits, read_annotations
 from ..search.annotations import annotation_columns, unmatched_line
-from ..search.transfer import TermTransfer, terms_of, transfer_terms
+from ..search.transfer import (
+    TIES_SEARCHED,
+    TransferAsked,
+    terms_of,
+    transfer_terms,
+    write_transfer,
+)
 from ..store.objects import is_object_url
 
 # what to give instead of a file that is not an esmshard run's embeddings
 GIVE = "give an esmshard run's outdir or its embeddings.h5"
-TIES_SEARCHED = 16  # hits searched past k, that those tied with the k-th may count
 
 
 def add_neighbours_command(commands) -> None:
@@ -181,10 +186,9 @@ def terms_of_column(annotations: dict, args) -> dict[str, list[str]]:
 
 def write_terms(path: Path, hits: Hits, query_ids, ids, terms: dict, args) -> None:
     """The terms carried to each query, goPredSim's way (esmshard.search.transfer)."""
-    counted = {"max_distance": args.max_distance} if args.max_distance is not None else {
-        "k": args.k}  # fmt: skip
-    rows = transfer_terms(hits, query_ids, ids, terms, args.metric, **counted)
-    write_tsv(path, list(TermTransfer._fields), rows)
+    asked = TransferAsked(args.terms, args.k, args.max_distance)
+    rows = transfer_terms(hits, query_ids, ids, terms, args.metric, **asked.counted())
+    write_transfer(str(path), None, rows, {})
     say(f"carried {len(rows):,} terms of {args.terms} to {len({r.id for r in rows}):,} of "
         f"{len(query_ids):,} queries: {path}")  # fmt: skip
 

@@ -13,11 +13,32 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..files import atomic_path, write_tsv
 from .exact import Hits
 from .reliability import reliability_index
 
 TERMS_SEPARATED = re.compile(r"[;,]")  # GOA's and UniProt's lists of terms
 DECIMALS = 2
+TIES_SEARCHED = 16  # hits searched past k, that those tied with the k-th may count
+
+
+class TransferAsked(NamedTuple):
+    """How terms are carried: the annotations' column of terms, and the hits counted: the `k`
+    nearest and those tied with the k-th, or (`max_distance` given) all within it."""
+
+    column: str
+    k: int
+    max_distance: float | None = None
+
+    def counted(self) -> dict:
+        """`transfer_terms`' keyword of the hits counted."""
+        if self.max_distance is not None:
+            return {"max_distance": self.max_distance}
+        return {"k": self.k}
+
+    def card(self) -> dict:
+        """What the transfer's Parquet file says of it."""
+        return {"terms": self.column, **self.counted()}
 
 
 class TermTransfer(NamedTuple):
@@ -81,3 +102,22 @@ def transfer_terms(
             (t for t in kept if t.reliability > 0), key=lambda t: (-t.reliability, t.term)
         )
     return found
+
+
+def write_transfer(tsv: str, parquet: str | None, rows: list[TermTransfer], card: dict) -> None:
+    """The carried terms as a TSV and (where `parquet` names one) its Parquet twin, whose
+    metadata is `card` (model, layer, metric, reference, k, how the hits were counted)."""
+    write_tsv(tsv, list(TermTransfer._fields), rows)
+    if parquet is None:
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = list(zip(*rows)) if rows else [[] for _ in TermTransfer._fields]
+    types = [pa.string(), pa.string(), pa.float32(), pa.int32()]
+    table = pa.table(
+        [pa.array(values, type=t) for values, t in zip(columns, types)],
+        names=list(TermTransfer._fields),
+    ).replace_schema_metadata({k: str(v) for k, v in card.items()})
+    with atomic_path(parquet) as tmp:
+        pq.write_table(table, tmp)

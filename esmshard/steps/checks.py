@@ -62,6 +62,9 @@ NEIGHBOUR_KEYS = {
     "neighbours",
     "neighbours_layer",
     "neighbours_annotations",
+    "neighbours_terms",
+    "neighbours_transfer",
+    "neighbours_max_distance",
     "include",
     "repr_layers",
 }

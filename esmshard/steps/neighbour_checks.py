@@ -11,6 +11,7 @@ from ..layout import Layout
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference
 from ..search import AnnotationsError, read_annotations
+from ..search.annotations import annotation_columns
 from ..store.objects import is_object_url
 from .neighbours import LAST, SELF, reference_file
 
@@ -20,10 +21,14 @@ def neighbour_problems(config: dict, model=None) -> list[str]:
     annotations read as far as a check needs, before any job. `model`: the run's (ModelSpec)."""
     setting, annotations = config["neighbours"], config["neighbours_annotations"]
     if not setting:
-        return ["neighbours_annotations: needs neighbours (the reference to search)"] * bool(
-            annotations
-        )
+        return [
+            f"{name}: needs neighbours (the reference to search)"
+            for name in ("neighbours_annotations", "neighbours_terms")
+            if config.get(name)
+        ]
     problems = []
+    if config.get("neighbours_terms") and not annotations:
+        problems.append("neighbours_terms: needs neighbours_annotations (the terms' table)")
     if "mean" not in config["include"]:
         problems.append("neighbours: the search compares mean embeddings: add mean to include")
     layer = config["neighbours_layer"]
@@ -38,9 +43,31 @@ def neighbour_problems(config: dict, model=None) -> list[str]:
         problems += reference_problems(setting, config, model)
     if annotations:
         try:
-            read_annotations(annotations, head=True)
+            head = read_annotations(annotations, head=True)
         except AnnotationsError as err:
             problems.append(f"neighbours_annotations: {err}")
+        else:
+            problems += terms_problems(config, annotation_columns(head))
+    return problems
+
+
+def terms_problems(config: dict, columns: list[str]) -> list[str]:
+    """Why `neighbours_terms` cannot carry terms: no such column of the annotations, or a
+    transfer by distance without one."""
+    terms = config.get("neighbours_terms")
+    if not terms:
+        return []
+    problems = []
+    if terms not in columns:
+        problems.append(
+            f"neighbours_terms: {terms} is not a column of {config['neighbours_annotations']} "
+            f"({', '.join(columns)}): name the column of the terms"
+        )
+    if config["neighbours_transfer"] == "distance" and not config["neighbours_max_distance"] > 0:
+        problems.append(
+            "neighbours_transfer: distance counts the neighbours within neighbours_max_distance: "
+            "set it (greater than 0)"
+        )
     return problems
 
 

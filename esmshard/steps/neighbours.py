@@ -19,6 +19,7 @@ from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings
 from ..search import Hits, merged, read_annotations
 from ..search.annotations import unmatched_line
+from ..search.transfer import TransferAsked, terms_of, transfer_terms, write_transfer
 from ..store.runlock import current_run
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class Search(NamedTuple):
     metric: str
     layer: int
     reference: str
+    extra: int = 0  # searched past k: goPredSim's transfer counts the hits tied with the k-th
 
 
 class PartProgress:
@@ -86,7 +88,8 @@ def search_part(
         rows = rows_of(part, len(reference))
         vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
         own = np.arange(len(queries)) if itself else None
-        k = usable_k(search.k, len(reference), itself)
+        k = min(usable_k(search.k, len(reference), itself) + search.extra,
+                max(len(reference) - itself, 1))  # fmt: skip
         progress = PartProgress(progress_json, part, rows[1] - rows[0])
         started = time.perf_counter()
         hits = found.search(vectors, reference, chosen, k, search.metric, own, rows, device,
@@ -136,25 +139,28 @@ def search_device(slot) -> str:
 
 
 def write_neighbours(
-    parts, queries_h5, reference_h5, reference_name, annotations, tables, k, metric, unwritten=()
-):
+    parts, queries_h5, reference_h5, reference_name, annotations, tables, k, metric, unwritten=(),
+    transfer=None, transfer_files=(),
+):  # fmt: skip
     """Merge the parts' top k and write the tables; the annotations' IDs absent from the
     reference are counted in the log. `unwritten`: an earlier search's tables that this one
     does not write (its annotations.tsv, where this one has none), removed: each table is
-    this search's."""
+    this search's. `transfer` (TransferAsked): the terms carried goPredSim's way, to
+    `transfer_files` (TSV, Parquet)."""
     loaded = [np.load(path) for path in parts]
     table = read_annotations(annotations) if annotations else {}
     with Embeddings(queries_h5) as queries, open_reference(reference_h5) as reference:
         query_ids, reference_ids = queries.ids(), reference.ids()
-        itself = Path(queries_h5).resolve() == Path(reference_h5).resolve()
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
                 "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
         unrecorded = unrecorded_line(reference)
         not_numbers = found.not_numbers_line(
             np.asarray(queries.array("mean", card["layer"]), dtype=np.float32), queries
         )
-    hits = merged([Hits(p["rows"], p["distances"]) for p in loaded],
-                  usable_k(k, len(reference_ids), itself))  # fmt: skip
+    # each part's hits: k (or the reference's proteins, where fewer) and the extra searched
+    width = max(p["rows"].shape[1] for p in loaded)
+    searched = merged([Hits(p["rows"], p["distances"]) for p in loaded], width)
+    hits = Hits(searched.rows[:, :k], searched.distances[:, :k])
     unmatched = unmatched_line(table, reference_ids, annotations, "the reference")
     for line in (unrecorded, not_numbers, unmatched):
         if line:
@@ -162,8 +168,15 @@ def write_neighbours(
     for path in unwritten:
         if Path(path).is_file():
             Path(path).unlink()
-            log.info("removed %s, an earlier search's: this one carries no annotations", path)
+            log.info("removed %s, an earlier search's: this one does not write it", path)
     found.write_tables(tables, hits, query_ids, reference_ids, table, metric, card)
+    if transfer is not None:
+        carried = transfer_terms(searched, query_ids, reference_ids,
+                                 terms_of(table, transfer.column), metric,
+                                 **transfer.counted())  # fmt: skip
+        write_transfer(*transfer_files, carried, {**card, **transfer.card()})
+        log.info("carried %d terms of %s to %d of %d proteins", len(carried), transfer.column,
+                 len({t.id for t in carried}), len(query_ids))  # fmt: skip
 
 
 SELF = "self"  # `neighbours: self`: the run's proteins against each other
@@ -182,6 +195,15 @@ def reference_file(setting: str, run_embeddings: str) -> str:
 def parts_of(setting, reference_rows: int) -> int:
     """How many parts the reference is cut into: `neighbours_shards`, or one a million rows."""
     return setting if isinstance(setting, int) else max(1, -(-reference_rows // ROWS_PER_PART))
+
+
+def transfer_asked(config: dict) -> TransferAsked | None:
+    """How `neighbours_terms` carries terms (esmshard.search.transfer), or None without it."""
+    if not config.get("neighbours_terms"):
+        return None
+    distance = config["neighbours_transfer"] == "distance"
+    return TransferAsked(config["neighbours_terms"], config["neighbours_k"],
+                         config["neighbours_max_distance"] if distance else None)  # fmt: skip
 
 
 def stored_rows(path) -> int:

@@ -433,6 +433,8 @@ class RunStart:
         if config.get("neighbours"):
             outputs += [self.run.neighbours_tsv, self.run.neighbours_parquet]
         outputs += [self.run.annotations_tsv] if config.get("neighbours_annotations") else []
+        if config.get("neighbours_terms"):
+            outputs += [self.run.transfer_tsv, self.run.transfer_parquet]
         self.log.info(f"esmshard: outputs: {', '.join(map(self.where, outputs))}")
         counts = read_counts(self.run.variant_summary) if config["variants"] else None
         if counts:

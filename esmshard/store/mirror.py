@@ -83,7 +83,9 @@ class Mirror:
     def moved_line(self) -> str:
         """What the copy cost the object store: the files and bytes fetched."""
         fetched = sum(size for size, _ in self.fetched.values())
-        return f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, {fetched} bytes"
+        return (
+            f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, {fetched} bytes"
+        )
 
     def local_files(self) -> dict[str, tuple[int, int]]:
         found = {}

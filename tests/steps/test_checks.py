@@ -66,3 +66,24 @@ def test_fp8_is_refused_where_its_products_are_not_the_ones_computed(tmp_path):
     assert maps.startswith("precision: fp8 cannot compute include: contacts (those maps come")
     (fair_esm,) = checked(tmp_path, precision="fp8", fast_path=False).problems
     assert "fast_path: false asks for fair-esm's" in fair_esm
+
+
+def test_the_terms_to_carry_are_checked_with_the_config(tmp_path):
+    (tmp_path / "go.tsv").write_text("id\tgo\nP1\tGO:1;GO:2\n")
+    annotations = str(tmp_path / "go.tsv")
+    typed = {"neighbours": "self", "neighbours_annotations": annotations}
+    assert checked(tmp_path, **typed, neighbours_terms="go").problems == []
+    done = checked(tmp_path, **typed, neighbours_terms="ec", neighbours_transfer="distance")
+    assert done.problems == [
+        f"neighbours_terms: ec is not a column of {annotations} (go): name the column of the "
+        "terms",
+        "neighbours_transfer: distance counts the neighbours within neighbours_max_distance: "
+        "set it (greater than 0)",
+    ]
+    typed = {"neighbours_transfer": "distance", "neighbours_max_distance": "0.5"}
+    assert checked(tmp_path, neighbours="self", neighbours_terms="go", **typed).problems == [
+        "neighbours_terms: needs neighbours_annotations (the terms' table)"
+    ]
+    assert checked(tmp_path, neighbours_terms="go").problems == [
+        "neighbours_terms: needs neighbours (the reference to search)"
+    ]

@@ -53,13 +53,14 @@ def settings(tmp_path, *more) -> dict:
 def annotations(tmp_path_factory):
     path = tmp_path_factory.mktemp("annotations") / "ec.tsv"
     ids = [h[1:].split()[0] for h, _ in RECORDS]
-    path.write_text("id\tec\n" + "".join(f"{i}\t3.1.{n}.1\n" for n, i in enumerate(ids[::4])))
+    path.write_text("id\tec\n" + "".join(
+        f"{i}\t3.1.{n % 3}.1;3.2.{n % 2}.1\n" for n, i in enumerate(ids[::2])))  # fmt: skip
     return path
 
 
 def test_every_proteins_neighbours_equal_numpys_exact_search(tmp_path, annotations):
     config = settings(tmp_path, ("neighbours_annotations", str(annotations)),
-                      ("neighbours_shards", 3))  # fmt: skip
+                      ("neighbours_shards", 3), ("neighbours_terms", "ec"))  # fmt: skip
     done = snakemake(tmp_path / "run", config)
     assert jobs_run(done)["neighbour_part"] == 3
     out = tmp_path / "run" / "results"
@@ -67,6 +68,7 @@ def test_every_proteins_neighbours_equal_numpys_exact_search(tmp_path, annotatio
     relative = out.relative_to(tmp_path / "run")
     assert outputs.endswith(
         f", {relative}/neighbours.tsv, {relative}/neighbours.parquet, {relative}/annotations.tsv"
+        f", {relative}/transfer.tsv, {relative}/transfer.parquet"
     )
     with Embeddings(out) as emb:
         values, ids = emb.array("mean").astype(np.float64), emb.ids()
@@ -94,6 +96,22 @@ def test_every_proteins_neighbours_equal_numpys_exact_search(tmp_path, annotatio
         assert (row["neighbour"], row["ec"]) == (ids[nearest], ec[ids[nearest]])
         expected = 0.5 / (0.5 + distances[n][nearest])
         assert float(row["reliability_index"]) == pytest.approx(expected, abs=1e-6)
+    # every term of the 4 nearest (and those tied with the 4th), goPredSim's way
+    expected = {}
+    for n, protein in enumerate(ids):
+        order = np.argsort(distances[n], kind="stable")
+        counted = order[distances[n][order] <= distances[n][order[3]]]
+        terms = {i: ec.get(ids[i], "").split(";") if ids[i] in ec else [] for i in counted}
+        for term in {t for found in terms.values() for t in found}:
+            ri = sum(0.5 / (0.5 + distances[n][i]) for i in counted if term in terms[i])
+            if round(ri / len(counted), 2) > 0:
+                expected[(protein, term)] = (round(ri / len(counted), 2),
+                                             sum(term in terms[i] for i in counted))  # fmt: skip
+    carried = {(r["id"], r["term"]): (float(r["reliability"]), int(r["hits"]))
+               for r in read(out / "transfer.tsv")}  # fmt: skip
+    assert carried == expected
+    card = pq.read_table(out / "transfer.parquet").schema.metadata
+    assert (card[b"terms"], card[b"k"], card[b"reference"]) == (b"ec", b"4", b"self")
     # the search jobs in the scaling report and in `esmshard status`
     report = json.loads((out / "report" / "scaling.json").read_text())["neighbours"]
     assert (report["jobs"], report["reference_rows"], report["queries"]) == (3, 40, 40)

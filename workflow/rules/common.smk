@@ -87,6 +87,7 @@ from esmshard.models import attention_values
 from esmshard.layout import Layout
 from esmshard.steps.checks import check_config, defaults
 from esmshard.compute.provenance import made_by_of
+from esmshard.search.transfer import TIES_SEARCHED
 from esmshard.steps.neighbours import (
     LAST,
     SELF,
@@ -94,6 +95,7 @@ from esmshard.steps.neighbours import (
     parts_of,
     reference_file,
     stored_rows,
+    transfer_asked,
 )
 from esmshard.steps.invocation import PLACEHOLDER, Invocation, StartRefused, command_line
 from esmshard.steps.object_run import (
@@ -277,6 +279,8 @@ NEIGHBOUR_REFERENCE = reference_file(config["neighbours"], RUN.embeddings)
 NEIGHBOUR_LAYER = (
     config["repr_layers"][-1] if config["neighbours_layer"] == LAST else config["neighbours_layer"]
 )
+# `neighbours_terms`: how the terms are carried (esmshard.search.transfer), or None
+TRANSFER = transfer_asked(config)
 
 
 def neighbour_parts(wildcards=None):

@@ -20,6 +20,8 @@ rule neighbour_part:
         metric=config["neighbours_metric"],
         layer=NEIGHBOUR_LAYER,
         reference=config["neighbours"],
+        # goPredSim's transfer counts the neighbours tied with the k-th too: a few more searched
+        extra=TIES_SEARCHED if config["neighbours_terms"] else 0,
     script:
         "../scripts/neighbour_part.py"
 
@@ -31,6 +33,8 @@ rule neighbours:
         tsv=RUN.neighbours_tsv,
         parquet=RUN.neighbours_parquet,
         annotations=[RUN.annotations_tsv] if config["neighbours_annotations"] else [],
+        # `neighbours_terms`: every counted neighbour's terms, goPredSim's way
+        transfer=([RUN.transfer_tsv, RUN.transfer_parquet] if config["neighbours_terms"] else []),
     log:
         RUN.log("neighbours"),
     conda:
@@ -41,5 +45,6 @@ rule neighbours:
         k=config["neighbours_k"],
         metric=config["neighbours_metric"],
         reference=config["neighbours"],
+        transfer=TRANSFER,
     script:
         "../scripts/neighbours.py"

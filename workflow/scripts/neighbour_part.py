@@ -15,6 +15,7 @@ run_step(
         snakemake.params.metric,
         snakemake.params.layer,
         snakemake.params.reference,
+        snakemake.params.extra,
     ),
     gpus=snakemake.config["gpus"],
     run_lock=Layout(snakemake.config["outdir"]).run_lock,

@@ -18,5 +18,10 @@ run_step(
     ),
     k=snakemake.params.k,
     metric=snakemake.params.metric,
-    unwritten=[] if snakemake.output.annotations else [layout.annotations_tsv],
+    unwritten=[
+        *([] if snakemake.output.annotations else [layout.annotations_tsv]),
+        *([] if snakemake.output.transfer else [layout.transfer_tsv, layout.transfer_parquet]),
+    ],
+    transfer=snakemake.params.transfer,
+    transfer_files=list(snakemake.output.transfer),
 )
