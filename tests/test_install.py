@@ -218,14 +218,15 @@ def test_make_gpu_check_runs_in_a_gpu_nodes_python_with_the_wheelhouse_and_says_
         for recipe in ("fp8", "fp8-feed-forward")
     }
     assert all(r["tokens_per_s"] > 0 and 0 < r["share_of_peak"] < 1 for r in peers.values())
-    # the packed sides' profile, class by class: on a CPU its operations, bf16's products the
-    # most (FP8's are a fraction of them there)
+    # the packed sides' profile, class by class: on a CPU its operations, the products and the
+    # attention most of the time (which of the two leads depends on the machine's load)
     profiled = {(r["side"], r["precision"]): r for r in result["peers"]["rows"]
                 if "profiled_seconds" in r}  # fmt: skip
     assert {side for side, _ in profiled} == {"esmshard packed", "esmshard packed compiled"}
     for side in ("esmshard packed", "esmshard packed compiled"):
         spent = profiled[side, "bf16"]["seconds_by_class"]
-        assert max(spent, key=spent.get) == "products"
+        assert spent["products"] > 0 and spent["attention"] > 0, spent
+        assert spent["products"] + spent["attention"] > 0.5 * sum(spent.values()), spent
     assert all(r["host_gap_seconds"] is None for r in profiled.values())  # a GPU's alone
     assert peers["esm2_t6_8M_UR50D", "fair-esm", "fp32"]["speedup_vs_baseline"] == 1
     compiled = peers["esm2_t6_8M_UR50D", "esmshard packed compiled", "bf16"]
@@ -257,7 +258,11 @@ def test_make_gpu_check_runs_in_a_gpu_nodes_python_with_the_wheelhouse_and_says_
     assert "**No GPU was found**" in page and "Verdict: **pass**" in page
     assert "## Masked marginals" in page and "| esmshard packed | fp32 |" in page
     assert "## Peers side by side" in page and "transformers EsmcModel (SDPA)" in page
-    assert "- esm2_t6_8M_UR50D, esmshard packed (bf16): " in page and ": products " in page
+    (profiled_line,) = [
+        line for line in page.splitlines()
+        if line.startswith("- esm2_t6_8M_UR50D, esmshard packed (bf16): ")
+    ]  # fmt: skip
+    assert "products " in profiled_line and "attention " in profiled_line  # classes, by time
     largest = page[page.index("## The largest models") :]
     assert (
         "esmc_300m (1 layer), esmshard packed compiled (bf16): " in largest

@@ -55,7 +55,10 @@ def test_a_checkpoint_of_15bs_width_loads_in_its_own_size_and_gives_fair_esms_nu
     # the process holds the file's pages once: at most 1.3x the file in all.
     assert child["after_kib"] - child["before_kib"] <= 0.3 * size_kib, (child, size_kib)
     assert child["used_kib"] - child["before_kib"] <= 1.3 * size_kib, (child, size_kib)
-    assert torch.equal(torch.tensor(child["mean"]), want)
+    # The same numbers to float32's rounding: on a busy machine the math library may run the
+    # products on fewer threads than asked, which sums their blocks in another order (seen: one
+    # value's last bits differed under a full suite on 2 cores).
+    torch.testing.assert_close(torch.tensor(child["mean"]), want, rtol=0, atol=1e-5)
 
 
 def test_a_checkpoint_with_fair_esms_shorter_prefix_loads(tmp_path, checkpoint):
