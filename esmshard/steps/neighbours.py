@@ -110,13 +110,19 @@ def search_part(
     progress_json.unlink(missing_ok=True)
 
 
+# What a search job writes in the neighbours folder: its top k, figures and progress
+PART_FILES = (".npz", ".json", ".progress.json")
+
+
 def remove_other_searches(folder: Path, part: str) -> None:
-    """Remove the parts of a search cut into another number of parts (an earlier command's,
-    which no later step reads), so that `esmshard status` counts this search's alone."""
+    """Remove the files of a search cut into another number of parts (an earlier command's,
+    which no later step reads), so that `esmshard status` counts this search's alone: only
+    names a search job writes ("i-of-n" and one of PART_FILES)."""
     count = NeighbourPart.named(part).count
     for path in folder.glob("*-of-*.*"):
-        other = NeighbourPart.named(path.name.split(".")[0])
-        if other is not None and other.count != count:
+        stem, dot, suffix = path.name.partition(".")
+        other = NeighbourPart.named(stem)
+        if other is not None and other.count != count and dot + suffix in PART_FILES:
             path.unlink(missing_ok=True)
 
 

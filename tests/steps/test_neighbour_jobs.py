@@ -27,8 +27,10 @@ def test_a_part_says_its_rows_as_it_goes_and_leaves_only_its_search(saved, tmp_p
     layout = Layout(str(tmp_path))
     folder = tmp_path / "neighbours"
     folder.mkdir()
-    for name in ("0-of-3.npz", "0-of-3.json", "2-of-3.npz", "notes-of-mine.txt"):
+    for name in ("0-of-3.npz", "0-of-3.json", "2-of-3.npz", "2-of-3.progress.json"):
         (folder / name).write_text("an earlier search's")
+    for name in ("notes-of-mine.txt", "0-of-3.txt"):  # a user's, named like a part
+        (folder / name).write_text("mine")
     (folder / "1-of-2.npz").write_text("this search's other part")
     written = []
     monkeypatch.setattr(steps.PartProgress, "EVERY_SECONDS", 0)
@@ -52,7 +54,7 @@ def test_a_part_says_its_rows_as_it_goes_and_leaves_only_its_search(saved, tmp_p
         3, "cosine", 6, "self")  # fmt: skip
     # the progress gone with the job, the other search's parts removed, the user's file kept
     assert sorted(p.name for p in folder.iterdir()) == [
-        "0-of-2.json", "0-of-2.npz", "1-of-2.npz", "notes-of-mine.txt"]  # fmt: skip
+        "0-of-2.json", "0-of-2.npz", "0-of-3.txt", "1-of-2.npz", "notes-of-mine.txt"]  # fmt: skip
     with np.load(folder / "0-of-2.npz") as hits:
         assert hits["rows"].shape == (30, 3) and (hits["rows"] < 15).all()
 

@@ -283,6 +283,16 @@ NEIGHBOUR_LAYER = (
 TRANSFER = transfer_asked(config)
 
 
+def unwritten_tables():
+    """An earlier search's tables that this one does not write, for its job to remove; none in
+    object storage, where the job's folder holds no earlier table (a file there is not ours)."""
+    if OBJECT_STORE:
+        return []
+    annotations = [] if config["neighbours_annotations"] else [RUN.annotations_tsv]
+    transfer = [] if TRANSFER else [RUN.transfer_tsv, RUN.transfer_parquet]
+    return annotations + transfer
+
+
 def neighbour_parts(wildcards=None):
     """The search jobs' parts, by the reference's rows (`self`: the input's records, estimated
     before they are read; each job takes its share of the rows there are)."""

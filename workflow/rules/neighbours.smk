@@ -46,5 +46,6 @@ rule neighbours:
         metric=config["neighbours_metric"],
         reference=config["neighbours"],
         transfer=TRANSFER,
+        unwritten=unwritten_tables(),
     script:
         "../scripts/neighbours.py"

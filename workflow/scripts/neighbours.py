@@ -1,8 +1,6 @@
-from esmshard.layout import Layout
 from esmshard.outputs.nearest import Tables
 from esmshard.steps.job import run_step
 
-layout = Layout(snakemake.config["outdir"])
 run_step(
     snakemake.log[0],
     "esmshard.steps.neighbours:write_neighbours",
@@ -18,10 +16,7 @@ run_step(
     ),
     k=snakemake.params.k,
     metric=snakemake.params.metric,
-    unwritten=[
-        *([] if snakemake.output.annotations else [layout.annotations_tsv]),
-        *([] if snakemake.output.transfer else [layout.transfer_tsv, layout.transfer_parquet]),
-    ],
+    unwritten=list(snakemake.params.unwritten),
     transfer=snakemake.params.transfer,
     transfer_files=list(snakemake.output.transfer),
 )
