@@ -334,6 +334,21 @@ def write_tsv(path, columns, rows) -> None:
         writer.writerows(rows)
 
 
+def write_parquet(path, columns: dict[str, str], rows, metadata: dict) -> None:
+    """A Parquet file of `rows`, its `columns` by name and pyarrow type name ("string",
+    "int32", "float32"), `metadata` (as text) in its schema; whole or not at all."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    values = list(zip(*rows)) if rows else [[] for _ in columns]
+    table = pa.table(
+        [pa.array(v, type=getattr(pa, kind)()) for v, kind in zip(values, columns.values())],
+        names=list(columns),
+    ).replace_schema_metadata({k: str(v) for k, v in metadata.items()})
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
 def read_tsv(path) -> list[dict]:
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh, delimiter="\t"))

@@ -12,7 +12,7 @@ import numpy as np
 from ..files import DamagedFileError
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference, unrecorded_line
-from ..outputs.reader import Embeddings
+from ..outputs.reader import Embeddings, embeddings_file
 from ..search import METRICS, Hits, read_annotations
 from ..search.annotations import annotation_columns, unmatched_line
 from ..search.transfer import (
@@ -163,11 +163,6 @@ def path_problem(args, outputs: dict[str, Path]) -> str | None:
             return f"{name} {path}: the folder {path.parent} does not exist: create it first"
         seen[name] = path
     return None
-
-
-def embeddings_file(path) -> Path:
-    path = Path(path)
-    return path / "embeddings.h5" if path.is_dir() else path
 
 
 def same_file(a: Path, b: Path) -> bool:

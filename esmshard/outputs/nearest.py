@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from ..files import atomic_path, write_tsv
+from ..files import write_parquet, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
 from ..search.annotations import annotation_columns
 
@@ -124,16 +124,21 @@ def nearest_table(emb, queries, k: int, metric: str, layer: int | None):
     return hits_table(hits, queries.ids(), emb.ids(), "id")
 
 
-def hits_table(hits: Hits, query_ids, reference_ids, query_column: str):
-    """`hits` as a pandas DataFrame, a row per query and neighbour, nearest first."""
-    import pandas as pd
-
-    rows = [
+def hit_rows(hits: Hits, query_ids, reference_ids) -> list[tuple]:
+    """A row per query and neighbour, nearest first: query, rank (from 1), neighbour, distance."""
+    return [
         (query, rank + 1, reference_ids[row], float(d))
         for query, q_rows, q_distances in zip(query_ids, hits.rows, hits.distances)
         for rank, (row, d) in enumerate(zip(q_rows, q_distances))
         if row >= 0
     ]
+
+
+def hits_table(hits: Hits, query_ids, reference_ids, query_column: str):
+    """`hits` as a pandas DataFrame, a row per query and neighbour, nearest first."""
+    import pandas as pd
+
+    rows = hit_rows(hits, query_ids, reference_ids)
     return pd.DataFrame(rows, columns=[query_column, "rank", "neighbour", "distance"])
 
 
@@ -185,32 +190,16 @@ def write_tables(
     reference) is the Parquet file's metadata."""
     columns = annotation_columns(annotations)
     rows = [
-        [query, rank + 1, reference_ids[row], float(d),
-         *(annotations.get(reference_ids[row], {}).get(column, "") for column in columns)]
-        for query, q_rows, q_distances in zip(query_ids, hits.rows, hits.distances)
-        for rank, (row, d) in enumerate(zip(q_rows, q_distances))
-        if row >= 0
-    ]  # fmt: skip
+        [*row, *(annotations.get(row[2], {}).get(column, "") for column in columns)]
+        for row in hit_rows(hits, query_ids, reference_ids)
+    ]
     names = ["id", "rank", "neighbour", "distance", *columns]
     if to.tsv:
         write_tsv(to.tsv, names, [[*r[:3], f"{r[3]:.7g}", *r[4:]] for r in rows])
     if to.parquet:
-        write_parquet(to.parquet, names, rows, card)
+        types = ["string", "int32", "string", "float32"] + ["string"] * len(columns)
+        write_parquet(to.parquet, dict(zip(names, types)), rows, card)
     if to.transferred:
         transfer = transferred(hits, reference_ids, annotations, metric)
         names = ["id", "neighbour", "distance", "reliability_index", *columns]
         write_tsv(to.transferred, names, [[q, *t.values()] for q, t in zip(query_ids, transfer)])
-
-
-def write_parquet(path, names: list[str], rows: list[list], card: dict) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    types = [pa.string(), pa.int32(), pa.string(), pa.float32()] + [pa.string()] * (len(names) - 4)
-    columns = list(zip(*rows)) if rows else [[] for _ in names]
-    table = pa.table(
-        [pa.array(values, type=t) for values, t in zip(columns, types)],
-        names=names,
-    ).replace_schema_metadata({k: str(v) for k, v in card.items()})
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)

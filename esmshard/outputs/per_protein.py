@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 
 from ..files import DamagedFileError
-from .reader import Embeddings
+from .reader import Embeddings, embeddings_file
 
 
 class PerProteinRows:
@@ -75,8 +75,7 @@ class PerProteinFile:
 
 def open_reference(path) -> "Embeddings | PerProteinFile":
     """A search's reference: a run's embeddings.h5 (or its outdir), or a per-protein HDF5."""
-    path = Path(path)
-    file = path / "embeddings.h5" if path.is_dir() else path
+    file = embeddings_file(path)
     try:
         with h5py.File(file, "r") as h5:
             per_protein = "ids" not in h5

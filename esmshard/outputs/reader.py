@@ -90,6 +90,12 @@ def read_failed(path) -> dict[str, str]:
 _H5_PROBLEMS = {"truncated file": "cut short", "file signature not found": "not an HDF5 file"}
 
 
+def embeddings_file(source) -> Path:
+    """The embeddings.h5 that `source` names: the file, or the outdir that holds it."""
+    path = Path(source)
+    return path / "embeddings.h5" if path.is_dir() and path.suffix != ".h5" else path
+
+
 def open_h5(path: Path) -> h5py.File:
     """An embeddings.h5 esmshard wrote, open for reading; anything else: DamagedFileError."""
 
@@ -129,8 +135,7 @@ class Embeddings:
             self.h5 = h5py.File(source, "r")
             self.name = "these embeddings"
         else:
-            path = Path(source)
-            self.path = path / "embeddings.h5" if path.is_dir() and path.suffix != ".h5" else path
+            self.path = embeddings_file(source)
             self.h5 = open_h5(self.path)
             self.name = str(self.path)
         self.failed = failed if failed is not None else self._failed_beside()

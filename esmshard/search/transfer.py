@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..files import atomic_path, write_tsv
+from ..files import write_parquet, write_tsv
 from .exact import Hits
 from .reliability import reliability_index
 
@@ -108,16 +108,6 @@ def write_transfer(tsv: str, parquet: str | None, rows: list[TermTransfer], card
     """The carried terms as a TSV and (where `parquet` names one) its Parquet twin, whose
     metadata is `card` (model, layer, metric, reference, k, how the hits were counted)."""
     write_tsv(tsv, list(TermTransfer._fields), rows)
-    if parquet is None:
-        return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    columns = list(zip(*rows)) if rows else [[] for _ in TermTransfer._fields]
-    types = [pa.string(), pa.string(), pa.float32(), pa.int32()]
-    table = pa.table(
-        [pa.array(values, type=t) for values, t in zip(columns, types)],
-        names=list(TermTransfer._fields),
-    ).replace_schema_metadata({k: str(v) for k, v in card.items()})
-    with atomic_path(parquet) as tmp:
-        pq.write_table(table, tmp)
+    if parquet is not None:
+        types = ["string", "string", "float32", "int32"]
+        write_parquet(parquet, dict(zip(TermTransfer._fields, types)), rows, card)

@@ -16,7 +16,7 @@ from ..files import atomic_path, write_json
 from ..layout import NeighbourPart
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference, unrecorded_line
-from ..outputs.reader import Embeddings
+from ..outputs.reader import Embeddings, embeddings_file
 from ..search import Hits, merged, read_annotations
 from ..search.annotations import unmatched_line
 from ..search.transfer import TransferAsked, terms_of, transfer_terms, write_transfer
@@ -194,8 +194,7 @@ def reference_file(setting: str, run_embeddings: str) -> str:
     """The reference's embeddings.h5: the run's own for `self`, else the file or the outdir's."""
     if setting == SELF:
         return run_embeddings
-    path = Path(setting)
-    return str(path / "embeddings.h5") if path.is_dir() else setting
+    return str(embeddings_file(setting)) if Path(setting).is_dir() else setting
 
 
 def parts_of(setting, reference_rows: int) -> int:
