@@ -6,6 +6,7 @@ Such a file holds one vector per protein and, but for esmshard's export, says no
 model or the layer that made it: the search checks its width alone, and says so.
 """
 
+from functools import cached_property
 from pathlib import Path
 
 import h5py
@@ -29,11 +30,11 @@ class PerProteinRows:
         block = np.empty((len(names), self.shape[1]), dtype=np.float32)
         for i, name in enumerate(names):
             values = self.h5[name]
-            if values.shape != (self.shape[1],):
+            if not isinstance(values, h5py.Dataset) or values.shape != (self.shape[1],):
                 raise ValueError(
-                    f"{self.h5.filename}: dataset {name!r} holds {values.shape} values, not a "
-                    f"vector of {self.shape[1]} as the file's first: one vector per protein is "
-                    "needed"
+                    f"{self.h5.filename}: {name!r} holds {getattr(values, 'shape', 'no')} "
+                    f"values, not a vector of {self.shape[1]} as the file's first: one vector "
+                    "per protein is needed"
                 )
             block[i] = values[()]
         return block
@@ -46,12 +47,14 @@ class PerProteinFile:
     def __init__(self, path):
         self.path, self.name = Path(path), str(path)
         self.h5 = h5py.File(path, "r")
-        self.names = [name for name, item in self.h5.items() if isinstance(item, h5py.Dataset)]
-        if not self.names:
+        # the first member alone, as the check with the config reads it before every job: a
+        # reference of a million proteins is not listed then
+        first = self.h5.get(next(iter(self.h5), ""))
+        if not isinstance(first, h5py.Dataset):
             self.h5.close()
             raise DamagedFileError(f"{path} is an HDF5 file without embeddings: not a run's "
                                    "embeddings.h5, nor one dataset per protein")  # fmt: skip
-        self.dim = int(self.h5[self.names[0]].shape[-1])
+        self.dim = int(first.shape[-1])
         self.made_by = dict(self.h5.attrs)
         self.layers = None  # not known: the search compares whatever the file holds
 
@@ -62,7 +65,12 @@ class PerProteinFile:
         self.h5.close()
 
     def __len__(self) -> int:
-        return len(self.names)
+        return len(self.h5)
+
+    @cached_property
+    def names(self) -> list[str]:
+        """The datasets' names, in the file's order: a protein each."""
+        return list(self.h5)
 
     def ids(self) -> list[str]:
         """Each dataset's `original_id` (esmshard's and biotrainer's files), else its name."""
