@@ -87,6 +87,9 @@ def search_part(
         chosen = found.comparable_layer(queries, reference, search.layer)
         rows = rows_of(part, len(reference))
         vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
+        not_numbers = found.not_numbers_line(vectors, queries)
+        if not_numbers and NeighbourPart.named(part).index == 0:  # one part says it for all
+            log.warning(not_numbers)
         own = np.arange(len(queries)) if itself else None
         k = min(usable_k(search.k, len(reference), itself) + search.extra,
                 max(len(reference) - itself, 1))  # fmt: skip
@@ -160,15 +163,12 @@ def write_neighbours(
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
                 "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
         unrecorded = unrecorded_line(reference)
-        not_numbers = found.not_numbers_line(
-            np.asarray(queries.array("mean", card["layer"]), dtype=np.float32), queries
-        )
     # each part's hits: k (or the reference's proteins, where fewer) and the extra searched
     width = max(p["rows"].shape[1] for p in loaded)
     searched = merged([Hits(p["rows"], p["distances"]) for p in loaded], width)
     hits = Hits(searched.rows[:, :k], searched.distances[:, :k])
     unmatched = unmatched_line(table, reference_ids, annotations, "the reference")
-    for line in (unrecorded, not_numbers, unmatched):
+    for line in (unrecorded, unmatched):
         if line:
             log.warning(line)
     for path in unwritten:

@@ -76,3 +76,25 @@ def test_status_shows_a_running_search_with_its_eta_while_the_run_is_on(tmp_path
     assert later_steps({"neighbours": state}) == [
         "neighbours: 1 of 2 search jobs done; 1-of-2 at 25%, ETA 3m00s"
     ]
+
+
+def test_queries_that_are_not_numbers_are_said_once_by_the_first_part(saved, tmp_path, caplog):
+    import h5py
+
+    nan = tmp_path / "nan.h5"
+    nan.write_bytes((saved / "embeddings.h5").read_bytes())
+    with h5py.File(nan, "r+") as h5:
+        (layer,) = [name for name in h5["mean"] if name.isdigit()]
+        h5["mean"][layer][4] = np.nan
+    layout = Layout(str(tmp_path))
+    (tmp_path / "neighbours").mkdir()
+    search = steps.Search(k=2, metric="euclidean", layer=-1, reference="ref")
+    for part in ("0-of-2", "1-of-2"):
+        steps.search_part(nan, saved / "embeddings.h5", layout.neighbour_part(part),
+                          layout.neighbour_metrics(part), part, search)  # fmt: skip
+    said = [r.getMessage() for r in caplog.records if "NaN" in r.getMessage()]
+    assert said == [
+        f"1 of the 30 queries' embeddings in {nan} hold NaN or infinite values (e.g. "
+        f"{SLICE[4][0][1:].split()[0]}): they get no neighbours; embed them again with "
+        "precision: fp32"
+    ]
