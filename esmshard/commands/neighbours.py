@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ..files import DamagedFileError
+from ..location import is_object_url
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
@@ -22,7 +23,6 @@ from ..search.transfer import (
     transfer_terms,
     write_transfer,
 )
-from ..store.objects import is_object_url
 
 # what to give instead of a file that is not an esmshard run's embeddings
 GIVE = "give an esmshard run's outdir or its embeddings.h5"

@@ -21,12 +21,14 @@ import numpy as np
 
 from ..files import DamagedFileError, user_cache
 from ..layout import Layout
+from ..location import is_object_url
 from .representations import kind_of, narrowed
 
 LAYOUT = "output_values"  # the file attribute: "copy" or "in_place"
-PARTS, PART_BYTES, PART, ROW = (
+PARTS, PART_BYTES, PART_ETAGS, PART, ROW = (
     "in_place/parts",
     "in_place/part_bytes",
+    "in_place/part_etags",
     "in_place/part",
     "in_place/row",
 )
@@ -45,17 +47,27 @@ def is_in_place(h5: h5py.File) -> bool:
     return h5.attrs.get(LAYOUT) == "in_place"
 
 
-def write_placement(out: h5py.File, part_paths, part_of, row_of, datasets: dict) -> None:
+def write_placement(
+    out: h5py.File, part_paths, part_of, row_of, datasets: dict, store=None
+) -> None:
     """Where each protein's values are: `part_of` (int32, index into `part_paths`) and `row_of`
     (uint32, its row there), in input order; `datasets`: {name: (shape, dtype)} of each dataset
-    that a copy would hold."""
+    that a copy would hold. A job's copy of an object store (`store`, esmshard.store.Store)
+    names each part by its object's URL, and keeps its ETag: the reader opens it there."""
     folder = Path(out.filename).resolve().parent
     shown = []
     for path in part_paths:
+        if store is not None and store.url is not None:
+            shown.append(store.shown(path))
+            continue
         path = Path(path).resolve()
         shown.append(str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path))
     out.create_dataset(PARTS, data=np.array(shown, dtype=object), dtype=h5py.string_dtype())
     out.create_dataset(PART_BYTES, data=np.array([os.path.getsize(p) for p in part_paths]))
+    if store is not None and store.url is not None:
+        etags = [store.etag(path) for path in part_paths]
+        out.create_dataset(PART_ETAGS, data=np.array(etags, dtype=object),
+                           dtype=h5py.string_dtype())  # fmt: skip
     out.create_dataset(PART, data=part_of)
     out.create_dataset(ROW, data=row_of)
     out.attrs[LAYOUT] = "in_place"
@@ -65,22 +77,39 @@ def write_placement(out: h5py.File, part_paths, part_of, row_of, datasets: dict)
 
 
 class Parts:
-    """The store parts an in-place embeddings.h5 reads, each opened when first read."""
+    """The store parts an in-place embeddings.h5 reads, each opened when first read: a file,
+    or an object of an object store read by ranged requests (esmshard.store.object_file)."""
 
-    def __init__(self, h5: h5py.File, path: Path | None):
+    def __init__(self, h5: h5py.File, path: Path | None, name: str | None = None):
         self.h5 = h5
         self.paths = part_paths(h5, path)
-        self.name = str(path) if path else "these embeddings"
-        sizes = h5[PART_BYTES][:]
-        for code, (part, size) in enumerate(zip(self.paths, sizes)):
-            found = part.stat().st_size if part.is_file() else None
-            if found != size:
-                what = "is gone" if found is None else f"has changed ({found} bytes, not {size})"
-                where = "removed, pruned without --keep of this outdir, or the store moved"
-                raise DamagedFileError(self.damaged(code, f"{what} ({where})"))
+        self.name = name or (str(path) if path else "these embeddings")
+        self.sizes = h5[PART_BYTES][:]
+        self.etags = h5[PART_ETAGS].asstr()[:] if PART_ETAGS in h5 else None
+        for code, part in enumerate(self.paths):
+            if not is_object_url(part):  # an object's size is checked when it is opened
+                self.check_size(code, part.stat().st_size if part.is_file() else None)
         self.datasets = json.loads(h5.attrs[DATASETS])
         self.files = OrderedDict()
         self.starts = {}  # (part, a kind's rows) -> where each row's values start
+
+    @property
+    def local_paths(self) -> list[Path]:
+        return [part for part in self.paths if not is_object_url(part)]
+
+    def check_size(self, code: int, found: int | None, etag: str | None = None) -> None:
+        """Refuse part `code` where it is gone (`found` None) or not as the merge found it."""
+        size = self.sizes[code]
+        if found == size and (self.etags is None or etag in (None, self.etags[code])):
+            return
+        if found is None:
+            what = "is gone"
+        elif found != size:
+            what = f"has changed ({found} bytes, not {size})"
+        else:
+            what = f"has changed (ETag {etag}, not {self.etags[code]})"
+        where = "removed, pruned without --keep of this outdir, or the store moved"
+        raise DamagedFileError(self.damaged(code, f"{what} ({where})"))
 
     def file(self, code: int) -> h5py.File:
         if code in self.files:
@@ -89,10 +118,24 @@ class Parts:
         if len(self.files) == OPEN_PARTS:
             self.files.popitem(last=False)[1].close()
         try:
-            self.files[code] = h5py.File(self.paths[code], "r")
+            self.files[code] = h5py.File(self.opened(code), "r")
         except OSError as err:
             raise DamagedFileError(self.damaged(code, f"it cannot be read ({err})")) from None
         return self.files[code]
+
+    def opened(self, code: int):
+        """Part `code`'s path, or its object opened for ranged reads once found as it was."""
+        part = self.paths[code]
+        if not is_object_url(part):
+            return part
+        from ..store.object_file import object_file  # esmshard.store imports this module
+
+        try:
+            found = object_file(part)
+        except FileNotFoundError:
+            self.check_size(code, None)
+        self.check_size(code, found.size, found.etag)
+        return found
 
     def damaged(self, code: int, what: str) -> str:
         """What to say of part `code`, damaged as `what` says."""
@@ -137,11 +180,16 @@ def row_counts(name: str, lengths: np.ndarray) -> np.ndarray:
     return kind_of(name).row_counts(lengths)
 
 
-def part_paths(h5: h5py.File, path) -> list[Path]:
-    """The parts an in-place embeddings.h5 (`h5`, at `path`; None: the current folder) reads,
-    their relative paths taken from the file's folder."""
+def part_paths(h5: h5py.File, path) -> list:
+    """The parts an in-place embeddings.h5 (`h5`, at `path`, a file or an object's URL; None:
+    the current folder) reads, their relative paths taken from the file's folder."""
+    if is_object_url(path):  # an embeddings.h5 in object storage: beside it there
+        return [
+            p if is_object_url(p) else f"{str(path).rsplit('/', 1)[0]}/{p}"
+            for p in h5[PARTS].asstr()[:]
+        ]
     folder = Path(path).resolve().parent if path else Path.cwd()
-    return [folder / p for p in h5[PARTS].asstr()[:]]
+    return [p if is_object_url(p) else folder / p for p in h5[PARTS].asstr()[:]]
 
 
 class PlacedValues:

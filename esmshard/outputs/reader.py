@@ -11,6 +11,7 @@ with negative numbers (-1 is the model's last layer); None is the highest layer 
 """
 
 import csv
+import io
 import json
 import os
 from pathlib import Path
@@ -31,7 +32,9 @@ from ..embeddings_h5.representations import (
     absolute_layers,
 )
 from ..files import DamagedFileError, atomic_path, write_tsv
+from ..location import is_object_url
 from ..store import changed_files
+from ..store.object_file import object_file
 from ..store.shardfile import dataset
 
 
@@ -74,10 +77,11 @@ class Batch(NamedTuple):
     offsets: np.ndarray | None
 
 
-def read_failed(path) -> dict[str, str]:
-    """failed_sequences.tsv: the reason each record could not be embedded, by ID."""
+def read_failed(path, text: str | None = None) -> dict[str, str]:
+    """failed_sequences.tsv (its `text`, where it was read already): the reason each record
+    could not be embedded, by ID."""
     try:
-        with open(path, newline="") as fh:
+        with open(path, newline="") if text is None else io.StringIO(text, newline="") as fh:
             return {row["id"]: row["reason"] for row in csv.DictReader(fh, delimiter="\t")}
     except (UnicodeDecodeError, KeyError, csv.Error) as err:
         raise DamagedFileError(
@@ -96,19 +100,25 @@ def embeddings_file(source) -> Path:
     return path / "embeddings.h5" if path.is_dir() and path.suffix != ".h5" else path
 
 
-def open_h5(path: Path) -> h5py.File:
-    """An embeddings.h5 esmshard wrote, open for reading; anything else: DamagedFileError."""
+def object_embeddings_url(url: str) -> str:
+    """The embeddings.h5 that `url` names in object storage: the object, or the outdir's."""
+    return url if url.endswith(".h5") else f"{url.rstrip('/')}/embeddings.h5"
+
+
+def open_h5(path, source=None) -> h5py.File:
+    """An embeddings.h5 esmshard wrote, open for reading; anything else: DamagedFileError.
+    `source`: the object at the URL `path`, opened for ranged reads (esmshard.store.object_file)."""
 
     def damaged(problem: str) -> DamagedFileError:
         redo = "remove it and run the workflow again to write it"
         return DamagedFileError(f"{problem}; {redo}", problem=problem)
 
-    if path.is_dir():
+    if source is None and path.is_dir():
         raise damaged(f"{path} is a folder, not the embeddings file")
     try:
-        h5 = h5py.File(path, "r")
+        h5 = h5py.File(source or path, "r")
     except OSError as err:
-        if not path.exists() or isinstance(err, PermissionError):
+        if source is None and (not path.exists() or isinstance(err, PermissionError)):
             raise
         text = str(err)
         said = next((what for words, what in _H5_PROBLEMS.items() if words in text), text)
@@ -130,10 +140,15 @@ class Embeddings:
     """
 
     def __init__(self, source, failed: dict[str, str] | None = None):
+        self.object = None  # an embeddings.h5 in object storage, read by ranged requests
         if hasattr(source, "read"):
             self.path = None
             self.h5 = h5py.File(source, "r")
             self.name = "these embeddings"
+        elif is_object_url(source):
+            self.path, self.name = None, object_embeddings_url(str(source))
+            self.object = object_file(self.name)
+            self.h5 = open_h5(self.name, self.object)
         else:
             self.path = embeddings_file(source)
             self.h5 = open_h5(self.path)
@@ -143,11 +158,12 @@ class Embeddings:
         self.parts = None
         if is_in_place(self.h5):
             try:
-                self.parts = Parts(self.h5, self.path)
+                self.parts = Parts(self.h5, self.name if self.object else self.path, self.name)
                 # Each part's content against its manifest's SHA-256, hashed only where the
                 # part's file changed since it was last checked (a checksum cache, which the
                 # merge fills): bytes changed where they lie are refused, never read as numbers.
-                changed = changed_files(self.parts.paths, checksum_cache(self.path))
+                # (An object's ETag is checked as it is opened: objects change only whole.)
+                changed = changed_files(self.parts.local_paths, checksum_cache(self.path))
                 if changed:
                     code, what = changed[0]
                     raise DamagedFileError(self.parts.damaged(code, what))
@@ -180,6 +196,12 @@ class Embeddings:
 
     def _failed_beside(self) -> dict[str, str]:
         """The failures that the run wrote beside its embeddings.h5; none known: {}."""
+        if self.object is not None:
+            listed = f"{self.name.rsplit('/', 1)[0]}/failed_sequences.tsv"
+            try:
+                return read_failed(listed, object_file(listed).read().decode())
+            except FileNotFoundError:
+                return {}
         listed = self.path.parent / "failed_sequences.tsv" if self.path else None
         return read_failed(listed) if listed is not None and listed.is_file() else {}
 
@@ -196,7 +218,7 @@ class Embeddings:
         }
 
     def __repr__(self) -> str:
-        where = f" in {self.path}" if self.path else ""  # esmshard.embed's: in memory
+        where = f" in {self.name}" if self.path or self.object else ""  # embed's: in memory
         if not self.h5:  # closed
             return f"<Embeddings{where}, closed>"
         held = [at_layers(kind, layers) for kind, layers in self.layers.items()]
@@ -238,6 +260,8 @@ class Embeddings:
         if self.parts:
             self.parts.close()
         self.h5.close()
+        if self.object is not None:
+            self.object.close()
 
     def stored(self, name: str):
         """The dataset `name` as the file holds it, or, in place, read from the store's parts
@@ -433,9 +457,10 @@ class Embeddings:
         """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.outputs.torchdata)."""
         from .torchdata import EmbeddingDataset
 
-        if self.path is None:  # its workers open the file each
+        source = self.name if self.object else self.path  # its workers open it each
+        if source is None:
             raise ValueError(
                 "a Dataset reads an embeddings.h5 file: these embeddings are held in memory "
                 "(esmshard.embed); use array() or batches(), or a run's embeddings.h5"
             )
-        return EmbeddingDataset(self.path, kind, self.layer(kind, layer), len(self), Embeddings)
+        return EmbeddingDataset(source, kind, self.layer(kind, layer), len(self), Embeddings)

@@ -33,8 +33,8 @@ from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
 from ..input.balance import record_costs, record_tokens
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
+from ..location import Location
 from ..store import Store, add_settings, write_manifest
-from ..store.objects import ObjectStore
 from ..store.passes import Passes
 from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.shardfile import Failure, output_bytes
@@ -451,7 +451,7 @@ class ShardJob:
         # holds its progress file
         layout = Layout(str(Path(self.task.progress_json).parent.parent))
         place = ""
-        if ObjectStore.from_env() is None:  # jobs that share no filesystem see no other's
+        if not Location.of_job().in_objects:  # jobs that share no filesystem see no other's
             place = "{}/{} ".format(*shards_done(layout, metrics))
         console(
             f"shard {place}done on {self.device}: {shard}, "

@@ -92,7 +92,7 @@ def merge(
         card = provenance.made_by(settings, key, ",".join(sorted(scan.precisions)), checksum_cache)
         attrs = output_attributes(scan, shapes, card, settings, output_dtype, in_place,
                                   per_residue_compression, contacts_dtype)  # fmt: skip
-        output = Output(out_h5, records, spill_dir, per_residue_compression, in_place)
+        output = Output(out_h5, records, spill_dir, per_residue_compression, in_place, store)
         output.write(scan, shapes, members, attrs)
     write_failed(failed_tsv, records, scan.failures)
     # where embeddings.h5's values are: in the file, or in the store's parts

@@ -36,6 +36,7 @@ class Output(NamedTuple):
     spill_dir: str
     per_residue_compression: str
     in_place: bool
+    store: object = None  # esmshard.store.Store: an object store's parts are named by URL
 
     def write(self, scan: "Scan", shapes: "Shapes", members: PartMembers, attrs: dict) -> None:
         """Write the records' IDs, lengths and offsets, then each dataset of the values (or,
@@ -54,7 +55,7 @@ class Output(NamedTuple):
                 out.create_dataset(name, data=values)
             if self.in_place:
                 write_placement_of(out, scan.parts(members), shapes.row_of, shapes.n_embedded,
-                                 shapes.values)  # fmt: skip
+                                 shapes.values, self.store)  # fmt: skip
                 log.info("in place: where each protein's values are in the parts, written")
             else:
                 for name, (shape, out_dtype) in shapes.values.items():
@@ -119,7 +120,7 @@ def write_text_columns(out, records, embedded, n_embedded, add_hashes) -> None:
         row = rows.stop
 
 
-def write_placement_of(out, parts, row_of, n_embedded, shapes) -> None:
+def write_placement_of(out, parts, row_of, n_embedded, shapes, store=None) -> None:
     """Where each embedded record's values are: its part (of those that hold any) and row;
     `parts`: PartRows, each part's in a run."""
     part_of = np.empty(n_embedded, dtype=np.int32)
@@ -132,4 +133,4 @@ def write_placement_of(out, parts, row_of, n_embedded, shapes) -> None:
             paths.append(part.path)
         at = row_of[part.records]
         part_of[at], part_rows[at] = len(paths) - 1, part.rows
-    write_placement(out, paths, part_of, part_rows, shapes)
+    write_placement(out, paths, part_of, part_rows, shapes, store)

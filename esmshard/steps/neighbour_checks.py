@@ -8,11 +8,11 @@ from pathlib import Path
 from ..compute.provenance import weights_sha256
 from ..files import DamagedFileError
 from ..layout import Layout
+from ..location import is_object_url
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference
 from ..search import AnnotationsError, read_annotations
 from ..search.annotations import annotation_columns
-from ..store.objects import is_object_url
 from .neighbours import LAST, SELF, reference_file
 
 

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
+from ..location import Location
 from ..store import MARKER, PIECES, Store, settings_key
 from ..store.mirror import mirrored
-from ..store.objects import ObjectStore
 from . import embed, merge, shard
 
 
@@ -42,7 +42,7 @@ def key_copy(settings: dict):
 def shard_step(settings: dict, model_size, store_root, input_names=None, **params):
     """`esmshard.steps.shard.shard_step` on the job's copy of the store's settings key, the
     plan naming the inputs' objects (`input_names`) by their URLs."""
-    if ObjectStore.from_env() is None:
+    if not Location.of_job().in_objects:
         return shard.shard_step(settings, model_size, store_root=store_root, **params)
     with key_copy(settings) as store:
         return shard.shard_step(
@@ -52,7 +52,7 @@ def shard_step(settings: dict, model_size, store_root, input_names=None, **param
 
 def merge_step(settings: dict, store_root, **params):
     """`esmshard.steps.merge.merge` on the job's copy of the store's settings key."""
-    if ObjectStore.from_env() is None:
+    if not Location.of_job().in_objects:
         return merge.merge(settings=settings, store_root=store_root, **params)
     with key_copy(settings) as store:
         return merge.merge(settings=settings, store_root=store, **params)
@@ -62,7 +62,7 @@ def run_shard(out_h5, shard, settings: dict, **params):
     """`esmshard.steps.embed.run_shard` with its shard's kept pieces fetched first and each piece
     sent to the object store as it is kept, so that the next job of the shard, on any node,
     resumes from them; once the part is made, its pieces are removed there too."""
-    if ObjectStore.from_env() is None:
+    if not Location.of_job().in_objects:
         return embed.run_shard(out_h5=out_h5, shard=shard, settings=settings, **params)
     store = embed.part_store(out_h5)
     key = Path(out_h5).parent.name

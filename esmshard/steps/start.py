@@ -32,10 +32,10 @@ from ..input.sizing import (
 )
 from ..input.variants import MUTANT_KINDS, PSEUDO_PPL, mutants_work
 from ..layout import Layout
+from ..location import Location
 from ..outputs.variant_writer import counts_line, read_counts
 from ..store import Store, in_place_problems, read_json_object
 from ..store.leftovers import remove_leftovers
-from ..store.objects import ObjectStore
 from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
 from .invocation import (
@@ -85,7 +85,7 @@ class RunStart:
     earlier: dict | None
     log: Log
     store_unwritable: str | None = None
-    object_store: ObjectStore | None = None  # jobs that share no filesystem: no lock to take
+    location: Location = Location()  # in object storage: no lock to take
 
     @property
     def cores(self) -> int:
@@ -114,7 +114,7 @@ class RunStart:
             f"the profile still holds placeholders ({', '.join(found)}): "
             f"{placeholder_advice(self.invocation.profiles)} (docs/clusters.md)"
         )
-        bucket = PLACEHOLDER in (self.invocation.storage_prefix or "")
+        bucket = PLACEHOLDER in (self.location.prefix or "")
         if self.invocation.dry_run and not bucket:
             self.log.warning(f"esmshard: {problem} before a run submits jobs")
         elif not self.invocation.remote_job:
@@ -373,8 +373,8 @@ class RunStart:
 
     def read_run_json(self) -> dict | None:
         """The run's run.json: in the outdir, or in the object store."""
-        if self.object_store:
-            return read_run_json(self.invocation.storage_prefix, self.object_store, self.run)
+        if self.location.in_objects:
+            return read_run_json(self.location, self.run)
         if not os.path.isfile(self.run.run_json):
             return None
         with open(self.run.run_json) as fh:
@@ -382,15 +382,14 @@ class RunStart:
 
     def where(self, path: str) -> str:
         """Where a file of the run is, as its user finds it (an object's URL)."""
-        prefix = (self.invocation.storage_prefix or "").rstrip("/")
-        return f"{prefix}/{path}" if self.object_store else path
+        return self.location.url(path)
 
     def computed_part(self, run: dict) -> str:
         """'N computed (M by this command, K kept from stopped jobs: R residues)'."""
         said = []
         # run.json of an earlier command (nothing was left to merge): this one computed nothing;
         # in object storage no run lock tells the two apart, and this is left out.
-        if not self.object_store:
+        if not self.location.in_objects:
             this = run.get("run_id") == current_run_id(self.run.run_lock)
             said.append(f"{run.get('computed_by_this_command', 0) if this else 0} by this command")
         kept, residues = (run.get(k, 0) for k in ("kept_from_stopped_jobs",

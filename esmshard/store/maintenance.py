@@ -16,6 +16,7 @@ from ..embeddings_h5.in_place import is_in_place, part_paths
 from ..files import remove_whole
 from ..input.records import read_columns, shard_codes
 from ..layout import Layout
+from ..location import is_object_url
 from . import storelock
 from .checksums import file_checksums
 from .keys import settings_key
@@ -218,6 +219,7 @@ def in_place_problems(embeddings, checksum_cache) -> list[str]:
             parts = part_paths(h5, embeddings) if is_in_place(h5) else []
     except (OSError, KeyError):
         return []
+    parts = [part for part in parts if not is_object_url(part)]  # objects: their ETags
     return [f"{parts[index]} {what}" for index, what in changed_files(parts, checksum_cache)]
 
 
@@ -229,7 +231,7 @@ def _read_in_place(layout: Layout) -> set:
             parts = part_paths(h5, layout.embeddings) if is_in_place(h5) else []
     except (OSError, KeyError):
         return set()
-    return {(part.parent.name, part.stem) for part in parts}
+    return {(part.parent.name, part.stem) for part in parts if not is_object_url(part)}
 
 
 def tree_bytes(path) -> int:

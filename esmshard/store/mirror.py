@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..files import TEMPORARY_NAME
-from .objects import Bucket, ObjectStore, ObjectStoreError
+from ..location import Location
+from .objects import Bucket, Listed, ObjectStore, ObjectStoreError
 from .store import COMPILED
 
 NODE_LOCAL = (COMPILED, ".locks")  # compiled layers and locks belong to one node
@@ -31,7 +32,7 @@ class Mirror:
     def __init__(self, where: ObjectStore, root, scope: tuple[str, ...], lazy=lambda r: False):
         self.where, self.root, self.scope, self.lazy = where, Path(root), scope, lazy
         self.bucket = Bucket(where)
-        self.listed: dict[str, int] = {}  # relative path: size, of the objects within the scope
+        self.listed: dict[str, Listed] = {}  # relative path: size and ETag, within the scope
         self.fetched: dict[str, tuple[int, int]] = {}  # relative path: (size, mtime_ns) here
 
     def within(self, relative: str) -> bool:
@@ -46,10 +47,10 @@ class Mirror:
         them, but those `skip` names and the lazy ones; returns how many were fetched."""
         for scope in self.scope:
             if scope.endswith("/"):
-                found = self.bucket.listing(scope)
+                found = self.bucket.entries(scope)
             else:
-                size = self.bucket.size(scope)
-                found = {} if size is None else {scope: size}
+                head = self.bucket.head(scope)
+                found = {} if head is None else {scope: head}
             self.listed.update({r: n for r, n in found.items() if self.within(r) and not skip(r)})
         for relative in sorted(self.listed):
             if not self.lazy(relative):
@@ -67,6 +68,11 @@ class Mirror:
         if self.lazy(relative):
             log.info("fetched %s/%s (%d bytes): it holds sequences of this run",
                      self.where.url.rstrip("/"), relative, stat.st_size)  # fmt: skip
+
+    def etag(self, relative: str) -> str | None:
+        """The ETag of the object at `relative` as the scope was listed (None: made here)."""
+        found = self.listed.get(relative)
+        return found.etag if found else None
 
     def parts(self, key: str) -> list[str]:
         """The parts under settings key `key`: listed in the object store, or made here, and
@@ -123,7 +129,7 @@ def mirrored(
     (the files `lazy` names only when opened) and sent back after the step (also after a
     failed one: what it kept is the store's); the Mirror, or None where the store is a
     folder."""
-    where = ObjectStore.from_env()
+    where = Location.of_job().store
     if where is None:
         yield None
         return

@@ -6,24 +6,19 @@ that exists holds a whole file; a part is put only where its key is free (a cond
 `If-None-Match: *`), so two runs never replace each other's objects.
 """
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlparse
 
-# Set by the workflow for its jobs: where the store's objects are, and the server's address.
-OBJECT_STORE_ENV = "ESMSHARD_OBJECT_STORE"
 SCHEMES = ("s3",)
+# What a server answers a conditional write whose condition failed.
+PRECONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 
 
 class ObjectStoreError(OSError):
     """The object store cannot be used: one line naming the URL and what to do."""
-
-
-def is_object_url(path) -> bool:
-    """Whether `path` names an object store location (s3://bucket/prefix) rather than a folder."""
-    return "://" in str(path)
 
 
 @dataclass(frozen=True)
@@ -45,14 +40,14 @@ class ObjectStore:
     def key(self, relative: str) -> str:
         return "/".join(filter(None, [self.prefix, relative.replace(os.sep, "/")]))
 
-    def to_env(self) -> str:
-        return json.dumps({"url": self.url, "endpoint_url": self.endpoint_url})
-
     @classmethod
-    def from_env(cls) -> "ObjectStore | None":
-        """The store's location that the workflow set for its jobs, or None (a folder)."""
-        found = os.environ.get(OBJECT_STORE_ENV)
-        return cls(**json.loads(found)) if found else None
+    def reaching(cls, url: str) -> "ObjectStore":
+        """`url` on the server of the run's jobs (esmshard.location) or, elsewhere, the one
+        boto3 finds (AWS_ENDPOINT_URL_S3, a profile's endpoint_url, or the provider's own)."""
+        from ..location import Location  # it names this module's ObjectStore
+
+        run = Location.of_job().store
+        return cls(url, run.endpoint_url if run else None)
 
     def client(self):
         import boto3
@@ -64,6 +59,13 @@ class ObjectStore:
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
 
 
+class Listed(NamedTuple):
+    """An object as the server lists it."""
+
+    size: int
+    etag: str
+
+
 class Bucket:
     """The objects under one ObjectStore location, read and written by relative key."""
 
@@ -73,6 +75,10 @@ class Bucket:
 
     def listing(self, under: str = "") -> dict[str, int]:
         """Every object under `under` (a relative key prefix): its relative key and size."""
+        return {relative: found.size for relative, found in self.entries(under).items()}
+
+    def entries(self, under: str = "") -> dict[str, "Listed"]:
+        """Every object under `under` (a relative key prefix): its relative key, size and ETag."""
         found, root = {}, self.where.key("")
         pages = self.s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.where.bucket, Prefix=self.where.key(under)
@@ -80,20 +86,36 @@ class Bucket:
         try:
             for page in pages:
                 for item in page.get("Contents", []):
-                    found[item["Key"][len(root) :].lstrip("/")] = item["Size"]
+                    relative = item["Key"][len(root) :].lstrip("/")
+                    found[relative] = Listed(item["Size"], item["ETag"])
         except Exception as err:
             raise self.failure(err) from err
         return found
 
     def size(self, relative: str) -> int | None:
         """The object's size, or None where there is none."""
+        found = self.head(relative)
+        return None if found is None else found.size
+
+    def head(self, relative: str) -> "Listed | None":
+        """The object's size and ETag, or None where there is none."""
         try:
             found = self.s3.head_object(Bucket=self.where.bucket, Key=self.where.key(relative))
         except Exception as err:
             if error_code(err) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise self.failure(err) from err
-        return found["ContentLength"]
+        return Listed(found["ContentLength"], found["ETag"])
+
+    def read_range(self, relative: str, start: int, stop: int) -> bytes:
+        """Bytes `start` .. `stop` of the object (one ranged GET)."""
+        found = self._calling(
+            self.s3.get_object,
+            Bucket=self.where.bucket,
+            Key=self.where.key(relative),
+            Range=f"bytes={start}-{stop - 1}",
+        )
+        return found["Body"].read()
 
     def read(self, relative: str) -> bytes:
         found = self._calling(
@@ -111,22 +133,46 @@ class Bucket:
     def upload(self, path: Path, relative: str, only_new: bool = False) -> bool:
         """Put the file `path` at `relative`; with `only_new`, only where no object is there yet
         (False: another writer's object was there first, and stays)."""
-        extra = {"IfNoneMatch": "*"} if only_new else {}
         with open(path, "rb") as fh:
-            try:
-                self.s3.put_object(
-                    Bucket=self.where.bucket, Key=self.where.key(relative), Body=fh, **extra
-                )
-            except Exception as err:
-                if error_code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict"):
-                    return False
-                raise self.failure(err) from err
-        return True
+            return self.put(relative, fh, only_new=only_new) is not None
 
-    def delete(self, relative: str) -> None:
-        self._calling(
-            self.s3.delete_object, Bucket=self.where.bucket, Key=self.where.key(relative)
-        )
+    def put(self, relative: str, body, only_new: bool = False, if_match: str | None = None):
+        """Put `body` (bytes or a file) at `relative`: with `only_new`, only where no object is
+        there yet; with `if_match`, only where the object there has that ETag. The new object's
+        ETag, or None where the condition failed (another writer's object stays)."""
+        extra = {"IfNoneMatch": "*"} if only_new else {}
+        if if_match is not None:
+            extra["IfMatch"] = if_match
+        try:
+            found = self.s3.put_object(
+                Bucket=self.where.bucket, Key=self.where.key(relative), Body=body, **extra
+            )
+        except Exception as err:
+            if error_code(err) in PRECONDITION_FAILED:
+                return None
+            raise self.failure(err) from err
+        return found["ETag"]
+
+    def get(self, relative: str) -> dict | None:
+        """The object's GET response (boto3's: `Body`, `ETag`, `LastModified`, the server's
+        `Date` among its headers), or None where there is none."""
+        try:
+            return self.s3.get_object(Bucket=self.where.bucket, Key=self.where.key(relative))
+        except Exception as err:
+            if error_code(err) in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise self.failure(err) from err
+
+    def delete(self, relative: str, if_match: str | None = None) -> bool:
+        """Remove the object (with `if_match`, only where it has that ETag: False otherwise)."""
+        extra = {} if if_match is None else {"IfMatch": if_match}
+        try:
+            self.s3.delete_object(Bucket=self.where.bucket, Key=self.where.key(relative), **extra)
+        except Exception as err:
+            if error_code(err) in PRECONDITION_FAILED:
+                return False
+            raise self.failure(err) from err
+        return True
 
     def _calling(self, call, *args, **kwargs):
         try:

@@ -62,6 +62,12 @@ class Store:
             return path
         return f"{self.url.rstrip('/')}/{Path(os.path.relpath(path, self.root)).as_posix()}"
 
+    def etag(self, path: str) -> str | None:
+        """The ETag of `path`'s object where this is a job's copy of an object store."""
+        if self.copy is None:
+            return None
+        return self.copy.etag(Path(os.path.relpath(path, self.root)).as_posix())
+
     def local(self, path: str) -> str:
         """`path`, a file of the store, on this machine: a partial copy fetches it first."""
         if self.copy is not None:

@@ -4,8 +4,9 @@ import pytest
 from helpers import S3_ENV, moto_server, s3_client
 
 from esmshard.files import writer_suffix
+from esmshard.location import OBJECT_STORE_ENV, Location
 from esmshard.store.mirror import Mirror, mirrored
-from esmshard.store.objects import OBJECT_STORE_ENV, Bucket, ObjectStore
+from esmshard.store.objects import Bucket, ObjectStore
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,8 @@ def where(port, monkeypatch, request):
     for name, value in S3_ENV.items():
         monkeypatch.setenv(name, value)
     location = ObjectStore(f"s3://lab/{request.node.name}", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv(OBJECT_STORE_ENV, location.to_env())
+    monkeypatch.setenv(OBJECT_STORE_ENV, "")  # restored after the test
+    Location(location, "s3://lab").hand_to_jobs()
     return location
 
 

@@ -474,3 +474,33 @@ def test_a_run_fetches_only_the_parts_that_hold_its_sequences(s3, tmp_path, loca
         filled |= fill_store(s3, "grow", tmp_path / "filled", groups[2:] if prefix == "g1" else [])
     assert len(filled) == 20
     assert seen[1] < 1.5 * seen[0], seen  # a store ten times larger, about the same bytes
+
+
+def test_values_in_place_in_a_bucket_are_read_where_they_lie(s3, tmp_path, local, monkeypatch):
+    """Jobs isolated, `output_values=in_place` in 3 shards: no node writes the values again;
+    embeddings.h5 names each protein's part by its object's URL, and open_embeddings on the
+    bucket reads one protein equal to the local run's by ranged requests, fetching a small
+    fraction of the run's bytes, and every protein by its URL alike."""
+    upload(s3, "ip/proteins.fasta", RECORDS)
+    cmd, env = cloud_command(tmp_path / "ip", s3.port, "ip", "output_values=in_place", "shards=3")
+    run(cmd, env)
+    found = objects(s3, "ip/out/")
+    parts = [k for k in found if k.startswith("ip/out/store/") and k.endswith(".h5")]
+    assert len(parts) == 3 and json.loads(found["ip/out/run.json"])["output_values"] == "in_place"
+    run_bytes = sum(len(found[k]) for k in parts + ["ip/out/embeddings.h5"])
+    for name, value in {**S3_ENV, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{s3.port}"}.items():
+        monkeypatch.setenv(name, value)
+    one = RECORDS[7][0][1:].split()[0]
+    before = s3.sent["from the server"]
+    with esmshard.open_embeddings("s3://lab/ip/out") as emb:
+        protein = emb[one]
+        read = s3.sent["from the server"] - before
+        assert emb.parts.paths[0].startswith("s3://lab/ip/out/store/")
+        assert_close({(one, "per_tok", 6): protein.per_tok[6], (one, "mean", 6): protein.mean[6]},
+                     local)  # fmt: skip
+        every = {(id_, kind, 6): emb.values(id_, kind, 6) for id_ in emb.ids()
+                 for kind in ("mean", "per_tok")}  # fmt: skip
+    assert read < run_bytes / 4, (read, run_bytes)
+    assert len(found["ip/out/embeddings.h5"]) < run_bytes / 10  # no second copy of the values
+    assert_close(every, local)
+    assert len(every) == 2 * len(RECORDS)

@@ -101,10 +101,9 @@ from esmshard.steps.invocation import PLACEHOLDER, Invocation, StartRefused, com
 from esmshard.steps.object_run import (
     check_object_run,
     planned_in_object_store,
-    run_object_store,
     see_new_directories,
 )
-from esmshard.store.objects import OBJECT_STORE_ENV, is_object_url
+from esmshard.location import Location, is_object_url
 from esmshard.steps.start import EMBED_THREADS, RunStart
 from esmshard.store import Store, settings_key
 from esmshard.store.checksums import file_checksums
@@ -113,39 +112,37 @@ from esmshard.store.runlock import RunActiveError
 # What this command is (a dry run, --lint, which executor), read once from its command line:
 # Snakemake's own workflow.dryrun and workflow.local_exec are not yet set while it reads this.
 INVOCATION = Invocation.of(command_line(), workflow.remote_exec)
+# Where the run's files live (esmshard.location): folders, or object storage for jobs that share
+# no filesystem (--default-storage-provider s3), where each job fetches what it needs of the
+# store (esmshard.steps.object_store). Decided here, once; everything else asks LOCATION.
+with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
+    SCHEMA = yaml.safe_load(fh)
+try:
+    LOCATION = Location.of_run(INVOCATION, {**defaults(SCHEMA), **config})
+except StartRefused as refused:
+    stop(*refused.problems)
 
 # The whole config checked before any job (esmshard.steps.checks): command-line values arrive as
 # YAML's base loader reads them ('gpus=[0,1]' as strings) and take the form the schema asks for;
 # `~` means the home folder in every path key. `--lint` needs no input.
-with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
-    SCHEMA = yaml.safe_load(fh)
-# With --default-storage-provider the inputs are objects, checked below with the store's access.
+# In object storage the inputs are objects, checked below with the store's access.
 CHECKED = check_config(
     {**defaults(SCHEMA), **config},
     SCHEMA,
-    inputs=not (INVOCATION.lint or INVOCATION.storage_provider),
+    inputs=not (INVOCATION.lint or LOCATION.in_objects),
 )
 if CHECKED.problems:
     stop(*CHECKED.problems)
 config.update(CHECKED.config)
 
-# Jobs that share no filesystem (--default-storage-provider s3): the store is in the bucket too,
-# and each job fetches what it needs of it (esmshard.steps.object_store); they find it here.
-try:
-    OBJECT_STORE = run_object_store(INVOCATION, config)
-except StartRefused as refused:
-    stop(*refused.problems)
-if OBJECT_STORE:
-    # values in place would point at parts that only the merge job's node had
-    config["output_values"] = "copy"
-    os.environ[OBJECT_STORE_ENV] = OBJECT_STORE.to_env()
+if LOCATION.in_objects:
+    LOCATION.hand_to_jobs()
     os.environ.update(INVOCATION.storage_credentials)  # where boto3 reads them
     see_new_directories()
     # (a profile's placeholder bucket is said by the run's start, in its words)
-    UNCHECKED = INVOCATION.lint or PLACEHOLDER in OBJECT_STORE.url
+    UNCHECKED = INVOCATION.lint or PLACEHOLDER in LOCATION.store.url
     OBJECT_RUN = check_object_run(
-        OBJECT_STORE,
-        INVOCATION.storage_prefix,
+        LOCATION,
         [] if UNCHECKED else config["input"],
         writes=not (UNCHECKED or INVOCATION.remote_job),
     )
@@ -154,14 +151,14 @@ if OBJECT_STORE:
 
 INPUTS = config["input"]
 # What the steps' memory is sized by: the input files, or the objects' sizes.
-INPUT_SIZES = OBJECT_RUN.input_bytes if OBJECT_STORE else INPUTS
+INPUT_SIZES = OBJECT_RUN.input_bytes if LOCATION.in_objects else INPUTS
 MODEL = CHECKED.model
 FAMILY = MODEL.family
 RUN = Layout(config["outdir"])
 STORE = Store(config["store"] or os.path.join(config["outdir"], "store"))
 # A store that cannot be written is used for reuse alone (the shard step refuses a run that
 # would add to it): no lock is taken in it, nothing cleaned up.
-STORE_UNWRITABLE = None if OBJECT_STORE else unwritable(STORE.root)
+STORE_UNWRITABLE = None if LOCATION.in_objects else unwritable(STORE.root)
 MODEL_SIZE = ModelSize(MODEL.params, MODEL.embed_dim)  # read from the model's files
 
 # Settings that change the embeddings: the store keeps what was computed with each (KEY), and
@@ -197,8 +194,7 @@ def in_store(path):
 
 def object_urls(paths):
     """The URLs of the run's objects at `paths` (relative to --default-storage-prefix)."""
-    prefix = INVOCATION.storage_prefix.rstrip("/")
-    return [f"{prefix}/{os.path.normpath(path)}" for path in paths]
+    return [LOCATION.url(os.path.normpath(path)) for path in paths]
 
 
 def shard_params(inputs, settings):
@@ -208,7 +204,7 @@ def shard_params(inputs, settings):
         # New content under an old mtime re-runs this step too (esmshard.store.checksums).
         # (objects: Snakemake's own record of their modification times)
         input_sha256=lambda wildcards: (
-            None if OBJECT_STORE else file_checksums(inputs, RUN.checksums)
+            None if LOCATION.in_objects else file_checksums(inputs, RUN.checksums)
         ),
         shards=config["shards"],
         # embed jobs at once, on one machine or a cluster: `shards: auto` makes at least as
@@ -218,7 +214,7 @@ def shard_params(inputs, settings):
         model_size=list(MODEL_SIZE),
         store=STORE.root,
         # in object storage, the inputs' objects by URL (the step reads local copies)
-        input_names=object_urls(inputs) if OBJECT_STORE else None,
+        input_names=object_urls(inputs) if LOCATION.in_objects else None,
         settings=settings,
         # with attention maps: their values per pair of residues, and bytes of one in the output
         attention_values=list(attention_values(MODEL, {**config, **settings})),
@@ -238,8 +234,8 @@ def planned_shards(wildcards=None, checkpoint="shard", layout=RUN):
     """A run's shards (the records', or with `shard_mutants` the mutants'): known once its
     shard step (a checkpoint) has read the input and the store."""
     getattr(checkpoints, checkpoint).get()
-    if OBJECT_STORE:  # the step ran on another node: its plan is in the object store
-        return planned_in_object_store(INVOCATION.storage_prefix, OBJECT_STORE, layout)
+    if LOCATION.in_objects:  # the step ran on another node: its plan is in the object store
+        return planned_in_object_store(LOCATION, layout)
     return [row["shard"] for row in read_tsv(layout.plan)]
 
 
@@ -251,7 +247,7 @@ def merge_inputs_of(checkpoint, layout, key):
         "records": layout.records,
         "plan": layout.plan_json,
         # (in object storage, merge fetches the parts itself, with those of earlier runs)
-        "shards": [] if OBJECT_STORE else [STORE.part(key, shard) for shard in shards],
+        "shards": [] if LOCATION.in_objects else [STORE.part(key, shard) for shard in shards],
         "metrics": [layout.metrics(shard) for shard in shards],
     }
 
@@ -286,7 +282,7 @@ TRANSFER = transfer_asked(config)
 def unwritten_tables():
     """An earlier search's tables that this one does not write, for its job to remove; none in
     object storage, where the job's folder holds no earlier table (a file there is not ours)."""
-    if OBJECT_STORE:
+    if LOCATION.in_objects:
         return []
     annotations = [] if config["neighbours_annotations"] else [RUN.annotations_tsv]
     transfer = [] if TRANSFER else [RUN.transfer_tsv, RUN.transfer_parquet]
@@ -341,7 +337,7 @@ START = RunStart(
     earlier=made_by_of(RUN.embeddings),
     log=logger,
     store_unwritable=STORE_UNWRITABLE,
-    object_store=OBJECT_STORE,
+    location=LOCATION,
 )
 try:
     START.begin()
