@@ -161,6 +161,11 @@ class Layout:
         return self._path(".esmshard", "run.lock")
 
     @property
+    def run_lease(self) -> str:
+        """Held by the run in progress where the outdir is in object storage (esmshard.store.lease)."""
+        return self._path(".esmshard", "run.lease")
+
+    @property
     def checksums(self) -> str:
         """The sha256 of inputs, checkpoints and store parts, by file version (esmshard.store.checksums)."""
         return self._path(".esmshard", "checksums.json")

@@ -12,6 +12,7 @@ What the command is: esmshard.steps.invocation.
 import atexit
 import json
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -35,6 +36,7 @@ from ..layout import Layout
 from ..location import Location
 from ..outputs.variant_writer import counts_line, read_counts
 from ..store import Store, in_place_problems, read_json_object
+from ..store.lease import Lease
 from ..store.leftovers import remove_leftovers
 from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
@@ -45,7 +47,7 @@ from .invocation import (
     StartRefused,
     placeholder_advice,
 )
-from .object_run import read_run_json
+from .object_run import read_run_json, run_bucket
 from .progress import METRICS_FIELDS, busy_seconds, computing_span, current_files, duration, rate
 from .run_state import read_state
 from .shard import plan_problem
@@ -126,6 +128,8 @@ class RunStart:
         if not self.invocation.starts_run:
             return
         problem = active_run_problem(self.run.run_lock, self.config["outdir"], self.log.info)
+        if self.location.in_objects and not problem:
+            problem = self.lease().problem()
         if problem:
             raise StartRefused(problem)
 
@@ -298,6 +302,10 @@ class RunStart:
         (esmshard.store.storelock); then remove what killed runs left in the outdir and the
         store (esmshard.store.leftovers). Raises RunActiveError."""
         hold(self.run.run_lock, self.config["outdir"], self.log.info)
+        if self.location.in_objects:  # the outdir in a bucket, which other machines reach
+            lease = self.lease()
+            lease.take(self.log.info)
+            atexit.register(lease.release)
         if self.store_unwritable:
             self.log.info(
                 f"esmshard: reusing a store that cannot be written ({self.store_unwritable})"
@@ -313,6 +321,11 @@ class RunStart:
                 f"esmshard: removed {len(removed)} leftovers of killed runs: "
                 + ", ".join(map(str, removed))
             )
+
+    def lease(self) -> Lease:
+        """The outdir's lease in object storage (esmshard.store.lease)."""
+        outdir = posixpath.normpath(self.config["outdir"])
+        return Lease(run_bucket(self.location), self.run.run_lease, self.location.url(outdir))
 
     def stopped(self, logs) -> None:
         """Where a signal stopped the run (Ctrl-C, SIGTERM: Snakemake's `logs` say so, its

@@ -147,6 +147,7 @@ def test_outputs_in_the_bucket_equal_a_local_run(s3, first, local):
     assert summary["computed"] == len(RECORDS)
     assert summary["inputs"] == ["s3://lab/a/proteins.fasta"]  # the object, not a local copy
     assert "a/out/report/scaling_report.html" in found
+    assert "a/out/.esmshard/run.lease" not in found  # the driver's lease, removed as it ended
     # the run's last lines, read from the bucket, name the objects
     n = len(RECORDS)
     assert f": {n} computed, 0 from the store (s3://lab/a/out/store); 0 records failed, " in (
@@ -185,23 +186,39 @@ def test_a_grown_input_computes_only_its_new_sequences(s3, first, tmp_path, loca
     )
 
 
-def test_a_killed_embed_job_resumes_on_another_node(s3, tmp_path, local):
+def test_one_driver_at_a_time_and_a_killed_one_resumed_by_the_same_command(s3, tmp_path, local):
+    """While a run's embed job keeps pieces, a second driver on its outdir (from another folder,
+    as from another machine) is refused in one line by the outdir's lease; after kill -9 of the
+    first, the same command takes the lease over and finishes, its embed job resuming from the
+    pieces kept on the dead node."""
     upload(s3, "k/proteins.fasta", RECORDS)
-    slow = {SLOW_BATCHES_ENV: "0.3"}
+    slow = {SLOW_BATCHES_ENV: "1.0"}
     more = ["toks_per_batch=1024", "keep_every=1"]
     cmd, env = cloud_command(tmp_path / "killed", s3.port, "k", *more, env=slow)
+    second = []
 
     def piece_kept() -> bool:
         # a piece counts once its .h5 is there (its manifest is sent first: esmshard.store.pieces)
         listed = client(s3.port).list_objects_v2(Bucket="lab", Prefix="k/out/store/")
-        return any(
+        kept = any(
             "/.pieces/" in o["Key"] and o["Key"].endswith(".h5")
             for o in listed.get("Contents", [])
         )
+        if kept:
+            second.append(
+                run(*cloud_command(tmp_path / "second", s3.port, "k", *more), check=False)
+            )
+        return kept
 
     kill_9_when(cmd, env, piece_kept)  # the run, and with it every node's job
-    cmd, env = cloud_command(tmp_path / "another", s3.port, "k", *more)
-    resumed = run(cmd, env)
+    line = refused_before_any_job(second[0])
+    assert line.startswith("esmshard: another esmshard run is active in s3://lab/k/out: the run of "
+                           "process "), line  # fmt: skip
+    assert "its lease s3://lab/k/out/.esmshard/run.lease" in line
+    resumed = run(*cloud_command(tmp_path / "killed", s3.port, "k", *more))
+    assert (
+        "esmshard: took over the lease of a run that is gone: the run of process" in resumed.stderr
+    )
     assert jobs_run(resumed)["embed"] == 1
     found = objects(s3, "k/out/")
     (log,) = [body.decode() for key, body in found.items() if "/logs/embed/" in key]
