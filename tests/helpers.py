@@ -4,6 +4,8 @@ time), `snakemake` runs, model checkpoints and the checks of what a run left."""
 import atexit
 import contextlib
 import errno
+import http.client
+import http.server
 import json
 import os
 import re
@@ -578,6 +580,55 @@ class Proxy:
                     conn.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+class Flaky(http.server.ThreadingHTTPServer):
+    """An HTTP proxy to moto's server that answers every other request as a throttled S3 does
+    (503 SlowDown) or drops its connection unanswered (`drop`); the others pass."""
+
+    def __init__(self, target: int, drop: bool = False):
+        self.target, self.drop, self.seen = target, drop, 0
+        super().__init__(("127.0.0.1", 0), FlakyHandler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class FlakyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def forward(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.seen += 1
+        if self.server.seen % 2:
+            if self.server.drop:
+                self.close_connection = True
+                return
+            error = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            self.send_response(503)
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.target)
+        upstream.request(self.command, self.path, body, dict(self.headers))
+        answer = upstream.getresponse()
+        data = answer.read()
+        self.send_response(answer.status)
+        length = answer.getheader("Content-Length") if self.command == "HEAD" else len(data)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(length or 0))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = forward
 
 
 ISOLATED = REPO / "tests" / "workflow" / "isolated"

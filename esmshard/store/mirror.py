@@ -89,8 +89,10 @@ class Mirror:
     def moved_line(self) -> str:
         """What the copy cost the object store: the files and bytes fetched."""
         fetched = sum(size for size, _ in self.fetched.values())
+        retried = self.bucket.retried
         return (
             f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, {fetched} bytes"
+            + (f"; {retried} requests retried (throttled or dropped)" if retried else "")
         )
 
     def local_files(self) -> dict[str, tuple[int, int]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlparse
 
-SCHEMES = ("s3",)
+ATTEMPTS = 6  # a request's tries, the first included: about 30 s of backoff at most
 # What a server answers a conditional write whose condition failed.
 PRECONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
 
@@ -53,8 +53,13 @@ class ObjectStore:
         import boto3
         from botocore.config import Config
 
-        # A stopped server fails a job within a minute, not after boto3's minutes of retries.
-        config = Config(connect_timeout=10, read_timeout=60, retries={"max_attempts": 3})
+        # Throttling (503 SlowDown) and dropped connections are retried with exponential backoff
+        # and jitter (botocore's standard mode); a stopped server fails a job within a minute.
+        config = Config(
+            connect_timeout=10,
+            read_timeout=60,
+            retries={"mode": "standard", "max_attempts": ATTEMPTS},
+        )
         # a session of its own: credentials as the environment holds them now
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
 
@@ -72,6 +77,11 @@ class Bucket:
     def __init__(self, where: ObjectStore):
         self.where = where
         self.s3 = where.client()
+        self.retried = 0  # requests sent again after a throttling answer or a dropped connection
+        self.s3.meta.events.register("after-call.s3", self._count_retries)
+
+    def _count_retries(self, parsed=None, **_) -> None:
+        self.retried += (parsed or {}).get("ResponseMetadata", {}).get("RetryAttempts", 0)
 
     def listing(self, under: str = "") -> dict[str, int]:
         """Every object under `under` (a relative key prefix): its relative key and size."""

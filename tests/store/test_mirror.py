@@ -1,7 +1,7 @@
 """A job's copy of part of an object store: what it fetches, and what it sends back."""
 
 import pytest
-from helpers import S3_ENV, moto_server, s3_client
+from helpers import S3_ENV, Flaky, moto_server, s3_client
 
 from esmshard.files import writer_suffix
 from esmshard.location import OBJECT_STORE_ENV, Location
@@ -84,3 +84,13 @@ def test_a_folder_store_has_no_mirror(tmp_path, monkeypatch):
     monkeypatch.delenv(OBJECT_STORE_ENV, raising=False)
     with mirrored(tmp_path, ("key/",)) as mirror:
         assert mirror is None
+
+
+def test_requests_retried_are_counted_in_the_steps_line(where, port, tmp_path):
+    put(where, {"key/a.json": b"{}", "key/b.json": b"[]"})
+    flaky = Flaky(port)
+    mirror = Mirror(ObjectStore(where.url, flaky.url), tmp_path, ("key/",))
+    assert mirror.pull() == 2
+    assert mirror.moved_line().startswith("store copy: 2 of 2 files fetched, 4 bytes; ")
+    assert mirror.moved_line().endswith(" requests retried (throttled or dropped)")
+    flaky.shutdown()

@@ -2,7 +2,7 @@
 the one line that says why a store cannot be used (against moto's S3 server)."""
 
 import pytest
-from helpers import S3_ENV, free_port, moto_server, s3_client
+from helpers import S3_ENV, Flaky, free_port, moto_server, s3_client
 
 from esmshard.store.objects import Bucket, ObjectStore, ObjectStoreError, check_writable
 
@@ -70,3 +70,16 @@ def test_missing_credentials_are_one_line(port, monkeypatch, tmp_path):
     with pytest.raises(ObjectStoreError) as err:
         check_writable(ObjectStore("s3://lab/x", f"http://127.0.0.1:{port}"))
     assert str(err.value).startswith("s3://lab/x: no credentials for the object store: set ")
+
+
+@pytest.mark.parametrize("drop", [False, True], ids=["503 SlowDown", "dropped connections"])
+def test_throttling_and_dropped_connections_are_retried_and_counted(port, tmp_path, drop):
+    flaky = Flaky(port, drop)
+    bucket = Bucket(ObjectStore(f"s3://lab/flaky{drop}", flaky.url))
+    (tmp_path / "part.h5").write_bytes(b"values")
+    for n in range(4):
+        assert bucket.upload(tmp_path / "part.h5", f"k/{n}.h5", only_new=True)
+    assert bucket.listing("k/") == {f"k/{n}.h5": 6 for n in range(4)}
+    assert bucket.read("k/2.h5") == b"values" and bucket.head("k/3.h5").size == 6
+    assert bucket.retried >= 6 and flaky.seen >= 12  # half the requests failed, all were retried
+    flaky.shutdown()
