@@ -10,6 +10,7 @@ import json
 import os
 import posixpath
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,6 +29,12 @@ UNSEEN = "a folder of this machine, which jobs that share no filesystem cannot s
 def is_object_url(path) -> bool:
     """Whether `path` names an object store location (s3://bucket/prefix) rather than a folder."""
     return "://" in str(path)
+
+
+def given_path(text: str):
+    """A command's path argument: an object store URL as it is (a Path would fold its `//`),
+    anything else a Path."""
+    return text if is_object_url(text) else Path(text)
 
 
 @dataclass(frozen=True)

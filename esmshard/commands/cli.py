@@ -10,12 +10,15 @@ from ..embeddings_h5.representations import LAYERED
 from ..files import DamagedFileError, quiet_hdf5_cleanup
 from ..input.fasta import FastaError
 from ..layout import Layout
+from ..location import given_path, is_object_url
 from ..models import families_named
 from ..outputs import export as exports
 from ..steps.run_state import merged as status_merged
 from ..steps.run_state import read_state
+from ..store.objects import ObjectStoreError
 from ..version import __version__
 from . import console, launch
+from .bucket_outdir import outdir_in_bucket
 from .neighbours import add_neighbours_command, neighbours
 from .status import render
 from .store import show_store
@@ -144,7 +147,11 @@ def add_status_command(commands) -> None:
     status = commands.add_parser(
         "status", help="dashboard of a run: per device slot, progress, ETA"
     )
-    status.add_argument("outdir", type=Path, help="the run's outdir (as in the config)")
+    status.add_argument(
+        "outdir",
+        type=given_path,
+        help="the run's outdir (as in the config), or its s3:// URL for a run in object storage",
+    )
     status.add_argument(
         "--watch",
         nargs="?",
@@ -164,7 +171,11 @@ def add_store_command(commands) -> None:
         description="List what a store holds (per settings key: sequences, parts, bytes). "
         "--remove and --prune refuse, naming the runs, while a run uses the key they change.",
     )
-    store.add_argument("path", type=Path, help="a store, or a run's outdir (its store is used)")
+    store.add_argument(
+        "path",
+        type=given_path,
+        help="a store, or a run's outdir (its store is used): a folder, or an s3:// URL",
+    )
     action = store.add_mutually_exclusive_group()
     action.add_argument(
         "--remove", metavar="KEY", help="remove every entry computed with the settings KEY"
@@ -416,23 +427,36 @@ def export(parser, args) -> int:
 
 def status(parser, args) -> int:
     """Show a run's dashboard, once or until it has finished (`esmshard status`)."""
-    if not args.outdir.is_dir():
+    if not is_object_url(args.outdir) and not args.outdir.is_dir():
         what = "is a file" if args.outdir.exists() else "does not exist"
         parser.error(f"{args.outdir} {what}; give the `outdir` folder of a run")
-    if not args.watch:
-        state = read_state(args.outdir)
-        print(render(state))
-        return 0 if (state["planned"] or state["started"]) and not state.get("damaged") else 1
-    try:  # Ctrl-C is how one leaves the watch, whenever it comes
-        while True:
-            state = read_state(args.outdir)
+    try:
+        if not args.watch:
+            state, _ = run_state(args.outdir)
+            print(render(state))
+            return 0 if (state["planned"] or state["started"]) and not state.get("damaged") else 1
+        while True:  # Ctrl-C is how one leaves the watch, whenever it comes
+            state, done = run_state(args.outdir)
             sys.stdout.write("\033[H\033[J" + render(state) + "\n")
             sys.stdout.flush()
-            if merged(args.outdir, state):
+            if done:
                 return 0
             time.sleep(args.watch)
     except KeyboardInterrupt:
         return 0
+    except ObjectStoreError as err:
+        parser.exit(1, f"esmshard status: {err}\n")
+
+
+def run_state(outdir) -> tuple[dict, bool]:
+    """The run's state in `outdir` (a folder, or a URL in object storage), and whether it has
+    finished."""
+    if is_object_url(outdir):
+        with outdir_in_bucket(outdir) as copy:
+            state, done = run_state(copy)
+        return {**state, "outdir": outdir}, done
+    state = read_state(outdir)
+    return state, merged(outdir, state)
 
 
 HANDLERS = {

@@ -8,7 +8,10 @@ from pathlib import Path
 
 from .. import store as stores
 from ..files import human_bytes, unwritable
+from ..location import is_object_url
+from ..steps.object_store import bucket_store
 from ..store import storelock
+from ..store.object_file import object_file
 from ..store.storelock import StoreBusyError
 
 
@@ -20,7 +23,34 @@ def store_of(path: Path) -> Path:
     return path / "store" if (path / "store").is_dir() else path
 
 
+def bucket_store_of(url: str) -> str:
+    """The store that `url` names in object storage: the store itself (it holds the store's
+    mark), or the one a run in outdir `url` used (its run.json says which)."""
+    url = url.rstrip("/")
+    try:
+        return json.loads(object_file(f"{url}/run.json").read())["store"]
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return url
+
+
+def show_bucket_store(parser, args) -> int:
+    """`esmshard store` of a store in object storage: list it, or --verify it."""
+    if args.remove is not None or args.prune:
+        parser.exit(1, "esmshard store: --remove and --prune change a store in a folder only "
+                       "for now; list or --verify a store in object storage\n")  # fmt: skip
+    try:
+        with bucket_store(bucket_store_of(args.path)) as store:
+            # its objects' writers are on other machines: no lock here holds them
+            return store_command(args, store.checked(), None, contextlib.nullcontext())
+    except (KeyError, ValueError) as err:
+        parser.exit(1, f"esmshard store: {err.args[0]}\n")
+    except OSError as err:
+        parser.exit(1, f"esmshard store: {err}\n")
+
+
 def show_store(parser, args) -> int:
+    if is_object_url(args.path):
+        return show_bucket_store(parser, args)
     if not args.path.is_dir():
         parser.error(f"{args.path} is not a folder; give a store or a run's outdir")
     try:
@@ -35,23 +65,35 @@ def show_store(parser, args) -> int:
         # What a live run or call writes, its kept pieces included, is held from maintenance
         # by its settings key: every key is taken before anything is read (a store that
         # cannot be written is changed by no one: nothing to hold).
-        if args.verify or args.prune:
-            doing = "verify" if args.verify else "prune"
-            held = storelock.exclusive(store.root, store.settings_keys(), doing)
-            with contextlib.nullcontext() if read_only else held:
-                if args.verify:
-                    return verify_store(store, read_only)
-                return prune_store(store, args.keep, args.apply)
+        doing = "verify" if args.verify else "prune"
+        held = storelock.exclusive(store.root, store.settings_keys(), doing)
+        return store_command(
+            args, store, read_only, contextlib.nullcontext() if read_only else held
+        )
     except (KeyError, ValueError, StoreBusyError) as err:
         parser.exit(1, f"esmshard store: {err.args[0]}\n")
     except OSError as err:  # e.g. a part another user owns: no traceback for a path
         parser.exit(1, f"esmshard store: {err}\n")
+
+
+def store_command(args, store, read_only: str | None, held) -> int:
+    """Verify or prune `store` (`held` from runs meanwhile), or list what it holds."""
+    if args.verify or args.prune:
+        with held:
+            if args.verify:
+                return verify_store(store, read_only)
+            return prune_store(store, args.keep, args.apply)
+    return list_store(store)
+
+
+def list_store(store) -> int:
+    """Print what `store` holds, per settings key; exit status 1 where it holds nothing."""
     rows = stores.summary(store)
     foreign = store.foreign()
     if not rows:
-        print(f"{store.root}: no embeddings stored")
+        print(f"{store.name}: no embeddings stored")
     else:
-        print(f"{store.root}:")
+        print(f"{store.name}:")
     for row in rows:
         settings = ", ".join(f"{k}={json.dumps(v)}" for k, v in row["settings"].items())
         kept = (
@@ -80,10 +122,11 @@ def verify_store(store, read_only: str | None) -> int:
     verified = stores.verify(store)
     done = f"left in place ({read_only})" if read_only else "set aside"
     for part, reason in verified.damaged:
-        print(f"damaged: {part}: {reason}; {done} (the next run recomputes its sequences)")
+        print(f"damaged: {store.shown(part)}: {reason}; {done} (the next run recomputes its "
+              "sequences)")  # fmt: skip
     pieces = f" and {verified.n_pieces} kept pieces" if verified.n_pieces else ""
     print(
-        f"{store.root}: {verified.n_parts} parts{pieces} checked, {len(verified.damaged)} damaged"
+        f"{store.name}: {verified.n_parts} parts{pieces} checked, {len(verified.damaged)} damaged"
     )
     return 1 if verified.damaged else 0
 

@@ -211,6 +211,7 @@ class ShardJob:
         )
         self.progress = Progress(  # exits with compute()
             task.progress_json,
+            sent_as=Layout(task.outdir).progress(task.shard),
             shard=task.shard,
             gpu_slot=self.slot.index,
             device=str(self.device),

@@ -10,7 +10,8 @@ from tempfile import TemporaryDirectory
 
 from ..location import Location
 from ..store import MARKER, PIECES, Store, settings_key
-from ..store.mirror import mirrored
+from ..store.mirror import WHOLE, mirrored
+from ..store.objects import ObjectStore
 from . import embed, merge, shard
 
 
@@ -37,6 +38,17 @@ def key_copy(settings: dict):
     with TemporaryDirectory(prefix="esmshard-store-") as root:
         with mirrored(root, key_scope(settings_key(settings)), is_piece, is_part) as mirror:
             yield Store(root, mirror.where.url, mirror)
+
+
+@contextmanager
+def bucket_store(url: str):
+    """The store at `url` in object storage, for a command (`esmshard store`): a Store on a
+    temporary copy of its manifests, settings and kept pieces, each part's values fetched when
+    the command opens it, and what the command changed there (parts set aside) sent back."""
+    with TemporaryDirectory(prefix="esmshard-store-") as root:
+        where = ObjectStore.reaching(url)
+        with mirrored(root, (WHOLE,), lazy=is_part, where=where) as mirror:
+            yield Store(root, url, mirror)
 
 
 def shard_step(settings: dict, model_size, store_root, input_names=None, **params):

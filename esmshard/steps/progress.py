@@ -14,8 +14,11 @@ import numpy as np
 
 from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
+from ..location import Location
 from ..store import Store, read_json_object
+from ..store.objects import ObjectStoreError
 from ..store.runlock import LAUNCHER_ENV
+from .object_run import run_bucket
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,7 @@ def duration(seconds: float) -> str:
 
 # The fields `esmshard status` and the report read from the files each embed job writes: a file
 # without them (cut short, replaced, another program's) counts as unreadable.
+SEND_SECONDS = 10  # how often a job in object storage sends its progress file
 PROGRESS_FIELDS = (
     "shard",
     "gpu_slot",
@@ -197,13 +201,19 @@ class Progress:
     """The embed job's `progress/<shard>.json`, rewritten after each batch for `esmshard status`
     (and, under plain `snakemake`, a line on the job's stderr now and then)."""
 
-    def __init__(self, path, **fields):
+    def __init__(self, path, sent_as: str | None = None, **fields):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.fields = {**fields, "residues_done": 0, "cost_done": 0.0, "tokens_done": 0.0}
         every = os.environ.get(PROGRESS_LINE_ENV, PROGRESS_LINE_SECONDS)
         self.line_every = None if LAUNCHER_ENV in os.environ else float(every)
         self.said_at = time.time()
+        # in object storage `esmshard status` reads the file in the bucket, sent now and then
+        # (as `sent_as`, its path relative to the run's prefix: here it is Snakemake's copy)
+        where = Location.of_job()
+        self.sent_as = sent_as
+        self.bucket = run_bucket(where) if where.in_objects and sent_as else None
+        self.sent_at = 0.0
 
     def computing(self, kept_residues: int, since: float, sampler=None, kept_cost=0.0, cost=None):
         """The job computes from `since` on (its model loaded); what earlier jobs of its shard
@@ -231,6 +241,8 @@ class Progress:
             self.fields["memory_total_bytes"] = sampler.samples[-1]["memory_total_bytes"]
         write_json(self.path, self.fields)
         now = self.fields["updated_at"]
+        if self.bucket is not None and now - self.sent_at >= SEND_SECONDS:
+            self.send(now)
         if self.line_every is not None and now - self.said_at >= self.line_every:
             self.said_at = now
             print(self.line(now), file=sys.stderr, flush=True)
@@ -258,6 +270,20 @@ class Progress:
         if exc_type is not None:  # the job failed: its progress is no output of it
             self.path.unlink(missing_ok=True)
             self.record_stop()
+            if self.bucket is not None and self.sent_at:
+                self.send(time.time(), remove=True)
+
+    def send(self, now: float, remove: bool = False) -> None:
+        """Send the progress file to the run's objects (or `remove` it there); a server that
+        cannot be reached is said and the job goes on."""
+        self.sent_at = now
+        try:
+            if remove:
+                self.bucket.delete(self.sent_as)
+            else:
+                self.bucket.upload(self.path, self.sent_as)
+        except ObjectStoreError as err:
+            log.warning("esmshard: progress not sent to the object store: %s", err)
 
     def record_stop(self) -> None:
         """Add this job's time and work to its shard's stopped jobs, where it computed: the

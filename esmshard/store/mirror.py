@@ -11,6 +11,7 @@ where their key is free (a part is written once), and a temporary file never lea
 """
 
 import logging
+import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ from .objects import Bucket, Listed, ObjectStore, ObjectStoreError
 from .store import COMPILED
 
 NODE_LOCAL = (COMPILED, ".locks")  # compiled layers and locks belong to one node
+WHOLE = ""  # the scope of everything under the location
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +41,15 @@ class Mirror:
         if relative.split("/")[0] in NODE_LOCAL or TEMPORARY_NAME.match(Path(relative).name):
             return False
         return any(
-            relative == s or (s.endswith("/") and relative.startswith(s)) for s in self.scope
+            s == WHOLE or relative == s or (s.endswith("/") and relative.startswith(s))
+            for s in self.scope
         )
 
     def pull(self, skip: Callable[[str], bool] = lambda relative: False) -> int:
         """List the objects within the scope (its folders alone, not the whole store) and fetch
         them, but those `skip` names and the lazy ones; returns how many were fetched."""
         for scope in self.scope:
-            if scope.endswith("/"):
+            if scope == WHOLE or scope.endswith("/"):
                 found = self.bucket.entries(scope)
             else:
                 head = self.bucket.head(scope)
@@ -63,6 +66,8 @@ class Mirror:
             return
         path = self.root / relative
         self.bucket.download(relative, path)
+        modified = self.listed[relative].modified  # the object's time, as the server keeps it
+        os.utime(path, (modified, modified))
         stat = path.stat()
         self.fetched[relative] = (stat.st_size, stat.st_mtime_ns)
         if self.lazy(relative):
@@ -126,12 +131,13 @@ def mirrored(
     scope: tuple[str, ...],
     skip: Callable[[str], bool] = lambda r: False,
     lazy: Callable[[str], bool] = lambda r: False,
+    where: ObjectStore | None = None,
 ):
-    """The store folder `root`, fetched from the object store the workflow named for its jobs
-    (the files `lazy` names only when opened) and sent back after the step (also after a
-    failed one: what it kept is the store's); the Mirror, or None where the store is a
-    folder."""
-    where = Location.of_job().store
+    """The store folder `root`, fetched from the object store `where` (by default the one the
+    workflow named for its jobs; the files `lazy` names only when opened) and sent back after
+    the step (also after a failed one: what it kept is the store's); the Mirror, or None where
+    the store is a folder."""
+    where = where or Location.of_job().store
     if where is None:
         yield None
         return

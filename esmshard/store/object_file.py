@@ -21,7 +21,7 @@ class ObjectFile(io.RawIOBase):
     def __init__(self, bucket: Bucket, relative: str, found: Listed):
         super().__init__()
         self.bucket, self.relative = bucket, relative
-        self.size, self.etag = found
+        self.size, self.etag = found.size, found.etag
         self.position = 0
         self.blocks: OrderedDict[int, bytes] = OrderedDict()
         self.requests = self.fetched = 0

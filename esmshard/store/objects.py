@@ -69,6 +69,7 @@ class Listed(NamedTuple):
 
     size: int
     etag: str
+    modified: float = 0.0  # seconds since the epoch, as the server keeps it
 
 
 class Bucket:
@@ -97,7 +98,9 @@ class Bucket:
             for page in pages:
                 for item in page.get("Contents", []):
                     relative = item["Key"][len(root) :].lstrip("/")
-                    found[relative] = Listed(item["Size"], item["ETag"])
+                    found[relative] = Listed(
+                        item["Size"], item["ETag"], item["LastModified"].timestamp()
+                    )
         except Exception as err:
             raise self.failure(err) from err
         return found
@@ -115,7 +118,7 @@ class Bucket:
             if error_code(err) in ("404", "NoSuchKey", "NotFound"):
                 return None
             raise self.failure(err) from err
-        return Listed(found["ContentLength"], found["ETag"])
+        return Listed(found["ContentLength"], found["ETag"], found["LastModified"].timestamp())
 
     def read_range(self, relative: str, start: int, stop: int) -> bytes:
         """Bytes `start` .. `stop` of the object (one ranged GET)."""

@@ -56,6 +56,11 @@ class Store:
         """The store a step is given: a Store (a job's copy of an object store), or a folder."""
         return root if isinstance(root, Store) else cls(str(root))
 
+    @property
+    def name(self) -> str:
+        """Where the store is, as the user finds it: its URL, or its folder."""
+        return self.url or self.root
+
     def shown(self, path: str) -> str:
         """`path`, a file of the store, as the user finds it: under `url` where there is one."""
         if self.url is None:
@@ -124,7 +129,7 @@ class Store:
         on esmshard's own stores)."""
         if not self.is_store():
             raise NotAStoreError(
-                f"{self.root} is not an esmshard store (no {MARKER} and no settings folders); "
+                f"{self.name} is not an esmshard store (no {MARKER} and no settings folders); "
                 "give a store a run wrote, or that run's outdir"
             )
         return self

@@ -186,11 +186,19 @@ def test_a_grown_input_computes_only_its_new_sequences(s3, first, tmp_path, loca
     )
 
 
+def esmshard_on(s3, *args) -> subprocess.CompletedProcess:
+    """An esmshard command on this machine, the bucket's server where boto3 finds it."""
+    env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{s3.port}"}
+    return subprocess.run(["esmshard", *args], env=env, capture_output=True, text=True)
+
+
 def test_one_driver_at_a_time_and_a_killed_one_resumed_by_the_same_command(s3, tmp_path, local):
-    """While a run's embed job keeps pieces, a second driver on its outdir (from another folder,
-    as from another machine) is refused in one line by the outdir's lease; after kill -9 of the
+    """While a run's embed job keeps pieces, `esmshard status` on its outdir's URL shows the
+    job from the progress it sends, and a second driver on the outdir (from another folder, as
+    from another machine) is refused in one line by the outdir's lease; after kill -9 of the
     first, the same command takes the lease over and finishes, its embed job resuming from the
-    pieces kept on the dead node."""
+    pieces kept on the dead node; status and store --verify then say what they say of a folder,
+    and a part damaged in the bucket is set aside there by name."""
     upload(s3, "k/proteins.fasta", RECORDS)
     slow = {SLOW_BATCHES_ENV: "1.0"}
     more = ["toks_per_batch=1024", "keep_every=1"]
@@ -205,13 +213,18 @@ def test_one_driver_at_a_time_and_a_killed_one_resumed_by_the_same_command(s3, t
             for o in listed.get("Contents", [])
         )
         if kept:
+            second.append(esmshard_on(s3, "status", "s3://lab/k/out"))
             second.append(
                 run(*cloud_command(tmp_path / "second", s3.port, "k", *more), check=False)
             )
         return kept
 
     kill_9_when(cmd, env, piece_kept)  # the run, and with it every node's job
-    line = refused_before_any_job(second[0])
+    live = second[0].stdout.splitlines()
+    assert second[0].returncode == 0 and live[0] == "esmshard status s3://lab/k/out", live
+    assert re.search(r" [0-9a-f]+-0000 \(\d+%\)", live[1] + live[2]), live  # the running job
+    assert [ln for ln in live if ln.startswith("shards 0/1 (0%)  residues ")], live
+    line = refused_before_any_job(second[1])
     assert line.startswith("esmshard: another esmshard run is active in s3://lab/k/out: the run of "
                            "process "), line  # fmt: skip
     assert "its lease s3://lab/k/out/.esmshard/run.lease" in line
@@ -228,7 +241,28 @@ def test_one_driver_at_a_time_and_a_killed_one_resumed_by_the_same_command(s3, t
     )
     assert kept > 0 and kept + left == len(RECORDS), log
     assert not [key for key in found if "/.pieces/" in key]  # merged into the part, then gone
-    assert_close(values(found["k/out/embeddings.h5"]), local, within=1e-5)
+    # its pieces batched as the kill fell: float32's sums in another order
+    assert_close(values(found["k/out/embeddings.h5"]), local, within=1e-4)
+    status = esmshard_on(s3, "status", "s3://lab/k/out")
+    assert status.returncode == 0 and "shards 1/1 (100%)" in status.stdout, status.stdout
+    assert status.stdout.rstrip().splitlines()[-1].endswith("finished"), status.stdout
+    listed = esmshard_on(s3, "store", "s3://lab/k/out")
+    assert listed.stdout.startswith("s3://lab/k/out/store:\n  ") and (
+        f": {len(RECORDS)} sequences in 1 parts, " in listed.stdout
+    ), listed.stdout
+    verified = esmshard_on(s3, "store", "--verify", "s3://lab/k/out")
+    assert (verified.returncode, verified.stdout) == (
+        0,
+        "s3://lab/k/out/store: 1 parts checked, 0 damaged\n",
+    )
+    (part,) = [key for key in found if key.startswith("k/out/store/") and key.endswith(".h5")]
+    client(s3.port).put_object(Bucket="lab", Key=part, Body=found[part][:-7] + b"damaged")
+    verified = esmshard_on(s3, "store", "--verify", "s3://lab/k/out")
+    assert verified.returncode == 1 and verified.stdout.startswith(
+        f"damaged: s3://lab/{part}: "
+    ), verified.stdout + verified.stderr
+    after = objects(s3, "k/out/store/")
+    assert part not in after and f"{part}.corrupt" in after  # set aside in the bucket
 
 
 def whole_files(s3, prefix: str) -> dict[str, bytes]:
