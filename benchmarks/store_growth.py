@@ -14,7 +14,6 @@ each step's own count from its log (`store copy: N of M files fetched, B bytes`)
 import argparse
 import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,31 +40,6 @@ import esmshard  # noqa: E402
 AMINO = "ACDEFGHIKLMNPQRSTVWY"
 PART = 1000  # proteins a part of the filled store holds
 SETTINGS = [f"model={MODEL}", "repr_layers=[-1]", "include=[mean]"]
-
-
-class CountingProxy(Proxy):
-    """A Proxy that counts the HTTP requests it passes to the server, too."""
-
-    def __init__(self, target_port: int):
-        self.requests = 0
-        super().__init__(target_port)
-
-    def pipe(self, source, sink, way: str) -> None:
-        request = re.compile(rb"^(?:GET|PUT|HEAD|POST|DELETE) \S+ HTTP/1\.1\r$", re.M)
-        try:
-            while data := source.recv(1 << 16):
-                sink.sendall(data)
-                self.sent[way] += len(data)
-                if way == "to the server":
-                    self.requests += len(request.findall(data))
-        except OSError:
-            pass
-        finally:
-            for conn in (source, sink):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
 
 def tiled(start: int, stop: int) -> dict[str, str]:
@@ -95,7 +69,7 @@ def fill(folder: Path, port: int, start: int, stop: int) -> float:
     return time.perf_counter() - began
 
 
-def run_new(folder: Path, proxy: CountingProxy, prefix: str, proteins: dict) -> dict:
+def run_new(folder: Path, proxy: Proxy, prefix: str, proteins: dict) -> dict:
     """One run of `proteins` against the shared store: what it cost the bucket."""
     text = "".join(f">{name}\n{sequence}\n" for name, sequence in proteins.items())
     s3_client(proxy.port).put_object(Bucket="lab", Key=f"{prefix}/proteins.fasta", Body=text)
@@ -134,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with moto_server() as port, tempfile.TemporaryDirectory() as tmp:
-        proxy = CountingProxy(port)
+        proxy = Proxy(port)
         s3_client(port).create_bucket(Bucket="lab")
         filled = 0
         for size in args.sizes:

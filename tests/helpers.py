@@ -528,6 +528,10 @@ def moto_server(env: dict | None = None):
         server.wait()
 
 
+# An HTTP request's first line, as a client sends it to the object store.
+REQUEST_LINE = re.compile(rb"^(?:GET|PUT|HEAD|POST|DELETE) \S+ HTTP/1\.1\r$", re.M)
+
+
 class Proxy:
     """A TCP proxy to the object store that can stop (connections refused, open ones cut) and
     start again on its port, the server's objects kept behind it: a server that goes away."""
@@ -537,6 +541,7 @@ class Proxy:
         self.open: list[socket.socket] = []
         self.listener = None
         self.sent = {"to the server": 0, "from the server": 0}  # bytes, for benchmarks
+        self.requests = 0  # HTTP requests passed to the server
         self.start()
 
     def start(self) -> None:
@@ -572,6 +577,8 @@ class Proxy:
             while data := source.recv(1 << 16):
                 sink.sendall(data)
                 self.sent[way] += len(data)
+                if way == "to the server":
+                    self.requests += len(REQUEST_LINE.findall(data))
         except OSError:
             pass
         finally:

@@ -20,13 +20,13 @@ SMALL = 1 << 20  # bytes: a larger object stands as an empty file
 
 
 @contextmanager
-def outdir_in_bucket(url: str):
+def outdir_in_bucket(url: str, endpoint_url: str | None = None):
     """The outdir at `url` as a temporary folder (see above), its plan pointing at the store's
-    copy there."""
+    copy there; `endpoint_url`: the server (else the one boto3 finds)."""
     url = url.rstrip("/")
     with TemporaryDirectory(prefix="esmshard-outdir-") as tmp:
         root = Path(tmp) / "out"
-        copy(url, root)
+        copy(url, root, endpoint_url)
         plan_json = Path(Layout(str(root)).plan_json)
         if plan_json.is_file():
             plan = json.loads(plan_json.read_text())
@@ -35,16 +35,18 @@ def outdir_in_bucket(url: str):
                 local = root / store[len(url) + 1 :]
             else:  # a store of its own elsewhere: its settings key's folder
                 local = Path(tmp) / "store"
-                copy(f"{store.rstrip('/')}/{plan['key']}", local / plan["key"], store=True)
+                key_url = f"{store.rstrip('/')}/{plan['key']}"
+                copy(key_url, local / plan["key"], endpoint_url, store=True)
             plan_json.write_text(json.dumps({**plan, "store": str(local)}))
         yield root
 
 
-def copy(url: str, root: Path, store: bool = False) -> None:
+def copy(url: str, root: Path, endpoint_url: str | None, store: bool = False) -> None:
     """The objects under `url` (an outdir, or with `store` a store's folder) in `root`: the
     small ones fetched, the others standing as empty files, as do the store's files but its
     kept pieces' manifests; each with the server's time."""
-    mirror = Mirror(ObjectStore.reaching(url), root, (WHOLE,))
+    where = ObjectStore(url, endpoint_url) if endpoint_url else ObjectStore.reaching(url)
+    mirror = Mirror(where, root, (WHOLE,))
     mirror.lazy = lambda relative: standing_in(relative, mirror.listed[relative].size, store)
     mirror.pull()
     for relative, listed in mirror.listed.items():

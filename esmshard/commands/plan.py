@@ -10,11 +10,13 @@ options that snakemake-executor-plugin-slurm submits it with. Nothing is submitt
 
 import json
 import os
+import posixpath
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -30,6 +32,7 @@ from ..steps.progress import duration
 from ..steps.start import EMBED_THREADS
 from ..store import Store, read_json_object
 from . import launch
+from .bucket_outdir import outdir_in_bucket
 from .console import OURS
 
 # The dry run's cores: a cluster's jobs take their threads as asked, not capped by this machine's.
@@ -231,6 +234,17 @@ def disk_lines(summary: dict, outdir: str) -> list[str]:
     ]
 
 
+def bucket_lines(summary: dict) -> list[str]:
+    """What the new parts add to a store in object storage, and embeddings.h5's values at most."""
+    if "store_bytes" not in summary:
+        return []
+    return [
+        f"object storage: the store gains about {human_bytes(summary['store_bytes'])}; "
+        f"embeddings.h5 holds up to {human_bytes(summary['values_bytes'])} of values in float32 "
+        "(half with output_dtype: float16; little with output_values: in_place)"
+    ]
+
+
 def where_jobs_run(executor: str) -> str:
     if executor == "local":
         return "the jobs the run starts on this machine, as each asks for its resources:"
@@ -260,16 +274,19 @@ class ShardPlan(NamedTuple):
         )
 
 
-def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) -> list[str]:
+def plan_lines(
+    outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str, url: str | None = None
+) -> list[str]:
     """What `esmshard plan` says of the plan in `outdir` (and of its mutants', where pseudo_ppl
-    or pllr scores them) and the dry run's `jobs`."""
-    layout = Layout(outdir)
+    or pllr scores them) and the dry run's `jobs`; `url`: the outdir's in object storage, of
+    which `outdir` holds a copy."""
+    layout, shown = Layout(outdir), Layout(url or outdir)
     plan = ShardPlan.read(layout)
-    lines = [f"esmshard plan: {plan.line('records', layout.shard_dir)}"]
+    lines = [f"esmshard plan: {plan.line('records', shown.shard_dir)}"]
     rows = plan.rows
     if Path(layout.mutants.plan_json).is_file():
         mutants = ShardPlan.read(layout.mutants)
-        line = mutants.line("mutant sequences", layout.mutants.shard_dir)
+        line = mutants.line("mutant sequences", shown.mutants.shard_dir)
         lines.append(f"  and the mutants' run (pseudo_ppl, pllr): {line}")
         rows = rows + mutants.rows  # their forward passes in their costs
     return [
@@ -282,7 +299,7 @@ def plan_lines(outdir: str, jobs: list[PlannedJob], slurm: bool, executor: str) 
             if executor == "local" and not visible_devices()
             else []
         ),
-        *disk_lines(plan.summary, outdir),
+        *(bucket_lines(plan.summary) if url else disk_lines(plan.summary, outdir)),
     ]
 
 
@@ -314,15 +331,6 @@ def plan(planned: launch.Launch, stream=sys.stdout) -> int:
     """Plan the run `planned` describes (its shard step, here), then say what it will submit."""
     cmd = launch.snakemake_command(planned)
     planned = launch.with_config_options(planned)
-    storage = profile_values(planned.profile).get("default-storage-provider")
-    if storage:
-        print(
-            f"esmshard plan: --profile {planned.profile} keeps the run in object storage "
-            f"(default-storage-provider: {storage}), whose plan esmshard plan cannot read yet: "
-            f"`esmshard run ... --profile {planned.profile} -- --dry-run` lists the jobs",
-            file=sys.stderr,
-        )
-        return 2
     executor = executor_of(planned.profile)
     env = {**os.environ, launch.DEFAULTS_ENV: "1"}
     sharded = run_snakemake(cmd, ["planned", "--executor", "local"], {**env, PLAN_ENV: executor})
@@ -334,12 +342,27 @@ def plan(planned: launch.Launch, stream=sys.stdout) -> int:
         return failed(dry_run)
     text = dry_run.stdout + dry_run.stderr
     slurm = executor == "slurm"
-    for line in plan_lines(planned.outdir, dry_run_jobs(text), slurm, executor):
-        print(line, file=stream)
+    with planned_outdir(planned) as (outdir, url):
+        for line in plan_lines(outdir, dry_run_jobs(text), slurm, executor, url):
+            print(line, file=stream)
     typed = ["esmshard", "run", *sys.argv[2:]] if sys.argv[1:2] == ["plan"] else None
     again = shlex.join(typed) if typed else "esmshard run with the same arguments"
     print(f"nothing was submitted; {again} runs this plan", file=stream)
     return 0
+
+
+@contextmanager
+def planned_outdir(planned: launch.Launch):
+    """The folder that holds the run's plan, and its URL where the profile keeps the run in
+    object storage (the folder a copy of the plan's files: esmshard.commands.bucket_outdir)."""
+    profile = profile_values(planned.profile)
+    prefix = profile.get("default-storage-prefix")
+    if not prefix:
+        yield planned.outdir, None
+        return
+    url = f"{str(prefix).rstrip('/')}/{posixpath.normpath(planned.outdir)}"
+    with outdir_in_bucket(url, profile.get("storage-s3-endpoint-url")) as copy:
+        yield str(copy), url
 
 
 def failed(done: subprocess.CompletedProcess) -> int:

@@ -7,17 +7,22 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 import yaml
 from helpers import (
     MODEL,
     PROTEINS,
     PROTEOME,
     REPO,
+    S3_ENV,
     clone_of_workflow,
     doc_block,
+    edited_cloud_profile,
     fasta,
     jobs_run,
+    moto_server,
     read_records,
+    s3_client,
 )
 
 from esmshard.commands.plan import (
@@ -283,17 +288,30 @@ def test_a_local_plan_on_a_machine_without_gpus_gives_the_cpus_time(tmp_path, mo
     assert any("GPU-hours on H200s" in line for line in lines)
 
 
-def test_a_plan_in_object_storage_is_said_in_one_line_not_a_traceback(
-    tmp_path, capsys, monkeypatch
-):
-    from esmshard.commands.cli import main
-
-    monkeypatch.chdir(tmp_path)
-    status = main(["plan", str(PROTEINS), "-o", "out", "--model", MODEL, "--profile", "awsbatch"])
-    (line,) = capsys.readouterr().err.splitlines()
-    assert status == 2 and line == (
-        "esmshard plan: --profile awsbatch keeps the run in object storage "
-        "(default-storage-provider: s3), whose plan esmshard plan cannot read yet: "
-        "`esmshard run ... --profile awsbatch -- --dry-run` lists the jobs"
-    )
-    assert not list(tmp_path.iterdir())
+def test_a_plan_in_object_storage_is_read_from_the_bucket_and_its_run_uses_it(tmp_path):
+    """A cloud profile as its user edits it (moto's server, the local executor: the plugin is
+    not installed here): the shard step plans into the bucket, `esmshard plan` says that plan
+    by its URL, and the run that follows computes it without sharding again."""
+    pytest.importorskip("boto3")
+    with moto_server() as port:
+        s3_client(port).create_bucket(Bucket="lab")
+        s3_client(port).upload_file(str(PROTEINS), "lab", "p/proteins.fasta")
+        profile = edited_cloud_profile("awsbatch", "s3://lab/p", port, tmp_path / "profile")
+        typed = ["proteins.fasta", "-o", "out", "--model", MODEL, "--profile", str(profile)]
+        done = esmshard("plan", *typed, cwd=tmp_path, **S3_ENV)
+        lines = done.stdout.splitlines()
+        assert done.returncode == 0 and lines[0].startswith("esmshard plan: 40 records, "), (
+            done.stdout + done.stderr
+        )
+        assert lines[0].endswith(" in 1 shard, planned in s3://lab/p/out/shards"), lines[0]
+        assert lines[-2].startswith("object storage: the store gains about "), lines
+        assert "esmshard-outdir-" not in done.stdout  # the copy read from the bucket goes unsaid
+        ran = esmshard("run", *typed, cwd=tmp_path, **S3_ENV)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        # the run's own record of its jobs: Snakemake's log of its last command
+        log = sorted((tmp_path / ".snakemake" / "log").glob("*.snakemake.log"))[-1].read_text()
+        assert jobs_run(subprocess.CompletedProcess([], 0, log, "")) == {
+            "embed": 1,
+            "merge": 1,
+            "report": 1,
+        }, log

@@ -8,18 +8,11 @@ import sys
 import time
 
 import pytest
-from helpers import S3_ENV, moto_server, s3_client
+from helpers import S3_ENV, s3_client
 
 from esmshard.store.lease import Lease
 from esmshard.store.objects import Bucket, ObjectStore
 from esmshard.store.runlock import RunActiveError
-
-
-@pytest.fixture(scope="module")
-def port():
-    with moto_server() as port:
-        s3_client(port).create_bucket(Bucket="lab")
-        yield port
 
 
 @pytest.fixture

@@ -1,19 +1,12 @@
 """A job's copy of part of an object store: what it fetches, and what it sends back."""
 
 import pytest
-from helpers import S3_ENV, Flaky, moto_server, s3_client
+from helpers import S3_ENV, Flaky, s3_client
 
 from esmshard.files import writer_suffix
 from esmshard.location import OBJECT_STORE_ENV, Location
 from esmshard.store.mirror import Mirror, mirrored
 from esmshard.store.objects import Bucket, ObjectStore
-
-
-@pytest.fixture(scope="module")
-def port():
-    with moto_server() as port:
-        s3_client(port).create_bucket(Bucket="lab")
-        yield port
 
 
 @pytest.fixture

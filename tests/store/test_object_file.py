@@ -4,17 +4,10 @@ it on disk, fetching only the blocks it needs (against moto's S3 server)."""
 import h5py
 import numpy as np
 import pytest
-from helpers import S3_ENV, moto_server, s3_client
+from helpers import S3_ENV, s3_client
 
 from esmshard.store import object_file as module
 from esmshard.store.object_file import object_file
-
-
-@pytest.fixture(scope="module")
-def port():
-    with moto_server() as port:
-        s3_client(port).create_bucket(Bucket="lab")
-        yield port
 
 
 @pytest.fixture(autouse=True)

@@ -2,16 +2,9 @@
 the one line that says why a store cannot be used (against moto's S3 server)."""
 
 import pytest
-from helpers import S3_ENV, Flaky, free_port, moto_server, s3_client
+from helpers import S3_ENV, Flaky, free_port
 
 from esmshard.store.objects import Bucket, ObjectStore, ObjectStoreError, check_writable
-
-
-@pytest.fixture(scope="module")
-def port():
-    with moto_server() as port:
-        s3_client(port).create_bucket(Bucket="lab")
-        yield port
 
 
 @pytest.fixture(autouse=True)
