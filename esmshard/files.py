@@ -36,6 +36,18 @@ class DamagedFileError(ValueError):
         self.problem = problem or message
 
 
+def is_object_url(path) -> bool:
+    """Whether `path` names an object store location (s3://bucket/prefix) rather than a file
+    or folder of this machine."""
+    return "://" in str(path)
+
+
+def given_path(text: str):
+    """A command's path argument: an object store URL as it is (a Path would fold its `//`),
+    anything else a Path."""
+    return text if is_object_url(text) else Path(text)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("bytes", "KB", "MB", "GB", "TB"):
         if n < 1000 or unit == "TB":

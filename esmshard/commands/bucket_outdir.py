@@ -13,6 +13,7 @@ from tempfile import TemporaryDirectory
 
 from ..layout import Layout
 from ..store import PIECES
+from ..store.location import reaching
 from ..store.mirror import WHOLE, Mirror
 from ..store.objects import ObjectStore
 
@@ -45,7 +46,7 @@ def copy(url: str, root: Path, endpoint_url: str | None, store: bool = False) ->
     """The objects under `url` (an outdir, or with `store` a store's folder) in `root`: the
     small ones fetched, the others standing as empty files, as do the store's files but its
     kept pieces' manifests; each with the server's time."""
-    where = ObjectStore(url, endpoint_url) if endpoint_url else ObjectStore.reaching(url)
+    where = ObjectStore(url, endpoint_url) if endpoint_url else reaching(url)
     mirror = Mirror(where, root, (WHOLE,))
     mirror.lazy = lambda relative: standing_in(relative, mirror.listed[relative].size, store)
     mirror.pull()

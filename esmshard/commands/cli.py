@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 from ..embeddings_h5.representations import LAYERED
-from ..files import DamagedFileError, quiet_hdf5_cleanup
+from ..files import DamagedFileError, given_path, is_object_url, quiet_hdf5_cleanup
 from ..input.fasta import FastaError
 from ..layout import Layout
-from ..location import given_path, is_object_url
 from ..models import families_named
 from ..outputs import export as exports
 from ..steps.run_state import merged as status_merged

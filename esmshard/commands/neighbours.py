@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..files import DamagedFileError
-from ..location import is_object_url
+from ..files import DamagedFileError, is_object_url
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file

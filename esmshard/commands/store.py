@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 from .. import store as stores
-from ..files import human_bytes, unwritable
-from ..location import is_object_url
+from ..files import human_bytes, is_object_url, unwritable
 from ..steps.object_store import bucket_store
 from ..store import storelock
 from ..store.object_file import object_file

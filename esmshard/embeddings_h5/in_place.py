@@ -19,9 +19,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from ..files import DamagedFileError, user_cache
+from ..files import DamagedFileError, is_object_url, user_cache
 from ..layout import Layout
-from ..location import is_object_url
 from .representations import kind_of, narrowed
 
 LAYOUT = "output_values"  # the file attribute: "copy" or "in_place"
@@ -78,10 +77,12 @@ def write_placement(
 
 class Parts:
     """The store parts an in-place embeddings.h5 reads, each opened when first read: a file,
-    or an object of an object store read by ranged requests (esmshard.store.object_file)."""
+    or an object of an object store, which `open_object` opens for ranged reads (the reader
+    gives esmshard.store.object_file's)."""
 
-    def __init__(self, h5: h5py.File, path: Path | None, name: str | None = None):
-        self.h5 = h5
+    def __init__(self, h5: h5py.File, path: Path | None, name: str | None = None,
+                 open_object=None):  # fmt: skip
+        self.h5, self.open_object = h5, open_object
         self.paths = part_paths(h5, path)
         self.name = name or (str(path) if path else "these embeddings")
         self.sizes = h5[PART_BYTES][:]
@@ -128,10 +129,8 @@ class Parts:
         part = self.paths[code]
         if not is_object_url(part):
             return part
-        from ..store.object_file import object_file  # esmshard.store imports this module
-
         try:
-            found = object_file(part)
+            found = self.open_object(part)
         except FileNotFoundError:
             self.check_size(code, None)
         self.check_size(code, found.size, found.etag)

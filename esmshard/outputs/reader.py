@@ -31,8 +31,7 @@ from ..embeddings_h5.representations import (
     UNLAYERED,
     absolute_layers,
 )
-from ..files import DamagedFileError, atomic_path, write_tsv
-from ..location import is_object_url
+from ..files import DamagedFileError, atomic_path, is_object_url, write_tsv
 from ..store import changed_files
 from ..store.object_file import object_file
 from ..store.shardfile import dataset
@@ -158,7 +157,8 @@ class Embeddings:
         self.parts = None
         if is_in_place(self.h5):
             try:
-                self.parts = Parts(self.h5, self.name if self.object else self.path, self.name)
+                where = self.name if self.object else self.path
+                self.parts = Parts(self.h5, where, self.name, object_file)
                 # Each part's content against its manifest's SHA-256, hashed only where the
                 # part's file changed since it was last checked (a checksum cache, which the
                 # merge fills): bytes changed where they lie are refused, never read as numbers.

@@ -33,8 +33,8 @@ from ..files import abandon, atomic_path, closable, naming_disk_full, write_json
 from ..input.balance import record_costs, record_tokens
 from ..input.long_sequences import embedded_residues, skip_reason
 from ..layout import Layout
-from ..location import Location
 from ..store import Store, add_settings, write_manifest
+from ..store.location import Location
 from ..store.passes import Passes
 from ..store.pieces import Kept, Pieces, PieceWriter, assemble
 from ..store.shardfile import Failure, output_bytes

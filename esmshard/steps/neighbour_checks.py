@@ -6,9 +6,8 @@ and the annotations readable as a table with an `id` column.
 from pathlib import Path
 
 from ..compute.provenance import weights_sha256
-from ..files import DamagedFileError
+from ..files import DamagedFileError, is_object_url
 from ..layout import Layout
-from ..location import is_object_url
 from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference
 from ..search import AnnotationsError, read_annotations

@@ -1,5 +1,5 @@
 """A run whose jobs share no filesystem (Snakemake's `--default-storage-provider s3`, as
-esmshard.location decides): the checks said before any job, and the files the workflow reads
+esmshard.store.location decides): the checks said before any job, and the files the workflow reads
 from the bucket (docs/clusters.md, "Cloud").
 """
 
@@ -10,7 +10,7 @@ import posixpath
 from typing import NamedTuple
 
 from ..layout import Layout
-from ..location import Location
+from ..store.location import Location
 from ..store.objects import Bucket, ObjectStore, ObjectStoreError, check_writable
 
 

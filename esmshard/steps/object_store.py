@@ -8,10 +8,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
-from ..location import Location
 from ..store import MARKER, PIECES, Store, settings_key
+from ..store.location import Location, reaching
 from ..store.mirror import WHOLE, mirrored
-from ..store.objects import ObjectStore
 from . import embed, merge, shard
 
 
@@ -30,14 +29,23 @@ def is_part(relative: str) -> bool:
 
 
 @contextmanager
-def key_copy(settings: dict):
+def key_copy(settings: dict, lazy=is_part):
     """The job's own copy of the store's settings key (the manifests, and each part's values
     once the step opens them; not the kept pieces, which only their shard's job reads), as a
     Store, in a temporary folder of its own that goes when the step ends: nothing of it is
-    left for the next job or run in the same folder."""
+    left for the next job or run in the same folder. `lazy`: what is fetched only when opened."""
     with TemporaryDirectory(prefix="esmshard-store-") as root:
-        with mirrored(root, key_scope(settings_key(settings)), is_piece, is_part) as mirror:
+        with mirrored(root, key_scope(settings_key(settings)), is_piece, lazy) as mirror:
             yield Store(root, mirror.where.url, mirror)
+
+
+def is_part_file(relative: str) -> bool:
+    """A part's values or its manifest: merge opens those of the parts the run uses alone."""
+    return is_part(relative) or (
+        relative.count("/") == 1
+        and relative.endswith(".json")
+        and not relative.endswith("/settings.json")
+    )
 
 
 @contextmanager
@@ -46,7 +54,7 @@ def bucket_store(url: str):
     temporary copy of its manifests, settings and kept pieces, each part's values fetched when
     the command opens it, and what the command changed there (parts set aside) sent back."""
     with TemporaryDirectory(prefix="esmshard-store-") as root:
-        where = ObjectStore.reaching(url)
+        where = reaching(url)
         with mirrored(root, (WHOLE,), lazy=is_part, where=where) as mirror:
             yield Store(root, url, mirror)
 
@@ -63,10 +71,11 @@ def shard_step(settings: dict, model_size, store_root, input_names=None, **param
 
 
 def merge_step(settings: dict, store_root, **params):
-    """`esmshard.steps.merge.merge` on the job's copy of the store's settings key."""
+    """`esmshard.steps.merge.merge` on the job's copy of the store's settings key, fetching
+    the manifests and values of only the parts the run uses."""
     if not Location.of_job().in_objects:
         return merge.merge(settings=settings, store_root=store_root, **params)
-    with key_copy(settings) as store:
+    with key_copy(settings, is_part_file) as store:
         return merge.merge(settings=settings, store_root=store, **params)
 
 

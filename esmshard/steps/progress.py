@@ -14,8 +14,8 @@ import numpy as np
 
 from ..files import DamagedFileError, read_tsv, write_json
 from ..layout import Layout
-from ..location import Location
 from ..store import Store, read_json_object
+from ..store.location import Location
 from ..store.objects import ObjectStoreError
 from ..store.runlock import LAUNCHER_ENV
 from .object_run import run_bucket

@@ -33,11 +33,11 @@ from ..input.sizing import (
 )
 from ..input.variants import MUTANT_KINDS, PSEUDO_PPL, mutants_work
 from ..layout import Layout
-from ..location import Location
 from ..outputs.variant_writer import counts_line, read_counts
 from ..store import Store, in_place_problems, read_json_object
 from ..store.lease import Lease
 from ..store.leftovers import remove_leftovers
+from ..store.location import Location
 from ..store.runlock import TYPED_COMMAND_ENV, active_run_problem, current_run_id, hold, run_active
 from ..store.storelock import hold_shared
 from .invocation import (

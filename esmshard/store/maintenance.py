@@ -13,10 +13,9 @@ import h5py
 import numpy as np
 
 from ..embeddings_h5.in_place import is_in_place, part_paths
-from ..files import remove_whole
+from ..files import is_object_url, remove_whole
 from ..input.records import read_columns, shard_codes
 from ..layout import Layout
-from ..location import is_object_url
 from . import storelock
 from .checksums import file_checksums
 from .keys import settings_key

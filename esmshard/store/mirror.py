@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..files import TEMPORARY_NAME
-from ..location import Location
+from .location import Location
 from .objects import Bucket, Listed, ObjectStore, ObjectStoreError
 from .store import COMPILED
 

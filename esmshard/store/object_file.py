@@ -8,6 +8,7 @@ from collections import OrderedDict
 from functools import lru_cache
 from urllib.parse import urlparse
 
+from .location import reaching
 from .objects import Bucket, Listed, ObjectStore
 
 BLOCK = 1 << 16  # bytes a GET fetches at least: HDF5's small metadata reads share one
@@ -84,7 +85,7 @@ class ObjectFile(io.RawIOBase):
 def object_file(url: str) -> ObjectFile:
     """The object at `url` (s3://bucket/key), open for ranged reads; FileNotFoundError where
     there is none."""
-    where = ObjectStore.reaching(url)
+    where = reaching(url)
     bucket = _bucket(f"{urlparse(url).scheme}://{where.bucket}", where.endpoint_url)
     found = bucket.head(where.prefix)
     if found is None:

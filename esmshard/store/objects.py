@@ -40,15 +40,6 @@ class ObjectStore:
     def key(self, relative: str) -> str:
         return "/".join(filter(None, [self.prefix, relative.replace(os.sep, "/")]))
 
-    @classmethod
-    def reaching(cls, url: str) -> "ObjectStore":
-        """`url` on the server of the run's jobs (esmshard.location) or, elsewhere, the one
-        boto3 finds (AWS_ENDPOINT_URL_S3, a profile's endpoint_url, or the provider's own)."""
-        from ..location import Location  # it names this module's ObjectStore
-
-        run = Location.of_job().store
-        return cls(url, run.endpoint_url if run else None)
-
     def client(self):
         import boto3
         from botocore.config import Config

@@ -86,7 +86,8 @@ class Store:
         return os.path.join(self.root, key, f"{name}.h5")
 
     def manifest(self, key: str, name: str) -> str:
-        return os.path.join(self.root, key, f"{name}.json")
+        """Part `name`'s manifest (a partial copy fetches it first, where it is listed)."""
+        return self.local(os.path.join(self.root, key, f"{name}.json"))
 
     def settings(self, key: str) -> str:
         return os.path.join(self.root, key, "settings.json")

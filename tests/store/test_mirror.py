@@ -4,7 +4,7 @@ import pytest
 from helpers import S3_ENV, Flaky, s3_client
 
 from esmshard.files import writer_suffix
-from esmshard.location import OBJECT_STORE_ENV, Location
+from esmshard.store.location import OBJECT_STORE_ENV, Location
 from esmshard.store.mirror import Mirror, mirrored
 from esmshard.store.objects import Bucket, ObjectStore
 

@@ -507,9 +507,9 @@ def fetched_bytes(s3, prefix: str) -> tuple[int, list[str]]:
 
 def test_a_run_fetches_only_the_parts_that_hold_its_sequences(s3, tmp_path, local):
     """Jobs isolated, one store shared: 15 new proteins against a store of 2 parts, then 15 more
-    against 20;
-    neither run fetches the values of a part that holds none of its sequences, and the bytes
-    each fetches stay flat while the store grows tenfold."""
+    against 20; neither run fetches the values of a part that holds none of its sequences, nor
+    merge any other part's manifest, and the bytes each fetches stay flat while the store grows
+    tenfold."""
     groups = [SLICE[40 + 4 * i : 44 + 4 * i] for i in range(20)]
     filled = fill_store(s3, "grow", tmp_path / "filled", groups[:2])
     seen = []
@@ -520,6 +520,11 @@ def test_a_run_fetches_only_the_parts_that_hold_its_sequences(s3, tmp_path, loca
         total, parts = fetched_bytes(s3, prefix)
         assert parts and not set(parts) & filled, parts  # only the parts of its own sequences
         seen.append(total)
+        log = client(s3.port).get_object(Bucket="lab", Key=f"{prefix}/out/logs/merge.log")
+        merged = re.search(r"store copy: (\d+) of (\d+) files", log["Body"].read().decode())
+        # merge fetches the values and manifests of the run's parts alone (and the store's mark
+        # and settings)
+        assert int(merged[1]) <= 2 * len(set(parts)) + 2 < int(merged[2]), merged[0]
         found = objects(s3, f"{prefix}/out/")
         assert_close(values(found[f"{prefix}/out/embeddings.h5"]), local, within=1e-5)
         filled |= fill_store(s3, "grow", tmp_path / "filled", groups[2:] if prefix == "g1" else [])

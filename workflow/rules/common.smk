@@ -103,7 +103,8 @@ from esmshard.steps.object_run import (
     planned_in_object_store,
     see_new_directories,
 )
-from esmshard.location import Location, is_object_url
+from esmshard.files import is_object_url
+from esmshard.store.location import Location, LocationRefused
 from esmshard.steps.start import EMBED_THREADS, RunStart
 from esmshard.store import Store, settings_key
 from esmshard.store.checksums import file_checksums
@@ -112,15 +113,15 @@ from esmshard.store.runlock import RunActiveError
 # What this command is (a dry run, --lint, which executor), read once from its command line:
 # Snakemake's own workflow.dryrun and workflow.local_exec are not yet set while it reads this.
 INVOCATION = Invocation.of(command_line(), workflow.remote_exec)
-# Where the run's files live (esmshard.location): folders, or object storage for jobs that share
-# no filesystem (--default-storage-provider s3), where each job fetches what it needs of the
-# store (esmshard.steps.object_store). Decided here, once; everything else asks LOCATION.
+# Where the run's files live (esmshard.store.location): folders, or object storage for jobs
+# that share no filesystem (--default-storage-provider s3), where each job fetches what it
+# needs of the store (esmshard.steps.object_store). Decided here, once; the rest asks LOCATION.
 with open(workflow.source_path("../schemas/config.schema.yaml")) as fh:
     SCHEMA = yaml.safe_load(fh)
 try:
     LOCATION = Location.of_run(INVOCATION, {**defaults(SCHEMA), **config})
-except StartRefused as refused:
-    stop(*refused.problems)
+except LocationRefused as refused:
+    stop(str(refused))
 
 # The whole config checked before any job (esmshard.steps.checks): command-line values arrive as
 # YAML's base loader reads them ('gpus=[0,1]' as strings) and take the form the schema asks for;

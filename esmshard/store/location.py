@@ -1,21 +1,18 @@
 """Where a run's files live: in folders of this machine, or in object storage (S3 and servers
 that speak its protocol) for jobs that share no filesystem. Decided here alone: once, when the
 workflow is read (`Location.of_run`, from Snakemake's storage options); its jobs find the
-decision in their environment (`Location.of_job`), and commands in the paths they are given
-(`is_object_url`). Every step, rule and command asks a Location, as Snakemake's storage
-plugins decide once where a file is.
+decision in their environment (`Location.of_job`). Every step, rule and command asks a
+Location, as Snakemake's storage plugins decide once where a file is; a path a command is
+given is a URL or a folder by esmshard.files.is_object_url.
 """
 
 import json
 import os
 import posixpath
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .steps.invocation import Invocation
-    from .store.objects import ObjectStore
+from ..files import is_object_url
+from .objects import ObjectStore
 
 # Set by the workflow for its jobs: where the store's objects are, and the server's address.
 OBJECT_STORE_ENV = "ESMSHARD_OBJECT_STORE"
@@ -26,15 +23,8 @@ NEEDS_PROVIDER = (
 UNSEEN = "a folder of this machine, which jobs that share no filesystem cannot see"
 
 
-def is_object_url(path) -> bool:
-    """Whether `path` names an object store location (s3://bucket/prefix) rather than a folder."""
-    return "://" in str(path)
-
-
-def given_path(text: str):
-    """A command's path argument: an object store URL as it is (a Path would fold its `//`),
-    anything else a Path."""
-    return text if is_object_url(text) else Path(text)
+class LocationRefused(ValueError):
+    """A run whose files cannot live where its command and config put them: one line."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +32,7 @@ class Location:
     """Where a run's files are: `store` None, in folders; else in object storage, the store's
     objects at `store` (an esmshard.store.objects.ObjectStore) and the run's under `prefix`."""
 
-    store: "ObjectStore | None" = None
+    store: ObjectStore | None = None
     prefix: str | None = None
 
     @property
@@ -54,30 +44,28 @@ class Location:
         return f"{self.prefix.rstrip('/')}/{path}" if self.in_objects else path
 
     @classmethod
-    def of_run(cls, invocation: "Invocation", config: dict) -> "Location":
-        """The run's Location, from its command line and config (store, outdir); raises
-        StartRefused (esmshard.steps.invocation) for a combination that cannot work."""
-        from .steps.invocation import StartRefused
-        from .store.objects import ObjectStore
-
+    def of_run(cls, invocation, config: dict) -> "Location":
+        """The run's Location, from its command line (esmshard.steps.invocation.Invocation:
+        the storage provider, prefix and endpoint) and config (store, outdir); raises
+        LocationRefused for a combination that cannot work."""
         provider, store = invocation.storage_provider, config.get("store")
         if provider is None:
             if store and is_object_url(store):
-                raise StartRefused(f"store {store} is in object storage: {NEEDS_PROVIDER}")
+                raise LocationRefused(f"store {store} is in object storage: {NEEDS_PROVIDER}")
             return cls()
         if provider != "s3":
-            raise StartRefused(
+            raise LocationRefused(
                 f"--default-storage-provider {provider}: esmshard keeps its store through the "
                 "S3 protocol alone for now (AWS S3 and S3-compatible servers: MinIO, Ceph, "
                 "Google Cloud Storage's interoperability endpoint); use s3"
             )
         if os.path.isabs(str(config["outdir"])):
-            raise StartRefused(
+            raise LocationRefused(
                 f"outdir {config['outdir']} is {UNSEEN}: give a path relative to "
                 "--default-storage-prefix"
             )
         if store and not is_object_url(store):
-            raise StartRefused(
+            raise LocationRefused(
                 f"store {store} is {UNSEEN}: give an s3:// URL, or leave it unset for a store "
                 "under the run's outdir"
             )
@@ -100,10 +88,15 @@ class Location:
     @classmethod
     def of_job(cls) -> "Location":
         """The Location that the workflow handed its jobs; in folders where it handed none."""
-        from .store.objects import ObjectStore
-
         found = os.environ.get(OBJECT_STORE_ENV)
         if not found:
             return cls()
         handed = json.loads(found)
         return cls(ObjectStore(handed["url"], handed["endpoint_url"]), handed.get("prefix"))
+
+
+def reaching(url: str) -> ObjectStore:
+    """`url` on the server of the run's jobs (Location.of_job) or, elsewhere, the one boto3
+    finds (AWS_ENDPOINT_URL_S3, a profile's endpoint_url, or the provider's own)."""
+    run = Location.of_job().store
+    return ObjectStore(url, run.endpoint_url if run else None)
