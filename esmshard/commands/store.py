@@ -64,11 +64,11 @@ def show_store(parser, args) -> int:
         # What a live run or call writes, its kept pieces included, is held from maintenance
         # by its settings key: every key is taken before anything is read (a store that
         # cannot be written is changed by no one: nothing to hold).
-        doing = "verify" if args.verify else "prune"
-        held = storelock.exclusive(store.root, store.settings_keys(), doing)
-        return store_command(
-            args, store, read_only, contextlib.nullcontext() if read_only else held
-        )
+        held = contextlib.nullcontext()
+        if (args.verify or args.prune) and not read_only:
+            doing = "verify" if args.verify else "prune"
+            held = storelock.exclusive(store.root, store.settings_keys(), doing)
+        return store_command(args, store, read_only, held)
     except (KeyError, ValueError, StoreBusyError) as err:
         parser.exit(1, f"esmshard store: {err.args[0]}\n")
     except OSError as err:  # e.g. a part another user owns: no traceback for a path

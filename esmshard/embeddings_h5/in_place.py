@@ -54,16 +54,17 @@ def write_placement(
     that a copy would hold. A job's copy of an object store (`store`, esmshard.store.Store)
     names each part by its object's URL, and keeps its ETag: the reader opens it there."""
     folder = Path(out.filename).resolve().parent
+    in_bucket = store is not None and store.url is not None
     shown = []
     for path in part_paths:
-        if store is not None and store.url is not None:
+        if in_bucket:
             shown.append(store.shown(path))
             continue
         path = Path(path).resolve()
         shown.append(str(path.relative_to(folder)) if path.is_relative_to(folder) else str(path))
     out.create_dataset(PARTS, data=np.array(shown, dtype=object), dtype=h5py.string_dtype())
     out.create_dataset(PART_BYTES, data=np.array([os.path.getsize(p) for p in part_paths]))
-    if store is not None and store.url is not None:
+    if in_bucket:
         etags = [store.etag(path) for path in part_paths]
         out.create_dataset(PART_ETAGS, data=np.array(etags, dtype=object),
                            dtype=h5py.string_dtype())  # fmt: skip

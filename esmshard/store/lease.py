@@ -13,11 +13,12 @@ compared.
 
 import json
 import logging
+import socket
 import threading
 from email.utils import parsedate_to_datetime
 
 from .objects import Bucket, ObjectStoreError
-from .runlock import RunActiveError, describe, new_run, process_alive, this_process
+from .runlock import RunActiveError, describe, new_run, process_alive
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class Lease:
 
     def gone(self, record: dict, age: float) -> bool:
         """Whether the lease's holder is gone: its process on this host, or its renewals."""
-        here = record.get("host") == this_process()["host"] and isinstance(record.get("pid"), int)
+        here = record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int)
         return (here and not process_alive(record["pid"])) or age > self.expires
 
     def active_line(self, record: dict, age: float) -> str:

@@ -13,8 +13,9 @@ from typing import NamedTuple
 from urllib.parse import urlparse
 
 ATTEMPTS = 6  # a request's tries, the first included: about 30 s of backoff at most
-# What a server answers a conditional write whose condition failed.
+# What a server answers a conditional write whose condition failed, and for no such object.
 PRECONDITION_FAILED = ("PreconditionFailed", "412", "ConditionalRequestConflict")
+MISSING = ("404", "NoSuchKey", "NotFound")
 
 
 class ObjectStoreError(OSError):
@@ -79,7 +80,7 @@ class Bucket:
         """Every object under `under` (a relative key prefix): its relative key and size."""
         return {relative: found.size for relative, found in self.entries(under).items()}
 
-    def entries(self, under: str = "") -> dict[str, "Listed"]:
+    def entries(self, under: str = "") -> dict[str, Listed]:
         """Every object under `under` (a relative key prefix): its relative key, size and ETag."""
         found, root = {}, self.where.key("")
         pages = self.s3.get_paginator("list_objects_v2").paginate(
@@ -101,14 +102,11 @@ class Bucket:
         found = self.head(relative)
         return None if found is None else found.size
 
-    def head(self, relative: str) -> "Listed | None":
+    def head(self, relative: str) -> Listed | None:
         """The object's size and ETag, or None where there is none."""
-        try:
-            found = self.s3.head_object(Bucket=self.where.bucket, Key=self.where.key(relative))
-        except Exception as err:
-            if error_code(err) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise self.failure(err) from err
+        found = self._unless(MISSING, self.s3.head_object, relative)
+        if found is None:
+            return None
         return Listed(found["ContentLength"], found["ETag"], found["LastModified"].timestamp())
 
     def read_range(self, relative: str, start: int, stop: int) -> bytes:
@@ -147,36 +145,30 @@ class Bucket:
         extra = {"IfNoneMatch": "*"} if only_new else {}
         if if_match is not None:
             extra["IfMatch"] = if_match
-        try:
-            found = self.s3.put_object(
-                Bucket=self.where.bucket, Key=self.where.key(relative), Body=body, **extra
-            )
-        except Exception as err:
-            if error_code(err) in PRECONDITION_FAILED:
-                return None
-            raise self.failure(err) from err
-        return found["ETag"]
+        found = self._unless(PRECONDITION_FAILED, self.s3.put_object, relative, Body=body, **extra)
+        return None if found is None else found["ETag"]
 
     def get(self, relative: str) -> dict | None:
         """The object's GET response (boto3's: `Body`, `ETag`, `LastModified`, the server's
         `Date` among its headers), or None where there is none."""
-        try:
-            return self.s3.get_object(Bucket=self.where.bucket, Key=self.where.key(relative))
-        except Exception as err:
-            if error_code(err) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise self.failure(err) from err
+        return self._unless(MISSING, self.s3.get_object, relative)
 
     def delete(self, relative: str, if_match: str | None = None) -> bool:
         """Remove the object (with `if_match`, only where it has that ETag: False otherwise)."""
         extra = {} if if_match is None else {"IfMatch": if_match}
+        return (
+            self._unless(PRECONDITION_FAILED, self.s3.delete_object, relative, **extra) is not None
+        )
+
+    def _unless(self, codes: tuple[str, ...], call, relative: str, **kwargs):
+        """`call` on the object at `relative`: its answer, or None where the server answers
+        with one of `codes`; any other failure as ObjectStoreError."""
         try:
-            self.s3.delete_object(Bucket=self.where.bucket, Key=self.where.key(relative), **extra)
+            return call(Bucket=self.where.bucket, Key=self.where.key(relative), **kwargs)
         except Exception as err:
-            if error_code(err) in PRECONDITION_FAILED:
-                return False
+            if error_code(err) in codes:
+                return None
             raise self.failure(err) from err
-        return True
 
     def _calling(self, call, *args, **kwargs):
         try:

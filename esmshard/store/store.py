@@ -65,18 +65,22 @@ class Store:
         """`path`, a file of the store, as the user finds it: under `url` where there is one."""
         if self.url is None:
             return path
-        return f"{self.url.rstrip('/')}/{Path(os.path.relpath(path, self.root)).as_posix()}"
+        return f"{self.url.rstrip('/')}/{self.relative(path)}"
+
+    def relative(self, path: str) -> str:
+        """`path`, a file of the store, relative to its root (an object's relative key)."""
+        return Path(os.path.relpath(path, self.root)).as_posix()
 
     def etag(self, path: str) -> str | None:
         """The ETag of `path`'s object where this is a job's copy of an object store."""
         if self.copy is None:
             return None
-        return self.copy.etag(Path(os.path.relpath(path, self.root)).as_posix())
+        return self.copy.etag(self.relative(path))
 
     def local(self, path: str) -> str:
         """`path`, a file of the store, on this machine: a partial copy fetches it first."""
         if self.copy is not None:
-            self.copy.fetch(Path(os.path.relpath(path, self.root)).as_posix())
+            self.copy.fetch(self.relative(path))
         return path
 
     def folder(self, key: str) -> str:
