@@ -4,6 +4,7 @@ costs a few requests, not the run's bytes.
 """
 
 import io
+import os
 from collections import OrderedDict
 from functools import lru_cache
 from urllib.parse import urlparse
@@ -86,7 +87,8 @@ def object_file(url: str) -> ObjectFile:
     """The object at `url` (s3://bucket/key), open for ranged reads; FileNotFoundError where
     there is none."""
     where = reaching(url)
-    bucket = _bucket(f"{urlparse(url).scheme}://{where.bucket}", where.endpoint_url)
+    boto_env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    bucket = _bucket(f"{urlparse(url).scheme}://{where.bucket}", where.endpoint_url, boto_env)
     found = bucket.head(where.prefix)
     if found is None:
         raise FileNotFoundError(f"{url} is not in the object store")
@@ -94,6 +96,7 @@ def object_file(url: str) -> ObjectFile:
 
 
 @lru_cache(maxsize=8)
-def _bucket(root: str, endpoint_url: str | None) -> Bucket:
-    """One client a bucket: making one takes a tenth of a second."""
+def _bucket(root: str, endpoint_url: str | None, boto_env: tuple) -> Bucket:
+    """One client a bucket: making one takes a tenth of a second. `boto_env` (the AWS_
+    variables) is part of the key: boto3 finds the server and keys there when it is made."""
     return Bucket(ObjectStore(root, endpoint_url))

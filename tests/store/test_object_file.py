@@ -4,7 +4,7 @@ it on disk, fetching only the blocks it needs (against moto's S3 server)."""
 import h5py
 import numpy as np
 import pytest
-from helpers import S3_ENV, s3_client
+from helpers import S3_ENV, Proxy, s3_client
 
 from esmshard.store import object_file as module
 from esmshard.store.object_file import object_file
@@ -14,7 +14,6 @@ from esmshard.store.object_file import object_file
 def server(port, monkeypatch):
     for name, value in {**S3_ENV, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}.items():
         monkeypatch.setenv(name, value)
-    module._bucket.cache_clear()
 
 
 def test_h5py_reads_one_row_of_a_large_file_in_a_few_blocks(port, tmp_path):
@@ -49,3 +48,15 @@ def test_reads_across_blocks_and_past_the_end_give_the_bytes_of_the_file(port):
 def test_an_object_that_is_not_there_is_not_found():
     with pytest.raises(FileNotFoundError, match="s3://lab/none.h5 is not in the object store"):
         object_file("s3://lab/none.h5")
+
+
+def test_a_server_named_after_the_first_read_is_the_one_reached(port, monkeypatch):
+    s3_client(port).put_object(Bucket="lab", Key="moved", Body=b"same bytes")
+    assert object_file("s3://lab/moved").read() == b"same bytes"
+    other = Proxy(port)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{other.port}")
+        assert object_file("s3://lab/moved").read() == b"same bytes"
+        assert other.requests >= 2  # the HEAD and the GET went to the server now named
+    finally:
+        other.stop()
