@@ -51,6 +51,7 @@ class ObjectStore:
             connect_timeout=10,
             read_timeout=60,
             retries={"mode": "standard", "max_attempts": ATTEMPTS},
+            max_pool_connections=32,  # a job's requests in flight (esmshard.store.key_index)
         )
         # a session of its own: credentials as the environment holds them now
         return boto3.session.Session().client("s3", endpoint_url=self.endpoint_url, config=config)
@@ -64,6 +65,13 @@ class Listed(NamedTuple):
     modified: float = 0.0  # seconds since the epoch, as the server keeps it
 
 
+class Fetched(NamedTuple):
+    """An object's bytes and its ETag, as one GET gave them."""
+
+    body: bytes
+    etag: str
+
+
 class Bucket:
     """The objects under one ObjectStore location, read and written by relative key."""
 
@@ -71,6 +79,7 @@ class Bucket:
         self.where = where
         self.s3 = where.client()
         self.retried = 0  # requests sent again after a throttling answer or a dropped connection
+        self.received = 0  # bytes of the objects read and fetched
         self.s3.meta.events.register("after-call.s3", self._count_retries)
 
     def _count_retries(self, parsed=None, **_) -> None:
@@ -117,19 +126,30 @@ class Bucket:
             Key=self.where.key(relative),
             Range=f"bytes={start}-{stop - 1}",
         )
-        return found["Body"].read()
+        return self._body(found)
 
     def read(self, relative: str) -> bytes:
         found = self._calling(
             self.s3.get_object, Bucket=self.where.bucket, Key=self.where.key(relative)
         )
-        return found["Body"].read()
+        return self._body(found)
+
+    def fetch(self, relative: str) -> Fetched | None:
+        """The object's bytes and ETag, or None where there is none."""
+        found = self.get(relative)
+        return None if found is None else Fetched(self._body(found), found["ETag"])
+
+    def _body(self, found: dict) -> bytes:
+        body = found["Body"].read()
+        self.received += len(body)
+        return body
 
     def download(self, relative: str, path: Path) -> None:
         """Fetch one object to `path`, under a temporary name first (a stop leaves no half file)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.download")
         self._calling(self.s3.download_file, self.where.bucket, self.where.key(relative), str(tmp))
+        self.received += tmp.stat().st_size
         os.replace(tmp, path)
 
     def upload(self, path: Path, relative: str, only_new: bool = False) -> bool:
