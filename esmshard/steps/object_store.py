@@ -4,13 +4,16 @@ back as it goes, so that no job reads a file that another job wrote on its node,
 sends on what an earlier one left in its folder.
 """
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 from ..store import MARKER, PIECES, Store, settings_key
+from ..store.key_index import KeyIndex, is_index
 from ..store.location import Location, reaching
 from ..store.mirror import WHOLE, mirrored
+from ..store.parts import index_parts
 from . import embed, merge, shard
 
 
@@ -29,13 +32,17 @@ def is_part(relative: str) -> bool:
 
 
 @contextmanager
-def key_copy(settings: dict, lazy=is_part):
+def key_copy(settings: dict, lazy=is_part, listed=None):
     """The job's own copy of the store's settings key (the manifests, and each part's values
     once the step opens them; not the kept pieces, which only their shard's job reads), as a
     Store, in a temporary folder of its own that goes when the step ends: nothing of it is
-    left for the next job or run in the same folder. `lazy`: what is fetched only when opened."""
+    left for the next job or run in the same folder. `lazy`: what is fetched only when opened;
+    `listed`: whether the key's folder is listed (None: only where the key has no index yet)."""
+    key = settings_key(settings)
+    if listed is None:
+        listed = lambda bucket: not KeyIndex(bucket, key).exists()  # noqa: E731
     with TemporaryDirectory(prefix="esmshard-store-") as root:
-        with mirrored(root, key_scope(settings_key(settings)), is_piece, lazy) as mirror:
+        with mirrored(root, key_scope(key), is_piece, lazy, listed=listed) as mirror:
             yield Store(root, mirror.where.url, mirror)
 
 
@@ -51,11 +58,12 @@ def is_part_file(relative: str) -> bool:
 @contextmanager
 def bucket_store(url: str):
     """The store at `url` in object storage, for a command (`esmshard store`): a Store on a
-    temporary copy of its manifests, settings and kept pieces, each part's values fetched when
-    the command opens it, and what the command changed there (parts set aside) sent back."""
+    temporary copy of its manifests, settings and kept pieces (not its keys' indexes, which the
+    command reads and extends itself), each part's values fetched when the command opens it, and
+    what the command changed there (parts set aside) sent back."""
     with TemporaryDirectory(prefix="esmshard-store-") as root:
         where = reaching(url)
-        with mirrored(root, (WHOLE,), lazy=is_part, where=where) as mirror:
+        with mirrored(root, (WHOLE,), is_index, is_part, where=where) as mirror:
             yield Store(root, url, mirror)
 
 
@@ -72,11 +80,18 @@ def shard_step(settings: dict, model_size, store_root, input_names=None, **param
 
 def merge_step(settings: dict, store_root, **params):
     """`esmshard.steps.merge.merge` on the job's copy of the store's settings key, fetching
-    the manifests and values of only the parts the run uses."""
+    the manifests and values of only the parts the run uses (looked up, the key's folder not
+    listed); then the run's new parts are added to the key's index."""
     if not Location.of_job().in_objects:
         return merge.merge(settings=settings, store_root=store_root, **params)
-    with key_copy(settings, is_part_file) as store:
-        return merge.merge(settings=settings, store_root=store, **params)
+    with key_copy(settings, is_part_file, listed=False) as store:
+        counts = merge.merge(settings=settings, store_root=store, **params)
+        plan_id, key = (
+            json.loads(Path(params["plan_json"]).read_text())["plan"],
+            settings_key(settings),
+        )
+        index_parts(store, key, [name for name in store.parts(key) if name.startswith(plan_id)])
+        return counts
 
 
 def run_shard(out_h5, shard, settings: dict, **params):

@@ -218,9 +218,8 @@ def write_shards(
         scan = checked_scan(inputs, Path(work), run_keys, scan_settings, workers, nucleotide_check)
         lengths = np.frombuffer(scan.lengths, dtype=np.int32)
         embedded = Embedded(lengths, truncation_seq_length, long_sequences)
-        parts = store.parts(key)
         set_aside = []
-        stored = index_store(store, key, parts, Path(work) / "store", set_aside)
+        stored, parts = index_store(store, key, run_keys, Path(work) / "store", set_aside)
         match = match_records(lengths.size, run_keys, stored, store, key, parts, checksum_cache,
                               set_aside)  # fmt: skip
         new = match.new_records

@@ -2,6 +2,7 @@
 store's, one bucket of keys at a time (an external hash partition by the key's first byte).
 """
 
+import logging
 import os
 from pathlib import Path
 from typing import NamedTuple
@@ -10,11 +11,13 @@ import numpy as np
 
 from ..files import Buckets
 from ..store import KEY_BYTES, KEY_DTYPE, Store, check_part, rows_of, set_aside
-from ..store.parts import stored_keys
+from ..store.parts import index_parts, stored_keys
 
 N_BUCKETS = 256
 RECORDS_AT_ONCE = 1 << 22
 STORED_ENTRY = np.dtype([("key", KEY_DTYPE), ("value", np.int32)])  # value: the part's number
+
+log = logging.getLogger(__name__)
 
 
 class KeyBuckets:
@@ -40,11 +43,23 @@ class KeyBuckets:
         return np.fromfile(path, self.entry)
 
 
+class Stored(NamedTuple):
+    """The store's keys that the run may use, by bucket, each with its part's number in `parts`."""
+
+    keys: KeyBuckets
+    parts: list[str]
+
+
 def index_store(
-    store: Store, key: str, parts: list[str], stem: Path, set_aside_parts: list[str]
-) -> KeyBuckets:
-    """The keys every part of the store holds, each with its part's number in `parts`; a part
-    that cannot be read is set aside, and named in `set_aside_parts`."""
+    store: Store, key: str, run_keys: KeyBuckets, stem: Path, set_aside_parts
+) -> Stored:
+    """The keys the store holds: where its key's index names the parts (a bucket's), those of
+    the run's keys alone; else every part's, from the manifests (a bucket's key not yet indexed
+    is indexed from them). A part that cannot be read is set aside, and named in
+    `set_aside_parts`."""
+    if not store.lists_parts:
+        return indexed_keys(store, key, run_keys, stem)
+    parts, read = store.parts(key), []
     stored = KeyBuckets(stem, STORED_ENTRY)
     for code, name in enumerate(parts):
         try:
@@ -54,8 +69,33 @@ def index_store(
             set_aside_parts.append(store.shown(store.part(key, name)))
             continue
         stored.add(keys, np.full(keys.size, code, dtype=np.int32))
+        read.append(name)
     stored.flush()
-    return stored
+    if store.key_index(key) is not None:
+        index_parts(store, key, read, every=True)
+    return Stored(stored, parts)
+
+
+def indexed_keys(store: Store, key: str, run_keys: KeyBuckets, stem: Path) -> Stored:
+    """The entries of the run's keys in the key's index, of the parts that are still there."""
+    index = store.key_index(key)
+    stored, code_of, absent = KeyBuckets(stem, STORED_ENTRY), {}, set()
+    for bucket in range(N_BUCKETS):
+        keys = np.unique(run_keys.read(bucket)["key"])
+        if not keys.size:
+            continue
+        held = index.holders(keys)
+        used = [held.names[i] for i in np.unique(held.codes)]
+        named = sorted(set(used) - code_of.keys() - absent)
+        there = store.present(key, named)
+        absent.update(set(named) - set(there))
+        code_of.update((name, len(code_of) + i) for i, name in enumerate(there))
+        codes = np.array([code_of.get(n, -1) for n in held.names] or [-1], np.int32)[held.codes]
+        stored.add(held.keys[codes >= 0], codes[codes >= 0])
+    stored.flush()
+    log.info("key index: %d nodes read, %d parts hold sequences of this run%s", index.nodes_read,
+             len(code_of), f" ({len(absent)} named there are gone)" if absent else "")  # fmt: skip
+    return Stored(stored, list(code_of))
 
 
 class Match(NamedTuple):

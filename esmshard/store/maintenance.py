@@ -19,7 +19,15 @@ from ..layout import Layout
 from . import storelock
 from .checksums import file_checksums
 from .keys import settings_key
-from .parts import SET_ASIDE, check_file, check_part, manifest_count, set_aside, set_aside_file
+from .parts import (
+    SET_ASIDE,
+    check_file,
+    check_part,
+    index_parts,
+    manifest_count,
+    set_aside,
+    set_aside_file,
+)
 from .store import Store, read_json_object
 
 
@@ -110,17 +118,23 @@ def piece_problem(piece: Path, key: str, shard: str) -> str | None:
 
 def verify(store: Store) -> Verified:
     """Check every part and kept piece against its manifest (its bytes hashed now, no cache)
-    and against what its name says; set the damaged ones aside, as a run would."""
+    and against what its name says; set the damaged ones aside, as a run would. In object
+    storage, the whole parts are then indexed (parts copied in by hand among them)."""
     n_parts, n_pieces, damaged = 0, 0, []
     with tempfile.TemporaryDirectory() as scratch:
         no_cache = Path(scratch) / "checksums.json"
         for key in store.settings_keys():
+            whole = []
             for name in store.parts(key):
                 n_parts += 1
                 reason = check_part(store, key, name, no_cache)
                 if reason:
                     set_aside(store, key, name, reason)
                     damaged.append((store.part(key, name), reason))
+                else:
+                    whole.append(name)
+            if store.key_index(key) is not None:
+                index_parts(store, key, whole, every=True)
             for shard, folder in store.pieces(key).items():
                 for piece in piece_files(folder):
                     n_pieces += 1

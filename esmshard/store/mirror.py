@@ -2,16 +2,18 @@
 out as a store folder, so that the steps read and write it as they do any store; what the step
 added, changed or removed there is sent back (`push`).
 
-Only what lies within `scope` is listed, fetched and sent back: the shard step's and merge's
-scope is their settings key's folder without the kept pieces, each part's values (its .h5)
-fetched only when the step opens it (the parts that hold the run's sequences: the manifests
-say which sequences each part holds); an embed job's is its shard's pieces.
+Only what lies within `scope` is fetched and sent back: the shard step's and merge's scope is
+their settings key's folder without the kept pieces, each part's values (its .h5) fetched only
+when the step opens it; an embed job's is its shard's pieces. A scope's folders are listed, or,
+where the settings key has an index of its keys (esmshard.store.key_index), not: the step then
+looks up the parts the index or the plan names, one by one.
 Manifests go before the files they describe (a part counts once its .h5 is there), parts only
 where their key is free (a part is written once), and a temporary file never leaves the job.
 """
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -29,11 +31,16 @@ log = logging.getLogger(__name__)
 
 class Mirror:
     """The files of `where` within `scope` (a relative path: folders end in '/') copied to `root`;
-    those that `lazy` names (a part's values) only when a step opens them (`fetch`)."""
+    those that `lazy` names (a part's values) only when a step opens them (`fetch`). Unless
+    `listed` (or what it says of the bucket), the scope's folders are not listed: a file is
+    looked up as a step opens it."""
 
-    def __init__(self, where: ObjectStore, root, scope: tuple[str, ...], lazy=lambda r: False):
+    def __init__(
+        self, where: ObjectStore, root, scope: tuple[str, ...], lazy=lambda r: False, listed=True
+    ):
         self.where, self.root, self.scope, self.lazy = where, Path(root), scope, lazy
         self.bucket = Bucket(where)
+        self.listed_folders = listed(self.bucket) if callable(listed) else listed
         self.listed: dict[str, Listed] = {}  # relative path: size and ETag, within the scope
         self.fetched: dict[str, tuple[int, int]] = {}  # relative path: (size, mtime_ns) here
 
@@ -46,11 +53,12 @@ class Mirror:
         )
 
     def pull(self, skip: Callable[[str], bool] = lambda relative: False) -> int:
-        """List the objects within the scope (its folders alone, not the whole store) and fetch
-        them, but those `skip` names and the lazy ones; returns how many were fetched."""
+        """List the objects within the scope (its folders alone, not the whole store, and those
+        only where `listed`) and fetch them, but those `skip` names and the lazy ones; returns
+        how many were fetched."""
         for scope in self.scope:
             if scope == WHOLE or scope.endswith("/"):
-                found = self.bucket.entries(scope)
+                found = self.bucket.entries(scope) if self.listed_folders else {}
             else:
                 head = self.bucket.head(scope)
                 found = {} if head is None else {scope: head}
@@ -60,8 +68,21 @@ class Mirror:
                 self.fetch(relative)
         return len(self.fetched)
 
+    def look_up(self, relatives: list[str]) -> set[str]:
+        """Those of `relatives` (within the scope) that are in the object store, each looked up
+        once and listed from then on."""
+        asked = [r for r in relatives if r not in self.listed and self.within(r)]
+        with ThreadPoolExecutor(16) as pool:
+            for relative, found in zip(asked, pool.map(self.bucket.head, asked)):
+                if found is not None:
+                    self.listed[relative] = found
+        return {r for r in relatives if r in self.listed}
+
     def fetch(self, relative: str) -> None:
-        """Fetch one listed object, once (one not listed, or fetched already: nothing)."""
+        """Fetch one object, once: a listed one, or, where the folders were not listed, one
+        that is there (one missing, or fetched already: nothing)."""
+        if not self.listed_folders:
+            self.look_up([relative])
         if relative in self.fetched or relative not in self.listed:
             return
         path = self.root / relative
@@ -92,11 +113,12 @@ class Mirror:
         )  # fmt: skip
 
     def moved_line(self) -> str:
-        """What the copy cost the object store: the files and bytes fetched."""
-        fetched = sum(size for size, _ in self.fetched.values())
+        """What the copy cost the object store: the files fetched, and the bytes (an index's
+        nodes, read through the same bucket, included)."""
         retried = self.bucket.retried
         return (
-            f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, {fetched} bytes"
+            f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, "
+            f"{self.bucket.received} bytes"
             + (f"; {retried} requests retried (throttled or dropped)" if retried else "")
         )
 
@@ -132,16 +154,17 @@ def mirrored(
     skip: Callable[[str], bool] = lambda r: False,
     lazy: Callable[[str], bool] = lambda r: False,
     where: ObjectStore | None = None,
+    listed: bool | Callable[[Bucket], bool] = True,
 ):
     """The store folder `root`, fetched from the object store `where` (by default the one the
-    workflow named for its jobs; the files `lazy` names only when opened) and sent back after
-    the step (also after a failed one: what it kept is the store's); the Mirror, or None where
-    the store is a folder."""
+    workflow named for its jobs; the files `lazy` names only when opened; the scope's folders
+    listed or not) and sent back after the step (also after a failed one: what it kept is the
+    store's); the Mirror, or None where the store is a folder."""
     where = where or Location.of_job().store
     if where is None:
         yield None
         return
-    mirror = Mirror(where, root, scope, lazy)
+    mirror = Mirror(where, root, scope, lazy, listed)
     mirror.pull(skip)
     try:
         yield mirror

@@ -4,14 +4,16 @@ import base64
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from ..files import write_json
+from ..files import Buckets, write_json
 from .checksums import file_checksums, sha256
-from .keys import KEY_DTYPE, keys_of, settings_key
+from .key_index import ENTRY, Held
+from .keys import KEY_BYTES, KEY_DTYPE, keys_of, settings_key
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,30 @@ def stored_keys(store: Store, key: str, name: str) -> np.ndarray:
     except (OSError, ValueError, AttributeError):
         pass  # no readable manifest: the part says, or fails its check
     return part_keys(store.local(store.part(key, name)))
+
+
+def index_parts(store: Store, key: str, names: list[str], every: bool = False) -> None:
+    """Add the sequences of parts `names` (from their manifests) to the index of `key` in the
+    object store of a job's copy, spread first over files by the keys' first byte, so that each
+    of the index's nodes is written about once however many parts there are; `every`: these are
+    every whole part of the key, and the index then says it holds them all."""
+    index = store.key_index(key)
+    with tempfile.TemporaryDirectory(prefix="esmshard-index-") as spill:
+        spread = Buckets([os.path.join(spill, str(b)) for b in range(256)])
+        for code, name in enumerate(names):
+            keys = stored_keys(store, key, name)
+            entries = np.empty(keys.size, ENTRY)
+            entries["key"], entries["part"] = keys, code
+            spread.scatter(keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0], entries)
+        spread.flush()
+        for path in spread.paths:
+            if os.path.exists(path):
+                entries = np.fromfile(path, ENTRY)
+                index.add(Held(entries["key"], entries["part"], names))
+    if every:
+        index.mark()
+    log.info("%d parts' sequences indexed in %s (%d index nodes written)", len(names),
+             store.shown(store.folder(key)), index.nodes_written)  # fmt: skip
 
 
 def part_problem(store: Store, key: str, name: str) -> str | None:

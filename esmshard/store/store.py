@@ -23,6 +23,7 @@ from pathlib import Path
 from ..files import write_json
 from ..layout import Layout
 from . import storelock
+from .key_index import KeyIndex
 from .keys import SETTINGS_KEY, settings_key
 
 MARKER = ".esmshard-store.json"
@@ -83,6 +84,16 @@ class Store:
             self.copy.fetch(self.relative(path))
         return path
 
+    def key_index(self, key: str) -> KeyIndex | None:
+        """The index of `key`'s sequences in the object store of a job's copy (None: a folder)."""
+        return None if self.copy is None else KeyIndex(self.copy.bucket, key)
+
+    @property
+    def lists_parts(self) -> bool:
+        """Whether the parts are listed: a folder's, or a copy's that listed its key's folder
+        (else the key's index names the parts that hold a run's sequences)."""
+        return self.copy is None or self.copy.listed_folders
+
     def folder(self, key: str) -> str:
         return os.path.join(self.root, key)
 
@@ -138,6 +149,15 @@ class Store:
                 "give a store a run wrote, or that run's outdir"
             )
         return self
+
+    def present(self, key: str, names: list[str]) -> list[str]:
+        """Those of parts `names` under `key` that are there (a copy looks each up, with its
+        manifest, in the object store)."""
+        if self.copy is not None:
+            wanted = [f"{key}/{name}{suffix}" for name in names for suffix in (".h5", ".json")]
+            found = self.copy.look_up(wanted)
+            return [name for name in names if f"{key}/{name}.h5" in found]
+        return [name for name in names if os.path.isfile(self.part(key, name))]
 
     def pieces(self, key: str) -> dict[str, Path]:
         """The shards under `key` with kept pieces (esmshard.store.pieces): their folders."""

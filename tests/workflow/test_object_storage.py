@@ -491,25 +491,27 @@ def fill_store(s3, prefix: str, folder: Path, groups) -> set[str]:
     return {key for key in put if key.endswith(".h5")}
 
 
-def fetched_bytes(s3, prefix: str) -> tuple[int, list[str]]:
+def fetched_bytes(s3, prefix: str) -> tuple[int, list[str], dict[str, str]]:
     """What the shard step and merge of the run under PREFIX fetched of the store, from their
-    logs: the bytes, and the parts' values fetched."""
-    total, parts = 0, []
+    logs: the bytes, the parts' values fetched, and each log."""
+    total, parts, logs = 0, [], {}
     for step in ("shard", "merge"):
         log = client(s3.port).get_object(Bucket="lab", Key=f"{prefix}/out/logs/{step}.log")
-        text = log["Body"].read().decode()
+        logs[step] = text = log["Body"].read().decode()
         total += sum(
             map(int, re.findall(r"store copy: \d+ of \d+ files fetched, (\d+) bytes", text))
         )
         parts += re.findall(r"fetched s3://lab/(\S+\.h5) \(", text)
-    return total, parts
+    return total, parts, logs
 
 
 def test_a_run_fetches_only_the_parts_that_hold_its_sequences(s3, tmp_path, local):
-    """Jobs isolated, one store shared: 15 new proteins against a store of 2 parts, then 15 more
-    against 20; neither run fetches the values of a part that holds none of its sequences, nor
-    merge any other part's manifest, and the bytes each fetches stay flat while the store grows
-    tenfold."""
+    """Jobs isolated, one store shared: 15 new proteins against a store of 2 parts copied in
+    (no index yet: the shard step lists them and indexes them), then 15 more against 20 (18
+    copied in, indexed by `esmshard store --verify`); neither run fetches the values of a part
+    that holds none of its sequences, the second lists nothing and reads the index's nodes of
+    its own keys, merge looks up its parts' files alone, and the bytes each fetches stay flat
+    while the store grows tenfold."""
     groups = [SLICE[40 + 4 * i : 44 + 4 * i] for i in range(20)]
     filled = fill_store(s3, "grow", tmp_path / "filled", groups[:2])
     seen = []
@@ -517,17 +519,28 @@ def test_a_run_fetches_only_the_parts_that_hold_its_sequences(s3, tmp_path, loca
         upload(s3, f"{prefix}/proteins.fasta", records)
         cmd, env = cloud_command(tmp_path / prefix, s3.port, prefix, "store=s3://lab/grow")
         run(cmd, env)
-        total, parts = fetched_bytes(s3, prefix)
+        total, parts, logs = fetched_bytes(s3, prefix)
         assert parts and not set(parts) & filled, parts  # only the parts of its own sequences
         seen.append(total)
-        log = client(s3.port).get_object(Bucket="lab", Key=f"{prefix}/out/logs/merge.log")
-        merged = re.search(r"store copy: (\d+) of (\d+) files", log["Body"].read().decode())
+        merged = re.search(r"store copy: (\d+) of (\d+) files", logs["merge"])
         # merge fetches the values and manifests of the run's parts alone (and the store's mark
-        # and settings)
-        assert int(merged[1]) <= 2 * len(set(parts)) + 2 < int(merged[2]), merged[0]
+        # and settings), and lists nothing
+        assert int(merged[1]) <= int(merged[2]) <= 2 * len(set(parts)) + 2, merged[0]
+        assert "parts' sequences indexed" in logs["merge"]
         found = objects(s3, f"{prefix}/out/")
         assert_close(values(found[f"{prefix}/out/embeddings.h5"]), local, within=1e-5)
-        filled |= fill_store(s3, "grow", tmp_path / "filled", groups[2:] if prefix == "g1" else [])
+        if prefix == "g1":
+            assert "2 parts' sequences indexed" in logs["shard"], logs["shard"]
+            filled |= fill_store(s3, "grow", tmp_path / "filled", groups[2:])
+            verified = esmshard_on(s3, "store", "s3://lab/grow", "--verify")
+            assert verified.returncode == 0, verified.stderr
+            assert re.search(r"grow: 2\d parts checked, 0 damaged", verified.stdout), verified
+        else:
+            assert (
+                "key index: " in logs["shard"] and "parts' sequences indexed" not in logs["shard"]
+            )
+            listed = re.search(r"store copy: (\d+) of (\d+) files", logs["shard"])
+            assert int(listed[2]) <= 2, listed[0]  # the store's mark and the key's settings
     assert len(filled) == 20
     assert seen[1] < 1.5 * seen[0], seen  # a store ten times larger, about the same bytes
 
