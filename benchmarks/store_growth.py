@@ -6,13 +6,16 @@ Usage: python benchmarks/store_growth.py [--sizes 1000 10000 100000] [--new 20] 
 
 The store is filled with real E. coli proteins (../shared/data) tiled under new IDs, each made a
 sequence of its own by a tail of four residues, embedded in parts of 1,000 (the micro ESM-2 of
-the tests, `include: [mean]`) and put in the bucket; the run's 20 proteins are new to it. For each
-size: the run's wall time, the requests and bytes that crossed to the server (HTTP included), and
-each step's own count from its log (`store copy: N of M files fetched, B bytes`).
+the tests, `include: [mean]`), put in the bucket and indexed (`esmshard store --verify`, as for
+parts copied in by hand); the run's 20 proteins are new to it. For each size: the run's wall
+time, the requests and bytes that crossed to the server (HTTP included), and each step's own
+count from its log (`store copy: N of M files fetched, B bytes`; the shard step's key index
+nodes read).
 """
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -66,6 +69,9 @@ def fill(folder: Path, port: int, start: int, stop: int) -> float:
         key = f"shared/{path.relative_to(folder).as_posix()}"
         if path.is_file() and key not in there and "/.locks/" not in f"/{key}":
             client.upload_file(str(path), "lab", key)
+    env = {**os.environ, **S3_ENV, "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{port}"}
+    verify = ["esmshard", "store", "s3://lab/shared", "--verify"]
+    subprocess.run(verify, env=env, check=True, capture_output=True)
     return time.perf_counter() - began
 
 
@@ -94,6 +100,9 @@ def run_new(folder: Path, proxy: Proxy, prefix: str, proteins: dict) -> dict:
         ).groups()
         row[f"{step}_files_fetched"] = f"{files} of {listed}"
         row[f"{step}_bytes_fetched"] = int(fetched)
+        nodes = re.search(r"key index: (\d+) nodes read", text)
+        if nodes:
+            row[f"{step}_index_nodes_read"] = int(nodes[1])
         peak = re.findall(r"peak memory so far (\d+) MB", text)
         if peak:
             row[f"{step}_peak_mb"] = max(map(int, peak))
