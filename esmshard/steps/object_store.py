@@ -22,8 +22,9 @@ def is_piece(relative: str) -> bool:
 
 
 def key_scope(key: str) -> tuple[str, ...]:
-    """A settings key's folder and the store's mark: what the shard step and merge read."""
-    return (f"{key}/", MARKER)
+    """A settings key's folder (its settings named: they are fetched where the folder is not
+    listed) and the store's mark: what the shard step and merge read."""
+    return (f"{key}/", f"{key}/settings.json", MARKER)
 
 
 def is_part(relative: str) -> bool:

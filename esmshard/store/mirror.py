@@ -43,6 +43,7 @@ class Mirror:
         self.listed_folders = listed(self.bucket) if callable(listed) else listed
         self.listed: dict[str, Listed] = {}  # relative path: size and ETag, within the scope
         self.fetched: dict[str, tuple[int, int]] = {}  # relative path: (size, mtime_ns) here
+        self.downloads = 0  # objects fetched (the others in `fetched` were sent from here)
 
     def within(self, relative: str) -> bool:
         if relative.split("/")[0] in NODE_LOCAL or TEMPORARY_NAME.match(Path(relative).name):
@@ -59,6 +60,8 @@ class Mirror:
         for scope in self.scope:
             if scope == WHOLE or scope.endswith("/"):
                 found = self.bucket.entries(scope) if self.listed_folders else {}
+            elif scope in self.listed:  # in a folder listed already
+                continue
             else:
                 head = self.bucket.head(scope)
                 found = {} if head is None else {scope: head}
@@ -66,7 +69,7 @@ class Mirror:
         for relative in sorted(self.listed):
             if not self.lazy(relative):
                 self.fetch(relative)
-        return len(self.fetched)
+        return self.downloads
 
     def look_up(self, relatives: list[str]) -> set[str]:
         """Those of `relatives` (within the scope) that are in the object store, each looked up
@@ -87,6 +90,7 @@ class Mirror:
             return
         path = self.root / relative
         self.bucket.download(relative, path)
+        self.downloads += 1
         modified = self.listed[relative].modified  # the object's time, as the server keeps it
         os.utime(path, (modified, modified))
         stat = path.stat()
@@ -117,7 +121,7 @@ class Mirror:
         nodes, read through the same bucket, included)."""
         retried = self.bucket.retried
         return (
-            f"store copy: {len(self.fetched)} of {len(self.listed)} files fetched, "
+            f"store copy: {self.downloads} of {len(self.listed)} files fetched, "
             f"{self.bucket.received} bytes"
             + (f"; {retried} requests retried (throttled or dropped)" if retried else "")
         )
