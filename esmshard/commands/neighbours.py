@@ -6,6 +6,7 @@ the nearest annotated neighbour's annotation and its reliability index (esmshard
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,11 +16,17 @@ from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
 from ..search import METRICS, Hits, read_annotations
 from ..search.annotations import annotation_columns, unmatched_line
+from ..search.ontology import Ontology, ontology_problem, read_ontology
 from ..search.transfer import (
     TIES_SEARCHED,
+    AspectTerms,
     TransferAsked,
+    aspect_masks,
+    aspect_terms,
+    carried_by_aspect,
     terms_of,
     transfer_terms,
+    unknown_line,
     write_transfer,
 )
 
@@ -78,10 +85,18 @@ def add_neighbours_command(commands) -> None:
         help="with --terms, count every hit within this distance (of the K searched) instead",
     )
     command.add_argument(
+        "--ontology",
+        type=Path,
+        metavar="OBO",
+        help="with --terms, a GO release (go-basic.obo): each aspect (BPO, MFO, CCO) searched "
+        "among the references annotated in it, and only each query's most specific terms kept, "
+        "as goPredSim does",
+    )
+    command.add_argument(
         "--terms-out",
         type=Path,
-        help="with --terms, the TSV of id, term, reliability, hits (default: beside --out, "
-        "NAME.terms.tsv)",
+        help="with --terms, the TSV of id, term, aspect, reliability, hits (default: beside "
+        "--out, NAME.terms.tsv)",
     )
 
 
@@ -95,6 +110,10 @@ def neighbours(parser, args) -> int:
         parser.exit(2, "esmshard neighbours: -k must be 1 or more\n")
     if (args.terms or args.max_distance is not None) and not args.annotations:
         parser.exit(2, "esmshard neighbours: --terms and --max-distance need --annotations\n")
+    if args.ontology and not args.terms:
+        parser.exit(2, "esmshard neighbours: --ontology needs --terms (the column of GO terms)\n")
+    if args.ontology and ontology_problem(args.ontology):
+        parser.exit(2, f"esmshard neighbours: --ontology {ontology_problem(args.ontology)}\n")
     where = args.transferred or args.out.with_suffix(".annotations.tsv")
     outputs = {"-o": args.out, **({"--transferred": where} if args.annotations else {})}
     if args.terms:
@@ -105,10 +124,11 @@ def neighbours(parser, args) -> int:
     try:
         with Embeddings(args.queries) as queries, open_reference(args.reference) as reference:
             annotations = read_annotations(args.annotations) if args.annotations else {}
-            hits, ids, layer = search(queries, reference, args)
+            terms = terms_of_column(annotations, args) if args.terms else None
+            split = by_aspect(terms, args) if args.ontology else None
+            hits, ids, layer, aspects = search(queries, reference, args, split)
             query_ids = queries.ids()
             model = queries.made_by.get("model")
-            terms = terms_of_column(annotations, args) if args.terms else None
     except DamagedFileError as err:
         parser.exit(1, f"esmshard neighbours: {err.problem}: {GIVE}\n")
     except OSError as err:
@@ -126,7 +146,8 @@ def neighbours(parser, args) -> int:
     nearest_k = Hits(hits.rows[:, : args.k], hits.distances[:, : args.k])
     found.write_tables(tables, nearest_k, query_ids, ids, annotations, args.metric, card)
     if terms is not None:
-        write_terms(outputs["--terms-out"], hits, query_ids, ids, terms, args)
+        searched = Searched(hits, ids, layer, aspects)
+        write_terms(outputs["--terms-out"], searched, query_ids, terms, split, args)
     if args.annotations:
         unmatched = unmatched_line(annotations, ids, args.annotations, args.reference)
         if unmatched:
@@ -178,17 +199,48 @@ def terms_of_column(annotations: dict, args) -> dict[str, list[str]]:
     return terms_of(annotations, args.terms)
 
 
-def write_terms(path: Path, hits: Hits, query_ids, ids, terms: dict, args) -> None:
+class Searched(NamedTuple):
+    """The hits of every query, the reference's IDs, the layer compared, and with an ontology
+    each aspect's own hits (among the references annotated in it)."""
+
+    hits: Hits
+    ids: list
+    layer: int
+    aspects: dict
+
+
+class Split(NamedTuple):
+    ontology: Ontology
+    terms: AspectTerms
+
+
+def by_aspect(terms: dict, args) -> Split:
+    """The reference's terms by aspect of the release `args.ontology` (the terms it does not
+    hold said, and left out)."""
+    ontology = read_ontology(args.ontology)
+    split = aspect_terms(terms, ontology)
+    line = unknown_line(split, args.terms, ontology, args.ontology)
+    if line:
+        say(line)
+    return Split(ontology, split)
+
+
+def write_terms(path: Path, searched: Searched, query_ids, terms: dict, split, args) -> None:
     """The terms carried to each query, goPredSim's way (esmshard.search.transfer)."""
     asked = TransferAsked(args.terms, args.k, args.max_distance)
-    rows = transfer_terms(hits, query_ids, ids, terms, args.metric, **asked.counted())
+    if split is None:
+        rows = transfer_terms(searched.hits, query_ids, searched.ids, terms, args.metric,
+                              **asked.counted())  # fmt: skip
+    else:
+        rows = carried_by_aspect(searched.aspects, query_ids, searched.ids, split.terms,
+                                 args.metric, split.ontology, **asked.counted())  # fmt: skip
     write_transfer(str(path), None, rows, {})
     say(f"carried {len(rows):,} terms of {args.terms} to {len({r.id for r in rows}):,} of "
         f"{len(query_ids):,} queries: {path}")  # fmt: skip
 
 
-def search(queries: Embeddings, reference: Embeddings, args):
-    """The hits of every query, the reference's IDs and the layer compared; the k past the
+def search(queries: Embeddings, reference: Embeddings, args, split: Split | None) -> Searched:
+    """The hits of every query (and of each aspect where `split` is given); the k past the
     reference, and the queries whose embeddings are not numbers, said."""
     layer = found.comparable_layer(queries, reference, args.layer)
     if unrecorded_line(reference):
@@ -209,4 +261,8 @@ def search(queries: Embeddings, reference: Embeddings, args):
     k = min(args.k + (TIES_SEARCHED if args.terms else 0), max(available, 1))
     # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
     hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
-    return hits, reference.ids(), layer
+    ids = reference.ids()
+    masks = aspect_masks(ids, split.terms) if split else {}
+    aspects = {aspect: found.search(vectors, reference, layer, k, args.metric, own, device="cpu",
+                                    allowed=allowed) for aspect, allowed in masks.items()}  # fmt: skip
+    return Searched(hits, ids, layer, aspects)

@@ -65,17 +65,20 @@ def search(
     rows: tuple[int, int] | None = None,
     device: str | None = None,
     on_block: Callable[[int], None] = lambda rows_done: None,
+    allowed: np.ndarray | None = None,
 ) -> Hits:
     """The `k` nearest reference rows (of `rows`, a range: default all) to each query vector,
     the reference read block by block; `device`: where the products run (esmshard.search);
-    `on_block`: called with the rows searched so far after each block."""
+    `on_block`: called with the rows searched so far after each block; `allowed`: which of
+    the reference's rows may be found (None: all)."""
     values = reference.stored(f"mean/{layer}")
     first, end = rows or (0, len(values))
     found = None
     for start in range(first, end, REFERENCE_ROWS_AT_ONCE):
         stop = min(start + REFERENCE_ROWS_AT_ONCE, end)
         block = np.asarray(values[start:stop], dtype=np.float32)
-        hits = nearest(queries, block, k, metric, start, own_rows, device)
+        here = None if allowed is None else allowed[start:stop]
+        hits = nearest(queries, block, k, metric, start, own_rows, device, here)
         found = hits if found is None else merged([found, hits], k)
         on_block(stop - first)
     return found if found is not None else nearest(queries, values[:0], k, metric)

@@ -44,12 +44,14 @@ def approximate(queries: np.ndarray, reference: np.ndarray, metric: str) -> np.n
     return -products / np.maximum(norms, 1e-30)
 
 
-def candidates_here(block, reference, wanted: int, metric: str, own) -> np.ndarray:
+def candidates_here(block, reference, wanted: int, metric: str, own, barred) -> np.ndarray:
     """Each query's `wanted` best reference rows by one matrix product, with numpy; `own`: each
-    query's row to leave out (or -1)."""
+    query's row to leave out (or -1); `barred`: the rows no query may have (None: none)."""
     scores = approximate(block, reference, metric)
     inside = np.flatnonzero(own >= 0)
     scores[inside, own[inside]] = np.inf
+    if barred is not None:
+        scores[:, barred] = np.inf
     return np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
 
 
@@ -61,7 +63,7 @@ def tensor_of(array: np.ndarray, device: str):
     return torch.from_numpy(np.require(array, requirements=["W", "C"])).to(device)
 
 
-def candidates_on(device: str, block, r, wanted: int, metric: str, own) -> np.ndarray:
+def candidates_on(device: str, block, r, wanted: int, metric: str, own, barred) -> np.ndarray:
     """`candidates_here` with torch on `device` (a GPU): its products and top k there, against
     the reference `r` already there (`tensor_of`)."""
     import torch
@@ -75,6 +77,8 @@ def candidates_on(device: str, block, r, wanted: int, metric: str, own) -> np.nd
         scores = -products / norms.clamp_min(1e-30)
     inside = torch.from_numpy(np.flatnonzero(own >= 0)).to(device)
     scores[inside, torch.from_numpy(own[own >= 0]).to(device)] = float("inf")
+    if barred is not None:
+        scores[:, torch.from_numpy(barred).to(device)] = float("inf")
     return torch.topk(scores, wanted, dim=1, largest=False).indices.cpu().numpy()
 
 
@@ -86,11 +90,13 @@ def nearest(
     first_row: int = 0,
     own_rows: np.ndarray | None = None,
     device: str | None = None,
+    allowed: np.ndarray | None = None,
 ) -> Hits:
     """The `k` nearest rows of `reference` (rows `first_row`... of the whole reference) to each
     query; `own_rows`: each query's own row in the whole reference, left out (a search of the
     input against itself; -1 for none). `device`: a torch device for the products (None: numpy
-    on the CPU); the candidates are re-ranked on the CPU either way."""
+    on the CPU); the candidates are re-ranked on the CPU either way. `allowed`: which rows of
+    `reference` may be found (None: all)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
     n = len(queries)
@@ -100,6 +106,7 @@ def nearest(
     wanted = min(k + EXTRA_CANDIDATES + 1, len(reference))
     if wanted == 0:
         return Hits(rows, distances)
+    barred = None if allowed is None else np.flatnonzero(~np.asarray(allowed, dtype=bool))
     on_device = reference
     if device is not None:
         on_device = tensor_of(reference, device)  # once for every block of queries
@@ -110,11 +117,13 @@ def nearest(
             own = own_rows[start : start + len(block)] - first_row
             own[(own < 0) | (own >= len(reference))] = -1
         if device is None:
-            candidates = candidates_here(block, reference, wanted, metric, own)
+            candidates = candidates_here(block, reference, wanted, metric, own, barred)
         else:
-            candidates = candidates_on(device, block, on_device, wanted, metric, own)
+            candidates = candidates_on(device, block, on_device, wanted, metric, own, barred)
         exact = exact_distances(block, reference[candidates], metric)
         exact[candidates == own[:, None]] = np.inf
+        if barred is not None:
+            exact[~allowed[candidates]] = np.inf
         hits = top_k(candidates + first_row, exact, k)
         rows[start : start + len(block)] = hits.rows
         distances[start : start + len(block)] = hits.distances

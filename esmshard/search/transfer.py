@@ -4,7 +4,9 @@ hit's reliability index (esmshard.search.reliability), divided by the number of 
 
 The hits counted are a query's k nearest, all of those tied at the k-th distance among them
 (`k`), or all within a distance (`max_distance`). Indices are rounded to 0.01 and a term whose
-index rounds to 0 is dropped. goPredSim's published code scales a euclidean distance d by
+index rounds to 0 is dropped. With a GO release (esmshard.search.ontology), each aspect is
+searched among the references annotated in it, with their terms of that aspect alone, and a
+query keeps only its most specific terms (none an ancestor of another by is_a). goPredSim's published code scales a euclidean distance d by
 1 / (1 + d); its paper and EAT by 0.5 / (0.5 + d), which esmshard uses throughout.
 """
 
@@ -15,6 +17,7 @@ import numpy as np
 
 from ..files import write_parquet, write_tsv
 from .exact import Hits
+from .ontology import ASPECTS, Ontology
 from .reliability import reliability_index
 
 TERMS_SEPARATED = re.compile(r"[;,]")  # GOA's and UniProt's lists of terms
@@ -29,6 +32,7 @@ class TransferAsked(NamedTuple):
     column: str
     k: int
     max_distance: float | None = None
+    ontology: str | None = None  # a GO release's OBO file
 
     def counted(self) -> dict:
         """`transfer_terms`' keyword of the hits counted."""
@@ -36,9 +40,12 @@ class TransferAsked(NamedTuple):
             return {"max_distance": self.max_distance}
         return {"k": self.k}
 
-    def card(self) -> dict:
-        """What the transfer's Parquet file says of it."""
-        return {"terms": self.column, **self.counted()}
+    def card(self, ontology: "Ontology | None" = None) -> dict:
+        """What the transfer's Parquet file says of it (and of the release read, if any)."""
+        release = (
+            {"ontology": self.ontology, "ontology_version": ontology.version} if ontology else {}
+        )
+        return {"terms": self.column, **self.counted(), **release}
 
 
 class TermTransfer(NamedTuple):
@@ -46,6 +53,7 @@ class TermTransfer(NamedTuple):
 
     id: str
     term: str
+    aspect: str  # BPO, MFO or CCO with an ontology; empty without
     reliability: float
     hits: int
 
@@ -78,9 +86,12 @@ def transfer_terms(
     metric: str,
     k: int | None = None,
     max_distance: float | None = None,
+    aspect: str = "",
+    ontology: Ontology | None = None,
 ) -> list[TermTransfer]:
     """Every query's terms with their reliability index, highest first, by goPredSim's rule;
-    `hits` nearest first, holding more than `k` where ties past the k-th may count."""
+    `hits` nearest first, holding more than `k` where ties past the k-th may count. With
+    `ontology`, only the most specific of a query's terms are kept, labelled `aspect`."""
     if (k is None) == (max_distance is None):
         raise ValueError("give k or max_distance, one of them")
     found = []
@@ -95,13 +106,77 @@ def transfer_terms(
                 sums.setdefault(term, []).append(float(index))
         n = int(mask.sum())
         kept = [
-            TermTransfer(query, term, round(sum(values) / n, DECIMALS), len(values))
+            TermTransfer(query, term, aspect, round(sum(values) / n, DECIMALS), len(values))
             for term, values in sums.items()
         ]
-        found += sorted(
-            (t for t in kept if t.reliability > 0), key=lambda t: (-t.reliability, t.term)
-        )
+        kept = [t for t in kept if t.reliability > 0]
+        if ontology is not None:
+            specific = ontology.most_specific({t.term for t in kept})
+            kept = [t for t in kept if t.term in specific]
+        found += sorted(kept, key=lambda t: (-t.reliability, t.term))
     return found
+
+
+class AspectTerms(NamedTuple):
+    """A reference's terms split by aspect, and the terms the ontology does not hold."""
+
+    by_aspect: dict[str, dict[str, list[str]]]  # aspect: each reference ID's terms in it
+    unknown: list[str]
+
+
+def aspect_terms(terms: dict[str, list[str]], ontology: Ontology) -> AspectTerms:
+    """Each aspect's references and their terms of that aspect (a reference with none is not
+    searched in it, as goPredSim does); terms the release does not hold are left out."""
+    by_aspect = {aspect: {} for aspect in ASPECTS.values()}
+    unknown = set()
+    for id_, listed in terms.items():
+        for term in listed:
+            aspect = ontology.aspect(term)
+            if aspect:
+                by_aspect[aspect].setdefault(id_, []).append(term)
+            else:
+                unknown.add(term)
+    return AspectTerms(by_aspect, sorted(unknown))
+
+
+def aspect_masks(reference_ids, split: AspectTerms) -> dict[str, np.ndarray]:
+    """Which reference rows each aspect searches: those with a term of it."""
+    return {
+        aspect: np.fromiter((id_ in held for id_ in reference_ids), bool, len(reference_ids))
+        for aspect, held in split.by_aspect.items()
+    }
+
+
+def carried_by_aspect(
+    hits: dict[str, Hits], query_ids, reference_ids, split: AspectTerms, metric: str,
+    ontology: Ontology, **counted,
+) -> list[TermTransfer]:  # fmt: skip
+    """The terms carried from each aspect's own hits (`hits`, by aspect), each query's
+    together; `counted`: k or max_distance."""
+    return in_query_order(query_ids, *(
+        transfer_terms(hits[aspect], query_ids, reference_ids, held, metric, **counted,
+                       aspect=aspect, ontology=ontology)
+        for aspect, held in split.by_aspect.items()
+    ))  # fmt: skip
+
+
+def unknown_line(found: AspectTerms, column: str, ontology: Ontology, path) -> str | None:
+    """What the log says of terms the release does not hold, or None."""
+    n = len(found.unknown)
+    if not n:
+        return None
+    return (
+        f"{n:,} {'term' if n == 1 else 'terms'} of {column} {'is' if n == 1 else 'are'} not in "
+        f"{path} (release {ontology.version}), e.g. {found.unknown[0]}: not carried (a term of "
+        "another release, or not a GO term?)"
+    )
+
+
+def in_query_order(query_ids, *aspects: list[TermTransfer]) -> list[TermTransfer]:
+    """The terms of every aspect, each query's together in the queries' order, by aspect."""
+    position = {id_: i for i, id_ in enumerate(query_ids)}
+    rows = [t for found in aspects for t in found]
+    return sorted(rows, key=lambda t: (position[t.id], t.aspect, -t.reliability, t.term))
 
 
 def write_transfer(tsv: str, parquet: str | None, rows: list[TermTransfer], card: dict) -> None:
@@ -109,5 +184,5 @@ def write_transfer(tsv: str, parquet: str | None, rows: list[TermTransfer], card
     metadata is `card` (model, layer, metric, reference, k, how the hits were counted)."""
     write_tsv(tsv, list(TermTransfer._fields), rows)
     if parquet is not None:
-        types = ["string", "string", "float32", "int32"]
+        types = ["string", "string", "string", "float32", "int32"]
         write_parquet(parquet, dict(zip(TermTransfer._fields, types)), rows, card)

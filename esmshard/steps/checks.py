@@ -65,6 +65,7 @@ NEIGHBOUR_KEYS = {
     "neighbours_terms",
     "neighbours_transfer",
     "neighbours_max_distance",
+    "neighbours_ontology",
     "include",
     "repr_layers",
 }

@@ -1,6 +1,6 @@
 """The neighbours keys checked with the config, before any job: the layer among those kept, the
 reference a run's embeddings of the same model (or a per-protein file of its width) holding it,
-and the annotations readable as a table with an `id` column.
+the annotations readable as a table with an `id` column, and the ontology an OBO file.
 """
 
 from pathlib import Path
@@ -12,6 +12,7 @@ from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference
 from ..search import AnnotationsError, read_annotations
 from ..search.annotations import annotation_columns
+from ..search.ontology import ontology_problem
 from .neighbours import LAST, SELF, reference_file
 
 
@@ -22,12 +23,17 @@ def neighbour_problems(config: dict, model=None) -> list[str]:
     if not setting:
         return [
             f"{name}: needs neighbours (the reference to search)"
-            for name in ("neighbours_annotations", "neighbours_terms")
+            for name in ("neighbours_annotations", "neighbours_terms", "neighbours_ontology")
             if config.get(name)
         ]
     problems = []
     if config.get("neighbours_terms") and not annotations:
         problems.append("neighbours_terms: needs neighbours_annotations (the terms' table)")
+    ontology = config.get("neighbours_ontology")
+    if ontology and not config.get("neighbours_terms"):
+        problems.append("neighbours_ontology: needs neighbours_terms (the column of GO terms)")
+    elif ontology and ontology_problem(ontology):
+        problems.append(f"neighbours_ontology: {ontology_problem(ontology)}")
     if "mean" not in config["include"]:
         problems.append("neighbours: the search compares mean embeddings: add mean to include")
     layer = config["neighbours_layer"]

@@ -19,7 +19,17 @@ from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
 from ..search import Hits, merged, read_annotations
 from ..search.annotations import unmatched_line
-from ..search.transfer import TransferAsked, terms_of, transfer_terms, write_transfer
+from ..search.ontology import read_ontology
+from ..search.transfer import (
+    TransferAsked,
+    aspect_masks,
+    aspect_terms,
+    carried_by_aspect,
+    terms_of,
+    transfer_terms,
+    unknown_line,
+    write_transfer,
+)
 from ..store.runlock import current_run
 
 log = logging.getLogger(__name__)
@@ -68,13 +78,14 @@ class PartProgress:
 
 def search_part(
     queries_h5, reference_h5, out_npz, metrics_json, part: str, search: Search, gpus="auto",
-    run_lock=None,
+    run_lock=None, annotations=None, transfer: TransferAsked | None = None,
 ):  # fmt: skip
     """Each query's `search.k` nearest rows among the reference's rows of `part`, the products
     on the GPU the job holds from the pool (esmshard.compute.pool), or on the CPU without one;
     its rows done as it goes (esmshard status); the job's figures, the search's settings and
     the command that ran it (`run_lock`'s) in `metrics_json` (for the scaling report), written
-    first."""
+    first. With `transfer`'s ontology, each aspect is searched again among the references
+    that `annotations` gives terms of it (`rows_BPO`, ... beside `rows`)."""
     itself = Path(queries_h5).resolve() == Path(reference_h5).resolve()
     remove_other_searches(Path(out_npz).parent, part)
     progress_json = Path(out_npz).with_suffix(".progress.json")
@@ -93,10 +104,17 @@ def search_part(
         own = np.arange(len(queries)) if itself else None
         k = min(usable_k(search.k, len(reference), itself) + search.extra,
                 max(len(reference) - itself, 1))  # fmt: skip
-        progress = PartProgress(progress_json, part, rows[1] - rows[0])
+        subsets = {"": None}
+        if transfer is not None and transfer.ontology:
+            subsets.update(aspect_rows(reference.ids(), annotations, transfer))
+        progress = PartProgress(progress_json, part, (rows[1] - rows[0]) * len(subsets))
         started = time.perf_counter()
-        hits = found.search(vectors, reference, chosen, k, search.metric, own, rows, device,
-                            on_block=progress)  # fmt: skip
+        hits = {
+            name: found.search(vectors, reference, chosen, k, search.metric, own, rows, device,
+                               on_block=lambda done, i=i: progress(i * (rows[1] - rows[0]) + done),
+                               allowed=allowed)
+            for i, (name, allowed) in enumerate(subsets.items())
+        }  # fmt: skip
         seconds = time.perf_counter() - started
     searched = rows[1] - rows[0]
     log.info("part %s on %s: reference rows %d to %d against %d queries in %.1f s",
@@ -108,8 +126,10 @@ def search_part(
         **search._asdict(), "layer": chosen, "finished_at": time.time(),
         "command": command.get("typed_command") or command.get("command"),
     })  # fmt: skip
+    arrays = {f"{kind}_{name}".rstrip("_"): getattr(h, kind) for name, h in hits.items()
+              for kind in ("rows", "distances")}  # fmt: skip
     with atomic_path(out_npz) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, rows=hits.rows, distances=hits.distances, layer=chosen)
+        np.savez(fh, **arrays, layer=chosen)
     progress_json.unlink(missing_ok=True)
 
 
@@ -177,12 +197,40 @@ def write_neighbours(
             log.info("removed %s, an earlier search's: this one does not write it", path)
     found.write_tables(tables, hits, query_ids, reference_ids, table, metric, card)
     if transfer is not None:
-        carried = transfer_terms(searched, query_ids, reference_ids,
-                                 terms_of(table, transfer.column), metric,
-                                 **transfer.counted())  # fmt: skip
-        write_transfer(*transfer_files, carried, {**card, **transfer.card()})
+        terms = terms_of(table, transfer.column)
+        if transfer.ontology:
+            carried, ontology = by_aspect(
+                loaded, query_ids, reference_ids, terms, metric, transfer
+            )
+        else:
+            carried, ontology = transfer_terms(searched, query_ids, reference_ids, terms, metric,
+                                               **transfer.counted()), None  # fmt: skip
+        write_transfer(*transfer_files, carried, {**card, **transfer.card(ontology)})
         log.info("carried %d terms of %s to %d of %d proteins", len(carried), transfer.column,
                  len({t.id for t in carried}), len(query_ids))  # fmt: skip
+
+
+def aspect_rows(reference_ids, annotations, transfer: TransferAsked) -> dict[str, np.ndarray]:
+    """Which reference rows each aspect searches: those with a term of it."""
+    terms = terms_of(read_annotations(annotations), transfer.column)
+    return aspect_masks(reference_ids, aspect_terms(terms, read_ontology(transfer.ontology)))
+
+
+def by_aspect(loaded, query_ids, reference_ids, terms, metric, transfer: TransferAsked):
+    """The terms carried per aspect from each aspect's own hits (the parts' `rows_BPO`, ...),
+    reduced to the most specific, every query's together; and the ontology read."""
+    ontology = read_ontology(transfer.ontology)
+    split = aspect_terms(terms, ontology)
+    line = unknown_line(split, transfer.column, ontology, transfer.ontology)
+    if line:
+        log.warning(line)
+    hits = {}
+    for aspect in split.by_aspect:
+        parts = [Hits(p[f"rows_{aspect}"], p[f"distances_{aspect}"]) for p in loaded]
+        hits[aspect] = merged(parts, max(h.rows.shape[1] for h in parts))
+    carried = carried_by_aspect(hits, query_ids, reference_ids, split, metric, ontology,
+                                **transfer.counted())  # fmt: skip
+    return carried, ontology
 
 
 SELF = "self"  # `neighbours: self`: the run's proteins against each other
@@ -208,7 +256,8 @@ def transfer_asked(config: dict) -> TransferAsked | None:
         return None
     distance = config["neighbours_transfer"] == "distance"
     return TransferAsked(config["neighbours_terms"], config["neighbours_k"],
-                         config["neighbours_max_distance"] if distance else None)  # fmt: skip
+                         config["neighbours_max_distance"] if distance else None,
+                         config.get("neighbours_ontology") or None)  # fmt: skip
 
 
 def stored_rows(path) -> int:

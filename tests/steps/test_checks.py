@@ -87,3 +87,12 @@ def test_the_terms_to_carry_are_checked_with_the_config(tmp_path):
     assert checked(tmp_path, neighbours_terms="go").problems == [
         "neighbours_terms: needs neighbours (the reference to search)"
     ]
+    typed = {"neighbours": "self", "neighbours_annotations": annotations}
+    assert checked(tmp_path, **typed, neighbours_ontology=annotations).problems == [
+        "neighbours_ontology: needs neighbours_terms (the column of GO terms)"
+    ]
+    assert checked(tmp_path, **typed, neighbours_terms="go",
+                   neighbours_ontology=annotations).problems == [
+        f"neighbours_ontology: {annotations} is not a Gene Ontology OBO file (it does not start "
+        "with format-version:): give a GO release's go-basic.obo"
+    ]  # fmt: skip

@@ -300,8 +300,18 @@ def neighbour_parts(wildcards=None):
     return part_names(parts_of(config["neighbours_shards"], rows))
 
 
+def neighbour_part_inputs(wildcards):
+    """The queries and the reference; with an ontology, the annotations and the ontology too
+    (each aspect is searched among the references annotated in it)."""
+    found = {"queries": RUN.embeddings, "reference": NEIGHBOUR_REFERENCE}
+    if TRANSFER and TRANSFER.ontology:
+        found.update(annotations=config["neighbours_annotations"], ontology=TRANSFER.ontology)
+    return found
+
+
 def neighbours_inputs(wildcards):
-    """Every part's top k, the queries, the reference and the annotations where given."""
+    """Every part's top k, the queries, the reference, the annotations and the ontology where
+    given."""
     found = {
         "parts": [RUN.neighbour_part(part) for part in neighbour_parts()],
         "queries": RUN.embeddings,
@@ -309,6 +319,8 @@ def neighbours_inputs(wildcards):
     }
     if config["neighbours_annotations"]:
         found["annotations"] = config["neighbours_annotations"]
+    if TRANSFER and TRANSFER.ontology:
+        found["ontology"] = TRANSFER.ontology
     return found
 
 

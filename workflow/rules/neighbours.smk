@@ -2,8 +2,7 @@
 # each, then the tables (esmshard.steps.neighbours).
 rule neighbour_part:
     input:
-        queries=RUN.embeddings,
-        reference=NEIGHBOUR_REFERENCE,
+        unpack(neighbour_part_inputs),
     output:
         # the top k last: once it exists, so do the figures
         hits=RUN.neighbour_part("{part}"),
@@ -22,6 +21,8 @@ rule neighbour_part:
         reference=config["neighbours"],
         # goPredSim's transfer counts the neighbours tied with the k-th too: a few more searched
         extra=TIES_SEARCHED if config["neighbours_terms"] else 0,
+        # with an ontology, each aspect is searched among the references annotated in it
+        transfer=TRANSFER,
     script:
         "../scripts/neighbour_part.py"
 

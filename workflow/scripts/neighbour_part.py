@@ -18,5 +18,7 @@ run_step(
         snakemake.params.extra,
     ),
     gpus=snakemake.config["gpus"],
+    annotations=snakemake.input.get("annotations"),
+    transfer=snakemake.params.transfer,
     run_lock=Layout(snakemake.config["outdir"]).run_lock,
 )
