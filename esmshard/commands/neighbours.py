@@ -12,23 +12,13 @@ import numpy as np
 
 from ..files import DamagedFileError, is_object_url
 from ..outputs import nearest as found
+from ..outputs.nearest_terms import Carry, carried_terms, carry_asked
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
-from ..search import METRICS, Hits, read_annotations
-from ..search.annotations import annotation_columns, unmatched_line
-from ..search.ontology import Ontology, ontology_problem, read_ontology
-from ..search.transfer import (
-    TIES_SEARCHED,
-    AspectTerms,
-    TransferAsked,
-    aspect_masks,
-    aspect_terms,
-    carried_by_aspect,
-    terms_of,
-    transfer_terms,
-    unknown_line,
-    write_transfer,
-)
+from ..search import METRICS, Hits
+from ..search.annotations import unmatched_line
+from ..search.ontology import ontology_problem
+from ..search.transfer import TIES_SEARCHED, aspect_masks, write_transfer
 
 # what to give instead of a file that is not an esmshard run's embeddings
 GIVE = "give an esmshard run's outdir or its embeddings.h5"
@@ -123,10 +113,11 @@ def neighbours(parser, args) -> int:
         parser.exit(2, f"esmshard neighbours: {problem}\n")
     try:
         with Embeddings(args.queries) as queries, open_reference(args.reference) as reference:
-            annotations = read_annotations(args.annotations) if args.annotations else {}
-            terms = terms_of_column(annotations, args) if args.terms else None
-            split = by_aspect(terms, args) if args.ontology else None
-            hits, ids, layer, aspects = search(queries, reference, args, split)
+            carry = carry_asked(args.annotations, args.terms, args.max_distance, args.ontology,
+                                args.k)  # fmt: skip
+            if carry.unknown:
+                say(carry.unknown)
+            searched = search(queries, reference, args, carry)
             query_ids = queries.ids()
             model = queries.made_by.get("model")
     except DamagedFileError as err:
@@ -141,15 +132,15 @@ def neighbours(parser, args) -> int:
         parquet=str(args.out) if parquet else None,
         transferred=str(where) if args.annotations else None,
     )
-    card = {"model": model, "layer": layer, "metric": args.metric,
+    card = {"model": model, "layer": searched.layer, "metric": args.metric,
             "reference": args.reference, "k": args.k}  # fmt: skip
+    hits, ids = searched.hits, searched.ids
     nearest_k = Hits(hits.rows[:, : args.k], hits.distances[:, : args.k])
-    found.write_tables(tables, nearest_k, query_ids, ids, annotations, args.metric, card)
-    if terms is not None:
-        searched = Searched(hits, ids, layer, aspects)
-        write_terms(outputs["--terms-out"], searched, query_ids, terms, split, args)
+    found.write_tables(tables, nearest_k, query_ids, ids, carry.annotations, args.metric, card)
+    if carry.transfer is not None:
+        write_terms(outputs["--terms-out"], carry, searched, query_ids, args)
     if args.annotations:
-        unmatched = unmatched_line(annotations, ids, args.annotations, args.reference)
+        unmatched = unmatched_line(carry.annotations, ids, args.annotations, args.reference)
         if unmatched:
             say(unmatched)
         say(f"wrote {args.out} and {where}")
@@ -189,16 +180,6 @@ def same_file(a: Path, b: Path) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def terms_of_column(annotations: dict, args) -> dict[str, list[str]]:
-    """The reference's terms in the annotations' column `args.terms`, by ID."""
-    if args.terms not in annotation_columns(annotations):
-        raise KeyError(
-            f"{args.annotations} has no column {args.terms!r} (it has "
-            f"{', '.join(annotation_columns(annotations))}): name the column of the terms"
-        )
-    return terms_of(annotations, args.terms)
-
-
 class Searched(NamedTuple):
     """The hits of every query, the reference's IDs, the layer compared, and with an ontology
     each aspect's own hits (among the references annotated in it)."""
@@ -209,39 +190,18 @@ class Searched(NamedTuple):
     aspects: dict
 
 
-class Split(NamedTuple):
-    ontology: Ontology
-    terms: AspectTerms
-
-
-def by_aspect(terms: dict, args) -> Split:
-    """The reference's terms by aspect of the release `args.ontology` (the terms it does not
-    hold said, and left out)."""
-    ontology = read_ontology(args.ontology)
-    split = aspect_terms(terms, ontology)
-    line = unknown_line(split, args.terms, ontology, args.ontology)
-    if line:
-        say(line)
-    return Split(ontology, split)
-
-
-def write_terms(path: Path, searched: Searched, query_ids, terms: dict, split, args) -> None:
+def write_terms(path: Path, carry: Carry, searched: Searched, query_ids, args) -> None:
     """The terms carried to each query, goPredSim's way (esmshard.search.transfer)."""
-    asked = TransferAsked(args.terms, args.k, args.max_distance)
-    if split is None:
-        rows = transfer_terms(searched.hits, query_ids, searched.ids, terms, args.metric,
-                              **asked.counted())  # fmt: skip
-    else:
-        rows = carried_by_aspect(searched.aspects, query_ids, searched.ids, split.terms,
-                                 args.metric, split.ontology, **asked.counted())  # fmt: skip
+    rows = carried_terms(carry, searched.hits, searched.aspects, query_ids, searched.ids,
+                         args.metric)  # fmt: skip
     write_transfer(str(path), None, rows, {})
     say(f"carried {len(rows):,} terms of {args.terms} to {len({r.id for r in rows}):,} of "
         f"{len(query_ids):,} queries: {path}")  # fmt: skip
 
 
-def search(queries: Embeddings, reference: Embeddings, args, split: Split | None) -> Searched:
-    """The hits of every query (and of each aspect where `split` is given); the k past the
-    reference, and the queries whose embeddings are not numbers, said."""
+def search(queries: Embeddings, reference: Embeddings, args, carry: Carry) -> Searched:
+    """The hits of every query (and of each aspect, where terms are carried per aspect); the k
+    past the reference, and the queries whose embeddings are not numbers, said."""
     layer = found.comparable_layer(queries, reference, args.layer)
     if unrecorded_line(reference):
         say(unrecorded_line(reference))
@@ -262,7 +222,7 @@ def search(queries: Embeddings, reference: Embeddings, args, split: Split | None
     # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
     hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
     ids = reference.ids()
-    masks = aspect_masks(ids, split.terms) if split else {}
+    masks = aspect_masks(ids, carry.by_aspect) if carry.by_aspect else {}
     aspects = {aspect: found.search(vectors, reference, layer, k, args.metric, own, device="cpu",
                                     allowed=allowed) for aspect, allowed in masks.items()}  # fmt: skip
     return Searched(hits, ids, layer, aspects)

@@ -4,6 +4,7 @@ memory; the neighbours' annotations carried over (esmshard.search). The files ar
 `Embeddings` (esmshard.outputs.reader, whose `nearest` calls this module).
 """
 
+import warnings
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -11,6 +12,8 @@ import numpy as np
 from ..files import write_parquet, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
 from ..search.annotations import annotation_columns
+from ..search.transfer import TIES_SEARCHED, aspect_masks
+from .nearest_terms import carried_terms, carry_asked, terms_table
 
 REFERENCE_ROWS_AT_ONCE = 1 << 14  # with 4,096 queries at once: 256 MB of fp32 products
 
@@ -84,47 +87,75 @@ def search(
     return found if found is not None else nearest(queries, values[:0], k, metric)
 
 
-def nearest_to(emb, query, k: int, metric: str, layer: int | None):
+def nearest_to(emb, query, k: int, metric: str, layer: int | None, **carry):
     """`Embeddings.nearest`: the proteins of `emb` nearest to one of its IDs (left out of its own
     answer) or to a vector of its width, as Neighbours; to each row of a matrix or each protein
-    of another open embeddings.h5, as a table."""
+    of another open embeddings.h5, as a table, with the neighbours' annotation columns where
+    `carry` names annotations; with `carry`'s terms, the terms carried instead
+    (esmshard.outputs.nearest_terms: annotations, terms, max_distance, ontology)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a whole number of 1 or more, not {k!r}")
+    asked = carry_asked(**carry, k=int(k))
+    if asked.unknown:
+        warnings.warn(asked.unknown, stacklevel=3)
+    queries = queries_of(emb, query, layer)
+    searched = k + (TIES_SEARCHED if asked.transfer else 0)
+    hits = search(queries.vectors, emb, queries.layer, searched, metric, queries.own)
+    ids = emb.ids()
+    if asked.transfer:
+        masks = aspect_masks(ids, asked.by_aspect) if asked.by_aspect else {}
+        aspects = {aspect: search(queries.vectors, emb, queries.layer, searched, metric,
+                                  queries.own, allowed=allowed)
+                   for aspect, allowed in masks.items()}  # fmt: skip
+        return terms_table(carried_terms(asked, hits, aspects, queries.ids, ids, metric))
+    hits = Hits(hits.rows[:, :k], hits.distances[:, :k])
+    if queries.column is None:
+        return [
+            Neighbour(ids[r], float(d)) for r, d in zip(hits.rows[0], hits.distances[0]) if r >= 0
+        ]
+    table = hits_table(hits, queries.ids, ids, queries.column)
+    for column in annotation_columns(asked.annotations):
+        table[column] = [asked.annotations.get(n, {}).get(column, "") for n in table["neighbour"]]
+    return table
+
+
+class Queries(NamedTuple):
+    """What `nearest` searches for: the vectors, each one's own row in the reference (or None),
+    their IDs, the layer compared, and the table's column of the queries (None: one query,
+    answered as Neighbours)."""
+
+    vectors: np.ndarray
+    own: np.ndarray | None
+    ids: list
+    layer: int
+    column: str | None
+
+
+def queries_of(emb, query, layer: int | None) -> Queries:
+    """`query` as `nearest` takes it: another open embeddings.h5 (the same file: each protein's
+    own row left out), one of `emb`'s IDs, a vector of its width or a matrix of such rows."""
     if hasattr(query, "ids"):
-        return nearest_table(emb, query, k, metric, layer)
+        chosen = comparable_layer(query, emb, layer)
+        vectors = np.asarray(query.array("mean", chosen), dtype=np.float32)
+        itself = query.path is not None and query.path == emb.path
+        return Queries(vectors, np.arange(len(query)) if itself else None, query.ids(), chosen,
+                       "id")  # fmt: skip
     chosen = emb.layer("mean", layer)
     if isinstance(query, str):
         row = emb.row(query)
-        vectors, own = emb.values(row, "mean", chosen)[None, :], np.array([row])
-    else:
-        vectors, own = np.asarray(query, dtype=np.float32), None
-        if vectors.shape[-1:] != (emb.dim,) or vectors.ndim not in (1, 2):
-            raise ValueError(
-                f"a vector of {emb.dim} values, or a matrix of rows that wide, is needed, "
-                f"not one of shape {vectors.shape}"
-            )
-        if not np.isfinite(vectors).all():
-            raise ValueError("the query holds NaN or infinite values: it has no neighbours")
-    hits = search(np.atleast_2d(vectors), emb, chosen, k, metric, own)
-    if np.ndim(query) == 2:
-        return hits_table(hits, list(range(len(vectors))), emb.ids(), "query")
-    ids = emb.ids()
-    return [
-        Neighbour(ids[row], float(d))
-        for row, d in zip(hits.rows[0], hits.distances[0])
-        if row >= 0
-    ]
-
-
-def nearest_table(emb, queries, k: int, metric: str, layer: int | None):
-    """Each protein of the open embeddings.h5 `queries` against `emb` (the same file: each
-    one's own row left out), as a table: id, rank, neighbour, distance."""
-    chosen = comparable_layer(queries, emb, layer)
-    vectors = np.asarray(queries.array("mean", chosen), dtype=np.float32)
-    itself = queries.path is not None and queries.path == emb.path
-    own = np.arange(len(queries)) if itself else None
-    hits = search(vectors, emb, chosen, k, metric, own)
-    return hits_table(hits, queries.ids(), emb.ids(), "id")
+        return Queries(emb.values(row, "mean", chosen)[None, :], np.array([row]), [query],
+                       chosen, None)  # fmt: skip
+    vectors = np.asarray(query, dtype=np.float32)
+    if vectors.shape[-1:] != (emb.dim,) or vectors.ndim not in (1, 2):
+        raise ValueError(
+            f"a vector of {emb.dim} values, or a matrix of rows that wide, is needed, "
+            f"not one of shape {vectors.shape}"
+        )
+    if not np.isfinite(vectors).all():
+        raise ValueError("the query holds NaN or infinite values: it has no neighbours")
+    if vectors.ndim == 1:
+        return Queries(vectors[None, :], None, ["query"], chosen, None)
+    return Queries(vectors, None, list(range(len(vectors))), chosen, "query")
 
 
 def hit_rows(hits: Hits, query_ids, reference_ids) -> list[tuple]:

@@ -442,16 +442,25 @@ class Embeddings:
                 start, self.ids(start, stop), data[bounds[0] : bounds[-1]], bounds - bounds[0]
             )
 
-    def nearest(self, query, k: int = 10, metric: str = "euclidean", layer: int | None = None):
+    def nearest(
+        self, query, k: int = 10, metric: str = "euclidean", layer: int | None = None,
+        annotations=None, terms: str | None = None, max_distance: float | None = None,
+        ontology=None,
+    ):  # fmt: skip
         """The `k` proteins nearest to `query` (one of this file's IDs, left out of its own
         answer, or a vector of its width) by their mean embeddings at `layer` (default: the
         last held), nearest first, as (id, distance) pairs; `metric`: euclidean or cosine.
         For many queries at once, `query` is a matrix (a row each) or another open
         embeddings.h5 (this one: each protein's own row left out), and the answer a pandas
-        DataFrame: query (the row) or id, rank, neighbour, distance."""
+        DataFrame: query (the row) or id, rank, neighbour, distance, and the neighbour's
+        columns of `annotations` (a CSV or TSV with an `id` column) where given.
+        With `terms` (a column of `annotations`), the terms carried instead, as `esmshard
+        neighbours --terms` carries them (`max_distance`, `ontology`: its options): a DataFrame
+        of id, term, aspect, reliability, hits."""
         from .nearest import nearest_to
 
-        return nearest_to(self, query, k, metric, layer)
+        return nearest_to(self, query, k, metric, layer, annotations=annotations, terms=terms,
+                          max_distance=max_distance, ontology=ontology)  # fmt: skip
 
     def dataset(self, kind: str = "mean", layer: int | None = None):
         """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.outputs.torchdata)."""

@@ -102,3 +102,24 @@ def test_queries_whose_embeddings_are_not_numbers_are_counted_in_one_line(saved)
             f"2 of the 12 queries' embeddings in {q.name} hold NaN or infinite values (e.g. "
             f"{q.ids()[2]}): they get no neighbours; embed them again with precision: fp32"
         )
+
+
+def test_a_table_of_neighbours_carries_their_annotations_and_terms(saved, tmp_path):
+    """`nearest(other, annotations=..., terms=...)`: what `esmshard neighbours` carries."""
+    with Embeddings(saved / "queries") as q, Embeddings(saved / "reference") as r:
+        ec = {i: f"1.1.{n % 2}.1;2.{n}" for n, i in enumerate(r.ids())}
+        table_file = tmp_path / "ec.tsv"
+        table_file.write_text("id\tec\n" + "".join(f"{i}\t{v}\n" for i, v in ec.items()))
+        table = r.nearest(q, k=2, annotations=table_file)
+        terms = r.nearest(q, k=1, annotations=table_file, terms="ec")
+        with pytest.raises(ValueError, match="has no column 'go'"):
+            r.nearest(q, annotations=table_file, terms="go")
+        with pytest.raises(ValueError, match="terms and max_distance need annotations"):
+            r.nearest(q, terms="ec")
+    assert list(table.columns) == ["id", "rank", "neighbour", "distance", "ec"]
+    assert list(table["ec"]) == [ec[n] for n in table["neighbour"]]
+    # k = 1: each query's nearest carries both its terms, at that distance's index
+    nearest = table[table["rank"] == 1]
+    expected = {(row.id, term, "", round(0.5 / (0.5 + row.distance), 2), 1)
+                for row in nearest.itertuples() for term in ec[row.neighbour].split(";")}  # fmt: skip
+    assert set(terms.itertuples(index=False, name=None)) == expected

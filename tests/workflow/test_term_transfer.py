@@ -150,6 +150,12 @@ def test_terms_per_aspect_equal_gopredsims_procedure_for_k_1_and_3_and_a_distanc
     assert done.returncode == 0, done.stderr
     assert (folder / "k3.terms.tsv").read_text() == (out / "transfer.tsv").read_text()
     assert said in done.stderr
+    # and Embeddings.nearest with the same options carries the same terms
+    with Embeddings(out) as emb, pytest.warns(UserWarning, match="1 term of go is not in"):
+        table = emb.nearest(emb, k=3, annotations=config["neighbours_annotations"],
+                            terms="go", ontology=RELEASE)  # fmt: skip
+    assert {(r.id, r.term, r.aspect): (r.reliability, r.hits)
+            for r in table.itertuples()} == carried(folder)  # fmt: skip
 
     cut = float(np.median(distances.min(axis=1)))
     snakemake(folder, config, "--config", "neighbours_k=20", "neighbours_transfer=distance",
