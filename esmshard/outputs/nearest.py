@@ -81,7 +81,8 @@ def search(
         stop = min(start + REFERENCE_ROWS_AT_ONCE, end)
         block = np.asarray(values[start:stop], dtype=np.float32)
         here = None if allowed is None else allowed[start:stop]
-        hits = nearest(queries, block, k, metric, start, own_rows, device, here)
+        bound = None if found is None else found.distances[:, k - 1]  # the k-th so far
+        hits = nearest(queries, block, k, metric, start, own_rows, device, here, bound)
         found = hits if found is None else merged([found, hits], k)
         on_block(stop - first)
     return found if found is not None else nearest(queries, values[:0], k, metric)

@@ -13,6 +13,9 @@ import numpy as np
 METRICS = ("euclidean", "cosine")
 QUERIES_AT_ONCE = 4096  # a block's products: queries x reference rows of fp32
 EXTRA_CANDIDATES = 16  # re-ranked beyond k: the products' rounding may reorder near ties
+# How far a candidate's distance by the products may be off, as a share of |q|² + |r|² (squared
+# euclidean) or absolutely (cosine): fp32 products of 1,280 values err by about 1e-6 of it.
+PRODUCTS_ERROR = 1e-4
 
 
 class Hits(NamedTuple):
@@ -44,7 +47,14 @@ def approximate(queries: np.ndarray, reference: np.ndarray, metric: str) -> np.n
     return -products / np.maximum(norms, 1e-30)
 
 
-def candidates_here(block, reference, wanted: int, metric: str, own, barred) -> np.ndarray:
+class Candidates(NamedTuple):
+    """Each query's best reference rows by the products, and their scores (`approximate`)."""
+
+    rows: np.ndarray
+    scores: np.ndarray
+
+
+def candidates_here(block, reference, wanted: int, metric: str, own, barred) -> Candidates:
     """Each query's `wanted` best reference rows by one matrix product, with numpy; `own`: each
     query's row to leave out (or -1); `barred`: the rows no query may have (None: none)."""
     scores = approximate(block, reference, metric)
@@ -52,7 +62,8 @@ def candidates_here(block, reference, wanted: int, metric: str, own, barred) -> 
     scores[inside, own[inside]] = np.inf
     if barred is not None:
         scores[:, barred] = np.inf
-    return np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
+    rows = np.argpartition(scores, wanted - 1, axis=1)[:, :wanted]
+    return Candidates(rows, np.take_along_axis(scores, rows, axis=1))
 
 
 def tensor_of(array: np.ndarray, device: str):
@@ -63,23 +74,50 @@ def tensor_of(array: np.ndarray, device: str):
     return torch.from_numpy(np.require(array, requirements=["W", "C"])).to(device)
 
 
-def candidates_on(device: str, block, r, wanted: int, metric: str, own, barred) -> np.ndarray:
+def candidates_on(device: str, block, r, wanted: int, metric: str, own, barred) -> Candidates:
     """`candidates_here` with torch on `device` (a GPU): its products and top k there, against
     the reference `r` already there (`tensor_of`)."""
     import torch
 
     q = tensor_of(block, device)
-    products = q @ r.T
-    if metric == "euclidean":
-        scores = (r * r).sum(dim=1) - 2 * products
+    if metric == "euclidean":  # |r|² - 2 q·r in one product, no other matrix of that size
+        scores = torch.addmm((r * r).sum(dim=1)[None, :], q, r.T, alpha=-2)
     else:
         norms = torch.linalg.vector_norm(q, dim=1)[:, None] * torch.linalg.vector_norm(r, dim=1)
-        scores = -products / norms.clamp_min(1e-30)
+        scores = (q @ r.T).div_(norms.clamp_min_(1e-30)).neg_()
     inside = torch.from_numpy(np.flatnonzero(own >= 0)).to(device)
     scores[inside, torch.from_numpy(own[own >= 0]).to(device)] = float("inf")
     if barred is not None:
         scores[:, torch.from_numpy(barred).to(device)] = float("inf")
-    return torch.topk(scores, wanted, dim=1, largest=False).indices.cpu().numpy()
+    found = torch.topk(scores, wanted, dim=1, largest=False)
+    return Candidates(found.indices.cpu().numpy(), found.values.cpu().numpy())
+
+
+def worth_ranking(block, reference, found: Candidates, metric: str, bound) -> np.ndarray:
+    """Which candidates may be nearer than `bound` (each query's, a distance; None: any), their
+    scores' error allowed for: only those are re-ranked."""
+    if bound is None:
+        return np.ones(found.rows.shape, dtype=bool)
+    bound = np.asarray(bound, dtype=np.float64)[:, None]
+    if metric == "cosine":
+        return 1 + found.scores <= bound + PRODUCTS_ERROR
+    q2 = np.einsum("ij,ij->i", block, block)[:, None]
+    r2 = float(np.einsum("ij,ij->i", reference, reference).max())
+    return found.scores + q2 <= np.square(bound) + PRODUCTS_ERROR * (q2 + r2)
+
+
+def exact_on(device: str, queries, r, rows: np.ndarray, metric: str) -> np.ndarray:
+    """`exact_distances` with torch on `device`, each query's candidates `rows` gathered from
+    the reference `r` already there, in place: one copy of them, not three."""
+    import torch
+
+    q = tensor_of(queries, device)[:, None, :]
+    c = r[torch.from_numpy(rows).to(device)]
+    if metric == "euclidean":
+        return torch.linalg.vector_norm(c.sub_(q), dim=-1).cpu().numpy()
+    norms = torch.linalg.vector_norm(q, dim=-1) * torch.linalg.vector_norm(c, dim=-1)
+    cosine = (c.mul_(q)).sum(dim=-1).div_(norms.clamp_min_(1e-30))
+    return cosine.neg_().add_(1).clamp_(0, 2).cpu().numpy()
 
 
 def nearest(
@@ -91,12 +129,15 @@ def nearest(
     own_rows: np.ndarray | None = None,
     device: str | None = None,
     allowed: np.ndarray | None = None,
+    bound: np.ndarray | None = None,
 ) -> Hits:
     """The `k` nearest rows of `reference` (rows `first_row`... of the whole reference) to each
     query; `own_rows`: each query's own row in the whole reference, left out (a search of the
-    input against itself; -1 for none). `device`: a torch device for the products (None: numpy
-    on the CPU); the candidates are re-ranked on the CPU either way. `allowed`: which rows of
-    `reference` may be found (None: all)."""
+    input against itself; -1 for none). `device`: a torch device for the products and the
+    re-ranking (None: numpy on the CPU). `allowed`: which rows of `reference` may be found
+    (None: all). `bound`: each query's distance beyond which a row is of no use (the k-th of
+    what other blocks found): candidates surely past it are not re-ranked, and none of them is
+    found."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}")
     n = len(queries)
@@ -117,10 +158,13 @@ def nearest(
             own = own_rows[start : start + len(block)] - first_row
             own[(own < 0) | (own >= len(reference))] = -1
         if device is None:
-            candidates = candidates_here(block, reference, wanted, metric, own, barred)
+            found = candidates_here(block, reference, wanted, metric, own, barred)
         else:
-            candidates = candidates_on(device, block, on_device, wanted, metric, own, barred)
-        exact = exact_distances(block, reference[candidates], metric)
+            found = candidates_on(device, block, on_device, wanted, metric, own, barred)
+        here = None if bound is None else bound[start : start + len(block)]
+        worth = worth_ranking(block, reference, found, metric, here)
+        exact = re_ranked(block, reference, on_device, found.rows, worth, metric, device)
+        candidates = found.rows
         exact[candidates == own[:, None]] = np.inf
         if barred is not None:
             exact[~allowed[candidates]] = np.inf
@@ -128,6 +172,26 @@ def nearest(
         rows[start : start + len(block)] = hits.rows
         distances[start : start + len(block)] = hits.distances
     return Hits(rows, distances)
+
+
+def re_ranked(block, reference, on_device, candidates, worth, metric: str, device) -> np.ndarray:
+    """The exact distance of each query to each of its candidates that `worth` marks (inf for
+    the others): all at once where most are, else pair by pair."""
+    if worth.mean() > 0.5:
+        if device is None:
+            exact = exact_distances(block, reference[candidates], metric)
+        else:
+            exact = exact_on(device, block, on_device, candidates, metric)
+        exact[~worth] = np.inf
+        return exact
+    exact = np.full(candidates.shape, np.inf, dtype=np.float32)
+    pair, rank = np.nonzero(worth)
+    rows = candidates[pair, rank][:, None]
+    if device is None:
+        exact[pair, rank] = exact_distances(block[pair], reference[rows], metric)[:, 0]
+    else:
+        exact[pair, rank] = exact_on(device, block[pair], on_device, rows, metric)[:, 0]
+    return exact
 
 
 def top_k(rows: np.ndarray, distances: np.ndarray, k: int) -> Hits:

@@ -30,8 +30,12 @@ def test_streamed_blocks_equal_one_whole_search(saved, monkeypatch):
         whole = neighbours.search(vectors, r, layer, 5)
         monkeypatch.setattr(neighbours, "REFERENCE_ROWS_AT_ONCE", 7)
         blocks = neighbours.search(vectors, r, layer, 5)
+        # torch's path: later blocks re-rank only the candidates that may beat the k-th so far
+        on_torch = neighbours.search(vectors, r, layer, 5, device="cpu")
     np.testing.assert_array_equal(blocks.rows, whole.rows)
     np.testing.assert_array_equal(blocks.distances, whole.distances)
+    np.testing.assert_array_equal(on_torch.rows, whole.rows)
+    np.testing.assert_allclose(on_torch.distances, whole.distances, rtol=1e-6)
 
 
 def test_nearest_by_id_leaves_the_protein_out_and_by_vector_finds_it(saved):
