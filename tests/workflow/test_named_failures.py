@@ -214,7 +214,8 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
         assert "Traceback" not in output and "Exception ignored" not in output  # HDF5's noise
         logs = "".join(p.read_text() for p in (outdir / "logs").rglob("*.log"))
         assert "no space left for" in logs and "while cleaning up" not in logs  # one line
-        assert leftovers(outdir) == []
+        # (what the job said, should a temporary file stay: the cause of a rare failure here)
+        assert leftovers(outdir) == [], f"{output[-3000:]}\n{logs[-3000:]}"
 
         # Room for the shards but not for the merged file.
         (disk / "filler").unlink()
