@@ -11,7 +11,7 @@ import numpy as np
 
 from ..files import Buckets
 from ..store import KEY_BYTES, KEY_DTYPE, Store, check_part, rows_of, set_aside
-from ..store.parts import index_parts, stored_keys
+from ..store.parts import add_to_index, stored_keys
 
 N_BUCKETS = 256
 RECORDS_AT_ONCE = 1 << 22
@@ -59,7 +59,7 @@ def index_store(
     `set_aside_parts`."""
     if not store.lists_parts:
         return indexed_keys(store, key, run_keys, stem)
-    parts, read = store.parts(key), []
+    parts = store.parts(key)
     stored = KeyBuckets(stem, STORED_ENTRY)
     for code, name in enumerate(parts):
         try:
@@ -69,10 +69,11 @@ def index_store(
             set_aside_parts.append(store.shown(store.part(key, name)))
             continue
         stored.add(keys, np.full(keys.size, code, dtype=np.int32))
-        read.append(name)
     stored.flush()
-    if store.key_index(key) is not None:
-        index_parts(store, key, read, every=True)
+    if store.key_index(key) is not None:  # what was just read, spread by first byte already
+        by_byte = (stored.read(bucket) for bucket in range(N_BUCKETS))
+        add_to_index(store, key, ((e["key"], e["value"]) for e in by_byte if e.size), parts,
+                     every=True)  # fmt: skip
     return Stored(stored, parts)
 
 

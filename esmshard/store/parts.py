@@ -57,7 +57,6 @@ def index_parts(store: Store, key: str, names: list[str], every: bool = False) -
     object store of a job's copy, spread first over files by the keys' first byte, so that each
     of the index's nodes is written about once however many parts there are; `every`: these are
     every whole part of the key, and the index then says it holds them all."""
-    index = store.key_index(key)
     with tempfile.TemporaryDirectory(prefix="esmshard-index-") as spill:
         spread = Buckets([os.path.join(spill, str(b)) for b in range(256)])
         for code, name in enumerate(names):
@@ -66,13 +65,20 @@ def index_parts(store: Store, key: str, names: list[str], every: bool = False) -
             entries["key"], entries["part"] = keys, code
             spread.scatter(keys.view(np.uint8).reshape(-1, KEY_BYTES)[:, 0], entries)
         spread.flush()
-        for path in spread.paths:
-            if os.path.exists(path):
-                entries = np.fromfile(path, ENTRY)
-                index.add(Held(entries["key"], entries["part"], names))
+        by_byte = (np.fromfile(p, ENTRY) for p in spread.paths if os.path.exists(p))
+        add_to_index(store, key, ((e["key"], e["part"]) for e in by_byte), names, every)
+
+
+def add_to_index(store: Store, key: str, batches, names: list[str], every: bool) -> None:
+    """Add to the index of `key` each batch of (sequence keys, their parts' numbers in `names`),
+    a batch a share of the keys by their first byte; `every`: see index_parts."""
+    index, indexed = store.key_index(key), set()
+    for keys, codes in batches:
+        index.add(Held(keys, codes.astype(np.uint32), names))
+        indexed.update(np.unique(codes).tolist())
     if every:
         index.mark()
-    log.info("%d parts' sequences indexed in %s (%d index nodes written)", len(names),
+    log.info("%d parts' sequences indexed in %s (%d index nodes written)", len(indexed),
              store.shown(store.folder(key)), index.nodes_written)  # fmt: skip
 
 
