@@ -18,7 +18,7 @@ from ..outputs.reader import Embeddings, embeddings_file
 from ..search import METRICS, Hits
 from ..search.annotations import unmatched_line
 from ..search.ontology import ontology_problem
-from ..search.transfer import TIES_SEARCHED, aspect_masks, write_transfer
+from ..search.transfer import TIES_SEARCHED, write_transfer
 
 # what to give instead of a file that is not an esmshard run's embeddings
 GIVE = "give an esmshard run's outdir or its embeddings.h5"
@@ -102,8 +102,8 @@ def neighbours(parser, args) -> int:
         parser.exit(2, "esmshard neighbours: --terms and --max-distance need --annotations\n")
     if args.ontology and not args.terms:
         parser.exit(2, "esmshard neighbours: --ontology needs --terms (the column of GO terms)\n")
-    if args.ontology and ontology_problem(args.ontology):
-        parser.exit(2, f"esmshard neighbours: --ontology {ontology_problem(args.ontology)}\n")
+    if args.ontology and (problem := ontology_problem(args.ontology)):
+        parser.exit(2, f"esmshard neighbours: --ontology {problem}\n")
     where = args.transferred or args.out.with_suffix(".annotations.tsv")
     outputs = {"-o": args.out, **({"--transferred": where} if args.annotations else {})}
     if args.terms:
@@ -222,7 +222,7 @@ def search(queries: Embeddings, reference: Embeddings, args, carry: Carry) -> Se
     # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
     hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
     ids = reference.ids()
-    masks = aspect_masks(ids, carry.by_aspect) if carry.by_aspect else {}
     aspects = {aspect: found.search(vectors, reference, layer, k, args.metric, own, device="cpu",
-                                    allowed=allowed) for aspect, allowed in masks.items()}  # fmt: skip
+                                    allowed=allowed)
+               for aspect, allowed in carry.aspect_rows(ids).items()}  # fmt: skip
     return Searched(hits, ids, layer, aspects)

@@ -12,7 +12,7 @@ import numpy as np
 from ..files import write_parquet, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
 from ..search.annotations import annotation_columns
-from ..search.transfer import TIES_SEARCHED, aspect_masks
+from ..search.transfer import TIES_SEARCHED
 from .nearest_terms import carried_terms, carry_asked, terms_table
 
 REFERENCE_ROWS_AT_ONCE = 1 << 14  # with 4,096 queries at once: 256 MB of fp32 products
@@ -104,10 +104,9 @@ def nearest_to(emb, query, k: int, metric: str, layer: int | None, **carry):
     hits = search(queries.vectors, emb, queries.layer, searched, metric, queries.own)
     ids = emb.ids()
     if asked.transfer:
-        masks = aspect_masks(ids, asked.by_aspect) if asked.by_aspect else {}
         aspects = {aspect: search(queries.vectors, emb, queries.layer, searched, metric,
                                   queries.own, allowed=allowed)
-                   for aspect, allowed in masks.items()}  # fmt: skip
+                   for aspect, allowed in asked.aspect_rows(ids).items()}  # fmt: skip
         return terms_table(carried_terms(asked, hits, aspects, queries.ids, ids, metric))
     hits = Hits(hits.rows[:, :k], hits.distances[:, :k])
     if queries.column is None:

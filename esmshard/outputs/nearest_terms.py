@@ -12,6 +12,7 @@ from ..search.transfer import (
     AspectTerms,
     TermTransfer,
     TransferAsked,
+    aspect_masks,
     aspect_terms,
     carried_by_aspect,
     terms_of,
@@ -30,6 +31,15 @@ class Carry(NamedTuple):
     ontology: Ontology | None = None
     by_aspect: AspectTerms | None = None
     unknown: str | None = None
+
+    @property
+    def aspects(self) -> list[str]:
+        """The aspects searched apart (none without a GO release)."""
+        return list(self.by_aspect.by_aspect) if self.by_aspect else []
+
+    def aspect_rows(self, reference_ids) -> dict:
+        """Which reference rows each aspect searches (none without a GO release)."""
+        return aspect_masks(reference_ids, self.by_aspect) if self.by_aspect else {}
 
 
 def carry_asked(annotations=None, terms=None, max_distance=None, ontology=None, k=10) -> Carry:

@@ -32,8 +32,8 @@ def neighbour_problems(config: dict, model=None) -> list[str]:
     ontology = config.get("neighbours_ontology")
     if ontology and not config.get("neighbours_terms"):
         problems.append("neighbours_ontology: needs neighbours_terms (the column of GO terms)")
-    elif ontology and ontology_problem(ontology):
-        problems.append(f"neighbours_ontology: {ontology_problem(ontology)}")
+    elif ontology and (problem := ontology_problem(ontology)):
+        problems.append(f"neighbours_ontology: {problem}")
     if "mean" not in config["include"]:
         problems.append("neighbours: the search compares mean embeddings: add mean to include")
     layer = config["neighbours_layer"]

@@ -15,19 +15,13 @@ from ..compute import pool
 from ..files import atomic_path, write_json
 from ..layout import NeighbourPart
 from ..outputs import nearest as found
+from ..outputs.nearest_terms import Carry, carried_terms, carry_asked
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
-from ..search import Hits, merged, read_annotations
+from ..search import Hits, merged
 from ..search.annotations import unmatched_line
-from ..search.ontology import read_ontology
 from ..search.transfer import (
     TransferAsked,
-    aspect_masks,
-    aspect_terms,
-    carried_by_aspect,
-    terms_of,
-    transfer_terms,
-    unknown_line,
     write_transfer,
 )
 from ..store.runlock import current_run
@@ -177,15 +171,14 @@ def write_neighbours(
     this search's. `transfer` (TransferAsked): the terms carried goPredSim's way, to
     `transfer_files` (TSV, Parquet)."""
     loaded = [np.load(path) for path in parts]
-    table = read_annotations(annotations) if annotations else {}
+    carry = carry_of(annotations, transfer)
+    table = carry.annotations
     with Embeddings(queries_h5) as queries, open_reference(reference_h5) as reference:
         query_ids, reference_ids = queries.ids(), reference.ids()
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
                 "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
         unrecorded = unrecorded_line(reference)
-    # each part's hits: k (or the reference's proteins, where fewer) and the extra searched
-    width = max(p["rows"].shape[1] for p in loaded)
-    searched = merged([Hits(p["rows"], p["distances"]) for p in loaded], width)
+    searched = merged_parts(loaded)
     hits = Hits(searched.rows[:, :k], searched.distances[:, :k])
     unmatched = unmatched_line(table, reference_ids, annotations, "the reference")
     for line in (unrecorded, unmatched):
@@ -196,41 +189,36 @@ def write_neighbours(
             Path(path).unlink()
             log.info("removed %s, an earlier search's: this one does not write it", path)
     found.write_tables(tables, hits, query_ids, reference_ids, table, metric, card)
-    if transfer is not None:
-        terms = terms_of(table, transfer.column)
-        if transfer.ontology:
-            carried, ontology = by_aspect(
-                loaded, query_ids, reference_ids, terms, metric, transfer
-            )
-        else:
-            carried, ontology = transfer_terms(searched, query_ids, reference_ids, terms, metric,
-                                               **transfer.counted()), None  # fmt: skip
-        write_transfer(*transfer_files, carried, {**card, **transfer.card(ontology)})
+    if carry.transfer is not None:
+        if carry.unknown:
+            log.warning(carry.unknown)
+        aspects = {aspect: merged_parts(loaded, f"_{aspect}")
+                   for aspect in carry.aspects}  # fmt: skip
+        carried = carried_terms(carry, searched, aspects, query_ids, reference_ids, metric)
+        write_transfer(*transfer_files, carried, {**card, **carry.transfer.card(carry.ontology)})
         log.info("carried %d terms of %s to %d of %d proteins", len(carried), transfer.column,
                  len({t.id for t in carried}), len(query_ids))  # fmt: skip
 
 
+def merged_parts(loaded, suffix: str = "") -> Hits:
+    """The search parts' hits merged (`suffix`: an aspect's, `_BPO`, ...): each part holds k
+    (or the reference's proteins, where fewer) and the extra searched."""
+    parts = [Hits(p[f"rows{suffix}"], p[f"distances{suffix}"]) for p in loaded]
+    return merged(parts, max(h.rows.shape[1] for h in parts))
+
+
+def carry_of(annotations, transfer: TransferAsked | None) -> Carry:
+    """What the search carries, read and checked as `esmshard neighbours` and
+    `Embeddings.nearest` read it (esmshard.outputs.nearest_terms)."""
+    if transfer is None:
+        return carry_asked(annotations)
+    return carry_asked(annotations, transfer.column, transfer.max_distance, transfer.ontology,
+                       transfer.k)  # fmt: skip
+
+
 def aspect_rows(reference_ids, annotations, transfer: TransferAsked) -> dict[str, np.ndarray]:
     """Which reference rows each aspect searches: those with a term of it."""
-    terms = terms_of(read_annotations(annotations), transfer.column)
-    return aspect_masks(reference_ids, aspect_terms(terms, read_ontology(transfer.ontology)))
-
-
-def by_aspect(loaded, query_ids, reference_ids, terms, metric, transfer: TransferAsked):
-    """The terms carried per aspect from each aspect's own hits (the parts' `rows_BPO`, ...),
-    reduced to the most specific, every query's together; and the ontology read."""
-    ontology = read_ontology(transfer.ontology)
-    split = aspect_terms(terms, ontology)
-    line = unknown_line(split, transfer.column, ontology, transfer.ontology)
-    if line:
-        log.warning(line)
-    hits = {}
-    for aspect in split.by_aspect:
-        parts = [Hits(p[f"rows_{aspect}"], p[f"distances_{aspect}"]) for p in loaded]
-        hits[aspect] = merged(parts, max(h.rows.shape[1] for h in parts))
-    carried = carried_by_aspect(hits, query_ids, reference_ids, split, metric, ontology,
-                                **transfer.counted())  # fmt: skip
-    return carried, ontology
+    return carry_of(annotations, transfer).aspect_rows(reference_ids)
 
 
 SELF = "self"  # `neighbours: self`: the run's proteins against each other
