@@ -93,16 +93,16 @@ def candidates_on(device: str, block, r, wanted: int, metric: str, own, barred) 
     return Candidates(found.indices.cpu().numpy(), found.values.cpu().numpy())
 
 
-def worth_ranking(block, reference, found: Candidates, metric: str, bound) -> np.ndarray:
+def worth_ranking(block, found: Candidates, metric: str, bound, r2: float) -> np.ndarray:
     """Which candidates may be nearer than `bound` (each query's, a distance; None: any), their
-    scores' error allowed for: only those are re-ranked."""
+    scores' error allowed for (`r2`: the reference rows' largest |r|²): only those are
+    re-ranked."""
     if bound is None:
         return np.ones(found.rows.shape, dtype=bool)
     bound = np.asarray(bound, dtype=np.float64)[:, None]
     if metric == "cosine":
         return 1 + found.scores <= bound + PRODUCTS_ERROR
     q2 = np.einsum("ij,ij->i", block, block)[:, None]
-    r2 = float(np.einsum("ij,ij->i", reference, reference).max())
     return found.scores + q2 <= np.square(bound) + PRODUCTS_ERROR * (q2 + r2)
 
 
@@ -151,6 +151,8 @@ def nearest(
     on_device = reference
     if device is not None:
         on_device = tensor_of(reference, device)  # once for every block of queries
+    pruned = bound is not None and metric == "euclidean"
+    r2 = float(np.einsum("ij,ij->i", reference, reference).max()) if pruned else 0.0
     for start in range(0, n, QUERIES_AT_ONCE):
         block = np.asarray(queries[start : start + QUERIES_AT_ONCE], dtype=np.float32)
         own = np.full(len(block), -1, dtype=np.int64)
@@ -162,7 +164,7 @@ def nearest(
         else:
             found = candidates_on(device, block, on_device, wanted, metric, own, barred)
         here = None if bound is None else bound[start : start + len(block)]
-        worth = worth_ranking(block, reference, found, metric, here)
+        worth = worth_ranking(block, found, metric, here, r2)
         exact = re_ranked(block, reference, on_device, found.rows, worth, metric, device)
         candidates = found.rows
         exact[candidates == own[:, None]] = np.inf
@@ -177,20 +179,19 @@ def nearest(
 def re_ranked(block, reference, on_device, candidates, worth, metric: str, device) -> np.ndarray:
     """The exact distance of each query to each of its candidates that `worth` marks (inf for
     the others): all at once where most are, else pair by pair."""
-    if worth.mean() > 0.5:
+
+    def exactly(queries, rows):
         if device is None:
-            exact = exact_distances(block, reference[candidates], metric)
-        else:
-            exact = exact_on(device, block, on_device, candidates, metric)
+            return exact_distances(queries, reference[rows], metric)
+        return exact_on(device, queries, on_device, rows, metric)
+
+    if worth.mean() > 0.5:
+        exact = exactly(block, candidates)
         exact[~worth] = np.inf
         return exact
     exact = np.full(candidates.shape, np.inf, dtype=np.float32)
     pair, rank = np.nonzero(worth)
-    rows = candidates[pair, rank][:, None]
-    if device is None:
-        exact[pair, rank] = exact_distances(block[pair], reference[rows], metric)[:, 0]
-    else:
-        exact[pair, rank] = exact_on(device, block[pair], on_device, rows, metric)[:, 0]
+    exact[pair, rank] = exactly(block[pair], candidates[pair, rank][:, None])[:, 0]
     return exact
 
 
