@@ -59,10 +59,6 @@ class Held(NamedTuple):
         found["part"] = np.array([code[n] for n in self.names], np.uint32)[self.codes]
         return found.view(f"S{ENTRY.itemsize}")
 
-    def parts(self) -> list[str]:
-        """The name of each entry's part."""
-        return list(np.array(self.names, dtype=object)[self.codes]) if len(self) else []
-
 
 def no_entries() -> Held:
     return Held(np.zeros(0, KEY_DTYPE), np.zeros(0, np.uint32), [])

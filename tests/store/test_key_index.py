@@ -31,7 +31,7 @@ def entries(keys: np.ndarray, n_parts: int, first: int = 0) -> Held:
 
 
 def as_set(held: Held) -> set[tuple[bytes, str]]:
-    return set(zip(held.keys.tolist(), held.parts()))
+    return set(zip(held.keys.tolist(), (held.names[code] for code in held.codes)))
 
 
 def test_the_keys_asked_for_get_their_parts_and_no_others(bucket, monkeypatch):
