@@ -17,6 +17,7 @@ from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
 from ..search import METRICS, Hits
 from ..search.annotations import unmatched_line
+from ..search.approximate import APPROXIMATE, KINDS, faiss_present
 from ..search.ontology import ontology_problem
 from ..search.transfer import TIES_SEARCHED, write_transfer
 
@@ -83,6 +84,16 @@ def add_neighbours_command(commands) -> None:
         "as goPredSim does",
     )
     command.add_argument(
+        "--index",
+        choices=KINDS,
+        default="exact",
+        help="exact (default), or a faiss index of REFERENCE (ivf, hnsw; needs faiss-cpu) "
+        "built once and kept beside it in neighbours_index/, read again while its vectors stay "
+        "the same; its recall@K against the exact search is measured on a sample of the "
+        "queries and said; auto: ivf from 100,000 reference proteins and 2,000 queries, else "
+        "exact",
+    )
+    command.add_argument(
         "--terms-out",
         type=Path,
         help="with --terms, the TSV of id, term, aspect, reliability, hits (default: beside "
@@ -104,6 +115,9 @@ def neighbours(parser, args) -> int:
         parser.exit(2, "esmshard neighbours: --ontology needs --terms (the column of GO terms)\n")
     if args.ontology and (problem := ontology_problem(args.ontology)):
         parser.exit(2, f"esmshard neighbours: --ontology {problem}\n")
+    if args.index in APPROXIMATE and not faiss_present():
+        parser.exit(2, f"esmshard neighbours: --index {args.index} is a faiss index, and faiss "
+                    "is not installed: pip install faiss-cpu (or use --index exact)\n")  # fmt: skip
     where = args.transferred or args.out.with_suffix(".annotations.tsv")
     outputs = {"-o": args.out, **({"--transferred": where} if args.annotations else {})}
     if args.terms:
@@ -219,10 +233,18 @@ def search(queries: Embeddings, reference: Embeddings, args, carry: Carry) -> Se
     own = np.arange(len(queries)) if itself else None
     # goPredSim's transfer counts the hits tied at the k-th distance too: a few more searched
     k = min(args.k + (TIES_SEARCHED if args.terms else 0), max(available, 1))
-    # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
-    hits = found.search(vectors, reference, layer, k, args.metric, own, device="cpu")
-    ids = reference.ids()
-    aspects = {aspect: found.search(vectors, reference, layer, k, args.metric, own, device="cpu",
-                                    allowed=allowed)
+    ids, every = reference.ids(), (0, len(reference))
+
+    def hits_of(subset="", allowed=None) -> Hits:
+        # torch's top k on the CPU: about 2.5 times numpy's partition (esmshard.steps.neighbours)
+        asked = found.index_asked(args.index, reference, every, subset)
+        done = found.searched_by(asked, vectors, reference, layer, k, args.metric, own,
+                                 device="cpu", allowed=allowed)  # fmt: skip
+        if done.index is not None and not subset:
+            say(f"searched by {done.index.line()}")
+        return done.hits
+
+    hits = hits_of()
+    aspects = {aspect: hits_of(aspect, allowed)
                for aspect, allowed in carry.aspect_rows(ids).items()}  # fmt: skip
     return Searched(hits, ids, layer, aspects)

@@ -4,7 +4,9 @@ memory; the neighbours' annotations carried over (esmshard.search). The files ar
 `Embeddings` (esmshard.outputs.reader, whose `nearest` calls this module).
 """
 
+import logging
 import warnings
+from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -12,10 +14,23 @@ import numpy as np
 from ..files import write_parquet, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
 from ..search.annotations import annotation_columns
+from ..search.approximate import (
+    APPROXIMATE,
+    KINDS,
+    Blocks,
+    IndexAsked,
+    IndexUse,
+    chosen_kind,
+    faiss_present,
+    search_indexed,
+)
 from ..search.transfer import TIES_SEARCHED
 from .nearest_terms import carried_terms, carry_asked, terms_table
 
+log = logging.getLogger(__name__)
+
 REFERENCE_ROWS_AT_ONCE = 1 << 14  # with 4,096 queries at once: 256 MB of fp32 products
+INDEX_FOLDER = "neighbours_index"  # beside a reference's file: its faiss indexes
 
 
 class Neighbour(NamedTuple):
@@ -88,24 +103,111 @@ def search(
     return found if found is not None else nearest(queries, values[:0], k, metric)
 
 
-def nearest_to(emb, query, k: int, metric: str, layer: int | None, **carry):
+class Searched(NamedTuple):
+    """A search's hits, and the index that found them (None: the exact search)."""
+
+    hits: Hits
+    index: IndexUse | None
+
+
+def searched_by(index: IndexAsked | None, queries, reference, layer: int, k: int, metric: str,
+                own_rows=None, rows=None, device=None, on_block=lambda rows_done: None,
+                allowed=None) -> Searched:  # fmt: skip
+    """`search`, or with `index` (its kind `auto` decided here: esmshard.search.approximate)
+    the same question asked of a faiss index of the rows; `on_block` then follows the
+    queries, as the share of the rows they stand for."""
+    blocks = reference_blocks(reference, layer, rows, allowed)
+    kind = "exact"
+    if index is not None and blocks.rows and len(queries):
+        kind = chosen_kind(index.kind, device, blocks.rows, len(queries))
+    if kind == "exact":
+        hits = search(
+            queries, reference, layer, k, metric, own_rows, rows, device, on_block, allowed
+        )
+        return Searched(hits, None)
+    span = (rows[1] - rows[0]) if rows else len(reference.stored(f"mean/{layer}"))
+    share = lambda done: on_block(span * done // max(len(queries), 1))  # noqa: E731
+    hits, used = search_indexed(queries, blocks, k, metric, own_rows, index._replace(kind=kind),
+                                share)  # fmt: skip
+    log.info("searched by %s", used.line())
+    return Searched(hits, used)
+
+
+def index_asked(kind: str, reference, rows, subset: str = "", folders=()) -> IndexAsked | None:
+    """Which index a search of the reference's `rows` (a range) and `subset` (an aspect, or ""
+    for all) uses, kept in `folders` (default: INDEX_FOLDER beside the reference's file);
+    None for the exact search."""
+    if kind == "exact":
+        return None
+    path = getattr(reference, "path", None)
+    if path is None and not folders:
+        raise ValueError(f"an index is kept beside an embeddings.h5 file, and {reference.name} "
+                         "are not in one: search them with index='exact'")  # fmt: skip
+    folders = folders or (Path(path).parent / INDEX_FOLDER,)
+    name = f"{Path(path or 'embeddings').stem}.{rows[0]}-{rows[1]}{'.' + subset if subset else ''}"
+    return IndexAsked(kind, tuple(folders), name)
+
+
+def index_problem(kind: str) -> None:
+    """ValueError in one line where `kind` is no index, or a faiss one without faiss."""
+    if kind not in KINDS:
+        raise ValueError(f"index {kind!r} is not one of {', '.join(KINDS)}")
+    if kind in APPROXIMATE and not faiss_present():
+        raise ValueError(f"the {kind} index is a faiss index, and faiss is not installed: "
+                         "pip install faiss-cpu (or search with index='exact')")  # fmt: skip
+
+
+def reference_blocks(reference, layer: int, rows=None, allowed=None) -> Blocks:
+    """The reference's rows of `rows` (a range: default all) that `allowed` lets be found, read
+    in blocks of REFERENCE_ROWS_AT_ONCE."""
+    values = reference.stored(f"mean/{layer}")
+    first, end = rows or (0, len(values))
+    count = end - first if allowed is None else int(np.count_nonzero(allowed[first:end]))
+
+    def read():
+        for start in range(first, end, REFERENCE_ROWS_AT_ONCE):
+            stop = min(start + REFERENCE_ROWS_AT_ONCE, end)
+            block, numbers = np.asarray(values[start:stop], np.float32), np.arange(start, stop)
+            if allowed is not None:
+                block, numbers = block[allowed[start:stop]], numbers[allowed[start:stop]]
+            yield numbers, block
+
+    return Blocks(count, values.shape[1], read)
+
+
+def nearest_to(emb, query, k: int, metric: str, layer: int | None, index: str = "exact",
+               **carry):  # fmt: skip
     """`Embeddings.nearest`: the proteins of `emb` nearest to one of its IDs (left out of its own
     answer) or to a vector of its width, as Neighbours; to each row of a matrix or each protein
     of another open embeddings.h5, as a table, with the neighbours' annotation columns where
     `carry` names annotations; with `carry`'s terms, the terms carried instead
-    (esmshard.outputs.nearest_terms: annotations, terms, max_distance, ontology)."""
+    (esmshard.outputs.nearest_terms: annotations, terms, max_distance, ontology). `index`:
+    exact, or a faiss index kept beside `emb`'s file (esmshard.search.approximate)."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"k must be a whole number of 1 or more, not {k!r}")
+    index_problem(index)
     asked = carry_asked(**carry, k=int(k))
     if asked.unknown:
         warnings.warn(asked.unknown, stacklevel=3)
     queries = queries_of(emb, query, layer)
     searched = k + (TIES_SEARCHED if asked.transfer else 0)
-    hits = search(queries.vectors, emb, queries.layer, searched, metric, queries.own)
-    ids = emb.ids()
+    ids, every = emb.ids(), (0, len(emb))
+
+    def found(subset="", allowed=None):
+        return searched_by(
+            index_asked(index, emb, every, subset),
+            queries.vectors,
+            emb,
+            queries.layer,
+            searched,
+            metric,
+            queries.own,
+            allowed=allowed,
+        ).hits
+
+    hits = found()
     if asked.transfer:
-        aspects = {aspect: search(queries.vectors, emb, queries.layer, searched, metric,
-                                  queries.own, allowed=allowed)
+        aspects = {aspect: found(aspect, allowed)
                    for aspect, allowed in asked.aspect_rows(ids).items()}  # fmt: skip
         return terms_table(carried_terms(asked, hits, aspects, queries.ids, ids, metric))
     hits = Hits(hits.rows[:, :k], hits.distances[:, :k])

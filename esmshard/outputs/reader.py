@@ -445,7 +445,7 @@ class Embeddings:
     def nearest(
         self, query, k: int = 10, metric: str = "euclidean", layer: int | None = None,
         annotations=None, terms: str | None = None, max_distance: float | None = None,
-        ontology=None,
+        ontology=None, index: str = "exact",
     ):  # fmt: skip
         """The `k` proteins nearest to `query` (one of this file's IDs, left out of its own
         answer, or a vector of its width) by their mean embeddings at `layer` (default: the
@@ -456,11 +456,13 @@ class Embeddings:
         columns of `annotations` (a CSV or TSV with an `id` column) where given.
         With `terms` (a column of `annotations`), the terms carried instead, as `esmshard
         neighbours --terms` carries them (`max_distance`, `ontology`: its options): a DataFrame
-        of id, term, aspect, reliability, hits."""
+        of id, term, aspect, reliability, hits. `index`: exact, or ivf, hnsw or auto as
+        `esmshard neighbours --index` (a faiss index kept beside this file, its recall@k
+        measured on a sample of the queries and logged)."""
         from .nearest import nearest_to
 
-        return nearest_to(self, query, k, metric, layer, annotations=annotations, terms=terms,
-                          max_distance=max_distance, ontology=ontology)  # fmt: skip
+        return nearest_to(self, query, k, metric, layer, index, annotations=annotations,
+                          terms=terms, max_distance=max_distance, ontology=ontology)  # fmt: skip
 
     def dataset(self, kind: str = "mean", layer: int | None = None):
         """A torch.utils.data.Dataset of (id, tensor) per protein (esmshard.outputs.torchdata)."""

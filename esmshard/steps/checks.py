@@ -66,6 +66,7 @@ NEIGHBOUR_KEYS = {
     "neighbours_transfer",
     "neighbours_max_distance",
     "neighbours_ontology",
+    "neighbours_index",
     "include",
     "repr_layers",
 }

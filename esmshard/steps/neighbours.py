@@ -15,11 +15,13 @@ from ..compute import pool
 from ..files import atomic_path, write_json
 from ..layout import NeighbourPart
 from ..outputs import nearest as found
+from ..outputs.nearest import INDEX_FOLDER
 from ..outputs.nearest_terms import Carry, carried_terms, carry_asked
 from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
 from ..search import Hits, merged
 from ..search.annotations import unmatched_line
+from ..search.approximate import IndexUse
 from ..search.transfer import (
     TransferAsked,
     write_transfer,
@@ -48,6 +50,7 @@ class Search(NamedTuple):
     layer: int
     reference: str
     extra: int = 0  # searched past k: goPredSim's transfer counts the hits tied with the k-th
+    index: str = "exact"  # or an approximate index's kind (esmshard.search.approximate)
 
 
 class PartProgress:
@@ -102,29 +105,49 @@ def search_part(
         if transfer is not None and transfer.ontology:
             subsets.update(aspect_rows(reference.ids(), annotations, transfer))
         progress = PartProgress(progress_json, part, (rows[1] - rows[0]) * len(subsets))
+        folders = index_folders(reference_h5, out_npz, itself)
         started = time.perf_counter()
-        hits = {
-            name: found.search(vectors, reference, chosen, k, search.metric, own, rows, device,
-                               on_block=lambda done, i=i: progress(i * (rows[1] - rows[0]) + done),
-                               allowed=allowed)
-            for i, (name, allowed) in enumerate(subsets.items())
-        }  # fmt: skip
+        searched = {name: found.searched_by(
+            found.index_asked(search.index, reference, rows, name, folders), vectors, reference,
+            chosen, k, search.metric, own, rows, device, allowed=allowed,
+            on_block=lambda done, i=i: progress(i * (rows[1] - rows[0]) + done),
+        ) for i, (name, allowed) in enumerate(subsets.items())}  # fmt: skip
         seconds = time.perf_counter() - started
-    searched = rows[1] - rows[0]
-    log.info("part %s on %s: reference rows %d to %d against %d queries in %.1f s",
-             part, device, *rows, len(vectors), seconds)  # fmt: skip
+    hits = {name: done.hits for name, done in searched.items()}
+    used = searched[""].index
+    log.info("part %s on %s: reference rows %d to %d against %d queries in %.1f s%s",
+             part, device, *rows, len(vectors), seconds,
+             f", by {used.line()}" if used else "")  # fmt: skip
     command = current_run(run_lock) if run_lock else {}
+    searched_rows = rows[1] - rows[0]
     write_json(metrics_json, {
-        "part": part, "device": device, "reference_rows": searched, "queries": len(vectors),
-        "seconds": round(seconds, 3), "rows_per_second": round(searched / max(seconds, 1e-9)),
-        **search._asdict(), "layer": chosen, "finished_at": time.time(),
+        "part": part, "device": device, "reference_rows": searched_rows, "queries": len(vectors),
+        "seconds": round(seconds, 3), "rows_per_second": round(searched_rows / max(seconds, 1e-9)),
+        **search._asdict(), "layer": chosen, **index_figures(used), "finished_at": time.time(),
         "command": command.get("typed_command") or command.get("command"),
     })  # fmt: skip
     arrays = {f"{kind}_{name}".rstrip("_"): getattr(h, kind) for name, h in hits.items()
               for kind in ("rows", "distances")}  # fmt: skip
     with atomic_path(out_npz) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, **arrays, layer=chosen)
+        np.savez(fh, **arrays, layer=chosen, index=used.kind if used else "exact",
+                 recall=used.recall if used else np.nan)  # fmt: skip
     progress_json.unlink(missing_ok=True)
+
+
+def index_folders(reference_h5, out_npz, itself: bool) -> tuple:
+    """Where a part's index is kept: beside the reference (its file's folder) or, where that
+    cannot be written and for `self`, in the run's `neighbours/index`."""
+    run_folder = Path(out_npz).parent / "index"
+    return (run_folder,) if itself else (Path(reference_h5).parent / INDEX_FOLDER, run_folder)
+
+
+def index_figures(used: IndexUse | None) -> dict:
+    """How a part was searched, for its figures and its hits' file."""
+    if used is None:
+        return {"index": "exact"}
+    return {"index": used.kind, "recall": used.recall, "recall_sample": used.sample,
+            "index_setting": used.setting, "index_built": used.built,
+            "index_build_seconds": used.build_seconds, "index_file": used.path}  # fmt: skip
 
 
 # What a search job writes in the neighbours folder: its top k, figures and progress
@@ -176,7 +199,8 @@ def write_neighbours(
     with Embeddings(queries_h5) as queries, open_reference(reference_h5) as reference:
         query_ids, reference_ids = queries.ids(), reference.ids()
         card = {"model": queries.made_by.get("model"), "layer": int(loaded[0]["layer"]),
-                "metric": metric, "reference": reference_name, "k": k}  # fmt: skip
+                "metric": metric, "reference": reference_name, "k": k,
+                **index_card(loaded)}  # fmt: skip
         unrecorded = unrecorded_line(reference)
     searched = merged_parts(loaded)
     hits = Hits(searched.rows[:, :k], searched.distances[:, :k])
@@ -198,6 +222,15 @@ def write_neighbours(
         write_transfer(*transfer_files, carried, {**card, **carry.transfer.card(carry.ontology)})
         log.info("carried %d terms of %s to %d of %d proteins", len(carried), transfer.column,
                  len({t.id for t in carried}), len(query_ids))  # fmt: skip
+
+
+def index_card(loaded) -> dict:
+    """How the parts were searched: `index` (exact, or the kind of approximate index) and, for
+    an approximate one, `recall_at_k`, the lowest of the parts' measured recalls."""
+    kinds = sorted({str(p["index"]) if "index" in p else "exact" for p in loaded})
+    recalls = [float(p["recall"]) for p in loaded if "recall" in p and np.isfinite(p["recall"])]
+    card = {"index": "+".join(kinds)}
+    return {**card, "recall_at_k": min(recalls)} if recalls else card
 
 
 def merged_parts(loaded, suffix: str = "") -> Hits:

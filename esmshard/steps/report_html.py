@@ -22,6 +22,9 @@ LISTED_SHARDS = 100
 HEADINGS = {
     "reference_rows": "reference rows",
     "rows_per_second": "reference rows/s",
+    "index": "index",
+    "recall": "recall@k (sampled queries)",
+    "index_built": "index built now",
     "gpus": "GPUs",
     "modelled_makespan_seconds": "modelled time (s)",
     "modelled_speedup": "modelled speedup (×)",
@@ -385,7 +388,11 @@ def neighbours_section(neighbours: dict | None) -> str:
         if search
         else ""
     )
-    return f"<h2>Nearest neighbours</h2>{overall}{asked}" + _table(neighbours["parts"], columns)
+    parts = neighbours["parts"]
+    if any(p.get("index", "exact") != "exact" for p in parts):  # an approximate index: how good
+        columns += ["index", "recall", "index_built"]
+        parts = [{"index": "exact", "recall": None, "index_built": None, **p} for p in parts]
+    return f"<h2>Nearest neighbours</h2>{overall}{asked}" + _table(parts, columns)
 
 
 def search_rows(search: dict) -> list[dict]:

@@ -2,6 +2,7 @@
 search, annotations carried over with their reliability index, bad input said in one line."""
 
 import csv
+import re
 import shlex
 import subprocess
 import sys
@@ -366,3 +367,50 @@ def test_terms_of_a_column_that_is_not_there_are_refused_in_one_line(typed_in, t
     status, lines = typed_in("queries", "--reference", "ref", "-o", "n.tsv", "--terms", "go")
     assert (status, lines) == (2, ["esmshard neighbours: --terms and --max-distance need "
                                    "--annotations"])  # fmt: skip
+
+
+def test_an_index_is_kept_beside_the_reference_and_nearest_takes_the_same_option(
+    typed_in, tmp_path, monkeypatch
+):
+    """`--index hnsw` builds an index in ref/neighbours_index, says its recall, and finds what
+    the exact search finds (60 proteins: the graph holds them all); the next command and
+    `Embeddings.nearest(index="hnsw")` read it; without faiss, both refuse in one line."""
+    pytest.importorskip("faiss")
+    assert typed_in("queries", "--reference", "ref", "-k", 3, "-o", "exact.tsv")[0] == 0
+    said = []
+    for _ in range(2):
+        status, lines = typed_in("queries", "--reference", "ref", "-k", 3, "-o", "hnsw.tsv",
+                                 "--index", "hnsw")  # fmt: skip
+        assert status == 0, lines
+        said += [line for line in lines if "searched by" in line]
+    index = r"ref/neighbours_index/embeddings\.0-60\.hnsw\.\w{32}\.faiss"
+    assert re.fullmatch(rf"esmshard neighbours: searched by the hnsw index {index} \(built in "
+                        r"\d+\.\d s\): recall@k 1\.000 on 12 queries, setting 16", said[0])  # fmt: skip
+    assert re.fullmatch(rf"esmshard neighbours: searched by the hnsw index {index} \(read\): "
+                        r"recall@k 1\.000 on 12 queries, setting 16", said[1])  # fmt: skip
+    exact_rows, hnsw_rows = read(tmp_path / "exact.tsv"), read(tmp_path / "hnsw.tsv")
+    assert [{**r, "distance": None} for r in hnsw_rows] == [
+        {**r, "distance": None} for r in exact_rows]  # fmt: skip
+    # faiss' fp32 sums: the same distances to their last digit or so
+    np.testing.assert_allclose([float(r["distance"]) for r in hnsw_rows],
+                               [float(r["distance"]) for r in exact_rows], rtol=1e-6)  # fmt: skip
+    with Embeddings("queries") as queries, Embeddings("ref") as reference:
+        table = reference.nearest(queries, k=3, index="hnsw")
+    assert [[r["id"], r["neighbour"]] for r in read(tmp_path / "exact.tsv")] == (
+        table[["id", "neighbour"]].values.tolist()
+    )
+    assert len(list((tmp_path / "ref" / "neighbours_index").iterdir())) == 2  # read, not built
+    monkeypatch.setitem(sys.modules, "faiss", None)  # as where faiss is not installed
+    status, lines = typed_in("queries", "--reference", "ref", "-o", "ivf.tsv", "--index", "ivf")
+    assert (status, lines) == (2, [
+        "esmshard neighbours: --index ivf is a faiss index, and faiss is not installed: pip "
+        "install faiss-cpu (or use --index exact)"])  # fmt: skip
+    with (
+        Embeddings("ref") as reference,
+        pytest.raises(
+            ValueError,
+            match=r"^the ivf index is a "
+            "faiss index, and faiss is not installed",
+        ),
+    ):
+        reference.nearest("queries", index="ivf")  # fmt: skip

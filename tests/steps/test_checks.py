@@ -1,5 +1,8 @@
 """The whole config checked before any job (esmshard.steps.checks), without Snakemake."""
 
+import sys
+
+import pytest
 import yaml
 from helpers import GENE_CALLER, REPO
 
@@ -96,3 +99,15 @@ def test_the_terms_to_carry_are_checked_with_the_config(tmp_path):
         f"neighbours_ontology: {annotations} is not a Gene Ontology OBO file (it does not start "
         "with format-version:): give a GO release's go-basic.obo"
     ]  # fmt: skip
+
+
+def test_an_approximate_index_without_faiss_is_refused_with_the_config(tmp_path, monkeypatch):
+    pytest.importorskip("faiss")
+    assert checked(tmp_path, neighbours="self", neighbours_index="hnsw").problems == []
+    assert checked(tmp_path, neighbours="self", neighbours_index="banana").problems != []
+    monkeypatch.setitem(sys.modules, "faiss", None)  # as where faiss is not installed
+    assert checked(tmp_path, neighbours="self", neighbours_index="hnsw").problems == [
+        "neighbours_index: hnsw is a faiss index, and faiss is not installed: pip install "
+        "faiss-cpu (or use exact)"
+    ]
+    assert checked(tmp_path, neighbours="self", neighbours_index="auto").problems == []

@@ -192,6 +192,25 @@ def test_a_reference_embedded_earlier_is_searched(tmp_path):
     searched = time.mktime(time.strptime(asked["finished"][:19], "%Y-%m-%d %H:%M:%S"))
     embedded = json.loads((out / "run.json").read_text())["finished_at"]
     assert searched > embedded  # the later command's search, not the embedding's
+    # an IVF index of each part, kept beside the reference, read by the next search of it
+    config = settings(tmp_path, ("neighbours", str(reference / "results")),
+                      ("neighbours_shards", 2), ("neighbours_index", "ivf"))  # fmt: skip
+    snakemake(tmp_path / "run", config)
+    kept = reference / "results" / "neighbours_index"
+    assert sorted(p.name.split(".", 3)[:2] + [p.suffix] for p in kept.iterdir()) == [
+        ["embeddings", "0-30", ".faiss"], ["embeddings", "0-30", ".json"],
+        ["embeddings", "30-60", ".faiss"], ["embeddings", "30-60", ".json"]]  # fmt: skip
+    assert {(r["id"], r["rank"]): r["neighbour"] for r in read(out / "neighbours.tsv")} == first
+    card = pq.read_schema(out / "neighbours.parquet").metadata
+    assert (card[b"index"], card[b"recall_at_k"]) == (b"ivf", b"1.0")  # one list: it is exact
+    report = (out / "report" / "scaling_report.html").read_text()
+    section = report.split("<h2>Nearest neighbours</h2>")[1].split("<h2>")[0]
+    assert section.count("<td>ivf</td><td>1.00</td><td>True</td>") == 2
+    snakemake(tmp_path / "run", config, "--forcerun", "neighbour_part")
+    for part in ("0-of-2", "1-of-2"):
+        log = (out / "logs" / "neighbours" / f"{part}.log").read_text()
+        assert re.search(rf"by the ivf index {kept}/embeddings\.\d+-\d+\.ivf\.\w+\.faiss \(read\)"
+                         r": recall@k 1\.000 on 40 queries, setting 1", log), log  # fmt: skip
 
 
 def test_mistakes_in_the_reference_and_annotations_are_refused_before_any_job(tmp_path):

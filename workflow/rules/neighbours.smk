@@ -23,6 +23,7 @@ rule neighbour_part:
         extra=TIES_SEARCHED if config["neighbours_terms"] else 0,
         # with an ontology, each aspect is searched among the references annotated in it
         transfer=TRANSFER,
+        index=config["neighbours_index"],
     script:
         "../scripts/neighbour_part.py"
 

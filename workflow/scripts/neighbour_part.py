@@ -16,6 +16,7 @@ run_step(
         snakemake.params.layer,
         snakemake.params.reference,
         snakemake.params.extra,
+        snakemake.params.index,
     ),
     gpus=snakemake.config["gpus"],
     annotations=snakemake.input.get("annotations"),
