@@ -15,9 +15,7 @@ queries, how many get from each side the k rows of a search of every distance in
 
 import argparse
 import json
-import multiprocessing
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from neighbours import MODEL, nearest_by_chunks, real_means, tiled  # noqa: E402
+from neighbours import MODEL, means_apart, nearest_by_chunks, tiled  # noqa: E402
 
 from esmshard.outputs.nearest import search  # noqa: E402
 
@@ -56,12 +54,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        spawn = multiprocessing.get_context("spawn")
-        child = spawn.Process(target=real_means, args=(64, MODEL, Path(tmp) / "means.npy"))
-        child.start()
-        child.join()
-        means = np.load(Path(tmp) / "means.npy")
+    means = means_apart(64, MODEL)
     queries = tiled(means, args.queries, seed=2)
     reference = tiled(means, args.reference, seed=1)
     rounds = []

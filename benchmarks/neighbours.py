@@ -57,6 +57,18 @@ def real_means(n: int, model: str, out: Path) -> None:
         np.save(out, np.asarray(emb.array("mean"), dtype=np.float32))
 
 
+def means_apart(n: int, model: str) -> np.ndarray:
+    """`real_means` of `n` proteins, computed in a process of its own (spawned: no torch state
+    shared with the search)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        child = multiprocessing.get_context("spawn").Process(
+            target=real_means, args=(n, model, Path(tmp) / "means.npy")
+        )
+        child.start()
+        child.join()
+        return np.load(Path(tmp) / "means.npy")
+
+
 def nearest_by_chunks(queries: np.ndarray, reference, k: int) -> np.ndarray:
     """The k nearest rows of a few queries, every distance in float64, the reference by chunks."""
     found = []
@@ -91,12 +103,8 @@ def main() -> None:
     parser.add_argument("--model", default=MODEL, help="whose means are tiled (its width)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    means = means_apart(64, args.model)
     with tempfile.TemporaryDirectory() as tmp:
-        spawn = multiprocessing.get_context("spawn")
-        child = spawn.Process(target=real_means, args=(64, args.model, Path(tmp) / "means.npy"))
-        child.start()
-        child.join()
-        means = np.load(Path(tmp) / "means.npy")
         queries = tiled(means, args.queries, seed=2)
         path = Path(tmp) / "reference.h5"
         write_reference(path, means, args.reference)
