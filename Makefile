@@ -72,8 +72,9 @@ run: $(BIN)/snakemake $(if $(findstring input=,$(ARGS)),,$(EXAMPLE))
 # The tests read the real data in ../shared/data, or fetch it once into resources/test-data.
 # TEST_WORKERS pytest processes share the test files, each file whole on one worker: its
 # module-scoped runs are made once, and tests that must not overlap (the SLURM cluster's, one
-# machine-wide set of daemons) run one after another; the longest files first
-# (tests/conftest.py's LONGEST_FIRST, kept in that order by --no-loadscope-reorder). The run
+# machine-wide set of daemons) run one after another; the longest files first (by the record
+# tests/file_costs.json, which benchmarks/suite_cost.py --record writes; kept in that order by
+# --no-loadscope-reorder). The run
 # ends with its 25 slowest tests and its total time. OMP_WAIT_POLICY=PASSIVE: torch's CPU
 # threads sleep rather than spin while they wait, so that the workers' and their jobs' threads
 # do not take the cores from each other (15% off the parity tests' time on 2 cores,

@@ -1,6 +1,6 @@
 """Measure the test suite's CPU-seconds and line coverage at one commit.
 
-Usage: python benchmarks/suite_cost.py COMMIT [--out FILE] [--pytest-args ARGS]
+Usage: python benchmarks/suite_cost.py COMMIT [--out FILE] [--record FILE] [--pytest-args ARGS]
 
 The commit is cloned beside the checkout (so that its tests find ../shared), its test tools
 installed, and `make test` run with coverage.py started in every Python process of the
@@ -11,6 +11,11 @@ are the user and system time of the whole process tree that `make test` waited f
 coverage is that of esmshard/, every process's data combined. Both commits of a comparison are
 measured the same way, one after the other on one machine, so coverage's own cost is on both
 sides.
+
+Each test file's CPU-seconds (its worker's and the programs it waited for) and wall time are
+recorded too (tests/conftest.py, where ESMSHARD_FILE_COSTS names a folder), listed in the
+figures by CPU-seconds, and with --record written as the record that orders `make test`'s files
+(tests/file_costs.json).
 """
 
 import argparse
@@ -81,7 +86,8 @@ def install(clone: Path) -> Path:
 
 def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
     """Run `make test` in the clone and return its CPU-seconds, wall time and summary line."""
-    env = {**os.environ, "COVERAGE_PROCESS_START": str(rc)}
+    env = {**os.environ, "COVERAGE_PROCESS_START": str(rc),
+           "ESMSHARD_FILE_COSTS": str(records_of(clone) / "file-costs")}  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     # Ctrl-C reaches the tests' own children as a user's would: reset, not inherited ignored.
@@ -106,6 +112,15 @@ def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
     }
 
 
+def file_costs(clone: Path) -> dict:
+    """Each test file's CPU-seconds and wall time, as its worker recorded them, most CPU first."""
+    spent = {}
+    for worker in (records_of(clone) / "file-costs").glob("*.json"):
+        for name, (cpu, wall) in json.loads(worker.read_text()).items():
+            spent[name] = {"cpu_seconds": round(cpu, 1), "wall_seconds": round(wall, 1)}
+    return dict(sorted(spent.items(), key=lambda item: -item[1]["cpu_seconds"]))
+
+
 def coverage_of(clone: Path, rc: Path) -> dict:
     """Combine every process's coverage data and return esmshard/'s line coverage."""
     python = str(clone / ".venv/bin/python")
@@ -128,6 +143,8 @@ def main() -> None:
     parser.add_argument("commit")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--pytest-args", default="", help="passed to make test's ARGS")
+    parser.add_argument("--record", type=Path, help="write the files' costs here too "
+                        "(tests/file_costs.json: the order of make test's files)")  # fmt: skip
     args = parser.parse_args()
     clone = clone_at(args.commit)
     rc = install(clone)
@@ -137,7 +154,10 @@ def main() -> None:
         ).strip()
     }
     figures.update(run_suite(clone, rc, args.pytest_args))
+    figures["files"] = file_costs(clone)
     figures["coverage"] = coverage_of(clone, rc)
+    if args.record:
+        args.record.write_text(json.dumps(figures["files"], indent=1) + "\n")
     figures["machine"] = f"{os.cpu_count()} cores, {os.uname().machine}"
     text = json.dumps(figures, indent=2)
     print(text)

@@ -2,35 +2,33 @@
 the tests share besides them is in helpers.py)."""
 
 import inspect
+import json
+import os
 import re
+import resource
+import time
 from pathlib import Path
 
 import pytest
 from helpers import TINY_MODEL
 
-# The test files that take longest, longest first by a whole suite's wall time per file: `make
-# test` hands whole files to the workers in this order (--no-loadscope-reorder; xdist's own
-# order, most tests first, started the three longest last, beside idle workers), then the rest
-# as collected. The SLURM tests, which mostly wait on the cluster, overlap the others' work.
-LONGEST_FIRST = (
-    "test_install.py",
-    "workflow/test_slurm.py",
-    "store/test_store.py",
-    "workflow/test_named_failures.py",
-    "workflow/test_workflow.py",
-    "models/test_esmc.py",
-    "models/test_esm2.py",
-    "workflow/test_variant_effects.py",
-    "compute/test_compiled.py",
-    "commands/test_gpucheck.py",
-    "workflow/test_user_files.py",
-    "models/test_esm1.py",
-    "models/test_t5.py",
-    "workflow/test_resume.py",
-    "workflow/test_first_hour.py",
-    "workflow/test_resilience.py",
-    "test_readme.py",
-)
+# Each test file's CPU-seconds and wall time in a whole suite, as benchmarks/suite_cost.py
+# records them: `make test` hands whole files to the workers longest first by wall time
+# (--no-loadscope-reorder; xdist's own order, most tests first, started the longest last,
+# beside idle workers), then the files the record does not hold, as collected. The SLURM
+# tests, which mostly wait on the cluster, overlap the others' work.
+FILE_COSTS = Path(__file__).parent / "file_costs.json"
+# Where a suite records its files' costs (benchmarks/suite_cost.py sets it): a folder that
+# each worker writes its own JSON to.
+RECORD_COSTS = "ESMSHARD_FILE_COSTS"
+
+
+def recorded_costs() -> dict:
+    return json.loads(FILE_COSTS.read_text()) if FILE_COSTS.is_file() else {}
+
+
+def suite_path(path: Path) -> str:
+    return path.relative_to(Path(__file__).parent).as_posix()
 
 
 # A call that starts the workflow or another program: a test that makes one, itself or through
@@ -42,8 +40,9 @@ STARTS_A_PROGRAM = re.compile(
 
 
 def pytest_collection_modifyitems(items):
-    rank = {Path(__file__).parent / name: k for k, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path, len(rank)))
+    costs = recorded_costs()
+    # a stable sort: each file's tests stay together and in their order
+    items.sort(key=lambda item: -costs.get(suite_path(item.path), {}).get("wall_seconds", 0))
     for item in items:
         if starts_a_program(item):
             item.add_marker(pytest.mark.e2e)
@@ -71,6 +70,37 @@ def starts_a_program(item) -> bool:
             if inspect.isfunction(called) and called.__module__ == module.__name__:
                 todo.append(called)
     return False
+
+
+def cpu_seconds() -> float:
+    """This process's CPU-seconds and its waited-for children's (the workflow runs it starts)."""
+    mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))  # fmt: skip
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+SPENT: dict[str, list[float]] = {}  # this worker's files: [CPU-seconds, wall seconds]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Count each test's cost, its fixtures' set-up and tear-down included, to its file."""
+    if not os.environ.get(RECORD_COSTS):
+        yield
+        return
+    cpu, wall = cpu_seconds(), time.monotonic()
+    yield
+    spent = SPENT.setdefault(suite_path(item.path), [0.0, 0.0])
+    spent[0] += cpu_seconds() - cpu
+    spent[1] += time.monotonic() - wall
+
+
+def pytest_sessionfinish(session):
+    folder = os.environ.get(RECORD_COSTS)
+    if folder and SPENT:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder, f"{worker}.json").write_text(json.dumps(SPENT))
 
 
 @pytest.fixture(scope="session")
