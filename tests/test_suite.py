@@ -1,5 +1,6 @@
 """The suite's own set-up: `make test-fast` leaves out exactly the tests that start a program."""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,3 +36,24 @@ def test_make_test_fast_runs_the_tests_not_marked_end_to_end():
                           text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert '-m "not e2e"' in done.stdout.splitlines()[-1]
+
+
+def test_each_files_cost_is_recorded_and_the_files_run_longest_first_by_the_record(tmp_path):
+    files = ["tests/search/test_reliability.py", "tests/steps/test_progress.py"]
+    env = {**os.environ, "ESMSHARD_FILE_COSTS": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-n", "0", *files], cwd=REPO, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    (record,) = tmp_path.iterdir()
+    spent = json.loads(record.read_text())
+    assert record.name == "main.json" and sorted(spent) == [f[len("tests/") :] for f in files]
+    assert all(cpu > 0 and wall > 0 for cpu, wall in spent.values())
+    # the committed record orders the whole suite: its longest file is collected first
+    record = json.loads((REPO / "tests" / "file_costs.json").read_text())
+    longest = max(record, key=lambda name: record[name]["wall_seconds"])
+    order = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=REPO, capture_output=True, text=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert order[0].startswith(f"tests/{longest}::")
