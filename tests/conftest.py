@@ -98,7 +98,8 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_sessionfinish(session):
     folder = os.environ.get(RECORD_COSTS)
     if folder and SPENT:
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        # the worker's own name, not one its environment passed on to a pytest it started
+        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
         Path(folder).mkdir(parents=True, exist_ok=True)
         Path(folder, f"{worker}.json").write_text(json.dumps(SPENT))
 
