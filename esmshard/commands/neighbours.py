@@ -17,7 +17,7 @@ from ..outputs.per_protein import open_reference, unrecorded_line
 from ..outputs.reader import Embeddings, embeddings_file
 from ..search import METRICS, Hits
 from ..search.annotations import unmatched_line
-from ..search.approximate import APPROXIMATE, KINDS, faiss_present
+from ..search.approximate import KINDS, faiss_missing
 from ..search.ontology import ontology_problem
 from ..search.transfer import TIES_SEARCHED, write_transfer
 
@@ -115,9 +115,9 @@ def neighbours(parser, args) -> int:
         parser.exit(2, "esmshard neighbours: --ontology needs --terms (the column of GO terms)\n")
     if args.ontology and (problem := ontology_problem(args.ontology)):
         parser.exit(2, f"esmshard neighbours: --ontology {problem}\n")
-    if args.index in APPROXIMATE and not faiss_present():
-        parser.exit(2, f"esmshard neighbours: --index {args.index} is a faiss index, and faiss "
-                    "is not installed: pip install faiss-cpu (or use --index exact)\n")  # fmt: skip
+    if missing := faiss_missing(args.index):
+        parser.exit(2, f"esmshard neighbours: --index {args.index} {missing} (or use --index "
+                    "exact)\n")  # fmt: skip
     where = args.transferred or args.out.with_suffix(".annotations.tsv")
     outputs = {"-o": args.out, **({"--transferred": where} if args.annotations else {})}
     if args.terms:

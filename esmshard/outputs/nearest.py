@@ -15,13 +15,12 @@ from ..files import write_parquet, write_tsv
 from ..search import Hits, merged, nearest, reliability_index
 from ..search.annotations import annotation_columns
 from ..search.approximate import (
-    APPROXIMATE,
     KINDS,
     Blocks,
     IndexAsked,
     IndexUse,
     chosen_kind,
-    faiss_present,
+    faiss_missing,
     search_indexed,
 )
 from ..search.transfer import TIES_SEARCHED
@@ -152,9 +151,8 @@ def index_problem(kind: str) -> None:
     """ValueError in one line where `kind` is no index, or a faiss one without faiss."""
     if kind not in KINDS:
         raise ValueError(f"index {kind!r} is not one of {', '.join(KINDS)}")
-    if kind in APPROXIMATE and not faiss_present():
-        raise ValueError(f"the {kind} index is a faiss index, and faiss is not installed: "
-                         "pip install faiss-cpu (or search with index='exact')")  # fmt: skip
+    if missing := faiss_missing(kind):
+        raise ValueError(f"the {kind} index {missing} (or search with index='exact')")
 
 
 def reference_blocks(reference, layer: int, rows=None, allowed=None) -> Blocks:

@@ -5,8 +5,9 @@ of other vectors (or another metric) builds its own and replaces it.
 
 Each search tunes how much of the index it visits (IVF's lists probed, HNSW's candidate list)
 on a sample of its own queries, until their recall@k against the exact search (esmshard.search
-.exact) reaches `RECALL_GOAL`, and reports that recall. Distances come from faiss' direct fp32
-sums: euclidean, or 1 - cosine on unit vectors (half their squared distance).
+.exact) reaches `RECALL_GOAL`, and reports that recall. IVF's lists are searched by the exact
+search, so its distances are that search's; HNSW's come from faiss' direct fp32 sums:
+euclidean, or 1 - cosine on unit vectors (half their squared distance).
 """
 
 import hashlib
@@ -84,6 +85,14 @@ def faiss_present() -> bool:
     return True
 
 
+def faiss_missing(kind: str) -> str | None:
+    """Why an index of `kind` cannot be built here, said after its name (faiss not
+    installed), or None."""
+    if kind in APPROXIMATE and not faiss_present():
+        return "is a faiss index, and faiss is not installed: pip install faiss-cpu"
+    return None
+
+
 def chosen_kind(kind: str, device: str | None, rows: int, queries: int) -> str:
     """The index `auto` means: IVF on a CPU from AUTO_ROWS rows and AUTO_QUERIES queries
     where faiss is installed; else exact."""
@@ -125,19 +134,18 @@ def scan(blocks: Blocks, sample: np.ndarray, k: int, metric: str, own, kind: str
     # rows and vectors hashed apart: the same rows read in other blocks have the same address
     numbers, values = hashlib.sha256(), hashlib.sha256()
     every = max(1, blocks.rows // (TRAINING_PER_LIST * lists_for(blocks.rows)))
-    training, exact, seen = [], None, 0
+    training, exact, seen = [np.zeros((0, blocks.width), np.float32)], None, 0
     for rows, vectors in blocks.read():
         numbers.update(memoryview(np.ascontiguousarray(rows, dtype=np.int64)).cast("B"))
         values.update(memoryview(np.ascontiguousarray(vectors, dtype=np.float32)).cast("B"))
-        training.append(vectors[(seen + np.arange(len(rows))) % every == 0])
+        if kind == "ivf":  # HNSW needs no training
+            training.append(vectors[(seen + np.arange(len(rows))) % every == 0])
         seen += len(rows)
         found = exact_of(sample, vectors, rows, k, metric, own)
         exact = found if exact is None else merged([exact, found], k)
     digest = hashlib.blake2b(f"{FORMAT} {kind} {metric}".encode(), digest_size=16)
     digest.update(numbers.digest() + values.digest())
-    width = blocks.width
-    kept = np.concatenate(training) if training else np.zeros((0, width), np.float32)
-    return Scan(digest.hexdigest(), kept, exact)
+    return Scan(digest.hexdigest(), np.concatenate(training), exact)
 
 
 def exact_of(sample, vectors, rows, k: int, metric: str, own) -> Hits:

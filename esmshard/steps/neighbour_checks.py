@@ -12,7 +12,7 @@ from ..outputs import nearest as found
 from ..outputs.per_protein import open_reference
 from ..search import AnnotationsError, read_annotations
 from ..search.annotations import annotation_columns
-from ..search.approximate import APPROXIMATE, faiss_present
+from ..search.approximate import faiss_missing
 from ..search.ontology import ontology_problem
 from .neighbours import LAST, SELF, reference_file
 
@@ -35,9 +35,8 @@ def neighbour_problems(config: dict, model=None) -> list[str]:
         problems.append("neighbours_ontology: needs neighbours_terms (the column of GO terms)")
     elif ontology and (problem := ontology_problem(ontology)):
         problems.append(f"neighbours_ontology: {problem}")
-    if config.get("neighbours_index") in APPROXIMATE and not faiss_present():
-        problems.append(f"neighbours_index: {config['neighbours_index']} is a faiss index, and "
-                        "faiss is not installed: pip install faiss-cpu (or use exact)")  # fmt: skip
+    if missing := faiss_missing(index := config.get("neighbours_index")):
+        problems.append(f"neighbours_index: {index} {missing} (or use exact)")
     if "mean" not in config["include"]:
         problems.append("neighbours: the search compares mean embeddings: add mean to include")
     layer = config["neighbours_layer"]
