@@ -10,10 +10,12 @@ search, so its distances are that search's; HNSW's come from faiss' direct fp32 
 euclidean, or 1 - cosine on unit vectors (half their squared distance).
 """
 
+import glob
 import hashlib
 import json
 import logging
 import math
+import re
 import time
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
@@ -306,6 +308,20 @@ def file_name(asked: IndexAsked, digest: str) -> str:
     return f"{asked.name}.{asked.kind}.{digest}.faiss"
 
 
+def kept_records(folder: Path, asked: IndexAsked):
+    """The records of the indexes esmshard kept in `folder` under `asked`'s name and kind:
+    (path, record) for each file named by a digest its own record holds, and none other."""
+    named = re.compile(rf"{re.escape(asked.name)}\.{asked.kind}\.([0-9a-f]{{32}})\.json")
+    for path in folder.glob(f"{glob.escape(asked.name)}.{asked.kind}.*.json"):
+        digest = named.fullmatch(path.name)
+        try:
+            record = json.loads(path.read_text()) if digest else None
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and record.get("digest") == digest[1]:
+            yield path, record
+
+
 def kept_index(asked: IndexAsked, digest: str, metric: str) -> Path | None:
     """The kept index of these vectors, in one of `asked.folders`; an index kept for other
     vectors or another metric under the same name is said to be rebuilt."""
@@ -313,8 +329,7 @@ def kept_index(asked: IndexAsked, digest: str, metric: str) -> Path | None:
         if (folder / file_name(asked, digest)).with_suffix(".json").is_file():
             return folder / file_name(asked, digest)
     for folder in map(Path, asked.folders):
-        for other in folder.glob(f"{asked.name}.{asked.kind}.*.json"):
-            record = json.loads(other.read_text())
+        for other, record in kept_records(folder, asked):
             why = (f"the {record['metric']} metric, not {metric}" if record["metric"] != metric
                    else "other vectors (the reference changed)")  # fmt: skip
             log.warning("%s was built for %s: building a new %s index", other.with_suffix(".faiss"),
@@ -324,8 +339,8 @@ def kept_index(asked: IndexAsked, digest: str, metric: str) -> Path | None:
 
 def kept(index, record: dict, asked: IndexAsked) -> Path:
     """Write the index and its record (last: an index is kept once its record exists) to the
-    first folder of `asked` that can be written, removing those it replaces (same name,
-    other vectors); its path."""
+    first folder of `asked` that can be written, removing those it replaces (esmshard's of the
+    same name and kind, for other vectors); its path."""
     import faiss
 
     for folder in map(Path, asked.folders):
@@ -338,7 +353,7 @@ def kept(index, record: dict, asked: IndexAsked) -> Path:
             log.info("cannot keep the index in %s (%s): trying the next folder", folder, error)
             continue
         write_json(path.with_suffix(".json"), record)
-        for other in folder.glob(f"{asked.name}.{asked.kind}.*.json"):
+        for other, _ in kept_records(folder, asked):
             if other != path.with_suffix(".json"):
                 other.unlink(missing_ok=True)
                 other.with_suffix(".faiss").unlink(missing_ok=True)

@@ -87,6 +87,10 @@ def test_an_index_is_kept_read_again_and_rebuilt_for_other_vectors_or_metric(tmp
     assert not caplog.records or "building" not in caplog.text
     changed = REFERENCE.copy()
     changed[17] += 1
+    # a user's files beside the indexes, named like them, are neither read as records nor removed
+    users = ["reference.ivf.notes.json", f"reference.ivf.{'0' * 32}.json"]
+    for name in users:
+        (tmp_path / name).write_text('{"metric": "mine"}')
     with caplog.at_level(logging.WARNING):
         _, rebuilt = search_indexed(QUERIES, blocks_of(changed), 5, "euclidean", None, asked)
     assert rebuilt.built and rebuilt.path != built.path
@@ -95,8 +99,10 @@ def test_an_index_is_kept_read_again_and_rebuilt_for_other_vectors_or_metric(tmp
         in caplog.text
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [rebuilt.path.rsplit("/", 1)[1], rebuilt.path.rsplit("/", 1)[1][: -len("faiss")] + "json"]
-    )
+        [rebuilt.path.rsplit("/", 1)[1], rebuilt.path.rsplit("/", 1)[1][: -len("faiss")] + "json",
+         *users]
+    )  # fmt: skip
+    assert "mine" not in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         search_indexed(QUERIES, blocks_of(changed), 5, "cosine", None, asked)
