@@ -13,7 +13,8 @@ measured the same way, one after the other on one machine, so coverage's own cos
 sides.
 
 Each test file's CPU-seconds (its worker's and the programs it waited for) and wall time are
-recorded too (tests/conftest.py, where ESMSHARD_FILE_COSTS names a folder), listed in the
+recorded too (by the pytest plugin benchmarks/cost_recorder.py, loaded into the clone's suite
+whatever its commit), listed in the
 figures by CPU-seconds, and with --record written as the record that orders `make test`'s files
 (tests/file_costs.json).
 """
@@ -23,6 +24,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,13 +88,18 @@ def install(clone: Path) -> Path:
 
 def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
     """Run `make test` in the clone and return its CPU-seconds, wall time and summary line."""
-    env = {**os.environ, "COVERAGE_PROCESS_START": str(rc),
+    # the plugin alone on the path, so that no other benchmark's module shadows a package
+    plugins = records_of(clone) / "plugins"
+    plugins.mkdir(exist_ok=True)
+    shutil.copy(CHECKOUT / "benchmarks" / "cost_recorder.py", plugins)
+    path = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "COVERAGE_PROCESS_START": str(rc), "PYTHONPATH": path,
            "ESMSHARD_FILE_COSTS": str(records_of(clone) / "file-costs")}  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     # Ctrl-C reaches the tests' own children as a user's would: reset, not inherited ignored.
     done = subprocess.run(
-        ["make", "test", f"ARGS={pytest_args}"],
+        ["make", "test", f"ARGS=-p cost_recorder {pytest_args}"],
         cwd=clone,
         env=env,
         stdout=subprocess.PIPE,

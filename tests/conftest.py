@@ -3,10 +3,7 @@ the tests share besides them is in helpers.py)."""
 
 import inspect
 import json
-import os
 import re
-import resource
-import time
 from pathlib import Path
 
 import pytest
@@ -18,9 +15,6 @@ from helpers import TINY_MODEL
 # beside idle workers), then the files the record does not hold, as collected. The SLURM
 # tests, which mostly wait on the cluster, overlap the others' work.
 FILE_COSTS = Path(__file__).parent / "file_costs.json"
-# Where a suite records its files' costs (benchmarks/suite_cost.py sets it): a folder that
-# each worker writes its own JSON to.
-RECORD_COSTS = "ESMSHARD_FILE_COSTS"
 
 
 def recorded_costs() -> dict:
@@ -70,38 +64,6 @@ def starts_a_program(item) -> bool:
             if inspect.isfunction(called) and called.__module__ == module.__name__:
                 todo.append(called)
     return False
-
-
-def cpu_seconds() -> float:
-    """This process's CPU-seconds and its waited-for children's (the workflow runs it starts)."""
-    mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
-                                                          resource.RUSAGE_CHILDREN))  # fmt: skip
-    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
-
-
-SPENT: dict[str, list[float]] = {}  # this worker's files: [CPU-seconds, wall seconds]
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    """Count each test's cost, its fixtures' set-up and tear-down included, to its file."""
-    if not os.environ.get(RECORD_COSTS):
-        yield
-        return
-    cpu, wall = cpu_seconds(), time.monotonic()
-    yield
-    spent = SPENT.setdefault(suite_path(item.path), [0.0, 0.0])
-    spent[0] += cpu_seconds() - cpu
-    spent[1] += time.monotonic() - wall
-
-
-def pytest_sessionfinish(session):
-    folder = os.environ.get(RECORD_COSTS)
-    if folder and SPENT:
-        # the worker's own name, not one its environment passed on to a pytest it started
-        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        Path(folder, f"{worker}.json").write_text(json.dumps(SPENT))
 
 
 @pytest.fixture(scope="session")

@@ -40,10 +40,11 @@ def test_make_test_fast_runs_the_tests_not_marked_end_to_end():
 
 def test_each_files_cost_is_recorded_and_the_files_run_longest_first_by_the_record(tmp_path):
     files = ["tests/search/test_reliability.py", "tests/steps/test_progress.py"]
-    env = {**os.environ, "ESMSHARD_FILE_COSTS": str(tmp_path)}
+    env = {**os.environ, "ESMSHARD_FILE_COSTS": str(tmp_path),
+           "PYTHONPATH": str(REPO / "benchmarks")}  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-n", "0", *files], cwd=REPO, env=env, capture_output=True,
-                          text=True)  # fmt: skip
+                           "-p", "cost_recorder", "-n", "0", *files], cwd=REPO, env=env,
+                          capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stdout
     (record,) = tmp_path.iterdir()
     spent = json.loads(record.read_text())

@@ -1,0 +1,49 @@
+"""A pytest plugin that records each test file's CPU-seconds and wall time.
+
+benchmarks/suite_cost.py loads it into any commit's suite (`-p cost_recorder`, this folder on
+PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its files' costs there
+as one JSON object, `{file: [CPU-seconds, wall seconds]}`, named after the worker.
+"""
+
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+RECORD_COSTS = "ESMSHARD_FILE_COSTS"
+
+SPENT: dict[str, list[float]] = {}  # this worker's files: [CPU-seconds, wall seconds]
+
+
+def cpu_seconds() -> float:
+    """Return this process's CPU-seconds and its waited-for children's (the runs it starts)."""
+    mine, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF,
+                                                          resource.RUSAGE_CHILDREN))  # fmt: skip
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+def suite_path(item) -> str:
+    """Name the test's file from the suite's folder, as tests/file_costs.json does."""
+    return item.path.relative_to(item.config.rootpath / "tests").as_posix()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Count each test's cost, its fixtures' set-up and tear-down included, to its file."""
+    cpu, wall = cpu_seconds(), time.monotonic()
+    yield
+    spent = SPENT.setdefault(suite_path(item), [0.0, 0.0])
+    spent[0] += cpu_seconds() - cpu
+    spent[1] += time.monotonic() - wall
+
+
+def pytest_sessionfinish(session):
+    folder = os.environ.get(RECORD_COSTS)
+    if folder and SPENT:
+        # the worker's own name, not one its environment passed on to a pytest it started
+        worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder, f"{worker}.json").write_text(json.dumps(SPENT))
