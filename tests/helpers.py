@@ -492,6 +492,35 @@ def refused_before_any_job(result) -> str:
     return line
 
 
+CONFIG_SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+
+
+def config_check(workdir: Path, config: dict, *typed: str) -> list[str]:
+    """The lines (`esmshard: ...`) that the Snakefile's config check would stop a run of `config`
+    and the command-line words `typed` with, found in this process: the config as Snakemake
+    builds it (the workflow's config/config.yaml, then `config` as the run's config file, then
+    the values after `--config`, parsed by Snakemake's own parser), checked by what common.smk
+    calls, in `workdir` (snakemake -d)."""
+    from snakemake.cli import parse_config
+
+    from esmshard.steps.checks import check_config, defaults
+
+    words = list(typed[typed.index("--config") + 1 :]) if "--config" in typed else []
+    values = words[: next((k for k, w in enumerate(words) if w.startswith("-")), len(words))]
+    own = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    merged = {**defaults(CONFIG_SCHEMA), **own, **config, **parse_config(values)}
+    workdir.mkdir(parents=True, exist_ok=True)
+    with contextlib.chdir(workdir):
+        checked = check_config(merged, CONFIG_SCHEMA, inputs=True)
+    return [f"esmshard: {problem}" for problem in checked.problems]
+
+
+def the_one_refusal(lines: list[str]) -> str:
+    """The one line of a refusal (`config_check`'s), as `refused_before_any_job` reads a run's."""
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
 def free_port() -> int:
     """A TCP port of the loopback that nothing listens on now."""
     with socket.socket() as s:

@@ -1,6 +1,6 @@
 """ProtBert (a BERT encoder) in esmshard's own module: transformers' BertModel numbers, the
 residues prepared as ProtBert's authors prepare them, through `snakemake` as users type it; its
-refusals."""
+refusals, by the config check that the Snakefile runs."""
 
 import json
 import re
@@ -10,12 +10,12 @@ import pytest
 import torch
 from helpers import (
     PROTEOME,
+    config_check,
     hidden_states_alone,
     hub_cache,
-    jobs_run,
     read_records,
-    refused_before_any_job,
     snakemake,
+    the_one_refusal,
     write_subset,
 )
 
@@ -132,10 +132,9 @@ def test_protberts_width_gives_transformers_numbers_through_snakemake(tmp_path):
 def test_a_vocabulary_of_another_convention_or_none_is_refused_before_any_job(tmp_path):
     other = [*SPECIALS, *RESIDUES, "##A", "<mask>"]  # word pieces: not one token per residue
     folder = saved_bert(tmp_path / "other", Arch(1, 32, 2), 64, 1, vocabulary=other)
-    result = snakemake(tmp_path / "run", {}, "--config", f"input={PROTEOME}", f"model={folder}",
-                       check=False)  # fmt: skip
-    assert result.returncode != 0 and jobs_run(result) == {}
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    line = the_one_refusal(
+        config_check(tmp_path / "run", {}, "--config", f"input={PROTEOME}", f"model={folder}")
+    )
     assert "vocab.txt: the tokenizer has tokens esmshard cannot account for (##A, <mask>)" in line
     assert not (tmp_path / "run" / "results").exists()
 
@@ -147,16 +146,16 @@ def test_a_vocabulary_of_another_convention_or_none_is_refused_before_any_job(tm
 def test_contacts_and_lengths_beyond_its_positions_are_refused_and_bos_is_cls(tmp_path):
     folder = saved_bert(tmp_path / "bert", Arch(1, 32, 2), 64, 1)
     typed = ["--config", f"input={PROTEOME}", f"model={folder}"]
-    result = snakemake(tmp_path / "run", {}, *typed, "include=[mean,contacts]", check=False)
-    assert result.returncode != 0 and "include: contacts: BERT encoder" in result.stderr
+    refused = config_check(tmp_path / "run", {}, *typed, "include=[mean,contacts]")
+    assert "include: contacts: BERT encoder" in the_one_refusal(refused)
     assert BERT.bos and not BERT.contacts
     # 40,000 positions: a longer limit than the default 4,096 is the user's, up to where they end
-    result = snakemake(tmp_path / "run", {}, *typed, "truncation_seq_length=50000", check=False)
-    assert result.returncode != 0 and jobs_run(result) == {}
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    line = the_one_refusal(
+        config_check(tmp_path / "run", {}, *typed, "truncation_seq_length=50000")
+    )
     assert "truncation_seq_length 50000 is beyond the 39998 residues that bert's positions" in line
-    result = snakemake(tmp_path / "run", {}, *typed, "truncation_seq_length=39998", "-n")
-    assert "embed" in result.stdout + result.stderr
+    assert config_check(tmp_path / "run", {}, *typed, "truncation_seq_length=39998") == []
+    assert not (tmp_path / "run" / "results").exists()
 
 
 def test_a_vocabulary_numbering_tokens_past_the_models_is_one_line_before_any_job(tmp_path):
@@ -165,8 +164,8 @@ def test_a_vocabulary_numbering_tokens_past_the_models_is_one_line_before_any_jo
     # past the 30 embeddings of these weights
     (folder / "vocab.txt").write_text("".join(f"{t}\n" for t in [*SPECIALS, "J", *RESIDUES]))
     assert json.loads((folder / "config.json").read_text())["vocab_size"] == 30
-    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(folder)}, check=False)
-    assert refused_before_any_job(result) == (
+    refused = config_check(tmp_path, {"input": str(PROTEINS), "model": str(folder)})
+    assert the_one_refusal(refused) == (
         f"esmshard: {folder / 'vocab.txt'}: the tokenizer numbers the A token 30, beyond the "
         "model's 30 token embeddings (config.json's vocab_size): it is another model's "
         "tokenizer; use the one saved with these weights"

@@ -1,6 +1,7 @@
-"""ESM-1b and ESM-1v: fair-esm's checkpoints of their real width, through `snakemake` (esmshard's
-fast forward pass, packed), against fair-esm's own loader and forward pass, one protein at a time
-as its extract script runs them."""
+"""ESM-1b and ESM-1v: fair-esm's checkpoints of their real width, through `esmshard.embed` (the
+workflow's shard, embed and merge steps in this process; esmshard's fast forward pass, packed),
+against fair-esm's own loader and forward pass, one protein at a time as its extract script runs
+them; the refusals, by the config check that the Snakefile runs."""
 
 import argparse
 import shutil
@@ -10,7 +11,7 @@ import esm
 import numpy as np
 import pytest
 import torch
-from helpers import PROTEINS, read_records, refused_before_any_job, snakemake
+from helpers import PROTEINS, config_check, read_records, the_one_refusal
 
 import esmshard
 from esmshard.models import ESM1, parse_spec
@@ -91,17 +92,15 @@ def test_the_fast_path_gives_fair_esms_every_layer(batching):
 
 
 @pytest.mark.parametrize("name", ["esm1b_t33_650M_UR50S", "esm1v_t33_650M_UR90S_1"])
-def test_fair_esm_checkpoints_through_snakemake_equal_fair_esm(tmp_path, name, published):
+def test_fair_esm_checkpoints_equal_fair_esm(tmp_path, name, published):
     path = published[name]
     spec = parse_spec(str(path))
     assert (spec.family, spec.arch) == (ESM1, ARCH)
     records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::4]
     fasta = tmp_path / "proteins.fasta"
     fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
-    snakemake(tmp_path / "run", {}, "--config", f"input={fasta}", f"model={path}",
-              "precision=fp32", "include=[mean,per_tok]")  # fmt: skip
     want = fair_esm(path, [s for _, s in records])
-    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+    with esmshard.embed(fasta, str(path), include=["mean", "per_tok"], precision="fp32") as emb:
         assert emb.h5.attrs["model_family"] == "esm1"
         for (id_, _), rows in zip(records, want):
             np.testing.assert_allclose(emb[id_].per_tok[2], rows, atol=1e-4, rtol=0)
@@ -115,30 +114,27 @@ def test_esm1b_contact_maps_equal_fair_esm_and_esm1v_ones_are_refused_before_any
     records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::8]
     fasta = tmp_path / "proteins.fasta"
     fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
-    snakemake(tmp_path / "run", {}, "--config", f"input={fasta}", f"model={path}",
-              "precision=fp32", "include=[contacts]", "contacts_dtype=float32")  # fmt: skip
     with torch.serialization.safe_globals([argparse.Namespace]):
         model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
     convert = alphabet.get_batch_converter()
-    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+    with esmshard.embed(fasta, str(path), include=["contacts"], precision="fp32",
+                        contacts_dtype="float32") as emb:  # fmt: skip
         for id_, sequence in records:
             _, _, tokens = convert([("p", sequence)])
             with torch.inference_mode():
                 want = model.eval()(tokens, return_contacts=True)["contacts"][0].numpy()
             np.testing.assert_allclose(emb.contact_map(id_), want, atol=1e-4, rtol=0)
 
-    done = snakemake(tmp_path / "esm1v", {"input": str(PROTEINS), "include": ["contacts"],
-                                          "model": "random:esm1v_t33_650M_UR90S_1"},
-                     check=False)  # fmt: skip
-    assert done.returncode != 0
+    refused = config_check(tmp_path / "esm1v", {"input": str(PROTEINS), "include": ["contacts"],
+                                                "model": "random:esm1v_t33_650M_UR90S_1"})  # fmt: skip
     assert (
         "include: contacts: esm1v_t33_650M_UR90S_1 has no contact-regression weights (ESM-1v's "
         "checkpoints have none)"
-    ) in done.stderr
+    ) in the_one_refusal(refused)
     assert not (tmp_path / "esm1v" / "results" / "shards").exists()
 
 
-def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path, published):
+def test_esm1v_scores_equal_fair_esm(tmp_path, published):
     """ESM-1v, the variant-effect model: its logits and masked marginals (its head over the
     fast path's last layer, packed masked copies) as fair-esm's forward pass gives them."""
     from esmshard.embeddings_h5.scores import AMINO_ACIDS
@@ -147,13 +143,12 @@ def test_esm1v_scores_through_snakemake_equal_fair_esm(tmp_path, published):
     records = [(h[1:].split()[0], s) for h, s in read_records(PROTEINS) if len(s) <= 90][:2]
     fasta = tmp_path / "proteins.fasta"
     fasta.write_text("".join(f">{id_}\n{s}\n" for id_, s in records))
-    snakemake(tmp_path / "run", {}, "--config", f"input={fasta}", f"model={path}",
-              "precision=fp32", "include=[logits,masked_marginals]")  # fmt: skip
     with torch.serialization.safe_globals([argparse.Namespace]):
         model, alphabet = esm.pretrained.load_model_and_alphabet_local(str(path))
     model.eval()
     columns = [alphabet.get_idx(a) for a in AMINO_ACIDS]
-    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+    with esmshard.embed(fasta, str(path), include=["logits", "masked_marginals"],
+                        precision="fp32") as emb:  # fmt: skip
         for id_, sequence in records:
             _, _, tokens = alphabet.get_batch_converter()([("p", sequence)])
             n = len(sequence)
@@ -175,7 +170,7 @@ def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(
 ):
     """ESM-1b saved as `esm2_lab_model.pt` (fair-esm's loader reads a name starting `esm2` as
     ESM-2's) and ESM-1v saved without `esm1v` in its name, with no contact-regression file (it
-    has none): both run through `snakemake` and give fair-esm's numbers of the same weights;
+    has none): both run and give fair-esm's numbers of the same weights;
     ESM-1v's contact maps are refused before any job, naming the file that is not there."""
     records = [(h[1:].split()[0], s[:1022]) for h, s in read_records(PROTEINS)][::16]
     fasta = tmp_path / "proteins.fasta"
@@ -189,22 +184,19 @@ def test_checkpoints_are_told_by_their_contents_whatever_their_files_are_called(
         shutil.copyfile(original, path)
         if name.startswith("esm1b"):
             shutil.copyfile(regression_path(original), regression_path(path))
-        snakemake(tmp_path / renamed, {}, "--config", f"input={fasta}", f"model={path}",
-                  "precision=fp32", "include=[mean,per_tok]")  # fmt: skip
         want = fair_esm(original, [s for _, s in records])
-        with esmshard.open_embeddings(tmp_path / renamed / "results") as emb:
+        with esmshard.embed(fasta, str(path), include=["mean", "per_tok"],
+                            precision="fp32") as emb:  # fmt: skip
             assert emb.h5.attrs["model_family"] == "esm1"
             for (id_, _), rows in zip(records, want):
                 np.testing.assert_allclose(emb[id_].per_tok[2], rows, atol=1e-4, rtol=0)
-    done = snakemake(tmp_path / "contacts", {}, "--config", f"input={fasta}",
-                     f"model={lab / 'variant_model.pt'}", "include=[contacts]", check=False)  # fmt: skip
-    assert done.returncode != 0
+    refused = config_check(tmp_path / "contacts", {}, "--config", f"input={fasta}",
+                           f"model={lab / 'variant_model.pt'}", "include=[contacts]")  # fmt: skip
     assert (
         f"include: contacts: variant_model has no contact-regression weights "
         f"({lab / 'variant_model-contact-regression.pt'} is not beside it) (ESM-1v's checkpoints "
         "have none)"
-    ) in done.stderr
-    assert "Traceback" not in done.stderr
+    ) in the_one_refusal(refused)
     assert not (tmp_path / "contacts" / "results" / "shards").exists()
 
 
@@ -217,8 +209,8 @@ def test_a_checkpoint_whose_config_disagrees_with_its_tensors_is_one_line_before
     data = torch.load(original, weights_only=False)
     data["args"].encoder_embed_dim = 960  # its tensors are 1280 wide
     torch.save(data, path)
-    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(path)}, check=False)
-    assert refused_before_any_job(result).startswith(
+    refused = config_check(tmp_path, {"input": str(PROTEINS), "model": str(path)})
+    assert the_one_refusal(refused).startswith(
         f"esmshard: {path}: tensor embed_tokens.weight is [33, 1280] in the weights, where the "
         "ESM-1b/1v of 2 layers and dimension 960 that its config says has [33, 960]"
     )

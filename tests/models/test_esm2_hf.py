@@ -3,20 +3,21 @@ own forward pass, and through `model:` as the same weights in fair-esm's format.
 
 import json
 
-import h5py
 import numpy as np
 import pytest
 import torch
 from helpers import (
     PROTEINS,
     TINY_MODEL,
+    config_check,
     fasta,
     hub_cache,
     read_records,
-    refused_before_any_job,
     snakemake,
+    the_one_refusal,
 )
 
+import esmshard
 from esmshard.compute.embedder import Embedder
 from esmshard.compute.precision import PRECISIONS
 from esmshard.models import ModelError, parse_spec
@@ -96,9 +97,8 @@ def test_a_config_that_is_no_esm2_is_refused_by_name(tmp_path, change, message):
         parse_spec(str(tmp_path))
 
 
-def means(outdir):
-    with h5py.File(outdir / "embeddings.h5") as h5:
-        return h5["mean/6"][:], h5["mean/2"][:], json.loads(h5.attrs["settings"])
+def means(emb):
+    return emb.h5["mean/6"][:], emb.h5["mean/2"][:], json.loads(emb.h5.attrs["settings"])
 
 
 def test_folder_and_hub_id_give_the_fair_esm_checkpoints_embeddings(tmp_path):
@@ -112,22 +112,22 @@ def test_folder_and_hub_id_give_the_fair_esm_checkpoints_embeddings(tmp_path):
     short = [r for r in records if len(r[1]) <= 1022][:5]
     long = [r for r in records if len(r[1]) > 1022][:1]
     proteins = fasta(tmp_path / "proteins.fasta", short + long)
+    # the hub's name through the command line (the hub's cache is the environment's); the files
+    # in this process
     typed = ["--config", f"input={proteins}", "repr_layers=[-1,2]"]
-    snakemake(tmp_path / "a", {}, *typed, f"model={checkpoint}")
-    snakemake(tmp_path / "b", {}, *typed, f"model={folder}")
     snakemake(tmp_path / "c", {}, *typed, "model=hf:facebook/esm2_t6_8M_UR50D", env=offline)
-    want = means(tmp_path / "a" / "results")
-    for run in ("b", "c"):
-        got = means(tmp_path / run / "results")
-        np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=0)
-        np.testing.assert_allclose(got[1], want[1], atol=1e-5, rtol=0)
-    assert means(tmp_path / "b" / "results")[2]["checkpoint"].startswith(
-        "folder, sha256 config.json="
-    )
+    with esmshard.embed(proteins, str(checkpoint), repr_layers=[-1, 2]) as a, \
+            esmshard.embed(proteins, str(folder), repr_layers=[-1, 2]) as b, \
+            esmshard.open_embeddings(tmp_path / "c" / "results") as c:  # fmt: skip
+        want = means(a)
+        for run in (b, c):
+            got = means(run)
+            np.testing.assert_allclose(got[0], want[0], atol=1e-5, rtol=0)
+            np.testing.assert_allclose(got[1], want[1], atol=1e-5, rtol=0)
+        assert means(b)[2]["checkpoint"].startswith("folder, sha256 config.json=")
+        hub = means(c)[2]["checkpoint"]
     # A hub download is the repository at the revision that was loaded.
-    assert means(tmp_path / "c" / "results")[2]["checkpoint"] == (
-        f"facebook/esm2_t6_8M_UR50D revision {'0' * 40} from the HuggingFace hub"
-    )
+    assert hub == (f"facebook/esm2_t6_8M_UR50D revision {'0' * 40} from the HuggingFace hub")
 
 
 def test_a_hub_id_missing_offline_says_how_to_get_it(tmp_path):
@@ -174,8 +174,8 @@ def test_a_folder_whose_config_says_more_layers_than_its_weights_is_one_line_bef
     folder = saved_from_fair_esm(random_model(TINY_MODEL), tmp_path / "model")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 7}))
-    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(folder)}, check=False)
-    assert refused_before_any_job(result).startswith(
+    refused = config_check(tmp_path, {"input": str(PROTEINS), "model": str(folder)})
+    assert the_one_refusal(refused).startswith(
         f"esmshard: {folder}: tensor contact_head.regression.weight is [1, 120] in the weights, "
         "where the ESM-2 of 7 layers and dimension 320 that its config says has [1, 140]"
     )

@@ -1,6 +1,6 @@
 """ESM C in esmshard's own module: transformers' EsmcModel numbers from both weight layouts users
-hold, through the `snakemake` command line as users type it; its limit, its store key, its
-refusals."""
+hold, through the `snakemake` command line as users type it and `esmshard.embed`; its limit, its
+store key, its refusals (by the config check that the Snakefile runs)."""
 
 import json
 import shutil
@@ -12,13 +12,14 @@ import pytest
 import torch
 from helpers import (
     TINY_MODEL,
+    config_check,
     fasta,
     hidden_states_alone,
     hub_cache,
     jobs_run,
     read_records,
-    refused_before_any_job,
     snakemake,
+    the_one_refusal,
     write_subset,
 )
 
@@ -146,11 +147,12 @@ def test_every_layer_equals_transformers(small_folder, dense, batching, monkeypa
             np.testing.assert_allclose(got.bos, hidden[0], atol=1e-5, rtol=0)
 
 
-# Each published shape is read from both layouts; each layout (and each shape) runs through
-# `snakemake` once, the pair that the other case does not run being the same code with other
-# numbers (one full-size run costs a minute of CI).
+# Each published shape is read from both layouts; each layout (and each shape) runs once, the
+# pair that the other case does not run being the same code with other numbers (one full-size
+# run costs a minute of CI): the pth through `snakemake`, the folder through `esmshard.embed`
+# (the same steps in this process).
 @pytest.mark.parametrize("name, run", [("esmc_300m", "pth"), ("esmc_600m", "hf")])
-def test_both_layouts_give_transformers_numbers_through_snakemake(tmp_path, name, run):
+def test_both_layouts_give_transformers_numbers(tmp_path, name, run):
     arch = ESMC.archs[name]
     hf = random_transformers_model(arch, ffn_size(arch.dim))
     # Only the layout this case runs is written: the other is the other case's.
@@ -169,9 +171,13 @@ def test_both_layouts_give_transformers_numbers_through_snakemake(tmp_path, name
     hidden = hidden_states_alone(hf, tokens["input_ids"], tokens["attention_mask"].bool())
     del hf
     subset = fasta(tmp_path / "short.fasta", [(f">{id_}", s) for id_, s in records])
-    snakemake(tmp_path / run, {}, "--config", f"input={subset}", f"model={model}",
-              "repr_layers=[-1,7]", "include=[mean,per_tok]", "precision=fp32")  # fmt: skip
-    with esmshard.open_embeddings(tmp_path / run / "results") as emb:
+    settings = {"repr_layers": [-1, 7], "include": ["mean", "per_tok"], "precision": "fp32"}
+    if run == "pth":
+        snakemake(tmp_path / run, {"input": str(subset), "model": str(model), **settings})
+        emb = esmshard.open_embeddings(tmp_path / run / "results")
+    else:
+        emb = esmshard.embed(subset, str(model), **settings)
+    with emb:
         assert emb.h5.attrs["model_family"] == "esmc"
         for row, (id_, sequence) in enumerate(records):
             protein = emb[id_]
@@ -296,14 +302,8 @@ def test_the_6b_on_a_cpu_with_less_memory_is_refused_before_any_job_and_planned_
     assert not (tmp_path / "results" / "shards").exists()  # planned, nothing run
 
 
-def per_tok_rows(outdir):
-    with esmshard.open_embeddings(outdir) as emb:
-        return {emb.ids()[row]: emb.per_residue(row).shape[0] for row in range(len(emb))}
-
-
-def failed_ids(outdir):
-    lines = (outdir / "failed_sequences.tsv").read_text().splitlines()[1:]
-    return {line.split("\t")[0] for line in lines}
+def per_tok_rows(emb):
+    return {emb.ids()[row]: emb.per_residue(row).shape[0] for row in range(len(emb))}
 
 
 def test_esmc_keeps_2048_residues_and_long_sequences_acts_beyond(tmp_path, small_folder):
@@ -312,21 +312,22 @@ def test_esmc_keeps_2048_residues_and_long_sequences_acts_beyond(tmp_path, small
     beyond = {i for i, n in lengths.items() if n > 2048}
     between = {i for i, n in lengths.items() if 1022 < n <= 2048}
     assert len(beyond) == 1 and between and set(lengths) - beyond - between
-    typed = ["--config", f"input={LONG}", f"model={small_folder}", "include=[per_tok]"]
-    snakemake(tmp_path / "truncate", {}, *typed)
-    rows = per_tok_rows(tmp_path / "truncate" / "results")
+    with esmshard.embed(LONG, str(small_folder), include=["per_tok"]) as emb:
+        rows = per_tok_rows(emb)
     assert rows == {i: min(n, 2048) for i, n in lengths.items()}  # ESM-2 would cut at 1022
-    snakemake(tmp_path / "skip", {}, *typed, "long_sequences=skip")
-    assert failed_ids(tmp_path / "skip" / "results") == beyond
-    assert set(per_tok_rows(tmp_path / "skip" / "results")) == set(lengths) - beyond
+    with esmshard.embed(LONG, str(small_folder), include=["per_tok"],
+                        long_sequences="skip") as emb:  # fmt: skip
+        assert set(emb.failed) == beyond
+        assert set(per_tok_rows(emb)) == set(lengths) - beyond
+    # a job that fails, through the command line
+    typed = ["--config", f"input={LONG}", f"model={small_folder}", "include=[per_tok]"]
     result = snakemake(tmp_path / "fail", {}, *typed, "long_sequences=fail", check=False)
     assert result.returncode != 0
     (named,) = beyond
     assert named in result.stderr and "> 2048" in result.stderr
     assert not any(i in result.stderr for i in between)
-    beyond_limit = snakemake(tmp_path / "over", {}, *typed, "truncation_seq_length=3000",
-                             check=False)  # fmt: skip
-    assert "truncation_seq_length 3000 is beyond ESM C's 2048 residues" in beyond_limit.stderr
+    (beyond_limit,) = config_check(tmp_path / "over", {}, *typed, "truncation_seq_length=3000")
+    assert "truncation_seq_length 3000 is beyond ESM C's 2048 residues" in beyond_limit
 
 
 def run_counts(outdir):
@@ -355,10 +356,9 @@ def test_switching_between_esm2_and_esmc_recomputes_and_back_computes_nothing(
 
 
 def test_contacts_with_esmc_are_refused_by_name_before_any_job(tmp_path, small_folder):
-    result = snakemake(tmp_path, {}, "--config", f"input={SHORT}", f"model={small_folder}",
-                       "include=[mean,contacts]", check=False)  # fmt: skip
-    assert result.returncode != 0
-    assert "include: contacts: ESM C" in result.stderr and "has no contact head" in result.stderr
+    line = the_one_refusal(config_check(tmp_path, {}, "--config", f"input={SHORT}",
+                                        f"model={small_folder}", "include=[mean,contacts]"))  # fmt: skip
+    assert "include: contacts: ESM C" in line and "has no contact head" in line
     assert not (tmp_path / "results").exists()
 
 
@@ -366,12 +366,12 @@ def test_a_model_of_no_known_family_is_refused_naming_what_was_found(tmp_path):
     roberta = tmp_path / "roberta"
     roberta.mkdir()
     (roberta / "config.json").write_text(json.dumps({"model_type": "roberta"}))
-    result = snakemake(tmp_path / "run", {}, "--config", f"input={SHORT}", f"model={roberta}",
-                       check=False)  # fmt: skip
-    assert result.returncode != 0
-    assert f"model folder '{roberta}' holds no model of a family esmshard knows" in result.stderr
-    assert "BERT encoder (ProtBert, ProtBert-BFD)" in result.stderr  # every family named
-    assert "found a config.json of model_type 'roberta'" in result.stderr
+    line = the_one_refusal(
+        config_check(tmp_path / "run", {}, "--config", f"input={SHORT}", f"model={roberta}")
+    )
+    assert f"model folder '{roberta}' holds no model of a family esmshard knows" in line
+    assert "BERT encoder (ProtBert, ProtBert-BFD)" in line  # every family named
+    assert "found a config.json of model_type 'roberta'" in line
     assert not (tmp_path / "run" / "results").exists()
 
     loose = tmp_path / "loose"
@@ -515,8 +515,7 @@ def test_a_folder_whose_config_disagrees_with_its_weights_is_one_line_before_any
     shutil.copytree(small_folder, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 256}))
-    result = snakemake(tmp_path, {"input": str(LONG), "model": str(folder)}, check=False)
-    line = refused_before_any_job(result)
+    line = the_one_refusal(config_check(tmp_path, {"input": str(LONG), "model": str(folder)}))
     assert (
         line.startswith(f"esmshard: {folder}: tensor layers.0.")
         and (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PROTEINS, TINY_MODEL, refused_before_any_job, snakemake
+from helpers import PROTEINS, TINY_MODEL, config_check, the_one_refusal
 
 import esmshard
 from esmshard import models
@@ -176,7 +176,7 @@ def test_a_checkpoint_whose_tensors_do_not_fit_its_config_is_one_line_before_any
     tmp_path, change, said
 ):
     path = broken_esm2(tmp_path / "weights", change)
-    result = snakemake(tmp_path, {"input": str(PROTEINS), "model": str(path)}, check=False)
-    assert refused_before_any_job(result).startswith(f"esmshard: {path}: {said}")
+    refused = config_check(tmp_path, {"input": str(PROTEINS), "model": str(path)})
+    assert the_one_refusal(refused).startswith(f"esmshard: {path}: {said}")
     with pytest.raises(ConfigError, match=re.escape(said)):  # the model is a setting
         esmshard.embed(["MKTAYIAKQR"], str(path))

@@ -16,13 +16,14 @@ import pytest
 import torch
 from helpers import (
     PROTEOME,
+    config_check,
     fasta,
     hidden_states_alone,
     hub_cache,
-    jobs_run,
     read_records,
     refused_before_any_job,
     snakemake,
+    the_one_refusal,
     write_subset,
 )
 
@@ -230,7 +231,7 @@ def test_published_widths_give_transformers_means_through_snakemake_and_esmshard
         np.testing.assert_allclose(got[id_][2], mean, atol=1e-4, rtol=0)
 
 
-def test_prostt5_through_snakemake_takes_its_prefix_as_its_authors_do(tmp_path):
+def test_prostt5_takes_its_prefix_as_its_authors_do(tmp_path):
     # A ProtT5-shaped folder whose tokenizer has <AA2fold>: read as ProtT5, its means were off
     # by 0.15 (no prefix); the reference here is the authors' "<AA2fold> M K ..." input. At
     # ProtT5-XL's width (ProstT5's), two of its 24 layers; the proteins but the longest (the
@@ -240,9 +241,10 @@ def test_prostt5_through_snakemake_takes_its_prefix_as_its_authors_do(tmp_path):
     assert any("U" in s for _, s in listed)
     proteins = fasta(tmp_path / "proteins.fasta", [(f">{id_}", s) for id_, s in listed])
     _, hidden = reference(folder, "prostt5", [s for _, s in listed])
-    snakemake(tmp_path / "run", {}, "--config", f"input={proteins}", f"model={folder}",
-              "precision=fp32", "include=[mean,per_tok]")  # fmt: skip
-    with esmshard.open_embeddings(tmp_path / "run" / "results") as emb:
+    # in this process (ProtT5's and Ankh's cases above go through the command line)
+    with esmshard.embed(
+        proteins, str(folder), include=["mean", "per_tok"], precision="fp32"
+    ) as emb:
         for row, (id_, sequence) in enumerate(listed):
             residues = hidden[-1][row, 1 : 1 + len(sequence)].numpy()
             np.testing.assert_allclose(emb[id_].per_tok[2], residues, atol=1e-4, rtol=0)
@@ -305,15 +307,14 @@ def test_refusals_name_the_file_or_key_before_any_job(tmp_path):
         ("variants=all", "variant_scoring: masked_marginals (the scores it reads): T5 encoder "
          f"({folder.name}) has no language-model head that esmshard runs"),
     ):  # fmt: skip
-        result = snakemake(tmp_path / "run", {}, *typed, include, check=False)
-        assert result.returncode != 0 and named in result.stderr, result.stderr
+        refused = config_check(tmp_path / "run", {}, *typed, include)
+        assert any(named in line for line in refused), refused
         assert not (tmp_path / "run" / "results").exists()
 
     (folder / "spiece.model").unlink()
-    result = snakemake(tmp_path / "run", {}, *typed, check=False)
-    assert result.returncode != 0
+    refused = config_check(tmp_path / "run", {}, *typed)
     assert f"model folder '{folder}' holds no tokenizer (tokenizer.json or spiece.model)" in (
-        result.stderr
+        the_one_refusal(refused)
     )
     assert not (tmp_path / "run" / "results").exists()
 
@@ -329,10 +330,9 @@ def test_a_tokenizer_with_tokens_of_another_convention_is_refused_naming_them(tm
     embedded as ProtT5 or Ankh."""
     folder = saved_model(tmp_path / "other", "ankh", SMALL["ankh"], 1)
     write_tokenizer(folder, "".join(sorted(ALPHABET)), ("<cls>", "<mask>", "AB", "<extra_id_0>"))
-    result = snakemake(tmp_path / "run", {}, "--config", f"input={PROTEINS}", f"model={folder}",
-                       check=False)  # fmt: skip
-    assert result.returncode != 0 and jobs_run(result) == {}
-    (line,) = [ln for ln in result.stderr.splitlines() if ln.startswith("esmshard:")]
+    line = the_one_refusal(
+        config_check(tmp_path / "run", {}, "--config", f"input={PROTEINS}", f"model={folder}")
+    )
     assert "tokenizer.json: the tokenizer has tokens esmshard cannot account for (<cls>, " in line
     assert "<mask>, AB)" in line, line
     assert not (tmp_path / "run" / "results").exists()
@@ -381,8 +381,8 @@ def test_weights_or_a_tokenizer_that_do_not_fit_the_config_are_one_line_before_a
     )
 
     folder = saved_model(tmp_path / "vocab", "ankh", SMALL["ankh"], 1, vocab_size=10)
-    result = snakemake(tmp_path / "vocab-run", {"input": str(PROTEINS), "model": str(folder)},
-                       check=False)  # fmt: skip
-    line = refused_before_any_job(result)
+    line = the_one_refusal(
+        config_check(tmp_path / "vocab-run", {"input": str(PROTEINS), "model": str(folder)})
+    )
     assert line.startswith(f"esmshard: {folder / 'tokenizer.json'}: the tokenizer numbers the ")
     assert "beyond the model's 10 token embeddings (config.json's vocab_size)" in line
