@@ -1,8 +1,9 @@
 """A pytest plugin that records each test file's CPU-seconds and wall time.
 
 benchmarks/suite_cost.py loads it into any commit's suite (`-p cost_recorder`, this folder on
-PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its files' costs there
-as one JSON object, `{file: [CPU-seconds, wall seconds]}`, named after the worker.
+PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as one
+JSON object named after the worker, `{"files": {file: [CPU-seconds, wall seconds]}, "tests":
+{test: [CPU-seconds, wall seconds]}}`.
 """
 
 import json
@@ -15,7 +16,8 @@ import pytest
 
 RECORD_COSTS = "ESMSHARD_FILE_COSTS"
 
-SPENT: dict[str, list[float]] = {}  # this worker's files: [CPU-seconds, wall seconds]
+# this worker's files and tests: [CPU-seconds, wall seconds]
+SPENT: dict[str, dict[str, list[float]]] = {"files": {}, "tests": {}}
 
 
 def cpu_seconds() -> float:
@@ -35,14 +37,16 @@ def pytest_runtest_protocol(item, nextitem):
     """Count each test's cost, its fixtures' set-up and tear-down included, to its file."""
     cpu, wall = cpu_seconds(), time.monotonic()
     yield
-    spent = SPENT.setdefault(suite_path(item), [0.0, 0.0])
-    spent[0] += cpu_seconds() - cpu
-    spent[1] += time.monotonic() - wall
+    cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
+    SPENT["tests"][item.nodeid] = [cpu, wall]
+    spent = SPENT["files"].setdefault(suite_path(item), [0.0, 0.0])
+    spent[0] += cpu
+    spent[1] += wall
 
 
 def pytest_sessionfinish(session):
     folder = os.environ.get(RECORD_COSTS)
-    if folder and SPENT:
+    if folder and SPENT["tests"]:
         # the worker's own name, not one its environment passed on to a pytest it started
         worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
         Path(folder).mkdir(parents=True, exist_ok=True)

@@ -12,11 +12,11 @@ coverage is that of esmshard/, every process's data combined. Both commits of a 
 measured the same way, one after the other on one machine, so coverage's own cost is on both
 sides.
 
-Each test file's CPU-seconds (its worker's and the programs it waited for) and wall time are
-recorded too (by the pytest plugin benchmarks/cost_recorder.py, loaded into the clone's suite
-whatever its commit), listed in the
-figures by CPU-seconds, and with --record written as the record that orders `make test`'s files
-(tests/file_costs.json).
+Each test's and test file's CPU-seconds (its worker's and the programs it waited for) and wall
+time are recorded too, by the pytest plugin benchmarks/cost_recorder.py, which the clone's suite
+loads whatever its commit: the files and the 40 costliest tests are listed in the figures by
+CPU-seconds, and with --record the files are written as the record that orders `make test`'s
+files (tests/file_costs.json).
 """
 
 import argparse
@@ -119,13 +119,14 @@ def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
     }
 
 
-def file_costs(clone: Path) -> dict:
-    """Each test file's CPU-seconds and wall time, as its worker recorded them, most CPU first."""
+def recorded_costs(clone: Path, kind: str, most: int | None = None) -> dict:
+    """Each test file's (kind "files") or test's ("tests") CPU-seconds and wall time, as its
+    worker recorded them, most CPU first (the `most` costly)."""
     spent = {}
     for worker in (records_of(clone) / "file-costs").glob("*.json"):
-        for name, (cpu, wall) in json.loads(worker.read_text()).items():
+        for name, (cpu, wall) in json.loads(worker.read_text())[kind].items():
             spent[name] = {"cpu_seconds": round(cpu, 1), "wall_seconds": round(wall, 1)}
-    return dict(sorted(spent.items(), key=lambda item: -item[1]["cpu_seconds"]))
+    return dict(sorted(spent.items(), key=lambda item: -item[1]["cpu_seconds"])[:most])
 
 
 def coverage_of(clone: Path, rc: Path) -> dict:
@@ -161,7 +162,8 @@ def main() -> None:
         ).strip()
     }
     figures.update(run_suite(clone, rc, args.pytest_args))
-    figures["files"] = file_costs(clone)
+    figures["files"] = recorded_costs(clone, "files")
+    figures["costliest_tests"] = recorded_costs(clone, "tests", most=40)
     figures["coverage"] = coverage_of(clone, rc)
     if args.record:
         args.record.write_text(json.dumps(figures["files"], indent=1) + "\n")

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers import REPO
 
 UNIT = "tests/steps/test_progress.py::test_the_eta_is_the_cost_left_at_the_rate_computed"
@@ -48,8 +49,15 @@ def test_each_files_cost_is_recorded_and_the_files_run_longest_first_by_the_reco
     assert done.returncode == 0, done.stdout
     (record,) = tmp_path.iterdir()
     spent = json.loads(record.read_text())
-    assert record.name == "main.json" and sorted(spent) == [f[len("tests/") :] for f in files]
-    assert all(cpu > 0 and wall > 0 for cpu, wall in spent.values())
+    assert record.name == "main.json"
+    assert sorted(spent["files"]) == [f[len("tests/") :] for f in files]
+    assert all(cpu > 0 and wall > 0 for cpu, wall in spent["files"].values())
+    # each test's own, which add up to its file's
+    assert {test.split("::")[0] for test in spent["tests"]} == set(files)
+    for name, (cpu, wall) in spent["files"].items():
+        tests = [cost for test, cost in spent["tests"].items() if test == f"tests/{name}" or
+                 test.startswith(f"tests/{name}::")]  # fmt: skip
+        assert sum(c for c, _ in tests) == pytest.approx(cpu) and len(tests) > 1
     # the committed record orders the whole suite: its longest file is collected first
     record = json.loads((REPO / "tests" / "file_costs.json").read_text())
     longest = max(record, key=lambda name: record[name]["wall_seconds"])
