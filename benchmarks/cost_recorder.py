@@ -1,8 +1,9 @@
 """A pytest plugin that records each test file's CPU-seconds and wall time.
 
-benchmarks/suite_cost.py loads it into any commit's suite (`-p cost_recorder`, this folder on
-PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as one
-JSON object named after the worker, `{"files": {file: [CPU-seconds, wall seconds]}, "tests":
+benchmarks/suite_cost.py loads it into any commit's suite (PYTEST_PLUGINS=cost_recorder, this
+folder on PYTHONPATH: not `make test ARGS=`, which make hands on to the `make` commands that tests
+run), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as one JSON
+object named after the worker, `{"files": {file: [CPU-seconds, wall seconds]}, "tests":
 {test: [CPU-seconds, wall seconds]}}`.
 """
 
@@ -15,9 +16,22 @@ from pathlib import Path
 import pytest
 
 RECORD_COSTS = "ESMSHARD_FILE_COSTS"
+# The process ID of the session recorded, which its workers and every program a test starts
+# inherit: a pytest that a test starts (the gpu-check's, the suite's own tests') records nothing.
+OWNER = "ESMSHARD_FILE_COSTS_OWNER"
 
 # this worker's files and tests: [CPU-seconds, wall seconds]
 SPENT: dict[str, dict[str, list[float]]] = {"files": {}, "tests": {}}
+
+
+RECORDING = pytest.StashKey[bool]()
+
+
+def pytest_configure(config):
+    """Record in the session recorded and its workers alone, not in a pytest a test starts."""
+    me = str(os.getpid())
+    recording = hasattr(config, "workerinput") or os.environ.setdefault(OWNER, me) == me
+    config.stash[RECORDING] = recording
 
 
 def cpu_seconds() -> float:
@@ -35,6 +49,9 @@ def suite_path(item) -> str:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Count each test's cost, its fixtures' set-up and tear-down included, to its file."""
+    if not item.config.stash[RECORDING]:
+        yield
+        return
     cpu, wall = cpu_seconds(), time.monotonic()
     yield
     cpu, wall = cpu_seconds() - cpu, time.monotonic() - wall
@@ -46,7 +63,7 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_sessionfinish(session):
     folder = os.environ.get(RECORD_COSTS)
-    if folder and SPENT["tests"]:
+    if folder and session.config.stash[RECORDING] and SPENT["tests"]:
         # the worker's own name, not one its environment passed on to a pytest it started
         worker = getattr(session.config, "workerinput", {}).get("workerid", "main")
         Path(folder).mkdir(parents=True, exist_ok=True)

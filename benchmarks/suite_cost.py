@@ -94,12 +94,13 @@ def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
     shutil.copy(CHECKOUT / "benchmarks" / "cost_recorder.py", plugins)
     path = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "COVERAGE_PROCESS_START": str(rc), "PYTHONPATH": path,
+           "PYTEST_PLUGINS": "cost_recorder",
            "ESMSHARD_FILE_COSTS": str(records_of(clone) / "file-costs")}  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     # Ctrl-C reaches the tests' own children as a user's would: reset, not inherited ignored.
     done = subprocess.run(
-        ["make", "test", f"ARGS=-p cost_recorder {pytest_args}"],
+        ["make", "test", f"ARGS={pytest_args}"],
         cwd=clone,
         env=env,
         stdout=subprocess.PIPE,

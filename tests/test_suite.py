@@ -41,11 +41,13 @@ def test_make_test_fast_runs_the_tests_not_marked_end_to_end():
 
 def test_each_files_cost_is_recorded_and_the_files_run_longest_first_by_the_record(tmp_path):
     files = ["tests/search/test_reliability.py", "tests/steps/test_progress.py"]
-    env = {**os.environ, "ESMSHARD_FILE_COSTS": str(tmp_path),
-           "PYTHONPATH": str(REPO / "benchmarks")}  # fmt: skip
+    # as benchmarks/suite_cost.py starts a suite (this suite may be a recorded one itself)
+    env = {**{k: v for k, v in os.environ.items() if k != "ESMSHARD_FILE_COSTS_OWNER"},
+           "ESMSHARD_FILE_COSTS": str(tmp_path), "PYTHONPATH": str(REPO / "benchmarks"),
+           "PYTEST_PLUGINS": "cost_recorder"}  # fmt: skip
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "cost_recorder", "-n", "0", *files], cwd=REPO, env=env,
-                          capture_output=True, text=True)  # fmt: skip
+                           "-n", "0", *files], cwd=REPO, env=env, capture_output=True,
+                          text=True)  # fmt: skip
     assert done.returncode == 0, done.stdout
     (record,) = tmp_path.iterdir()
     spent = json.loads(record.read_text())
@@ -58,6 +60,13 @@ def test_each_files_cost_is_recorded_and_the_files_run_longest_first_by_the_reco
         tests = [cost for test, cost in spent["tests"].items() if test == f"tests/{name}" or
                  test.startswith(f"tests/{name}::")]  # fmt: skip
         assert sum(c for c, _ in tests) == pytest.approx(cpu) and len(tests) > 1
+    # a pytest that a test of a recorded suite starts records nothing
+    inner = tmp_path / "inner"
+    env.update(ESMSHARD_FILE_COSTS=str(inner), ESMSHARD_FILE_COSTS_OWNER="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-n", "0", files[0]], cwd=REPO, env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0 and not inner.exists(), done.stdout
     # the committed record orders the whole suite: its longest file is collected first
     record = json.loads((REPO / "tests" / "file_costs.json").read_text())
     longest = max(record, key=lambda name: record[name]["wall_seconds"])
