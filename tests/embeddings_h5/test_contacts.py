@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import PROTEINS, TINY_MODEL, read_records, snakemake
+from helpers import PROTEINS, TINY_MODEL, config_check, read_records, snakemake, the_one_refusal
 
 import esmshard
 from esmshard.compute.embedder import Embedder
@@ -101,10 +101,11 @@ def test_contacts_through_the_workflow_equal_fair_esm(tmp_path, reference):
 
 
 def test_contacts_with_chunked_long_sequences_are_refused_before_any_work(tmp_path):
-    result = snakemake(tmp_path, {}, "--config", f"input={PROTEINS}", "long_sequences=chunk",
-                       "include=[contacts]", f"model=random:{TINY_MODEL}", check=False)  # fmt: skip
-    assert result.returncode != 0
-    assert "include: contacts cannot be combined with long_sequences: chunk" in result.stderr
+    refused = config_check(tmp_path, {}, "--config", f"input={PROTEINS}", "long_sequences=chunk",
+                           "include=[contacts]", f"model=random:{TINY_MODEL}")  # fmt: skip
+    assert "include: contacts cannot be combined with long_sequences: chunk" in the_one_refusal(
+        refused
+    )
     assert not (tmp_path / "results").exists()
 
 
