@@ -1,8 +1,7 @@
 """A pytest plugin that records each test file's CPU-seconds and wall time.
 
-benchmarks/suite_cost.py loads it into any commit's suite (PYTEST_PLUGINS=cost_recorder, this
-folder on PYTHONPATH: not `make test ARGS=`, which make hands on to the `make` commands that tests
-run), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as one JSON
+benchmarks/suite_cost.py loads it into any commit's suite (an entry point in a folder of its own
+on PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as one JSON
 object named after the worker, `{"files": {file: [CPU-seconds, wall seconds]}, "tests":
 {test: [CPU-seconds, wall seconds]}}`.
 """

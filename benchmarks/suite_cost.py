@@ -86,15 +86,24 @@ def install(clone: Path) -> Path:
     return rc
 
 
+def plugin_folder(clone: Path) -> Path:
+    """Return a folder that holds the cost recorder alone, as a pytest plugin that any pytest
+    with the folder on its path loads (its entry point): not `-p` in make's ARGS, which make
+    hands on to the `make` commands that tests run, nor PYTEST_PLUGINS, which reaches the
+    pytest of a virtualenv a test makes (the gpu-check's) without the folder on its path."""
+    plugins = records_of(clone) / "plugins"
+    info = plugins / "cost_recorder-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    shutil.copy(CHECKOUT / "benchmarks" / "cost_recorder.py", plugins)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: cost-recorder\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[pytest11]\ncost_recorder = cost_recorder\n")
+    return plugins
+
+
 def run_suite(clone: Path, rc: Path, pytest_args: str) -> dict:
     """Run `make test` in the clone and return its CPU-seconds, wall time and summary line."""
-    # the plugin alone on the path, so that no other benchmark's module shadows a package
-    plugins = records_of(clone) / "plugins"
-    plugins.mkdir(exist_ok=True)
-    shutil.copy(CHECKOUT / "benchmarks" / "cost_recorder.py", plugins)
-    path = os.pathsep.join(filter(None, [str(plugins), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(plugin_folder(clone)), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "COVERAGE_PROCESS_START": str(rc), "PYTHONPATH": path,
-           "PYTEST_PLUGINS": "cost_recorder",
            "ESMSHARD_FILE_COSTS": str(records_of(clone) / "file-costs")}  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
