@@ -1,15 +1,12 @@
 import pytest
-import yaml
-from helpers import REPO
+from helpers import CONFIG_SCHEMA, REPO
 from snakemake.utils import validate
 
 from esmshard.config import coerce_config
 
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-
 
 def checked(config):
-    config = coerce_config(config, SCHEMA)
+    config = coerce_config(config, CONFIG_SCHEMA)
     validate(config, str(REPO / "workflow" / "schemas" / "config.schema.yaml"))
     return config
 
@@ -76,7 +73,7 @@ def test_a_leading_tilde_is_the_home_folder_in_every_path_key(monkeypatch, tmp_p
 def test_a_list_with_a_bad_item_names_that_item():
     from esmshard.config import schema_problems
 
-    problems = schema_problems({"include": ["mean", "attention"]}, SCHEMA)
+    problems = schema_problems({"include": ["mean", "attention"]}, CONFIG_SCHEMA)
     assert problems["include"].startswith(
         "include: [mean,attention]: attention is not valid; give a list of items each one of mean"
     )

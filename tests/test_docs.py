@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import tomllib
-import yaml
 from helpers import (
     CLOUD,
+    CONFIG_SCHEMA,
     DATA,
     PROTEINS,
     REPO,
@@ -32,8 +32,7 @@ import esmshard
 PAGES = [REPO / "README.md", REPO / "CHANGELOG.md", REPO / "config" / "README.md",
          *sorted((REPO / "docs").glob("*.md"))]  # fmt: skip
 BIN = Path(sys.executable).parent
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-KEYS = set(SCHEMA["properties"])
+KEYS = set(CONFIG_SCHEMA["properties"])
 # The commands that a dry run cannot check, and the test that runs each as the docs show it (the
 # benchmarks' commands, run by hand, are checked for their options only).
 RUN_BY = {

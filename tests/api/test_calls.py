@@ -13,8 +13,16 @@ import h5py
 import numpy as np
 import pytest
 import torch
-import yaml
-from helpers import MODEL, PROTEINS, PROTEOME, REPO, TINY_MODEL, config, read_records, snakemake
+from helpers import (
+    CONFIG_SCHEMA,
+    MODEL,
+    PROTEINS,
+    PROTEOME,
+    TINY_MODEL,
+    config,
+    read_records,
+    snakemake,
+)
 
 import esmshard
 from esmshard.config import ConfigError
@@ -144,19 +152,18 @@ def test_bad_input_is_one_line_naming_it(sequences, model, settings, error, word
 
 def test_the_signature_names_every_setting_with_the_workflows_defaults():
     """help() and autocompletion show each keyword; its default is the config's."""
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
     keywords = dict(inspect.signature(esmshard.embed).parameters)
     # keep_every is for runs: a stopped call keeps what it finished as a part instead; variant
     # effects are a run's variant_scores.tsv (a call returns the scores they come from); the
     # neighbours are a run's step after its merge (a call's result searches with `nearest`)
     runs_only = {"input", "outdir", "keep_every", "variants", "variant_scoring", "variant_offset"}
-    runs_only |= {key for key in schema["properties"] if key.startswith("neighbours")}
-    assert set(keywords) == set(schema["properties"]) - runs_only | {"sequences"}
+    runs_only |= {key for key in CONFIG_SCHEMA["properties"] if key.startswith("neighbours")}
+    assert set(keywords) == set(CONFIG_SCHEMA["properties"]) - runs_only | {"sequences"}
     for name, parameter in keywords.items():
         if name not in ("sequences", "store"):
             default = parameter.default
             default = list(default) if isinstance(default, tuple) else default
-            assert default == schema["properties"][name]["default"], name
+            assert default == CONFIG_SCHEMA["properties"][name]["default"], name
     assert "repr_layers: layers to return" in inspect.getdoc(esmshard.embed)
     with pytest.raises(TypeError, match="unexpected keyword argument 'outdir'"):
         esmshard.embed("MKTAYIAKQR", MODEL, outdir="out")

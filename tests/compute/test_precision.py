@@ -1,11 +1,8 @@
 import pytest
 import torch
-import yaml
-from helpers import REPO
+from helpers import CONFIG_SCHEMA
 
 from esmshard.compute import precision
-
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
 
 def test_auto_is_fp32_on_cpu_and_a_named_precision_is_kept():
@@ -14,7 +11,10 @@ def test_auto_is_fp32_on_cpu_and_a_named_precision_is_kept():
 
 
 def test_every_precision_is_a_config_choice_and_runs_on_cpu():
-    assert SCHEMA["properties"]["precision"]["enum"] == [precision.AUTO, *precision.PRECISIONS]
+    assert CONFIG_SCHEMA["properties"]["precision"]["enum"] == [
+        precision.AUTO,
+        *precision.PRECISIONS,
+    ]
     linear, x = torch.nn.Linear(8, 4), torch.randn(2, 8)
     for p in precision.PRECISIONS.values():
         with precision.autocast(p, torch.device("cpu")):

@@ -1,7 +1,6 @@
 import numpy as np
 import pytest
-import yaml
-from helpers import REPO
+from helpers import CONFIG_SCHEMA
 
 from esmshard.embeddings_h5 import contacts
 from esmshard.embeddings_h5.representations import (
@@ -12,8 +11,6 @@ from esmshard.embeddings_h5.representations import (
     absolute_layers,
 )
 
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-
 
 def test_absolute_layers_follow_fair_esm():
     assert absolute_layers([-1], 33) == [33]
@@ -23,7 +20,7 @@ def test_absolute_layers_follow_fair_esm():
 
 
 def test_every_kind_is_a_config_choice():
-    assert SCHEMA["properties"]["include"]["items"]["enum"] == [*KINDS]
+    assert CONFIG_SCHEMA["properties"]["include"]["items"]["enum"] == [*KINDS]
     assert {*KINDS} == {*LAYERED, *UNLAYERED} and contacts.NAME in UNLAYERED
 
 

@@ -3,19 +3,20 @@
 import sys
 
 import pytest
-import yaml
-from helpers import GENE_CALLER, REPO
+from helpers import CONFIG_SCHEMA, GENE_CALLER
 
 from esmshard.config import fp8_problems
 from esmshard.models import T5
 from esmshard.steps.checks import check_config, defaults
 
-SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-
 
 def checked(tmp_path, **typed):
-    base = {**defaults(SCHEMA), "input": [str(GENE_CALLER)], "outdir": str(tmp_path / "out")}
-    return check_config({**base, "model": "random:esm2_t6_8M_UR50D", **typed}, SCHEMA)
+    base = {
+        **defaults(CONFIG_SCHEMA),
+        "input": [str(GENE_CALLER)],
+        "outdir": str(tmp_path / "out"),
+    }
+    return check_config({**base, "model": "random:esm2_t6_8M_UR50D", **typed}, CONFIG_SCHEMA)
 
 
 def test_a_config_as_typed_comes_back_as_the_run_uses_it(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from helpers import (
+    CONFIG_SCHEMA,
     MODEL,
     NUCLEOTIDE,
     PROTEINS,
@@ -258,11 +259,10 @@ def test_lint_reports_nothing_in_a_clone_without_input_or_network(tmp_path):
 
 def test_config_file_documents_every_key_with_its_default():
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
-    assert set(config) == set(schema["properties"])
+    assert set(config) == set(CONFIG_SCHEMA["properties"])
     for key, value in config.items():
         if key != "input":
-            assert schema["properties"][key]["default"] == value, key
+            assert CONFIG_SCHEMA["properties"][key]["default"] == value, key
 
 
 def test_runs_from_another_working_directory_with_the_default_config(tmp_path):
