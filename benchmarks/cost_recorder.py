@@ -1,8 +1,8 @@
-"""A pytest plugin that records each test file's CPU-seconds and wall time.
+"""A pytest plugin that records each test's and test file's CPU-seconds and wall time.
 
 benchmarks/suite_cost.py loads it into any commit's suite (an entry point in a folder of its own
-on PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as one JSON
-object named after the worker, `{"files": {file: [CPU-seconds, wall seconds]}, "tests":
+on PYTHONPATH), where ESMSHARD_FILE_COSTS names a folder: each worker writes its costs there as
+one JSON object named after the worker, `{"files": {file: [CPU-seconds, wall seconds]}, "tests":
 {test: [CPU-seconds, wall seconds]}}`.
 """
 
@@ -21,7 +21,6 @@ OWNER = "ESMSHARD_FILE_COSTS_OWNER"
 
 # this worker's files and tests: [CPU-seconds, wall seconds]
 SPENT: dict[str, dict[str, list[float]]] = {"files": {}, "tests": {}}
-
 
 RECORDING = pytest.StashKey[bool]()
 

@@ -127,7 +127,7 @@ def test_folder_and_hub_id_give_the_fair_esm_checkpoints_embeddings(tmp_path):
         assert means(b)[2]["checkpoint"].startswith("folder, sha256 config.json=")
         hub = means(c)[2]["checkpoint"]
     # A hub download is the repository at the revision that was loaded.
-    assert hub == (f"facebook/esm2_t6_8M_UR50D revision {'0' * 40} from the HuggingFace hub")
+    assert hub == f"facebook/esm2_t6_8M_UR50D revision {'0' * 40} from the HuggingFace hub"
 
 
 def test_a_hub_id_missing_offline_says_how_to_get_it(tmp_path):

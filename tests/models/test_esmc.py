@@ -326,7 +326,9 @@ def test_esmc_keeps_2048_residues_and_long_sequences_acts_beyond(tmp_path, small
     (named,) = beyond
     assert named in result.stderr and "> 2048" in result.stderr
     assert not any(i in result.stderr for i in between)
-    (beyond_limit,) = config_check(tmp_path / "over", {}, *typed, "truncation_seq_length=3000")
+    beyond_limit = the_one_refusal(
+        config_check(tmp_path / "over", {}, *typed, "truncation_seq_length=3000")
+    )
     assert "truncation_seq_length 3000 is beyond ESM C's 2048 residues" in beyond_limit
 
 
