@@ -119,6 +119,21 @@ def test_gpu_tests_that_could_not_run_say_why_in_the_record(tmp_path):
     assert "They did not run: the test data is missing and cannot be fetched: put " in page
 
 
+def test_only_the_files_that_mark_gpu_tests_are_collected(tmp_path):
+    # A file without GPU tests is not even imported: one that fails to import goes unnoticed.
+    suite = tmp_path / "suite"
+    (suite / "compute").mkdir(parents=True)
+    (suite / "compute" / "test_on_gpu.py").write_text(
+        "import pytest\n\n@pytest.mark.gpu\ndef test_a():\n    pass\n\ndef test_b():\n    pass\n"
+    )
+    (suite / "test_cpu.py").write_text("raise ImportError('collected')\n")
+    tests = gpucheck.run_tests(tmp_path, suite)
+    assert tests["ok"] and (tests["passed"], tests["skipped"], tests["failed"]) == (1, 0, 0)
+    assert gpucheck.gpu_test_files(suite / "compute") == [str(suite / "compute/test_on_gpu.py")]
+    (suite / "compute" / "test_on_gpu.py").unlink()
+    assert gpucheck.gpu_test_files(suite) == [str(suite)]  # none marked: pytest finds none
+
+
 def test_a_gpu_runs_record_goes_where_git_keeps_it():
     # The records are committed as they come back: a folder that git ignores would drop them.
     env = {"gpu": True, "device": "NVIDIA H100 80GB HBM3"}
