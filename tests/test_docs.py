@@ -3,6 +3,7 @@ exists, with the options it gives; the workflow commands run (as dry runs here; 
 are in the tests named in RUN_BY); every config key it names is one; no link is broken."""
 
 import functools
+import json
 import os
 import re
 import shlex
@@ -86,6 +87,30 @@ def help_text(*argv: str) -> str:
     return done.stdout
 
 
+# Each benchmark's --help in one Python: each alone would import torch again, 2 to 4 s a script.
+BENCHMARK_HELPS = """
+import contextlib, io, json, runpy, sys
+sys.path.insert(0, "benchmarks")
+helps = {}
+for script in sys.argv[1:]:
+    sys.argv = [script, "--help"]
+    with contextlib.redirect_stdout(io.StringIO()) as printed, contextlib.suppress(SystemExit):
+        runpy.run_path(script, run_name="__main__")
+    helps[script] = printed.getvalue()
+print(json.dumps(helps))
+"""
+
+
+@functools.cache
+def benchmark_helps() -> dict[str, str]:
+    """The --help of each benchmark that a page shows, by its path."""
+    scripts = sorted({c.argv[1] for c in COMMANDS if c.argv[0] == "python"})
+    done = subprocess.run([sys.executable, "-c", BENCHMARK_HELPS, *scripts], capture_output=True,
+                          text=True, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def options(argv: list[str]) -> list[str]:
     return [a.split("=")[0] for a in argv if a.startswith("-") and a != "--"]
 
@@ -123,7 +148,7 @@ def test_every_command_exists_with_the_options_it_shows(command):
     elif program == "python":
         script = REPO / argv[1]
         assert script.is_file(), f"{command}: no {argv[1]}"
-        assert set(options(argv)) <= set(re.findall(r"--[\w-]+", help_text("python", argv[1])))
+        assert set(options(argv)) <= set(re.findall(r"--[\w-]+", benchmark_helps()[argv[1]]))
     elif program == "pip":
         extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
         for wanted in re.findall(r"\[([\w,]+)\]", command.line):
