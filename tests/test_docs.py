@@ -65,6 +65,12 @@ class Command:
     def __repr__(self):
         return f"{self.page.relative_to(REPO)}: {self.line}"
 
+    @property
+    def program_argv(self) -> list[str]:
+        """The program's words, without `&&` and a leading `cd DIR` (`cd deployed && ...`)."""
+        argv = [a for a in self.argv if a != "&&"]
+        return argv[2:] if argv[0] == "cd" else argv
+
 
 def documented_commands() -> list[Command]:
     """The shell lines of every code block (a block's `&&` steps as one line)."""
@@ -104,7 +110,7 @@ print(json.dumps(helps))
 @functools.cache
 def benchmark_helps() -> dict[str, str]:
     """The --help of each benchmark that a page shows, by its path."""
-    scripts = sorted({c.argv[1] for c in COMMANDS if c.argv[0] == "python"})
+    scripts = sorted({c.program_argv[1] for c in COMMANDS if c.program_argv[:1] == ["python"]})
     done = subprocess.run([sys.executable, "-c", BENCHMARK_HELPS, *scripts], capture_output=True,
                           text=True, cwd=REPO)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -130,11 +136,9 @@ def test_the_docs_show_commands_of_each_kind():
 
 @pytest.mark.parametrize("command", COMMANDS, ids=repr)
 def test_every_command_exists_with_the_options_it_shows(command):
-    argv = [a for a in command.argv if a != "&&"]
-    if argv[0] == "cd":
-        argv = argv[2:]  # `cd deployed && snakemake ...`
-        if not argv:
-            return
+    argv = command.program_argv
+    if not argv:
+        return  # a `cd` alone
     program = argv[0]
     if program == "make":
         targets = re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M)
