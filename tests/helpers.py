@@ -130,16 +130,18 @@ def seeded_esmc(arch, seed: int = 0):
         return ESMC(Shape(arch, ffn_size(arch.dim))).eval()
 
 
-def micro_checkpoint(folder: Path) -> Path:
-    """A micro ESM-2 (6 layers, so every layer number of esm2_t6 is one; D = 32) with seeded
-    random weights in fair-esm's on-disk format: for the tests of the data path, where the
+def micro_checkpoint(folder: Path, seed: int = 0) -> Path:
+    """A micro ESM-2 (6 layers, so every layer number of esm2_t6 is one; D = 32) with random
+    weights of `seed` in fair-esm's on-disk format: for the tests of the data path, where the
     model's arithmetic is not what is tested (the parity tests use the real shapes)."""
     from esmshard.models.esm2 import write_checkpoint
 
-    return write_checkpoint(seeded_esm2(6, 32), folder, "esm2_t6_micro")
+    return write_checkpoint(seeded_esm2(6, 32, seed), folder, "esm2_t6_micro")
 
 
 MODEL = str(micro_checkpoint(SUBSETS / "micro"))
+# Another model as cheap: where a run of other settings, or another model's part, is the claim.
+OTHER_MODEL = str(micro_checkpoint(SUBSETS / "other-micro", seed=1))
 
 
 def hub_cache(root, repo, folder):

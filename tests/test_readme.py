@@ -12,7 +12,7 @@ from pathlib import Path
 
 import h5py
 import pytest
-from helpers import PROTEINS, REPO, TINY_MODEL, doc_block, read_records
+from helpers import MODEL, PROTEINS, REPO, TINY_MODEL, doc_block, read_records
 
 VENV = Path(sys.prefix)
 ENV = {**os.environ, "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ['PATH']}"}
@@ -76,7 +76,7 @@ def test_running_command_as_the_readme_types_it(tmp_path):
     # From a clone's root, where `snakemake` finds the Snakefile; random weights, no download.
     cmd = shlex.split(command)
     cmd[1:1] = ["-s", str(REPO / "Snakefile")]
-    result = subprocess.run([*cmd, f"model=random:{TINY_MODEL}"], cwd=tmp_path, env=env,
+    result = subprocess.run([*cmd, f"model={MODEL}"], cwd=tmp_path, env=env,
                             capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     with h5py.File(tmp_path / "out" / "embeddings.h5") as h5:
@@ -88,7 +88,7 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
         fh.write(PROTEINS.read_text())
     env = {**ENV, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
     run, status = doc_block("README.md", "**Installed**").splitlines()
-    result = subprocess.run([*shlex.split(run), "--model", f"random:{TINY_MODEL}"], cwd=tmp_path,
+    result = subprocess.run([*shlex.split(run), "--model", MODEL], cwd=tmp_path,
                             env=env, capture_output=True, text=True)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert "--resources gpu=2" in result.stderr.splitlines()[0]
@@ -97,7 +97,7 @@ def test_esmshard_run_and_status_as_the_readme_types_them(tmp_path):
         assert set(h5["mean"]) == {"6"} and set(h5["per_tok"]) == {"6", "offsets"}
     # the report's command is the one typed, the Snakemake command it ran folded below it
     page = html.unescape((tmp_path / "out" / "report" / "scaling_report.html").read_text())
-    typed = shlex.join([*shlex.split(run), "--model", f"random:{TINY_MODEL}"])
+    typed = shlex.join([*shlex.split(run), "--model", MODEL])
     assert f"<td class=label>command</td><td class=text>{typed}</td>" in page
     assert "<details><summary>The snakemake command that esmshard run ran</summary>" in page
 

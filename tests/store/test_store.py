@@ -15,6 +15,7 @@ from helpers import (
     COPIES,
     MODEL,
     NEW,
+    OTHER_MODEL,
     PROTEINS,
     REPO,
     TINY_MODEL,
@@ -72,11 +73,11 @@ def incremental(tmp_path_factory):
     work = tmp_path_factory.mktemp("incremental")
     a, b = fasta(work / "a.fasta", A), fasta(work / "b.fasta", B)
     outdir = work / "results"
-    first = run(work, a, outdir, "shards=2")
+    first = run(work, a, outdir, "shards=1")
     a_shards = planned(outdir)
-    second = run(work, b, outdir, "shards=2")
+    second = run(work, b, outdir, "shards=1")
     scratch = work / "scratch"
-    run(work, b, scratch, "shards=2")
+    run(work, b, scratch, "shards=1")
     return work, outdir, scratch, first, second, a_shards
 
 
@@ -132,28 +133,28 @@ def test_a_grown_input_computes_only_the_new_sequences(incremental):
 
 def test_the_same_command_again_computes_nothing(incremental):
     work, outdir, *_ = incremental
-    again = run(work, work / "b.fasta", outdir, "shards=2")
+    again = run(work, work / "b.fasta", outdir, "shards=1")
     assert jobs_run(again) == {}
 
 
 def test_a_shrunk_and_reordered_input_computes_nothing_and_only_merges(incremental):
     work, outdir, *_ = incremental
     shrunk = fasta(work / "shrunk.fasta", B[::-3])
-    result = run(work, shrunk, outdir, "shards=2")
+    result = run(work, shrunk, outdir, "shards=1")
     assert jobs_run(result) == {"shard": 1, "merge": 1, "report": 1}
     assert run_json(outdir)["computed"] == 0
     got, want = means(outdir), means(work / "scratch")
     assert list(got) == [h[1:].split()[0] for h, _ in B[::-3]]
     for id_, mean in got.items():
         np.testing.assert_allclose(mean, want[id_], atol=1e-5, rtol=0)
-    run(work, work / "b.fasta", outdir, "shards=2")  # back to B for the tests below
+    run(work, work / "b.fasta", outdir, "shards=1")  # back to B for the tests below
 
 
 @pytest.mark.parametrize(
     "change, recomputed",
     [
         (["repr_layers=[-1,3]"], True),
-        (["model=random:esm2_t6_8M_UR50D"], True),
+        ([f"model={OTHER_MODEL}"], True),
         (["toks_per_batch=512", "gpus=[0]"], False),
     ],
 )
@@ -164,7 +165,7 @@ def test_only_settings_that_change_the_numbers_recompute(incremental, change, re
         {},
         "--resources",
         "gpu=1",
-        *config(work / "b.fasta", outdir, "shards=2"),
+        *config(work / "b.fasta", outdir, "shards=1"),
         *change,
     )
     if recomputed:
@@ -317,7 +318,7 @@ def test_a_damaged_or_foreign_store_part_is_set_aside_and_recomputed_by_the_same
         fh.seek(-1, 1)
         fh.write(bytes([byte[0] ^ 0x01]))
 
-    other_model = "model=random:esm2_t6_8M_UR50D"
+    other_model = f"model={OTHER_MODEL}"
     run(tmp_path, fasta(tmp_path / "few.fasta", A[:3]), tmp_path / "other", other_model,
         f"store={shared}")  # fmt: skip
     (foreign_key,) = set(store.settings_keys()) - {key}

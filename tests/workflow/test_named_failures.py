@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from helpers import (
     MODEL,
+    OTHER_MODEL,
     PROTEINS,
     REPO,
     TINY_MODEL,
@@ -100,7 +101,7 @@ def test_a_run_in_an_outdir_another_run_holds_is_one_line_before_any_job(tmp_pat
     assert len((done.stdout + done.stderr).splitlines()) <= 3  # no job table, no stack lines
 
 
-def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, checkpoint):
+def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run):
     shutil.copytree(finished_run / "results", tmp_path / "results")
     parts = planned_parts(tmp_path / "results")
     (first, first_part), (second, second_part) = list(parts.items())[:2]
@@ -120,7 +121,7 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
 
     # This shard's file from a run of another model.
     other_model = tmp_path / "other"
-    snakemake(other_model, CONFIG, "embedded", "--config", f"model={checkpoint}")
+    snakemake(other_model, CONFIG, "embedded", "--config", f"model={OTHER_MODEL}")
     other_part = next(iter(planned_parts(other_model / "results").values()))
     shutil.copy(other_part, first_part)
     refused = snakemake(tmp_path, CONFIG, check=False)
@@ -129,7 +130,7 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run, 
         f"store part {shown} cannot be merged: it was computed with other settings (checkpoint = "
         in refused.stderr
     )
-    assert f'model = "{checkpoint}" where the store has "{MODEL}"' in refused.stderr
+    assert f'model = "{OTHER_MODEL}" where the store has "{MODEL}"' in refused.stderr
     rebuilt = snakemake(tmp_path, CONFIG)
     assert jobs_run(rebuilt)["embed"] == 1
     assert means(tmp_path / "results").keys() == means(finished_run / "results").keys()
@@ -381,7 +382,7 @@ def test_input_replaced_by_other_content_under_an_old_mtime_is_rerun(tmp_path):
     second = write_subset("second_half.fasta", lambda i, h, s: i % 240 == 120)
     data = tmp_path / "proteins.fasta"
     shutil.copy(first, data)
-    config = {**CONFIG, "input": str(data), "shards": 2}
+    config = {**CONFIG, "input": str(data), "shards": 1}
     snakemake(tmp_path, config)
     old = data.stat().st_mtime - 3600
     shutil.copy(second, data)

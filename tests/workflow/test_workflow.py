@@ -202,9 +202,7 @@ def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_p
     genes = tmp_path / "genes.ffn"  # real nucleotide records after proteins, one given twice
     genes.write_text("".join(f"{h}\n{s}\n" for h, s in proteins + records + records[:1]))
     first = 2 * len(proteins) + 1
-    result = snakemake(
-        tmp_path, {}, "--config", f"input=[{genes}]", f"model=random:{TINY_MODEL}", check=False
-    )
+    result = snakemake(tmp_path, {}, "--config", f"input=[{genes}]", f"model={MODEL}", check=False)
     assert result.returncode != 0
     err = result.stderr
     assert "the input has 2 kinds of problem" in err
@@ -222,7 +220,7 @@ def test_a_nucleotide_file_with_duplicate_ids_is_named_for_both_in_one_run(tmp_p
     # As it says: "Fix them all, then run the same command again" (the genes and the repeat out)
     assert "Fix them all, then run the same command again" in err
     genes.write_text("".join(f"{h}\n{s}\n" for h, s in proteins))
-    snakemake(tmp_path, {}, "--config", f"input=[{genes}]", f"model=random:{TINY_MODEL}")
+    snakemake(tmp_path, {}, "--config", f"input=[{genes}]", f"model={MODEL}")
     assert (tmp_path / "results" / "embeddings.h5").is_file()
 
 
@@ -300,9 +298,9 @@ def split_input(folder):
 def test_keys_typed_on_the_command_line_mean_what_a_config_file_says(tmp_path):
     a, b = split_input(tmp_path / "in")
     keys = {"gpus": [0, 1], "repr_layers": [-1, 3], "include": ["mean", "bos"], "input": [str(a), str(b)],
-            "model": f"random:{TINY_MODEL}", "shards": 2}  # fmt: skip
+            "model": MODEL, "shards": 2}  # fmt: skip
     typed = ["gpus=[0,1]", "repr_layers=[-1,3]", "include=[mean,bos]", f"input=[{a},{b}]",
-             f"model=random:{TINY_MODEL}", "shards=2"]  # fmt: skip
+             f"model={MODEL}", "shards=2"]  # fmt: skip
     cmd, env = snakemake_command(tmp_path, {}, "--resources", "gpu=2", "--config", *typed)
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -321,7 +319,7 @@ def test_keys_typed_on_the_command_line_mean_what_a_config_file_says(tmp_path):
 
 def test_a_target_short_of_the_full_run_succeeds(tmp_path):
     cmd, env = snakemake_command(
-        tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}"}, "--until", "shard"
+        tmp_path, {"input": str(PROTEINS), "model": MODEL}, "--until", "shard"
     )
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -329,9 +327,7 @@ def test_a_target_short_of_the_full_run_succeeds(tmp_path):
     assert not list((tmp_path / "results").rglob("*.h5")) and "Error" not in result.stderr
 
     # `snakemake embedded`: every embed job, no merge.
-    cmd, env = snakemake_command(
-        tmp_path, {"input": str(PROTEINS), "model": f"random:{TINY_MODEL}"}, "embedded"
-    )
+    cmd, env = snakemake_command(tmp_path, {"input": str(PROTEINS), "model": MODEL}, "embedded")
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert len(list((tmp_path / "results" / "store").rglob("*.h5"))) == 1  # one auto shard
@@ -361,7 +357,7 @@ def test_workflow_runs_its_own_esmshard_under_an_interpreter_without_it(tmp_path
     workdir = tmp_path / "run"
     workdir.mkdir()
     cmd = [python, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "--cores", "2",
-           "--config", f"input=[{PROTEINS}]", f"model=random:{TINY_MODEL}", "shards=2"]  # fmt: skip
+           "--config", f"input=[{PROTEINS}]", f"model={MODEL}"]  # fmt: skip
     env = {
         **os.environ,
         "PYTHONPATH": str(tmp_path / "host"),
@@ -396,7 +392,7 @@ def test_dot_test_runs_as_the_workflow_catalog_runs_it(tmp_path):
 def test_output_options_typed_on_the_command_line_rerun_only_the_merge(tmp_path):
     """float16 and gzip as users type them; switching back recomputes nothing but the merge."""
     a, _ = split_input(tmp_path / "in")
-    typed = [f"input={a}", f"model=random:{TINY_MODEL}", "include=[mean,per_tok]", "shards=2"]
+    typed = [f"input={a}", f"model={MODEL}", "include=[mean,per_tok]"]
     results = tmp_path / "run" / "results"
 
     def run(*extra):
@@ -432,7 +428,7 @@ def test_a_touched_script_or_a_moved_clone_reruns_no_finished_shard(tmp_path):
     def run(clone, *more):
         cmd = [sys.executable, "-m", "snakemake", "-s", str(clone / "Snakefile"), "-d",
                str(workdir), "--cores", "2", "--resources", "gpu=1", "--config",
-               f"input=[{small}]", f"model=random:{TINY_MODEL}", "shards=2", *more]  # fmt: skip
+               f"input=[{small}]", f"model={MODEL}", "shards=2", *more]  # fmt: skip
         env = {**os.environ, "ESMSHARD_POOL_DIR": str(tmp_path / "pool")}
         result = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-3000:]
