@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from helpers import PROTEINS, TINY_MODEL, read_records, snakemake
+from helpers import MODEL, PROTEINS, read_records, snakemake
 
 import esmshard
 from esmshard.embeddings_h5.id_index import id_hash, id_hashes, write_id_index
@@ -18,7 +18,7 @@ IDS = [h[1:].split()[0] for h, _ in read_records(PROTEINS)]
 def outdir(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("reader")
     snakemake(workdir, {}, "--config", f"input={PROTEINS}", "outdir=out",
-              f"model=random:{TINY_MODEL}", "repr_layers=[-1,3]", "include=[mean,per_tok,bos]")  # fmt: skip
+              f"model={MODEL}", "repr_layers=[-1,3]", "include=[mean,per_tok,bos]")  # fmt: skip
     return workdir / "out"
 
 
@@ -57,7 +57,7 @@ def test_what_a_notebook_shows_is_what_is_held_in_a_line(outdir):
     was every array of every layer)."""
     with esmshard.open_embeddings(outdir) as emb:
         assert repr(emb) == (
-            f"<Embeddings of 40 proteins by random:{TINY_MODEL}: mean (layers 3, 6), per_tok "
+            f"<Embeddings of 40 proteins by {MODEL}: mean (layers 3, 6), per_tok "
             f"(layers 3, 6), bos (layers 3, 6) in {outdir / 'embeddings.h5'}>"
         )
         protein = emb[IDS[7]]
@@ -107,7 +107,7 @@ def test_a_torch_dataset_feeds_a_data_loader_with_workers(outdir, stored):
     np.testing.assert_array_equal(torch.cat(rows).numpy(), stored["mean/6"])
     id_, tokens = residues[2]
     start, stop = stored["per_tok/offsets"][2:4]
-    assert id_ == IDS[2] and tokens.shape == (stop - start, 320)
+    assert id_ == IDS[2] and tokens.shape == (stop - start, 32)  # the micro model's width
 
 
 def test_compressed_datasets_are_read_rather_than_mapped(tmp_path):

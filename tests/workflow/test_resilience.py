@@ -52,8 +52,8 @@ def stamps(paths):
 
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("baseline")  # two shards: the numbers are each record's
-    snakemake(workdir, {**CONFIG, "shards": 2}, "--resources", "gpu=2")
+    workdir = tmp_path_factory.mktemp("baseline")  # one shard: the numbers are each record's
+    snakemake(workdir, {**CONFIG, "shards": 1}, "--resources", "gpu=1")
     return means(workdir / "results")
 
 
@@ -111,7 +111,7 @@ def test_corrupt_shard_is_refused_and_rebuilt_alone(tmp_path):
 
 def test_injected_out_of_memory_halves_batches_and_lists_what_cannot_fit(tmp_path, baseline):
     limit = 1000  # tokens: every multi-sequence batch fails; the 1022-residue ones fail alone
-    result = snakemake(tmp_path, {**CONFIG, "shards": 2},
+    result = snakemake(tmp_path, {**CONFIG, "shards": 1},
                        env={"ESMSHARD_INJECT_OOM_TOKENS": str(limit)})  # fmt: skip
     outdir = tmp_path / "results"
     logs = "".join(p.read_text() for p in (outdir / "logs" / "embed").glob("*.log"))
@@ -165,7 +165,7 @@ def test_awkward_real_input_every_record_accounted_for(tmp_path):
 
 @pytest.mark.parametrize("policy", ["skip", "fail"])
 def test_long_sequence_policies(tmp_path, policy):
-    config = {**CONFIG, "shards": 2, "long_sequences": policy}
+    config = {**CONFIG, "shards": 1, "long_sequences": policy}
     long_ids = [h[1:].split()[0] for h, s in read_records(PROTEINS) if len(s) > 1022]
     result = snakemake(tmp_path, config, check=policy == "skip")
     if policy == "skip":
