@@ -121,7 +121,7 @@ def test_shard_files_from_elsewhere_are_refused_by_name(tmp_path, finished_run):
 
     # This shard's file from a run of another model.
     other_model = tmp_path / "other"
-    snakemake(other_model, CONFIG, "embedded", "--config", f"model={OTHER_MODEL}")
+    snakemake(other_model, CONFIG, "embedded", "--config", f"model={OTHER_MODEL}", "shards=1")
     other_part = next(iter(planned_parts(other_model / "results").values()))
     shutil.copy(other_part, first_part)
     refused = snakemake(tmp_path, CONFIG, check=False)
@@ -183,7 +183,7 @@ def test_a_full_disk_is_named_leaves_nothing_behind_and_the_same_command_finishe
     with small_disk(tmp_path / "disk", 64) as disk:
         # esm2_t6's D = 320, not the micro model's 32: the disk must fill while parts are written.
         config = {**CONFIG, "model": f"random:{TINY_MODEL}", "outdir": str(disk / "results"),
-                  "include": ["mean", "per_tok"]}  # fmt: skip
+                  "include": ["mean", "per_tok"], "shards": 1}  # fmt: skip
         outdir = disk / "results"
         snakemake(tmp_path, config, "--until", "shard")
         (name, part), *_ = planned_parts(outdir).items()
