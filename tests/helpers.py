@@ -517,6 +517,43 @@ def config_check(workdir: Path, config: dict, *typed: str) -> list[str]:
     return [f"esmshard: {problem}" for problem in checked.problems]
 
 
+@contextlib.contextmanager
+def environment(env: dict):
+    """This process's environment replaced by `env` (a command's, as `subprocess.run` takes it)
+    while the block runs."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def object_run_check(cmd: list[str], env: dict) -> list[str]:
+    """The lines (`esmshard: ...`) that the Snakefile's object-storage check would stop the
+    `snakemake` command `cmd` with in the environment `env`, found in this process: the command
+    line parsed by Snakemake's own parser, the config as config_check merges it, the run's
+    location and inputs checked by what common.smk calls."""
+    from snakemake.cli import parse_args, parse_config
+
+    from esmshard.steps.checks import check_config, defaults
+    from esmshard.steps.invocation import Invocation
+    from esmshard.steps.object_run import check_object_run
+    from esmshard.store.location import Location
+
+    _, args = parse_args(cmd[1:])
+    invocation = Invocation.of(args)
+    own = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    merged = {**defaults(CONFIG_SCHEMA), **own, **parse_config(args.config or [])}
+    location = Location.of_run(invocation, merged)
+    config = check_config(merged, CONFIG_SCHEMA, inputs=False).config
+    with environment({**env, **invocation.storage_credentials}):
+        checked = check_object_run(location, config["input"])
+    return [f"esmshard: {problem}" for problem in checked.problems]
+
+
 def the_one_refusal(lines: list[str]) -> str:
     """The one line of a refusal (`config_check`'s), as `refused_before_any_job` reads a run's."""
     assert len(lines) == 1, lines

@@ -24,9 +24,11 @@ from helpers import (
     jobs_run,
     kill_9_when,
     moto_server,
+    object_run_check,
     refused_before_any_job,
     s3_client,
     snakemake_command,
+    the_one_refusal,
 )
 
 import esmshard
@@ -388,14 +390,14 @@ def test_missing_credentials_are_said_before_any_job(s3, tmp_path):
     unset = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
              "AWS_SHARED_CREDENTIALS_FILE": nowhere, "AWS_CONFIG_FILE": nowhere}  # fmt: skip
     cmd, env = cloud_command(tmp_path / "run", s3.port, "f", env=unset)
-    line = refused_before_any_job(run(cmd, env, check=False))
+    line = the_one_refusal(object_run_check(cmd, env))
     assert line.startswith("esmshard: s3://lab/f: no credentials for the object store: set AWS_")
 
 
 def test_a_missing_bucket_is_said_before_any_job(s3, tmp_path):
     cmd, env = cloud_command(tmp_path / "run", s3.port, "f")
     cmd[cmd.index("s3://lab/f")] = "s3://nolab/f"
-    line = refused_before_any_job(run(cmd, env, check=False))
+    line = the_one_refusal(object_run_check(cmd, env))
     assert line == (
         f"esmshard: s3://nolab/f: bucket 'nolab' does not exist at http://127.0.0.1:{s3.port}: "
         "create it first"
@@ -405,7 +407,7 @@ def test_a_missing_bucket_is_said_before_any_job(s3, tmp_path):
 def test_no_permission_to_write_is_said_before_any_job(read_only_server, tmp_path):
     port, reader = read_only_server
     cmd, env = cloud_command(tmp_path / "run", port, "f", env=reader)
-    line = refused_before_any_job(run(cmd, env, check=False))
+    line = the_one_refusal(object_run_check(cmd, env))
     assert line.startswith(
         "esmshard: s3://lab/f: the object store refused access (AccessDenied): "
     )
@@ -414,7 +416,7 @@ def test_no_permission_to_write_is_said_before_any_job(read_only_server, tmp_pat
 
 def test_an_input_not_in_the_bucket_is_said_before_any_job(s3, tmp_path):
     cmd, env = cloud_command(tmp_path / "run", s3.port, "nothing-here")
-    line = refused_before_any_job(run(cmd, env, check=False))
+    line = the_one_refusal(object_run_check(cmd, env))
     assert line == (
         "esmshard: input proteins.fasta is not in the object store "
         "(s3://lab/nothing-here/proteins.fasta): upload it there, or give its path relative to "
