@@ -567,11 +567,12 @@ def test_values_in_place_in_a_bucket_are_read_where_they_lie(s3, tmp_path, local
         protein = emb[one]
         read = s3.sent["from the server"] - before
         assert emb.parts.paths[0].startswith("s3://lab/ip/out/store/")
+        # 3 shards, batched otherwise than the local run's one: float32's last bits differ
         assert_close({(one, "per_tok", 6): protein.per_tok[6], (one, "mean", 6): protein.mean[6]},
-                     local)  # fmt: skip
+                     local, within=1e-5)  # fmt: skip
         every = {(id_, kind, 6): emb.values(id_, kind, 6) for id_ in emb.ids()
                  for kind in ("mean", "per_tok")}  # fmt: skip
     assert read < run_bytes / 4, (read, run_bytes)
     assert len(found["ip/out/embeddings.h5"]) < run_bytes / 10  # no second copy of the values
-    assert_close(every, local)
+    assert_close(every, local, within=1e-5)
     assert len(every) == 2 * len(RECORDS)
