@@ -497,20 +497,28 @@ def refused_before_any_job(result) -> str:
 CONFIG_SCHEMA = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
 
 
+def snakemake_config(config: dict, values: list[str]) -> dict:
+    """The config as Snakemake builds it for the Snakefile: the schema's defaults, the workflow's
+    config/config.yaml, then `config` (a run's config file), then the `--config` values, parsed
+    by Snakemake's own parser."""
+    from snakemake.cli import parse_config
+
+    from esmshard.steps.checks import defaults
+
+    own = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    return {**defaults(CONFIG_SCHEMA), **own, **config, **parse_config(values)}
+
+
 def config_check(workdir: Path, config: dict, *typed: str) -> list[str]:
     """The lines (`esmshard: ...`) that the Snakefile's config check would stop a run of `config`
     and the command-line words `typed` with, found in this process: the config as Snakemake
-    builds it (the workflow's config/config.yaml, then `config` as the run's config file, then
-    the values after `--config`, parsed by Snakemake's own parser), checked by what common.smk
+    builds it (snakemake_config, `config` as the run's config file), checked by what common.smk
     calls, in `workdir` (snakemake -d)."""
-    from snakemake.cli import parse_config
-
-    from esmshard.steps.checks import check_config, defaults
+    from esmshard.steps.checks import check_config
 
     words = list(typed[typed.index("--config") + 1 :]) if "--config" in typed else []
     values = words[: next((k for k, w in enumerate(words) if w.startswith("-")), len(words))]
-    own = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    merged = {**defaults(CONFIG_SCHEMA), **own, **config, **parse_config(values)}
+    merged = snakemake_config(config, values)
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.chdir(workdir):
         checked = check_config(merged, CONFIG_SCHEMA, inputs=True)
@@ -534,19 +542,18 @@ def environment(env: dict):
 def object_run_check(cmd: list[str], env: dict) -> list[str]:
     """The lines (`esmshard: ...`) that the Snakefile's object-storage check would stop the
     `snakemake` command `cmd` with in the environment `env`, found in this process: the command
-    line parsed by Snakemake's own parser, the config as config_check merges it, the run's
+    line parsed by Snakemake's own parser, the config as Snakemake builds it, the run's
     location and inputs checked by what common.smk calls."""
-    from snakemake.cli import parse_args, parse_config
+    from snakemake.cli import parse_args
 
-    from esmshard.steps.checks import check_config, defaults
+    from esmshard.steps.checks import check_config
     from esmshard.steps.invocation import Invocation
     from esmshard.steps.object_run import check_object_run
     from esmshard.store.location import Location
 
     _, args = parse_args(cmd[1:])
     invocation = Invocation.of(args)
-    own = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    merged = {**defaults(CONFIG_SCHEMA), **own, **parse_config(args.config or [])}
+    merged = snakemake_config({}, args.config or [])
     location = Location.of_run(invocation, merged)
     config = check_config(merged, CONFIG_SCHEMA, inputs=False).config
     with environment({**env, **invocation.storage_credentials}):
